@@ -1,0 +1,42 @@
+# Resolves ACCRUE_CUDA (AUTO / ON / OFF) into ACCRUE_WITH_CUDA and, when on, enables the CUDA
+# language, finds the toolkit and lists the CUDA sources. Architectures default to Ampere and
+# Hopper (80;86;89;90); CI (CI=true) builds one architecture to keep 2-core compiles short.
+set(ACCRUE_WITH_CUDA OFF)
+if(NOT ACCRUE_CUDA STREQUAL "OFF")
+  if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    set(ACCRUE_WITH_CUDA ON)
+  elseif(ACCRUE_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "ACCRUE_CUDA=ON but no CUDA compiler (nvcc) was found; install the CUDA "
+                        "toolkit, set CUDACXX, or configure with -DACCRUE_CUDA=OFF")
+  endif()
+endif()
+
+if(ACCRUE_WITH_CUDA)
+  if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+    if(DEFINED ENV{CI})
+      set(CMAKE_CUDA_ARCHITECTURES 90)
+    else()
+      set(CMAKE_CUDA_ARCHITECTURES 80 86 89 90)
+    endif()
+  endif()
+  enable_language(CUDA)
+  set(CMAKE_CUDA_STANDARD 17)
+  set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+  find_package(CUDAToolkit REQUIRED)
+  message(STATUS "accrue: CUDA backend ON (architectures: ${CMAKE_CUDA_ARCHITECTURES})")
+  file(GLOB ACCRUE_CUDA_SOURCES ${CMAKE_CURRENT_LIST_DIR}/../kernels/cuda/*.cu)
+else()
+  message(STATUS "accrue: CUDA backend OFF (ACCRUE_CUDA=${ACCRUE_CUDA})")
+endif()
+
+function(accrue_configure_cuda_target target)
+  target_link_libraries(${target} PUBLIC CUDA::cudart PRIVATE CUDA::cublas)
+  target_compile_definitions(${target} PUBLIC ACCRUE_WITH_CUDA=1)
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -Xcompiler=-Wall>)
+endfunction()

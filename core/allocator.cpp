@@ -1,0 +1,122 @@
+// Caching allocator implementation: best-fit reuse from a pool keyed by block size. A pooled
+// block is reused for a request only when it is less than twice the request, so a small tensor
+// never pins a huge block.
+#include "core/allocator.h"
+
+#include <cstdlib>
+#include <memory>
+#include <new>
+
+#include "core/error.h"
+
+namespace accrue {
+
+CachingAllocator::CachingAllocator(Device device, SystemMemory system)
+    : device_(device), system_(system) {}
+
+CachingAllocator::~CachingAllocator() {
+  // Live blocks still referenced at exit belong to static tensors; leave them to the OS.
+  for (auto& [size, ptr] : pool_) system_.release(ptr, device_.index);
+}
+
+void* CachingAllocator::allocate(size_t nbytes) {
+  if (nbytes == 0) return nullptr;
+  const size_t size = round_size(nbytes);
+  std::lock_guard<std::mutex> lock(mutex_);
+  void* ptr = nullptr;
+  size_t block = size;
+  auto it = pool_.lower_bound(size);
+  if (it != pool_.end() && it->first < 2 * size) {
+    block = it->first;
+    ptr = it->second;
+    pool_.erase(it);
+    stats_.cached_bytes -= block;
+    ++stats_.pool_hits;
+  } else {
+    ptr = system_.allocate(size, device_.index);
+    if (ptr == nullptr && !pool_.empty()) {
+      // Out of memory with blocks cached: give them back and try once more.
+      for (auto& [s, p] : pool_) system_.release(p, device_.index);
+      stats_.system_frees += static_cast<int64_t>(pool_.size());
+      stats_.reserved_bytes -= stats_.cached_bytes;
+      stats_.cached_bytes = 0;
+      pool_.clear();
+      ptr = system_.allocate(size, device_.index);
+    }
+    if (ptr == nullptr) {
+      throw std::bad_alloc();
+    }
+    ++stats_.system_allocs;
+    stats_.reserved_bytes += size;
+  }
+  live_.emplace(ptr, block);
+  ++stats_.allocs;
+  stats_.live_bytes += block;
+  if (stats_.live_bytes > stats_.peak_bytes) stats_.peak_bytes = stats_.live_bytes;
+  return ptr;
+}
+
+void CachingAllocator::deallocate(void* ptr) {
+  if (ptr == nullptr) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = live_.find(ptr);
+  if (it == live_.end()) {
+    throw std::logic_error(str_cat("[allocator] ", device_.str(), ": free of a pointer it did not hand out"));
+  }
+  const size_t block = it->second;
+  live_.erase(it);
+  stats_.live_bytes -= block;
+  stats_.cached_bytes += block;
+  pool_.emplace(block, ptr);
+}
+
+void CachingAllocator::empty_cache() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& [size, ptr] : pool_) system_.release(ptr, device_.index);
+  stats_.system_frees += static_cast<int64_t>(pool_.size());
+  stats_.reserved_bytes -= stats_.cached_bytes;
+  stats_.cached_bytes = 0;
+  pool_.clear();
+}
+
+void CachingAllocator::reset_peak() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.peak_bytes = stats_.live_bytes;
+}
+
+AllocatorStats CachingAllocator::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_;
+}
+
+namespace {
+
+void* host_allocate(size_t nbytes, int) { return std::aligned_alloc(64, nbytes); }
+void host_release(void* ptr, int) { std::free(ptr); }
+
+}  // namespace
+
+// Defined in kernels/cuda/memory.cu in CUDA builds; throws in CPU-only builds.
+SystemMemory cuda_system_memory();
+
+CachingAllocator& allocator_for(Device device) {
+  if (device.is_cpu()) {
+    static CachingAllocator* host = new CachingAllocator(Device::cpu(), {host_allocate, host_release});
+    return *host;
+  }
+  constexpr int kMaxDevices = 16;
+  static std::unique_ptr<CachingAllocator> gpus[kMaxDevices];
+  static std::mutex mutex;
+  if (device.index < 0 || device.index >= cuda_device_count() || device.index >= kMaxDevices) {
+    throw DeviceError(str_cat("[allocator] device ", device.str(), " is not available: ",
+                              cuda_unavailable_reason().empty()
+                                  ? str_cat(cuda_device_count(), " CUDA device(s) present")
+                                  : cuda_unavailable_reason()));
+  }
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& slot = gpus[device.index];
+  if (!slot) slot = std::make_unique<CachingAllocator>(device, cuda_system_memory());
+  return *slot;
+}
+
+}  // namespace accrue

@@ -1,0 +1,69 @@
+// The caching allocator: one per device. Freed blocks go into a size-keyed pool and are handed
+// out again, so a training loop that repeats the same shapes stops asking the system (malloc or
+// cudaMalloc) for memory after its first iteration. The statistics are exact and are what the
+// accumulation tests and benchmarks read: live, peak, reserved, and system calls.
+// Read next: tensor.h (Storage returns its block here when the last tensor lets go).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+
+#include "core/device.h"
+
+namespace accrue {
+
+struct AllocatorStats {
+  size_t live_bytes = 0;      // bytes in blocks handed out and not yet freed
+  size_t peak_bytes = 0;      // highest live_bytes since construction or reset_peak()
+  size_t reserved_bytes = 0;  // bytes held from the system: live blocks plus the pool
+  size_t cached_bytes = 0;    // bytes in the pool, free for reuse
+  int64_t system_allocs = 0;  // blocks ever taken from the system
+  int64_t system_frees = 0;   // blocks ever returned to the system
+  int64_t allocs = 0;         // allocate() calls served
+  int64_t pool_hits = 0;      // allocate() calls served from the pool
+};
+
+// Where a caching allocator gets its blocks: malloc for the host, cudaMalloc for a GPU.
+struct SystemMemory {
+  void* (*allocate)(size_t nbytes, int device_index);
+  void (*release)(void* ptr, int device_index);
+};
+
+class CachingAllocator {
+ public:
+  // Every block is a multiple of kGranule bytes and is at least 64-byte aligned.
+  static constexpr size_t kGranule = 512;
+
+  CachingAllocator(Device device, SystemMemory system);
+  ~CachingAllocator();
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  // Returns a block of at least nbytes (rounded up to kGranule); nullptr for nbytes == 0.
+  void* allocate(size_t nbytes);
+  // Returns a block to the pool; it is not given back to the system.
+  void deallocate(void* ptr);
+  // Gives every pooled (free) block back to the system. Live blocks are untouched.
+  void empty_cache();
+  void reset_peak();
+  AllocatorStats stats() const;
+  Device device() const { return device_; }
+
+  static size_t round_size(size_t nbytes) { return (nbytes + kGranule - 1) / kGranule * kGranule; }
+
+ private:
+  Device device_;
+  SystemMemory system_;
+  mutable std::mutex mutex_;
+  std::multimap<size_t, void*> pool_;          // free blocks by size
+  std::unordered_map<void*, size_t> live_;     // handed-out blocks and their sizes
+  AllocatorStats stats_;
+};
+
+// The allocator of a device, created on first use and alive until exit.
+CachingAllocator& allocator_for(Device device);
+
+}  // namespace accrue

@@ -1,0 +1,165 @@
+// The tape, the grad mode flag and the backward walk. See autograd.h for the contract.
+#include "core/autograd.h"
+
+#include "kernels/backend.h"
+
+namespace accrue {
+
+namespace {
+
+struct Tape {
+  std::vector<std::unique_ptr<Node>> nodes;  // node i produced tape slot i
+  uint64_t generation = 1;                   // bumped by every backward / clear
+};
+
+Tape& tape() {
+  thread_local Tape t;
+  return t;
+}
+
+thread_local bool g_grad_enabled = true;
+
+// A gradient tensor nobody else holds can be accumulated into in place.
+bool exclusively_owned(const Tensor& t) {
+  return t.impl().use_count() == 1 && t.impl()->storage.use_count() == 1;
+}
+
+}  // namespace
+
+bool grad_enabled() { return g_grad_enabled; }
+NoGradGuard::NoGradGuard() : previous_(g_grad_enabled) { g_grad_enabled = false; }
+NoGradGuard::~NoGradGuard() { g_grad_enabled = previous_; }
+
+bool should_record(std::initializer_list<const Tensor*> inputs) {
+  if (!g_grad_enabled) return false;
+  for (const Tensor* t : inputs) {
+    if (t->defined() && t->requires_grad()) return true;
+  }
+  return false;
+}
+
+void record(std::unique_ptr<Node> node, std::initializer_list<const Tensor*> inputs, Tensor& out) {
+  Tape& t = tape();
+  for (const Tensor* in : inputs) {
+    Edge edge;
+    if (in->defined() && in->requires_grad()) {
+      edge.shape = in->shape();
+      if (in->is_leaf()) {
+        edge.leaf = in->impl();
+      } else if (in->impl()->tape_generation != t.generation) {
+        throw AutogradError(str_cat("[", node->name(), "] input ", in->describe(),
+                                    " was produced on a tape that backward() already consumed; "
+                                    "recompute it in this micro-step"));
+      } else {
+        edge.slot = in->impl()->tape_slot;
+      }
+    }
+    node->inputs.push_back(std::move(edge));
+  }
+  out.impl()->requires_grad = true;
+  out.impl()->tape_slot = static_cast<int64_t>(t.nodes.size());
+  out.impl()->tape_generation = t.generation;
+  t.nodes.push_back(std::move(node));
+}
+
+size_t tape_size() { return tape().nodes.size(); }
+
+void clear_tape() {
+  tape().nodes.clear();
+  ++tape().generation;
+}
+
+bool GradSink::needs(size_t i) const { return node_.inputs.at(i).active(); }
+
+Tensor GradSink::accumulator(size_t i) {
+  const Edge& edge = node_.inputs.at(i);
+  if (!edge.leaf) return Tensor();
+  if (!edge.leaf->grad) {
+    Tensor leaf(edge.leaf);
+    edge.leaf->grad = Tensor::zeros(leaf.shape(), leaf.dtype(), leaf.device()).impl();
+  }
+  return Tensor(edge.leaf->grad);
+}
+
+void GradSink::add(size_t i, const Tensor& g) {
+  const Edge& edge = node_.inputs.at(i);
+  if (!edge.active()) return;
+  if (g.shape() != edge.shape) {
+    throw AutogradError(str_cat("[", node_.name(), " backward] gradient for input ", i,
+                                " has shape ", shape_str(g.shape()), " but the input has shape ",
+                                shape_str(edge.shape)));
+  }
+  if (edge.leaf) {
+    if (!edge.leaf->grad) {
+      edge.leaf->grad = g.clone().impl();
+    } else {
+      Tensor grad(edge.leaf->grad);
+      backend_for(grad.device()).axpy(1.0, g, grad);
+    }
+    return;
+  }
+  Tensor& slot = slots_[static_cast<size_t>(edge.slot)];
+  if (!slot.defined()) {
+    slot = g;
+  } else {
+    if (!exclusively_owned(slot)) slot = slot.clone();
+    backend_for(slot.device()).axpy(1.0, g, slot);
+  }
+}
+
+void run_backward(const Tensor& root, const Tensor& seed) {
+  if (!root.defined() || !root.requires_grad()) {
+    throw AutogradError(
+        "[backward] the tensor does not require grad: no recorded op produced it (was it "
+        "computed under NoGradGuard, or from inputs that do not require grad?)");
+  }
+  Tensor grad = seed;
+  if (!grad.defined()) {
+    if (root.numel() != 1) {
+      throw AutogradError(str_cat("[backward] output has shape ", shape_str(root.shape()),
+                                  "; a non-scalar output needs an explicit seed tensor"));
+    }
+    grad = Tensor::full(root.shape(), 1.0, root.dtype(), root.device());
+  } else if (grad.shape() != root.shape() || grad.dtype() != root.dtype() ||
+             grad.device() != root.device()) {
+    throw AutogradError(str_cat("[backward] seed ", grad.describe(),
+                                " does not match the output ", root.describe()));
+  }
+  Tape& t = tape();
+  if (root.is_leaf()) {  // d root / d root = seed
+    if (!root.impl()->grad) {
+      root.impl()->grad = grad.clone().impl();
+    } else {
+      Tensor g(root.impl()->grad);
+      backend_for(g.device()).axpy(1.0, grad, g);
+    }
+    return;
+  }
+  if (root.impl()->tape_generation != t.generation) {
+    throw AutogradError(
+        "[backward] the tape that produced this tensor was already consumed by an earlier "
+        "backward(); each micro-step must run its forward again");
+  }
+  // Whatever happens below, the tape ends empty.
+  struct Consume {
+    Tape& t;
+    ~Consume() {
+      t.nodes.clear();
+      ++t.generation;
+    }
+  } consume{t};
+  std::vector<Tensor> slots(t.nodes.size());
+  slots[static_cast<size_t>(root.impl()->tape_slot)] = grad;
+  grad = Tensor();
+  for (size_t i = t.nodes.size(); i-- > 0;) {
+    std::unique_ptr<Node> node = std::move(t.nodes[i]);
+    Tensor grad_out = std::move(slots[i]);
+    if (grad_out.defined()) {
+      GradSink sink(*node, slots);
+      node->backward(grad_out, sink);
+    }
+    // node (and its saved tensors) and grad_out are released here.
+  }
+}
+
+}  // namespace accrue

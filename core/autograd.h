@@ -1,0 +1,84 @@
+// Tape-based reverse-mode autograd. Every op whose inputs need a gradient appends one Node to the
+// thread's tape; the node is a named struct holding exactly what its backward needs. backward()
+// walks the tape in reverse, frees each node (and so its saved activations) and each
+// intermediate gradient as soon as it has been consumed, and leaves the tape empty: after a
+// micro-backward the only live memory is parameters, gradients, optimizer state and data.
+//
+// Gradients of leaves are accumulated in place into their persistent `grad` buffer (for
+// parameters, a view of the gradient arena). A node that can write its input gradient directly
+// (the weight-gradient GEMM with beta = 1) asks GradSink::accumulator() for that buffer; other
+// nodes hand a fresh tensor to GradSink::add(). Read next: core/ops.h.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace accrue {
+
+// Where the gradient of one node input goes: an intermediate tape slot or a leaf's buffer.
+struct Edge {
+  int64_t slot = -1;                  // producing node on the tape, or -1
+  std::shared_ptr<TensorImpl> leaf;   // leaf that requires grad, or null
+  Shape shape;                        // the input's shape, to check gradients against
+  bool active() const { return slot >= 0 || leaf != nullptr; }
+};
+
+class GradSink;
+
+struct Node {
+  virtual ~Node() = default;
+  virtual const char* name() const = 0;
+  // grad_out has the shape of this node's output. Deposit each input's gradient into sink.
+  virtual void backward(const Tensor& grad_out, GradSink& sink) = 0;
+  std::vector<Edge> inputs;
+};
+
+// Receives the gradients a node produces for its inputs during backward.
+class GradSink {
+ public:
+  // Whether input i needs a gradient at all.
+  bool needs(size_t i) const;
+  // For a leaf input: its persistent gradient buffer (created as zeros on first use), into which
+  // the node may accumulate directly, e.g. with a GEMM's beta = 1. Undefined for other inputs.
+  Tensor accumulator(size_t i);
+  // Adds g to input i's gradient: in place into a leaf's buffer, or into the tape slot.
+  void add(size_t i, const Tensor& g);
+
+ private:
+  friend void run_backward(const Tensor&, const Tensor&);
+  GradSink(Node& node, std::vector<Tensor>& slots) : node_(node), slots_(slots) {}
+  Node& node_;
+  std::vector<Tensor>& slots_;
+};
+
+// True while no NoGradGuard is alive on this thread.
+bool grad_enabled();
+
+// Disables recording on this thread for its lifetime (evaluation, optimizer updates).
+class NoGradGuard {
+ public:
+  NoGradGuard();
+  ~NoGradGuard();
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// Whether an op over these inputs must be recorded.
+bool should_record(std::initializer_list<const Tensor*> inputs);
+// Appends node to the tape with edges for `inputs` and marks `out` as its result.
+void record(std::unique_ptr<Node> node, std::initializer_list<const Tensor*> inputs, Tensor& out);
+// Number of nodes waiting on this thread's tape.
+size_t tape_size();
+// Drops every node on the tape without running backward (e.g. after an evaluation that
+// recorded by mistake, or to abandon a micro-step).
+void clear_tape();
+
+// Runs backward from `root` seeded with `seed` (undefined: 1, allowed only for one element).
+void run_backward(const Tensor& root, const Tensor& seed);
+
+}  // namespace accrue

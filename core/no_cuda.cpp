@@ -1,0 +1,26 @@
+// The CUDA entry points of a build without CUDA (ACCRUE_CUDA=OFF or no nvcc): no devices, and a
+// clear error for anyone who asks for one. A CUDA build compiles kernels/cuda/ instead.
+#include "core/allocator.h"
+#include "core/device.h"
+#include "core/error.h"
+
+namespace accrue {
+
+bool cuda_built() { return false; }
+int cuda_device_count() { return 0; }
+std::string cuda_unavailable_reason() {
+  return "accrue was built without CUDA (configure with -DACCRUE_CUDA=ON and a CUDA toolkit)";
+}
+SystemMemory cuda_system_memory() { throw DeviceError("[cuda] " + cuda_unavailable_reason()); }
+
+}  // namespace accrue
+
+namespace accrue {
+
+class Backend;
+Backend& cuda_backend(int) { throw DeviceError("[cuda] " + cuda_unavailable_reason()); }
+void cuda_copy_bytes(void*, Device, const void*, Device, size_t) {
+  throw DeviceError("[copy] " + cuda_unavailable_reason());
+}
+
+}  // namespace accrue

@@ -1,0 +1,50 @@
+// Validation helpers shared by the public ops: every failure names the op and the values.
+#pragma once
+
+#include "core/error.h"
+#include "core/tensor.h"
+
+namespace accrue::check {
+
+inline void defined(const char* op, const char* what, const Tensor& t) {
+  if (!t.defined()) throw ValueError(str_cat("[", op, "] ", what, " is an undefined tensor"));
+}
+
+inline void floating(const char* op, const char* what, const Tensor& t) {
+  defined(op, what, t);
+  if (!is_floating(t.dtype())) {
+    throw DTypeError(str_cat("[", op, "] ", what, " must be float32 or float64, got ",
+                             t.describe()));
+  }
+}
+
+inline void rank(const char* op, const char* what, const Tensor& t, int64_t r) {
+  if (t.dim() != r) {
+    throw ShapeError(str_cat("[", op, "] ", what, " must be ", r, "-D, got shape ",
+                             shape_str(t.shape())));
+  }
+}
+
+inline void same_device(const char* op, const Tensor& a, const Tensor& b) {
+  if (a.device() != b.device()) {
+    throw DeviceError(str_cat("[", op, "] inputs are on different devices: ", a.describe(),
+                              " and ", b.describe()));
+  }
+}
+
+inline void same_dtype(const char* op, const Tensor& a, const Tensor& b) {
+  if (a.dtype() != b.dtype()) {
+    throw DTypeError(str_cat("[", op, "] inputs have different dtypes: ", a.describe(), " and ",
+                             b.describe()));
+  }
+}
+
+// Both floating, same dtype and device.
+inline void compatible(const char* op, const Tensor& a, const Tensor& b) {
+  floating(op, "first input", a);
+  floating(op, "second input", b);
+  same_device(op, a, b);
+  same_dtype(op, a, b);
+}
+
+}  // namespace accrue::check

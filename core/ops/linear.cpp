@@ -1,0 +1,143 @@
+// matmul, bias_add and linear, with backward nodes that accumulate the parameter gradients in
+// place: when an input is a leaf (a parameter), its gradient GEMM writes into the leaf's grad
+// buffer with beta = 1, and its bias gradient is a row-sum added into the buffer. No temporary
+// gradient tensor and no separate "add into .grad" pass exist for parameters.
+#include <memory>
+
+#include "core/autograd.h"
+#include "core/ops.h"
+#include "core/ops/check.h"
+#include "kernels/backend.h"
+
+namespace accrue {
+
+namespace {
+
+// Input i's gradient += op(a) @ op(b), of shape [rows, cols].
+void add_gemm(GradSink& sink, size_t i, bool trans_a, bool trans_b, const Tensor& a,
+              const Tensor& b, int64_t rows, int64_t cols) {
+  if (!sink.needs(i)) return;
+  Backend& be = backend_for(a.device());
+  Tensor acc = sink.accumulator(i);
+  if (acc.defined()) {
+    be.gemm(trans_a, trans_b, 1.0, a, b, 1.0, acc);
+    return;
+  }
+  Tensor g = Tensor::empty({rows, cols}, a.dtype(), a.device());
+  be.gemm(trans_a, trans_b, 1.0, a, b, 0.0, g);
+  sink.add(i, g);
+}
+
+// Input i's gradient [C] += sum over rows of dy [N, C].
+void add_row_sum(GradSink& sink, size_t i, const Tensor& dy) {
+  if (!sink.needs(i)) return;
+  Backend& be = backend_for(dy.device());
+  Tensor acc = sink.accumulator(i);
+  if (acc.defined()) {
+    be.sum_rows(dy, 1.0, 1.0, acc);
+    return;
+  }
+  Tensor g = Tensor::empty({dy.size(1)}, dy.dtype(), dy.device());
+  be.sum_rows(dy, 1.0, 0.0, g);
+  sink.add(i, g);
+}
+
+// y = a @ b. da = dy @ b^T, db = a^T @ dy.
+struct MatmulBackward : Node {
+  Tensor a;  // [M, K]
+  Tensor b;  // [K, N]
+  const char* name() const override { return "matmul"; }
+  void backward(const Tensor& dy, GradSink& sink) override {  // dy [M, N]
+    add_gemm(sink, 0, false, true, dy, b, a.size(0), a.size(1));
+    add_gemm(sink, 1, true, false, a, dy, b.size(0), b.size(1));
+  }
+};
+
+// y = x + bias. dx = dy, dbias = rowsum(dy).
+struct BiasAddBackward : Node {
+  const char* name() const override { return "bias_add"; }
+  void backward(const Tensor& dy, GradSink& sink) override {
+    sink.add(0, dy);
+    add_row_sum(sink, 1, dy);
+  }
+};
+
+// y = x @ w^T + bias. dx = dy @ w, dw += dy^T @ x, dbias += rowsum(dy).
+struct LinearBackward : Node {
+  Tensor x;  // [N, in]
+  Tensor w;  // [out, in]
+  const char* name() const override { return "linear"; }
+  void backward(const Tensor& dy, GradSink& sink) override {  // dy [N, out]
+    add_gemm(sink, 0, false, false, dy, w, x.size(0), x.size(1));
+    add_gemm(sink, 1, true, false, dy, x, w.size(0), w.size(1));
+    add_row_sum(sink, 2, dy);
+  }
+};
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  check::compatible("matmul", a, b);
+  check::rank("matmul", "first input", a, 2);
+  check::rank("matmul", "second input", b, 2);
+  if (a.size(1) != b.size(0)) {
+    throw ShapeError(str_cat("[matmul] inner dimensions differ: ", shape_str(a.shape()), " @ ",
+                             shape_str(b.shape())));
+  }
+  Tensor out = Tensor::empty({a.size(0), b.size(1)}, a.dtype(), a.device());
+  backend_for(a.device()).gemm(false, false, 1.0, a, b, 0.0, out);
+  if (should_record({&a, &b})) {
+    auto node = std::make_unique<MatmulBackward>();
+    node->a = a;
+    node->b = b;
+    record(std::move(node), {&a, &b}, out);
+  }
+  return out;
+}
+
+Tensor bias_add(const Tensor& x, const Tensor& bias) {
+  check::compatible("bias_add", x, bias);
+  check::rank("bias_add", "input", x, 2);
+  check::rank("bias_add", "bias", bias, 1);
+  if (bias.size(0) != x.size(1)) {
+    throw ShapeError(str_cat("[bias_add] input has shape ", shape_str(x.shape()),
+                             " but bias has shape ", shape_str(bias.shape())));
+  }
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  backend_for(x.device()).bias_add(x, bias, out);
+  if (should_record({&x, &bias})) record(std::make_unique<BiasAddBackward>(), {&x, &bias}, out);
+  return out;
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  check::compatible("linear", x, weight);
+  check::rank("linear", "weight", weight, 2);
+  if (x.dim() != 2) {
+    throw ShapeError(str_cat("[linear] input must be 2-D [batch, in_features], got shape ",
+                             shape_str(x.shape())));
+  }
+  if (x.size(1) != weight.size(1)) {
+    throw ShapeError(str_cat("[linear] input has shape ", shape_str(x.shape()),
+                             " but weight expects in_features = ", weight.size(1)));
+  }
+  if (bias.defined()) {
+    check::compatible("linear", x, bias);
+    if (bias.dim() != 1 || bias.size(0) != weight.size(0)) {
+      throw ShapeError(str_cat("[linear] bias has shape ", shape_str(bias.shape()),
+                               " but weight has out_features = ", weight.size(0)));
+    }
+  }
+  Backend& be = backend_for(x.device());
+  Tensor out = Tensor::empty({x.size(0), weight.size(0)}, x.dtype(), x.device());
+  be.gemm(false, true, 1.0, x, weight, 0.0, out);
+  if (bias.defined()) be.bias_add(out, bias, out);  // in place
+  if (should_record({&x, &weight, &bias})) {
+    auto node = std::make_unique<LinearBackward>();
+    node->x = x;
+    node->w = weight;
+    record(std::move(node), {&x, &weight, &bias}, out);
+  }
+  return out;
+}
+
+}  // namespace accrue

@@ -1,0 +1,271 @@
+// Tensor and Storage: construction, views, copies and printing. Element work goes through the
+// device's backend (kernels/backend.h).
+#include "core/tensor.h"
+
+#include <cstring>
+#include <iomanip>
+
+#include "core/allocator.h"
+#include "core/autograd.h"
+#include "kernels/backend.h"
+
+namespace accrue {
+
+int64_t shape_numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+Storage::Storage(Device device, size_t nbytes)
+    : device_(device), nbytes_(nbytes), data_(allocator_for(device).allocate(nbytes)) {}
+
+Storage::~Storage() { allocator_for(device_).deallocate(data_); }
+
+namespace {
+
+void check_shape(const Shape& shape, const char* op) {
+  for (int64_t d : shape) {
+    if (d < 0) throw ShapeError(str_cat("[", op, "] negative dimension in shape ", shape_str(shape)));
+  }
+}
+
+}  // namespace
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  check_shape(shape, "empty");
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage =
+      std::make_shared<Storage>(device, static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype));
+  impl->shape = shape;
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
+  return full(shape, 0.0, dtype, device);
+}
+
+Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  t.fill_(value);
+  return t;
+}
+
+Tensor Tensor::scalar(double value, DType dtype, Device device) {
+  return full({}, value, dtype, device);
+}
+
+template <typename T>
+Tensor Tensor::from_vector(const Shape& shape, const std::vector<T>& values, Device device) {
+  if (static_cast<int64_t>(values.size()) != shape_numel(shape)) {
+    throw ShapeError(str_cat("[from_vector] ", values.size(), " values do not fill shape ",
+                             shape_str(shape), " (", shape_numel(shape), " elements)"));
+  }
+  Tensor host = empty(shape, dtype_of<T>(), Device::cpu());
+  if (!values.empty()) std::memcpy(host.raw(), values.data(), values.size() * sizeof(T));
+  return device.is_cpu() ? host : host.to(device);
+}
+
+template <typename T>
+std::vector<T> Tensor::to_vector() const {
+  if (dtype_of<T>() != dtype()) {
+    throw DTypeError(str_cat("[to_vector] tensor is ", dtype_name(dtype()), ", asked for ",
+                             dtype_name(dtype_of<T>())));
+  }
+  Tensor host = device().is_cpu() ? *this : to(Device::cpu());
+  std::vector<T> out(static_cast<size_t>(numel()));
+  if (!out.empty()) std::memcpy(out.data(), host.raw(), out.size() * sizeof(T));
+  return out;
+}
+
+template Tensor Tensor::from_vector<float>(const Shape&, const std::vector<float>&, Device);
+template Tensor Tensor::from_vector<double>(const Shape&, const std::vector<double>&, Device);
+template Tensor Tensor::from_vector<int32_t>(const Shape&, const std::vector<int32_t>&, Device);
+template std::vector<float> Tensor::to_vector<float>() const;
+template std::vector<double> Tensor::to_vector<double>() const;
+template std::vector<int32_t> Tensor::to_vector<int32_t>() const;
+
+Tensor Tensor::uniform(const Shape& shape, double low, double high, std::mt19937_64& rng,
+                       DType dtype, Device device) {
+  std::uniform_real_distribution<double> dist(low, high);
+  std::vector<double> values(static_cast<size_t>(shape_numel(shape)));
+  for (double& v : values) v = dist(rng);
+  return from_vector(shape, values).to(dtype).to(device);
+}
+
+Tensor Tensor::normal(const Shape& shape, double mean, double std, std::mt19937_64& rng,
+                      DType dtype, Device device) {
+  std::normal_distribution<double> dist(mean, std);
+  std::vector<double> values(static_cast<size_t>(shape_numel(shape)));
+  for (double& v : values) v = dist(rng);
+  return from_vector(shape, values).to(dtype).to(device);
+}
+
+int64_t Tensor::size(int64_t d) const {
+  const int64_t n = dim();
+  if (d < -n || d >= n) {
+    throw ShapeError(str_cat("[size] dimension ", d, " is out of range for shape ",
+                             shape_str(shape())));
+  }
+  return shape()[static_cast<size_t>(d < 0 ? d + n : d)];
+}
+
+std::string Tensor::describe() const {
+  if (!defined()) return "undefined tensor";
+  return str_cat(dtype_name(dtype()), shape_str(shape()), " on ", device().str());
+}
+
+void* Tensor::raw() const {
+  return static_cast<char*>(impl_->storage->data()) +
+         impl_->offset * static_cast<int64_t>(dtype_size(impl_->dtype));
+}
+
+template <typename T>
+T* Tensor::data() const {
+  if (dtype_of<T>() != dtype()) {
+    throw DTypeError(str_cat("[data] tensor is ", dtype_name(dtype()), ", accessed as ",
+                             dtype_name(dtype_of<T>())));
+  }
+  return static_cast<T*>(raw());
+}
+template float* Tensor::data<float>() const;
+template double* Tensor::data<double>() const;
+template int32_t* Tensor::data<int32_t>() const;
+
+double Tensor::item() const {
+  if (numel() != 1) {
+    throw ShapeError(str_cat("[item] needs one element, tensor has shape ", shape_str(shape())));
+  }
+  switch (dtype()) {
+    case DType::kFloat32: return to_vector<float>()[0];
+    case DType::kFloat64: return to_vector<double>()[0];
+    case DType::kInt32: return to_vector<int32_t>()[0];
+  }
+  return 0;
+}
+
+Tensor Tensor::view(const Shape& shape) const {
+  check_shape(shape, "view");
+  if (shape_numel(shape) != numel()) {
+    throw ShapeError(str_cat("[view] cannot view shape ", shape_str(this->shape()), " as ",
+                             shape_str(shape)));
+  }
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = impl_->storage;
+  impl->offset = impl_->offset;
+  impl->shape = shape;
+  impl->dtype = impl_->dtype;
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::narrow(int64_t start, int64_t length) const {
+  if (dim() == 0 || start < 0 || length < 0 || start + length > shape()[0]) {
+    throw ShapeError(str_cat("[narrow] rows [", start, ", ", start + length,
+                             ") are out of range for shape ", shape_str(shape())));
+  }
+  Shape s = shape();
+  s[0] = length;
+  Tensor out = view(shape());
+  out.impl_->shape = s;
+  out.impl_->offset += start * (numel() / std::max<int64_t>(shape()[0], 1));
+  return out;
+}
+
+Tensor Tensor::clone() const {
+  Tensor out = empty(shape(), dtype(), device());
+  backend_for(device()).copy(*this, out);
+  return out;
+}
+
+Tensor Tensor::to(Device target) const {
+  if (target == device()) return *this;
+  Tensor out = empty(shape(), dtype(), target);
+  out.copy_(*this);
+  return out;
+}
+
+Tensor Tensor::to(DType target) const {
+  if (target == dtype()) return *this;
+  Tensor out = empty(shape(), target, device());
+  backend_for(device()).cast(*this, out);
+  return out;
+}
+
+void Tensor::fill_(double value) { backend_for(device()).fill(*this, value); }
+
+// Defined by the CUDA backend: copies between host and device memory. CPU-only builds never
+// reach it because allocating a CUDA tensor already fails.
+void cuda_copy_bytes(void* dst, Device dst_device, const void* src, Device src_device,
+                     size_t nbytes);
+
+void Tensor::copy_(const Tensor& src) {
+  if (src.shape() != shape() || src.dtype() != dtype()) {
+    throw ShapeError(str_cat("[copy_] source ", src.describe(), " does not match destination ",
+                             describe()));
+  }
+  if (src.device() == device()) {
+    backend_for(device()).copy(src, *this);
+  } else {
+    cuda_copy_bytes(raw(), device(), src.raw(), src.device(), nbytes());
+  }
+}
+
+Tensor& Tensor::set_requires_grad(bool flag) {
+  if (flag && !is_floating(dtype())) {
+    throw DTypeError(str_cat("[set_requires_grad] only floating tensors can require grad, got ",
+                             describe()));
+  }
+  if (!is_leaf()) {
+    throw AutogradError("[set_requires_grad] only leaf tensors can change requires_grad");
+  }
+  impl_->requires_grad = flag;
+  return *this;
+}
+
+void Tensor::set_grad(const Tensor& grad) {
+  if (grad.defined() && (grad.shape() != shape() || grad.dtype() != dtype() ||
+                         grad.device() != device())) {
+    throw ShapeError(str_cat("[set_grad] gradient ", grad.describe(), " does not match tensor ",
+                             describe()));
+  }
+  impl_->grad = grad.impl_;
+}
+
+void Tensor::set_data(const Tensor& other) {
+  if (other.shape() != shape() || other.dtype() != dtype()) {
+    throw ShapeError(str_cat("[set_data] ", other.describe(), " does not match ", describe()));
+  }
+  impl_->storage = other.impl_->storage;
+  impl_->offset = other.impl_->offset;
+}
+
+void Tensor::backward() const { run_backward(*this, Tensor()); }
+void Tensor::backward(double seed) const {
+  if (numel() != 1) {
+    throw AutogradError(str_cat("[backward] a scalar seed needs a one-element output, got ",
+                                describe(), "; pass a seed tensor of that shape"));
+  }
+  run_backward(*this, Tensor::full(shape(), seed, dtype(), device()));
+}
+void Tensor::backward(const Tensor& seed) const { run_backward(*this, seed); }
+
+std::ostream& operator<<(std::ostream& out, const Tensor& t) {
+  if (!t.defined()) return out << "Tensor(undefined)";
+  out << "Tensor(" << t.describe() << ", [";
+  const int64_t n = t.numel();
+  const int64_t show = std::min<int64_t>(n, 12);
+  Tensor host = t.to(Device::cpu());
+  for (int64_t i = 0; i < show; ++i) {
+    if (i) out << ", ";
+    switch (t.dtype()) {
+      case DType::kFloat32: out << host.data<float>()[i]; break;
+      case DType::kFloat64: out << host.data<double>()[i]; break;
+      case DType::kInt32: out << host.data<int32_t>()[i]; break;
+    }
+  }
+  if (show < n) out << ", ...";
+  return out << "])";
+}
+
+}  // namespace accrue

@@ -1,0 +1,141 @@
+// Tensor: a shape, a dtype and a contiguous window (offset + numel) into a reference-counted
+// Storage block from the device's caching allocator. Tensors are handles: copying one shares the
+// data. Views (reshape, narrow on dim 0, the parameter arena's slices) share storage too.
+// Every tensor is contiguous; that keeps every kernel a flat loop over numel elements.
+// The autograd fields (requires_grad, grad, tape slot) are read by core/autograd.h.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <ostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace accrue {
+
+using Shape = std::vector<int64_t>;
+
+int64_t shape_numel(const Shape& shape);
+
+// One block of device memory, returned to its allocator when the last reference goes.
+class Storage {
+ public:
+  Storage(Device device, size_t nbytes);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  void* data() const { return data_; }
+  size_t nbytes() const { return nbytes_; }
+  Device device() const { return device_; }
+
+ private:
+  Device device_;
+  size_t nbytes_;
+  void* data_;
+};
+
+class Tensor;
+
+struct TensorImpl {
+  std::shared_ptr<Storage> storage;
+  int64_t offset = 0;  // in elements
+  Shape shape;
+  DType dtype = DType::kFloat32;
+  // Autograd. A leaf that requires grad accumulates into `grad` (for parameters: a view of the
+  // gradient arena). A non-leaf result of a recorded op names its node on the tape.
+  bool requires_grad = false;
+  std::shared_ptr<TensorImpl> grad;
+  uint64_t tape_generation = 0;
+  int64_t tape_slot = -1;  // -1: a leaf
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  // Factories. Contents of empty() are unspecified.
+  static Tensor empty(const Shape& shape, DType dtype = DType::kFloat32,
+                      Device device = Device::cpu());
+  static Tensor zeros(const Shape& shape, DType dtype = DType::kFloat32,
+                      Device device = Device::cpu());
+  static Tensor full(const Shape& shape, double value, DType dtype = DType::kFloat32,
+                     Device device = Device::cpu());
+  static Tensor scalar(double value, DType dtype = DType::kFloat32, Device device = Device::cpu());
+  // Copies host values in; values.size() must equal the shape's element count.
+  template <typename T>
+  static Tensor from_vector(const Shape& shape, const std::vector<T>& values,
+                            Device device = Device::cpu());
+  // Uniform in [low, high) / normal(mean, std), drawn on the host from `rng`.
+  static Tensor uniform(const Shape& shape, double low, double high, std::mt19937_64& rng,
+                        DType dtype = DType::kFloat32, Device device = Device::cpu());
+  static Tensor normal(const Shape& shape, double mean, double std, std::mt19937_64& rng,
+                       DType dtype = DType::kFloat32, Device device = Device::cpu());
+
+  bool defined() const { return impl_ != nullptr; }
+  const Shape& shape() const { return impl_->shape; }
+  int64_t dim() const { return static_cast<int64_t>(impl_->shape.size()); }
+  int64_t size(int64_t d) const;
+  int64_t numel() const { return shape_numel(impl_->shape); }
+  DType dtype() const { return impl_->dtype; }
+  Device device() const { return impl_->storage->device(); }
+  size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype()); }
+  std::string describe() const;  // "float32[32, 784] on cpu"
+
+  // Raw pointer to the first element (device memory for CUDA tensors).
+  void* raw() const;
+  // Typed pointer; throws DTypeError when T does not match dtype().
+  template <typename T>
+  T* data() const;
+
+  // Host copy of the values (copies from the device when needed).
+  template <typename T>
+  std::vector<T> to_vector() const;
+  // The single value of a one-element tensor, as a double.
+  double item() const;
+
+  // Views sharing storage (no autograd; see ops.h reshape() for the recorded version).
+  Tensor view(const Shape& shape) const;
+  // Rows [start, start + length) of dimension 0.
+  Tensor narrow(int64_t start, int64_t length) const;
+
+  // New tensors.
+  Tensor clone() const;
+  Tensor to(Device device) const;
+  Tensor to(DType dtype) const;
+
+  // In place.
+  void fill_(double value);
+  void zero_() { fill_(0.0); }
+  void copy_(const Tensor& src);  // same shape and dtype; any devices
+
+  // Autograd.
+  bool requires_grad() const { return impl_->requires_grad; }
+  Tensor& set_requires_grad(bool flag);
+  bool is_leaf() const { return impl_->tape_slot < 0; }
+  Tensor grad() const { return Tensor(impl_->grad); }
+  // Binds a persistent gradient buffer (same shape and dtype) to this leaf.
+  void set_grad(const Tensor& grad);
+  // Points this tensor at other's memory (same shape and dtype): every handle sees the move.
+  // The parameter arena uses it to gather parameters into one buffer.
+  void set_data(const Tensor& other);
+  // Runs the tape backward from this tensor; see autograd.h.
+  void backward() const;
+  void backward(double seed) const;
+  void backward(const Tensor& seed) const;
+
+  const std::shared_ptr<TensorImpl>& impl() const { return impl_; }
+  bool same(const Tensor& o) const { return impl_ == o.impl_; }
+
+ private:
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+std::ostream& operator<<(std::ostream& out, const Tensor& t);
+
+}  // namespace accrue

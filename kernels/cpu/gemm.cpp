@@ -1,0 +1,30 @@
+// CPU GEMM through OpenBLAS (cblas_sgemm / cblas_dgemm). Row-major throughout: a stored
+// matrix's leading dimension is its column count, whether or not it is used transposed.
+#include <cblas.h>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/dispatch.h"
+
+namespace accrue::cpu {
+
+void CpuBackend::gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b,
+                      double beta, Tensor& c) {
+  // op(a) [M, K] @ op(b) [K, N] -> c [M, N]
+  const int m = static_cast<int>(c.size(0));
+  const int n = static_cast<int>(c.size(1));
+  const int k = static_cast<int>(trans_a ? a.size(0) : a.size(1));
+  const int lda = static_cast<int>(a.size(1));
+  const int ldb = static_cast<int>(b.size(1));
+  const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
+  const CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
+  if (m == 0 || n == 0) return;
+  if (c.dtype() == DType::kFloat32) {
+    cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, static_cast<float>(alpha), a.data<float>(), lda,
+                b.data<float>(), ldb, static_cast<float>(beta), c.data<float>(), n);
+  } else {
+    cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a.data<double>(), lda, b.data<double>(),
+                ldb, beta, c.data<double>(), n);
+  }
+}
+
+}  // namespace accrue::cpu

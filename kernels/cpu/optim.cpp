@@ -1,0 +1,69 @@
+// CPU optimizer-step primitives: the boundary scalars and the fused Adam / SGD passes. Each pass
+// reads and writes every arena element once: the gradient is scaled (normalisation and clip),
+// used, and zeroed in the same loop, so no separate zero_grad pass exists.
+#include <cmath>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/parallel.h"
+#include "kernels/dispatch.h"
+#include "kernels/functors.h"
+
+namespace accrue::cpu {
+
+namespace {
+
+// Runs update(coef, i) over every element, or only zeroes g when the step is skipped.
+template <typename T, typename F>
+void fused_pass(const Tensor& boundary, Tensor& grad, F update) {
+  const T* s = boundary.data<T>();  // {norm, coef, skip}
+  T* g = grad.data<T>();
+  const int64_t n = grad.numel();
+  if (s[2] != T(0)) {
+#pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelGrain)
+    for (int64_t i = 0; i < n; ++i) g[i] = T(0);
+    return;
+  }
+  const T coef = s[1];
+#pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelGrain)
+  for (int64_t i = 0; i < n; ++i) update(coef, i);
+}
+
+}  // namespace
+
+void CpuBackend::boundary(const Tensor& norm_sq, double normalize, double max_norm, Tensor& out,
+                          Tensor& steps) {
+  dispatch_floating(norm_sq.dtype(), "boundary", [&](auto tag) {
+    using T = decltype(tag);
+    const T* in = norm_sq.data<T>();
+    fn::boundary_scalars<T>(in[0], in[1], normalize, max_norm, out.data<T>(),
+                            steps.data<int32_t>());
+  });
+}
+
+void CpuBackend::adam_step(const AdamParams& hp, const Tensor& boundary, const Tensor& steps,
+                           Tensor& param, Tensor& grad, Tensor& m, Tensor& v) {
+  const fn::AdamUpdate update = fn::AdamUpdate::at_step(hp, steps.data<int32_t>()[0]);
+  dispatch_floating(param.dtype(), "adam_step", [&](auto tag) {
+    using T = decltype(tag);
+    T* p = param.data<T>();
+    T* g = grad.data<T>();
+    T* pm = m.data<T>();
+    T* pv = v.data<T>();
+    fused_pass<T>(boundary, grad,
+                  [&](T coef, int64_t i) { update(coef, p[i], g[i], pm[i], pv[i]); });
+  });
+}
+
+void CpuBackend::sgd_step(const SgdParams& hp, const Tensor& boundary, const Tensor& steps,
+                          Tensor& param, Tensor& grad, Tensor& momentum) {
+  const fn::SgdUpdate update = fn::SgdUpdate::at_step(hp, steps.data<int32_t>()[0]);
+  dispatch_floating(param.dtype(), "sgd_step", [&](auto tag) {
+    using T = decltype(tag);
+    T* p = param.data<T>();
+    T* g = grad.data<T>();
+    T* buf = momentum.data<T>();
+    fused_pass<T>(boundary, grad, [&](T coef, int64_t i) { update(coef, p[i], g[i], buf[i]); });
+  });
+}
+
+}  // namespace accrue::cpu

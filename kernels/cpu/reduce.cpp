@@ -1,0 +1,105 @@
+// CPU reductions. Full reductions (sum_all, norm_sq) are two-stage: fixed-size chunks summed in
+// double, then the chunk results summed in order, so results are bitwise the same for any
+// thread count. Row reductions run column blocks in parallel and rows in order.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/parallel.h"
+#include "kernels/dispatch.h"
+
+namespace accrue::cpu {
+
+namespace {
+
+constexpr int64_t kChunk = 1 << 14;
+
+// Sum of f(x[i]) over all i, deterministic; F returns double.
+template <typename T, typename F>
+double chunked_sum(const T* x, int64_t n, F f) {
+  std::vector<double> partial(static_cast<size_t>((n + kChunk - 1) / kChunk), 0.0);
+  for_chunks(n, kChunk, [&](int64_t c, int64_t begin, int64_t end) {
+    double acc = 0.0;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t i = begin; i < end; ++i) acc += f(x[i]);
+    partial[static_cast<size_t>(c)] = acc;
+  });
+  double total = 0.0;
+  for (double p : partial) total += p;
+  return total;
+}
+
+}  // namespace
+
+void CpuBackend::sum_rows(const Tensor& x, double alpha, double beta, Tensor& out) {
+  // x [N, C] -> out [C] = beta * out + alpha * sum_n x[n, :]
+  dispatch_floating(x.dtype(), "sum_rows", [&](auto tag) {
+    using T = decltype(tag);
+    const int64_t rows = x.size(0), cols = x.size(1);
+    const T* in = x.data<T>();
+    T* o = out.data<T>();
+    constexpr int64_t kBlock = 256;
+    const int64_t blocks = (cols + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (rows * cols >= kParallelGrain)
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      const int64_t c0 = blk * kBlock, c1 = std::min(cols, c0 + kBlock);
+      T acc[kBlock] = {};
+      for (int64_t r = 0; r < rows; ++r) {
+        const T* row = in + r * cols;
+#pragma omp simd
+        for (int64_t c = c0; c < c1; ++c) acc[c - c0] += row[c];
+      }
+      for (int64_t c = c0; c < c1; ++c) {
+        o[c] = (beta == 0.0 ? T(0) : T(beta) * o[c]) + T(alpha) * acc[c - c0];
+      }
+    }
+  });
+}
+
+void CpuBackend::sum_all(const Tensor& x, Tensor& out) {
+  dispatch_floating(x.dtype(), "sum", [&](auto tag) {
+    using T = decltype(tag);
+    out.data<T>()[0] =
+        static_cast<T>(chunked_sum(x.data<T>(), x.numel(), [](T v) { return double(v); }));
+  });
+}
+
+void CpuBackend::norm_sq(const Tensor& g, Tensor& out) {
+  // out [2] = {sum of g^2, count of non-finite entries}
+  dispatch_floating(g.dtype(), "norm_sq", [&](auto tag) {
+    using T = decltype(tag);
+    const T* x = g.data<T>();
+    const double sum_sq = chunked_sum(x, g.numel(), [](T v) { return double(v) * double(v); });
+    double nonfinite = 0.0;
+    if (!std::isfinite(sum_sq)) {
+      nonfinite = chunked_sum(x, g.numel(), [](T v) { return std::isfinite(v) ? 0.0 : 1.0; });
+    }
+    out.data<T>()[0] = static_cast<T>(sum_sq);
+    out.data<T>()[1] = static_cast<T>(nonfinite);
+  });
+}
+
+void CpuBackend::argmax(const Tensor& x, Tensor& index) {
+  // x [N, C] -> index [N]
+  dispatch_floating(x.dtype(), "argmax", [&](auto tag) {
+    using T = decltype(tag);
+    const int64_t rows = x.size(0), cols = x.size(1);
+    const T* in = x.data<T>();
+    int32_t* idx = index.data<int32_t>();
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* row = in + r * cols;
+      idx[r] = static_cast<int32_t>(std::max_element(row, row + cols) - row);
+    }
+  });
+}
+
+void CpuBackend::count_equal(const Tensor& a, const Tensor& b, Tensor& out) {
+  const int32_t* pa = a.data<int32_t>();
+  const int32_t* pb = b.data<int32_t>();
+  int32_t count = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) count += pa[i] == pb[i];
+  out.data<int32_t>()[0] = count;
+}
+
+}  // namespace accrue::cpu

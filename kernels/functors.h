@@ -1,0 +1,147 @@
+// The element-wise math of accrue, written once. Each functor is a __host__ __device__ struct:
+// the CPU backend runs it in an OpenMP loop (kernels/cpu/), the CUDA backend in one grid-stride
+// launcher (kernels/cuda/). Forward functors take x; backward functors take what the forward
+// saved and dy. Read next: kernels/cpu/elementwise.cpp.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define ACCRUE_HD __host__ __device__ __forceinline__
+#else
+#define ACCRUE_HD inline
+#endif
+
+namespace accrue::fn {
+
+struct Relu {
+  template <typename T>
+  ACCRUE_HD T operator()(T x) const { return x > T(0) ? x : T(0); }
+};
+struct ReluBackward {  // saved: x
+  template <typename T>
+  ACCRUE_HD T operator()(T x, T dy) const { return x > T(0) ? dy : T(0); }
+};
+
+struct Tanh {
+  template <typename T>
+  ACCRUE_HD T operator()(T x) const { return std::tanh(x); }
+};
+struct TanhBackward {  // saved: y = tanh(x)
+  template <typename T>
+  ACCRUE_HD T operator()(T y, T dy) const { return dy * (T(1) - y * y); }
+};
+
+// GELU with the exact erf form (PyTorch's default): x * Phi(x).
+struct Gelu {
+  template <typename T>
+  ACCRUE_HD T operator()(T x) const {
+    return T(0.5) * x * (T(1) + std::erf(x * T(0.70710678118654752440)));
+  }
+};
+struct GeluBackward {  // saved: x; d/dx = Phi(x) + x * phi(x)
+  template <typename T>
+  ACCRUE_HD T operator()(T x, T dy) const {
+    const T cdf = T(0.5) * (T(1) + std::erf(x * T(0.70710678118654752440)));
+    const T pdf = std::exp(T(-0.5) * x * x) * T(0.39894228040143267794);
+    return dy * (cdf + x * pdf);
+  }
+};
+
+struct Scale {
+  double alpha;
+  template <typename T>
+  ACCRUE_HD T operator()(T x) const { return T(alpha) * x; }
+};
+struct ScaleBackward {
+  double alpha;
+  template <typename T>
+  ACCRUE_HD T operator()(T, T dy) const { return T(alpha) * dy; }
+};
+
+struct Add {
+  template <typename T>
+  ACCRUE_HD T operator()(T a, T b) const { return a + b; }
+};
+struct Sub {
+  template <typename T>
+  ACCRUE_HD T operator()(T a, T b) const { return a - b; }
+};
+struct Mul {
+  template <typename T>
+  ACCRUE_HD T operator()(T a, T b) const { return a * b; }
+};
+// y + alpha * x: the gradient accumulation `grad += dgrad * scale`.
+struct Axpy {
+  double alpha;
+  template <typename T>
+  ACCRUE_HD T operator()(T x, T y) const { return y + T(alpha) * x; }
+};
+
+// Boundary scalars from the global sum of squares and the non-finite count: out = {norm, coef,
+// skip}; steps[0] counts applied updates. See Backend::boundary. Runs on one thread.
+template <typename T>
+ACCRUE_HD void boundary_scalars(T sum_sq, T nonfinite, double normalize, double max_norm, T* out,
+                                int32_t* steps) {
+  const T norm = T(normalize) * std::sqrt(sum_sq);
+  const bool skip = nonfinite > T(0) || !(norm <= T(3.4e38));  // NaN or inf
+  T coef = T(normalize);
+  if (max_norm > 0 && norm > T(max_norm)) coef = T(normalize) * T(max_norm) / (norm + T(1e-6));
+  out[0] = norm;
+  out[1] = coef;
+  out[2] = skip ? T(1) : T(0);
+  if (!skip) steps[0] += 1;
+}
+
+// One element of Adam / AdamW with PyTorch's semantics: eps outside the square root, bias
+// correction, L2 decay into the gradient (Adam) or decoupled decay of the parameter (AdamW).
+// coef scales the raw gradient first (normalisation and clipping); the gradient is then zeroed.
+struct AdamUpdate {
+  double lr, beta1, beta2, eps, weight_decay, bias1, bias2;  // bias_i = 1 - beta_i^step
+  bool decoupled;
+  // step: 1-based count of applied updates, including this one.
+  template <typename HP>
+  ACCRUE_HD static AdamUpdate at_step(const HP& hp, int32_t step) {
+    return {hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay,
+            1.0 - pow(hp.beta1, double(step)), 1.0 - pow(hp.beta2, double(step)), hp.decoupled};
+  }
+  template <typename T>
+  ACCRUE_HD void operator()(T coef, T& p, T& g, T& m, T& v) const {
+    T grad = g * coef;
+    g = T(0);
+    if (decoupled) {
+      p = p * T(1 - lr * weight_decay);
+    } else if (weight_decay != 0) {
+      grad = grad + T(weight_decay) * p;
+    }
+    m = T(beta1) * m + T(1 - beta1) * grad;
+    v = T(beta2) * v + T(1 - beta2) * grad * grad;
+    const T m_hat = m / T(bias1);
+    const T denom = std::sqrt(v / T(bias2)) + T(eps);
+    p = p - T(lr) * m_hat / denom;
+  }
+};
+
+// One element of SGD with momentum, PyTorch's semantics (dampening, nesterov, L2 decay).
+struct SgdUpdate {
+  double lr, momentum, dampening, weight_decay;
+  bool nesterov, first_step;  // the momentum buffer starts as the first gradient
+  template <typename HP>
+  ACCRUE_HD static SgdUpdate at_step(const HP& hp, int32_t step) {
+    return {hp.lr, hp.momentum, hp.dampening, hp.weight_decay, hp.nesterov, step == 1};
+  }
+  template <typename T>
+  ACCRUE_HD void operator()(T coef, T& p, T& g, T& buf) const {
+    T grad = g * coef;
+    g = T(0);
+    if (weight_decay != 0) grad = grad + T(weight_decay) * p;
+    if (momentum != 0) {
+      buf = first_step ? grad : T(momentum) * buf + T(1 - dampening) * grad;
+      grad = nesterov ? grad + T(momentum) * buf : buf;
+    }
+    p = p - T(lr) * grad;
+  }
+};
+
+}  // namespace accrue::fn

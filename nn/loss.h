@@ -1,0 +1,21 @@
+// Loss modules. CrossEntropyLoss is the fused softmax cross-entropy over int32 class labels;
+// its default reduction is Sum, the one that makes gradient accumulation exact: the training
+// driver seeds backward with 1 / (samples in the window). Mean is there for PyTorch parity.
+#pragma once
+
+#include "core/ops.h"
+
+namespace accrue::nn {
+
+class CrossEntropyLoss {
+ public:
+  explicit CrossEntropyLoss(Reduction reduction = Reduction::kSum) : reduction_(reduction) {}
+  // logits [N, C], labels int32 [N] -> 0-d loss
+  Tensor operator()(const Tensor& logits, const Tensor& labels) const;
+  Reduction reduction() const { return reduction_; }
+
+ private:
+  Reduction reduction_;
+};
+
+}  // namespace accrue::nn

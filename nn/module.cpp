@@ -1,0 +1,49 @@
+// Parameter registration and the recursive name walk of Module.
+#include "nn/module.h"
+
+#include "core/error.h"
+
+namespace accrue::nn {
+
+Tensor& Module::register_parameter(const std::string& name, Tensor value) {
+  value.set_requires_grad(true);
+  params_.emplace_back(name, std::move(value));
+  return params_.back().second;
+}
+
+std::vector<NamedTensor> Module::named_parameters() const {
+  std::vector<NamedTensor> out = params_;
+  for (const auto& [prefix, child] : children_) {
+    for (auto& [name, t] : child->named_parameters()) out.emplace_back(prefix + "." + name, t);
+  }
+  return out;
+}
+
+std::vector<Tensor> Module::parameters() const {
+  std::vector<Tensor> out;
+  for (auto& [name, t] : named_parameters()) out.push_back(t);
+  return out;
+}
+
+Tensor Module::parameter(const std::string& name) const {
+  std::string known;
+  for (auto& [n, t] : named_parameters()) {
+    if (n == name) return t;
+    known += (known.empty() ? "" : ", ") + n;
+  }
+  throw ValueError(str_cat("[parameter] no parameter named '", name, "'; the model has: ", known));
+}
+
+int64_t Module::num_parameters() const {
+  int64_t n = 0;
+  for (auto& [name, t] : named_parameters()) n += t.numel();
+  return n;
+}
+
+void Module::to(Device device) {
+  for (auto& [name, t] : named_parameters()) {
+    if (t.device() != device) t.set_data(t.to(device));
+  }
+}
+
+}  // namespace accrue::nn

@@ -1,0 +1,46 @@
+// Module: the base of every layer. A module registers its parameters and child modules under
+// PyTorch's names ("layers.0.weight"), so checkpoints move between accrue and PyTorch. It does
+// not own gradient memory: optim::ParameterArena gathers the parameters of a model into one
+// contiguous buffer and gives each a view of a parallel gradient arena. Read next: linear.h.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace accrue::nn {
+
+using NamedTensor = std::pair<std::string, Tensor>;
+
+class Module {
+ public:
+  virtual ~Module() = default;
+  virtual Tensor forward(const Tensor& x) = 0;
+  Tensor operator()(const Tensor& x) { return forward(x); }
+
+  // Every parameter of this module and its children, depth first in registration order.
+  std::vector<NamedTensor> named_parameters() const;
+  std::vector<Tensor> parameters() const;
+  // The parameter with this dotted name; throws ValueError listing the known names otherwise.
+  Tensor parameter(const std::string& name) const;
+  int64_t num_parameters() const;
+  // Moves every parameter to a device (before building an arena).
+  void to(Device device);
+
+ protected:
+  Tensor& register_parameter(const std::string& name, Tensor value);
+  template <typename M>
+  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
+    children_.emplace_back(name, module);
+    return module;
+  }
+
+ private:
+  std::vector<NamedTensor> params_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+};
+
+}  // namespace accrue::nn

@@ -1,0 +1,12 @@
+// Sequential forward.
+#include "nn/sequential.h"
+
+namespace accrue::nn {
+
+Tensor Sequential::forward(const Tensor& x) {
+  Tensor h = x;
+  for (auto& layer : layers_) h = layer->forward(h);
+  return h;
+}
+
+}  // namespace accrue::nn

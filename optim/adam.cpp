@@ -1,0 +1,31 @@
+// Adam / AdamW: state allocation and the fused pass.
+#include "optim/adam.h"
+
+#include "kernels/backend.h"
+
+namespace accrue::optim {
+
+Adam::Adam(ParameterArena& arena, AdamOptions options, bool decoupled)
+    : Optimizer(arena, options.lr),
+      options_(options),
+      decoupled_(decoupled),
+      m_(Tensor::zeros({arena.size()}, arena.dtype(), arena.device())),
+      v_(Tensor::zeros({arena.size()}, arena.dtype(), arena.device())) {
+  if (!(options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 && options.beta2 < 1)) {
+    throw ValueError(str_cat("[Adam] betas must be in [0, 1), got ", options.beta1, ", ",
+                             options.beta2));
+  }
+  if (!(options.eps >= 0) || !(options.weight_decay >= 0)) {
+    throw ValueError(str_cat("[Adam] eps and weight_decay must be >= 0, got eps = ", options.eps,
+                             ", weight_decay = ", options.weight_decay));
+  }
+}
+
+void Adam::update() {
+  const AdamParams hp{lr_, options_.beta1, options_.beta2, options_.eps, options_.weight_decay,
+                      decoupled_};
+  backend_for(arena_.device()).adam_step(hp, boundary_, steps_, arena_.params(), arena_.grads(),
+                                         m_, v_);
+}
+
+}  // namespace accrue::optim

@@ -1,0 +1,35 @@
+// Building the arenas: lay out offsets, copy values in, rebind parameters and their grads.
+#include "optim/arena.h"
+
+#include "core/error.h"
+
+namespace accrue::optim {
+
+ParameterArena::ParameterArena(const std::vector<nn::NamedTensor>& params) {
+  if (params.empty()) throw ValueError("[ParameterArena] the model has no parameters");
+  const Tensor& first = params.front().second;
+  int64_t total = 0;
+  std::vector<int64_t> offsets;
+  for (const auto& [name, p] : params) {
+    if (p.dtype() != first.dtype() || p.device() != first.device() || !is_floating(p.dtype())) {
+      throw DTypeError(str_cat("[ParameterArena] parameter '", name, "' is ", p.describe(),
+                               " but '", params.front().first, "' is ", first.describe(),
+                               "; all parameters must share one floating dtype and device"));
+    }
+    offsets.push_back(total);
+    total += (p.numel() + kAlign - 1) / kAlign * kAlign;
+  }
+  params_ = Tensor::zeros({total}, first.dtype(), first.device());
+  grads_ = Tensor::zeros({total}, first.dtype(), first.device());
+  for (size_t i = 0; i < params.size(); ++i) {
+    Tensor p = params[i].second;  // a handle: set_data below moves every handle
+    const int64_t n = p.numel();
+    Tensor value = params_.narrow(offsets[i], n).view(p.shape());
+    value.copy_(p);
+    p.set_data(value);
+    p.set_grad(grads_.narrow(offsets[i], n).view(p.shape()));
+    entries_.push_back({params[i].first, p, offsets[i]});
+  }
+}
+
+}  // namespace accrue::optim

@@ -1,0 +1,32 @@
+// The shared boundary pipeline of every optimizer.
+#include "optim/optimizer.h"
+
+#include "kernels/backend.h"
+
+namespace accrue::optim {
+
+Optimizer::Optimizer(ParameterArena& arena, double lr)
+    : arena_(arena),
+      lr_(lr),
+      norm_sq_(Tensor::zeros({2}, arena.dtype(), arena.device())),
+      boundary_(Tensor::zeros({3}, arena.dtype(), arena.device())),
+      steps_(Tensor::zeros({1}, DType::kInt32, arena.device())) {
+  if (!(lr >= 0)) throw ValueError(str_cat("[optimizer] learning rate must be >= 0, got ", lr));
+}
+
+void Optimizer::step(double max_norm, double normalize) {
+  Backend& be = backend_for(arena_.device());
+  be.norm_sq(arena_.grads(), norm_sq_);
+  be.boundary(norm_sq_, normalize, max_norm, boundary_, steps_);
+  update();
+}
+
+StepReport Optimizer::report() const {
+  const Tensor host = boundary_.to(Device::cpu()).to(DType::kFloat64);
+  const double* s = host.data<double>();
+  return {s[0], s[1], s[2] != 0.0};
+}
+
+int64_t Optimizer::applied_steps() const { return static_cast<int64_t>(steps_.item()); }
+
+}  // namespace accrue::optim

@@ -1,0 +1,47 @@
+// Optimizer: the fixed, tiny pipeline that runs once per effective step over the arenas:
+//   norm_sq (deterministic two-stage reduction with a non-finite count)
+//   -> boundary scalars {norm, clip coefficient, skip} and the applied-step counter, on device
+//   -> one fused update pass that scales, applies and zeroes the gradient.
+// No host synchronisation happens inside step(); report() reads the scalars back afterwards.
+// Subclasses (adam.h, sgd.h) supply only the fused pass. Read next: accumulator.h.
+#pragma once
+
+#include "optim/arena.h"
+
+namespace accrue::optim {
+
+struct StepReport {
+  double grad_norm = 0;  // of the normalised gradient, before clipping
+  double clip_coef = 1;  // the factor the raw gradient was multiplied by
+  bool skipped = false;  // a non-finite gradient: nothing was updated
+};
+
+class Optimizer {
+ public:
+  Optimizer(ParameterArena& arena, double lr);
+  virtual ~Optimizer() = default;
+
+  // One boundary step. normalize multiplies the gradient before clipping (1 when backward was
+  // already seeded with 1 / N, as optim::Accumulator does); max_norm <= 0 disables clipping.
+  void step(double max_norm = 0.0, double normalize = 1.0);
+  // The boundary scalars of the last step() (reads the device).
+  StepReport report() const;
+  // Updates applied so far (skipped steps do not count; reads the device).
+  int64_t applied_steps() const;
+
+  double lr() const { return lr_; }
+  void set_lr(double lr) { lr_ = lr; }
+  ParameterArena& arena() { return arena_; }
+
+ protected:
+  // The fused pass over the arena; reads boundary_ and steps_ on the device.
+  virtual void update() = 0;
+
+  ParameterArena& arena_;
+  double lr_;
+  Tensor norm_sq_;   // [2] {sum g^2, non-finite count}
+  Tensor boundary_;  // [3] {norm, coef, skip}
+  Tensor steps_;     // int32 [1] applied updates
+};
+
+}  // namespace accrue::optim
