@@ -1,0 +1,93 @@
+// The tape: recording rules, release of saved tensors and intermediate gradients during
+// backward, the empty tape afterwards, the no-grad guard, and in-place leaf accumulation.
+#include "test_util.h"
+
+namespace accrue::testing {
+namespace {
+
+TEST(Autograd, RecordsOnlyWhenAnInputRequiresGrad) {
+  Tensor a = random({3}, 1);
+  Tensor b = random({3}, 2);
+  Tensor c = add(a, b);
+  EXPECT_FALSE(c.requires_grad());
+  EXPECT_EQ(tape_size(), 0u);
+  a.set_requires_grad(true);
+  Tensor d = mul(add(a, b), b);
+  EXPECT_TRUE(d.requires_grad());
+  EXPECT_FALSE(d.is_leaf());
+  EXPECT_EQ(tape_size(), 2u);
+  clear_tape();
+}
+
+TEST(Autograd, NoGradGuardDisablesRecording) {
+  Tensor a = random({3}, 1);
+  a.set_requires_grad(true);
+  {
+    NoGradGuard guard;
+    EXPECT_FALSE(grad_enabled());
+    Tensor y = relu(a);
+    EXPECT_FALSE(y.requires_grad());
+    EXPECT_EQ(tape_size(), 0u);
+  }
+  EXPECT_TRUE(grad_enabled());
+}
+
+TEST(Autograd, BackwardEmptiesTheTapeAndFreesActivations) {
+  CachingAllocator& alloc = allocator_for(Device::cpu());
+  Tensor w = random({64, 64}, 1, DType::kFloat32);
+  w.set_requires_grad(true);
+  Tensor x = random({32, 64}, 2, DType::kFloat32);
+  // Warm the gradient buffer so its allocation is not counted below.
+  sum(matmul(x, w)).backward();
+  const size_t baseline = alloc.stats().live_bytes;
+  Tensor loss = sum(relu(matmul(relu(matmul(x, w)), w)));
+  EXPECT_GT(alloc.stats().live_bytes, baseline);
+  EXPECT_EQ(tape_size(), 5u);
+  loss.backward();
+  EXPECT_EQ(tape_size(), 0u);
+  loss = Tensor();  // the only activation a caller still holds
+  EXPECT_EQ(alloc.stats().live_bytes, baseline);
+}
+
+TEST(Autograd, ChainRuleThroughSharedIntermediates) {
+  // y = sum(h * h + h), h = 2x: dy/dx = 2 * (2h + 1)
+  Tensor x = Tensor::from_vector<double>({3}, {1, -2, 0.5});
+  x.set_requires_grad(true);
+  Tensor h = scale(x, 2.0);
+  sum(add(mul(h, h), h)).backward();
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{10, -14, 6}));
+}
+
+TEST(Autograd, SeedScalesTheGradient) {
+  Tensor x = Tensor::from_vector<double>({2}, {1, 2});
+  x.set_requires_grad(true);
+  sum(mul(x, x)).backward(0.25);
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{0.5, 1.0}));
+  Tensor y = scale(x, 3.0);
+  y.backward(Tensor::from_vector<double>({2}, {1, -1}));
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{3.5, -2.0}));
+}
+
+TEST(Autograd, LeafGradientBufferIsAccumulatedInPlace) {
+  Tensor w = Tensor::from_vector<float>({2}, {1, 1});
+  w.set_requires_grad(true);
+  Tensor buffer = Tensor::full({2}, 10.0);
+  w.set_grad(buffer);
+  sum(scale(w, 2.0)).backward();
+  EXPECT_EQ(buffer.to_vector<float>(), (std::vector<float>{12, 12}));
+  EXPECT_EQ(w.grad().raw(), buffer.raw());
+}
+
+TEST(Autograd, UnusedBranchesGetNoGradient) {
+  Tensor a = random({2}, 1), b = random({2}, 2);
+  a.set_requires_grad(true);
+  b.set_requires_grad(true);
+  Tensor unused = relu(b);
+  sum(a).backward();
+  EXPECT_TRUE(a.grad().defined());
+  EXPECT_FALSE(b.grad().defined());
+  EXPECT_EQ(tape_size(), 0u);
+}
+
+}  // namespace
+}  // namespace accrue::testing

@@ -1,0 +1,99 @@
+// Helpers shared by the tests: the devices present, finite-difference gradient checks in
+// float64, and tensor comparisons with readable failure messages.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "accrue.h"
+
+namespace accrue::testing {
+
+// cpu, plus cuda:0 when a GPU can be used.
+inline std::vector<Device> devices() {
+  std::vector<Device> out{Device::cpu()};
+  if (cuda_device_count() > 0) out.push_back(Device::cuda(0));
+  return out;
+}
+
+// Skips the current test (with the reason) when no GPU is usable.
+#define ACCRUE_REQUIRE_CUDA()                                                   \
+  do {                                                                          \
+    if (::accrue::cuda_device_count() == 0) {                                   \
+      GTEST_SKIP() << "no CUDA device: " << ::accrue::cuda_unavailable_reason(); \
+    }                                                                           \
+  } while (0)
+
+inline std::vector<double> as_doubles(const Tensor& t) {
+  return t.to(Device::cpu()).to(DType::kFloat64).to_vector<double>();
+}
+
+// max |a - b| / max(1, |b|) over all elements.
+inline double max_rel_error(const Tensor& a, const Tensor& b) {
+  const auto va = as_doubles(a), vb = as_doubles(b);
+  EXPECT_EQ(va.size(), vb.size());
+  double worst = 0;
+  for (size_t i = 0; i < va.size() && i < vb.size(); ++i) {
+    worst = std::max(worst, std::abs(va[i] - vb[i]) / std::max(1.0, std::abs(vb[i])));
+  }
+  return worst;
+}
+
+inline Tensor random(const Shape& shape, uint64_t seed, DType dtype = DType::kFloat64,
+                     double low = -1.0, double high = 1.0) {
+  std::mt19937_64 rng(seed);
+  return Tensor::uniform(shape, low, high, rng, dtype);
+}
+
+// Checks the gradients backward() gives for every input of f against central differences.
+// f maps float64 leaves to a 0-d tensor. Returns the worst relative error.
+inline double gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f,
+                        std::vector<Tensor> inputs, double eps = 1e-6) {
+  for (auto& t : inputs) t.set_requires_grad(true);
+  f(inputs).backward();
+  double worst = 0;
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    Tensor analytic = inputs[k].grad();
+    EXPECT_TRUE(analytic.defined()) << "input " << k << " got no gradient";
+    if (!analytic.defined()) continue;
+    const auto a = analytic.to_vector<double>();
+    double* x = inputs[k].data<double>();
+    for (int64_t i = 0; i < inputs[k].numel(); ++i) {
+      NoGradGuard no_grad;
+      const double saved = x[i];
+      x[i] = saved + eps;
+      const double up = f(inputs).item();
+      x[i] = saved - eps;
+      const double down = f(inputs).item();
+      x[i] = saved;
+      const double numeric = (up - down) / (2 * eps);
+      const double err = std::abs(numeric - a[static_cast<size_t>(i)]) /
+                         std::max(1.0, std::abs(numeric));
+      worst = std::max(worst, err);
+    }
+  }
+  return worst;
+}
+
+// Expects `body` to throw E with a message containing every one of `parts`.
+template <typename E, typename F>
+void expect_error(F body, const std::vector<std::string>& parts) {
+  try {
+    body();
+    ADD_FAILURE() << "expected an exception";
+  } catch (const E& e) {
+    const std::string message = e.what();
+    for (const auto& p : parts) {
+      EXPECT_NE(message.find(p), std::string::npos) << "message '" << message << "' lacks '" << p
+                                                     << "'";
+    }
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "wrong exception type: " << e.what();
+  }
+}
+
+}  // namespace accrue::testing
