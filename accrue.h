@@ -15,3 +15,6 @@
 #include "optim/adam.h"
 #include "optim/arena.h"
 #include "optim/sgd.h"
+#include "optim/accumulator.h"
+#include "optim/schedule.h"
+#include "optim/window.h"

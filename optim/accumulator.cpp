@@ -1,0 +1,89 @@
+// The accumulation driver (see accumulator.h).
+#include "optim/accumulator.h"
+
+#include "core/allocator.h"
+#include "core/autograd.h"
+#include "kernels/backend.h"
+
+namespace accrue::optim {
+
+Accumulator::Accumulator(Optimizer& optimizer, AccumulatorOptions options)
+    : optimizer_(optimizer),
+      options_(options),
+      loss_sum_(Tensor::zeros({}, optimizer.arena().dtype(), optimizer.arena().device())) {}
+
+double Accumulator::current_lr() const {
+  return options_.base_lr * options_.schedule.factor(steps_);
+}
+
+void Accumulator::begin_window(int64_t samples) {
+  if (samples <= 0) throw ValueError(str_cat("[accumulator] a window needs samples, got ", samples));
+  if (seen_samples_ > 0) {
+    throw ValueError(str_cat("[accumulator] begin_window(", samples, ") while the open window has ",
+                             seen_samples_, " of ", window_samples_,
+                             " samples accumulated; call step() first"));
+  }
+  window_samples_ = samples;
+}
+
+void Accumulator::micro_step(int64_t samples, const std::function<Tensor()>& forward) {
+  if (window_samples_ == 0) throw ValueError("[accumulator] micro_step() before begin_window()");
+  if (samples <= 0 || seen_samples_ + samples > window_samples_) {
+    throw ValueError(str_cat("[accumulator] micro-batch of ", samples, " samples overflows the ",
+                             "window: ", seen_samples_, " of ", window_samples_, " already seen"));
+  }
+  CachingAllocator& alloc = allocator_for(optimizer_.arena().device());
+  const size_t before = alloc.stats().live_bytes;
+  alloc.reset_peak();
+  {
+    const Tensor loss = forward();
+    if (!loss.defined() || loss.numel() != 1 || !loss.requires_grad()) {
+      throw ValueError(str_cat("[accumulator] forward must return the micro-batch's sum-reduced "
+                               "loss as a one-element tensor that requires grad, got ",
+                               loss.describe()));
+    }
+    backend_for(loss.device()).axpy(1.0, loss, loss_sum_);
+    // The single normalisation: d(window mean loss) / d(micro-batch sum loss) = 1 / N.
+    loss.backward(1.0 / static_cast<double>(window_samples_));
+  }
+  seen_samples_ += samples;
+  const AllocatorStats s = alloc.stats();
+  last_live_ = s.live_bytes;
+  memory_.baseline_bytes = before;
+  memory_.peak_bytes = std::max(memory_.peak_bytes, s.peak_bytes);
+  memory_.peak_activation_bytes = std::max(memory_.peak_activation_bytes, s.peak_bytes - before);
+  memory_.system_allocs = s.system_allocs;
+}
+
+StepResult Accumulator::step() {
+  if (seen_samples_ != window_samples_ || window_samples_ == 0) {
+    throw ValueError(str_cat("[accumulator] step() after ", seen_samples_, " of ",
+                             window_samples_, " window samples; every sample must be seen once"));
+  }
+  StepResult r;
+  r.lr = current_lr();
+  r.samples = window_samples_;
+  optimizer_.set_lr(r.lr);
+  optimizer_.step(options_.max_norm, 1.0);
+  ++steps_;
+  r.step = steps_;
+  // Reading the report waits for the device, after the whole step has been enqueued.
+  const StepReport report = optimizer_.report();
+  r.grad_norm = report.grad_norm;
+  r.skipped = report.skipped;
+  if (r.skipped) ++skipped_;
+  r.loss = loss_sum_.item() / static_cast<double>(window_samples_);
+  loss_sum_.zero_();
+  window_samples_ = 0;
+  seen_samples_ = 0;
+  return r;
+}
+
+StepResult Accumulator::run_window(const Window& window,
+                                   const std::function<Tensor(const MicroBatch&)>& forward) {
+  begin_window(window.samples);
+  for (const MicroBatch& mb : window.micro) micro_step(mb.count, [&] { return forward(mb); });
+  return step();
+}
+
+}  // namespace accrue::optim

@@ -1,0 +1,75 @@
+// The accumulation driver: the one owner of the window. For each window it
+//   1. runs every micro-step: forward (the caller's function returns the micro-batch's
+//      sum-reduced loss), then backward seeded with 1 / N_window, so each micro-batch adds
+//      exactly its share of the window's mean-loss gradient into the arena, whatever the
+//      micro-batch sizes (this seed is the only place in accrue that normalises);
+//   2. at the boundary, sets the learning rate from the optimizer-step counter (the one clock)
+//      and runs the optimizer's fused step: norm -> clip -> update -> zero.
+// It also measures what accumulation is for: the activation memory of one micro-step above
+// the baseline of parameters, gradients, optimizer state and data. Read next: examples/mnist.
+#pragma once
+
+#include <functional>
+
+#include "optim/optimizer.h"
+#include "optim/schedule.h"
+#include "optim/window.h"
+
+namespace accrue::optim {
+
+struct AccumulatorOptions {
+  double max_norm = 0.0;  // clip the window's gradient norm; <= 0: no clipping
+  double base_lr = 1e-3;  // after batch scaling; the schedule multiplies it
+  Schedule schedule;
+};
+
+// What one optimizer step did (read back from the device after the step).
+struct StepResult {
+  int64_t step = 0;       // 1-based optimizer step
+  int64_t samples = 0;    // samples in the window
+  double loss = 0;        // mean loss over the window's samples
+  double grad_norm = 0;   // of the window's mean-loss gradient, before clipping
+  double lr = 0;          // used by this step
+  bool skipped = false;   // non-finite gradient: no update
+};
+
+struct MemoryStats {
+  size_t baseline_bytes = 0;          // live bytes between micro-steps
+  size_t peak_activation_bytes = 0;   // max over micro-steps of (peak - baseline)
+  size_t peak_bytes = 0;              // max live bytes seen during micro-steps
+  int64_t system_allocs = 0;          // allocator system calls so far
+};
+
+class Accumulator {
+ public:
+  Accumulator(Optimizer& optimizer, AccumulatorOptions options);
+
+  // Opens a window of `samples` samples (the sum of its micro-batch sizes).
+  void begin_window(int64_t samples);
+  // One micro-step of `samples` samples: forward() returns their sum-reduced loss (0-d).
+  void micro_step(int64_t samples, const std::function<Tensor()>& forward);
+  // Closes the window with one optimizer step; checks that every sample was seen.
+  StepResult step();
+
+  // Convenience: one whole window of the plan, with forward(micro) per micro-batch.
+  StepResult run_window(const Window& window,
+                        const std::function<Tensor(const MicroBatch&)>& forward);
+
+  int64_t steps() const { return steps_; }  // the clock schedules read
+  double current_lr() const;
+  const MemoryStats& memory() const { return memory_; }
+  size_t last_micro_live_bytes() const { return last_live_; }  // live bytes after a micro-step
+  int64_t skipped_steps() const { return skipped_; }
+
+ private:
+  Optimizer& optimizer_;
+  AccumulatorOptions options_;
+  int64_t steps_ = 0, skipped_ = 0;
+  int64_t window_samples_ = 0;  // N of the open window; 0: none open
+  int64_t seen_samples_ = 0;
+  Tensor loss_sum_;  // 0-d, on the arena's device: sum of micro-batch losses of the window
+  MemoryStats memory_;
+  size_t last_live_ = 0;
+};
+
+}  // namespace accrue::optim

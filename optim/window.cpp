@@ -1,0 +1,68 @@
+// Batch arithmetic and window planning.
+#include "optim/window.h"
+
+#include "core/error.h"
+
+namespace accrue::optim {
+
+std::string ResolvedBatch::str() const {
+  return str_cat("effective batch ", batch, " = micro-batch ", micro_batch, " x ", accum_steps,
+                 " accumulation step", accum_steps == 1 ? "" : "s", " x ", world_size,
+                 world_size == 1 ? " rank" : " ranks");
+}
+
+ResolvedBatch resolve_batch(const BatchConfig& c) {
+  const auto given = [&] {
+    return str_cat("batch = ", c.batch, ", micro_batch = ", c.micro_batch,
+                   ", accum_steps = ", c.accum_steps, ", world_size = ", c.world_size);
+  };
+  if (c.batch < 0 || c.micro_batch < 0 || c.accum_steps < 0 || c.world_size < 1) {
+    throw ValueError(str_cat("[batch] sizes must be positive (0: derive), got ", given()));
+  }
+  const int known = (c.batch > 0) + (c.micro_batch > 0) + (c.accum_steps > 0);
+  if (known < 2) {
+    throw ValueError(str_cat("[batch] give at least two of batch, micro_batch and accum_steps; got ",
+                             given()));
+  }
+  ResolvedBatch r{c.batch, c.micro_batch, c.accum_steps, c.world_size};
+  if (r.batch == 0) {
+    r.batch = r.micro_batch * r.accum_steps * r.world_size;
+  } else if (r.micro_batch == 0) {
+    if (r.batch % (r.accum_steps * r.world_size) != 0) {
+      throw ValueError(str_cat("[batch] batch ", r.batch, " is not divisible by accum_steps x ",
+                               "world_size = ", r.accum_steps * r.world_size, " (", given(), ")"));
+    }
+    r.micro_batch = r.batch / (r.accum_steps * r.world_size);
+  } else if (r.accum_steps == 0) {
+    if (r.batch % (r.micro_batch * r.world_size) != 0) {
+      throw ValueError(str_cat("[batch] batch ", r.batch, " is not divisible by micro_batch x ",
+                               "world_size = ", r.micro_batch * r.world_size, " (", given(), ")"));
+    }
+    r.accum_steps = r.batch / (r.micro_batch * r.world_size);
+  } else if (r.batch != r.micro_batch * r.accum_steps * r.world_size) {
+    throw ValueError(str_cat("[batch] inconsistent: batch ", r.batch, " != micro_batch ",
+                             r.micro_batch, " x accum_steps ", r.accum_steps, " x world_size ",
+                             r.world_size, " = ", r.micro_batch * r.accum_steps * r.world_size));
+  }
+  return r;
+}
+
+std::vector<Window> plan_windows(int64_t num_samples, const ResolvedBatch& batch,
+                                 LastWindow last) {
+  if (num_samples < 0) throw ValueError(str_cat("[plan_windows] num_samples = ", num_samples));
+  // Per rank: this process sees batch / world_size samples per window.
+  const int64_t per_window = batch.micro_batch * batch.accum_steps;
+  std::vector<Window> windows;
+  for (int64_t start = 0; start < num_samples; start += per_window) {
+    const int64_t samples = std::min(per_window, num_samples - start);
+    if (samples < per_window && last == LastWindow::kDrop) break;
+    Window w{start, samples, {}};
+    for (int64_t m = start; m < start + samples; m += batch.micro_batch) {
+      w.micro.push_back({m, std::min(batch.micro_batch, start + samples - m)});
+    }
+    windows.push_back(std::move(w));
+  }
+  return windows;
+}
+
+}  // namespace accrue::optim
