@@ -49,9 +49,9 @@ void* CachingAllocator::allocate(size_t nbytes) {
     ++stats_.system_allocs;
     stats_.reserved_bytes += size;
   }
-  live_.emplace(ptr, block);
+  live_.emplace(ptr, LiveBlock{block, size});
   ++stats_.allocs;
-  stats_.live_bytes += block;
+  stats_.live_bytes += size;
   if (stats_.live_bytes > stats_.peak_bytes) stats_.peak_bytes = stats_.live_bytes;
   return ptr;
 }
@@ -63,9 +63,9 @@ void CachingAllocator::deallocate(void* ptr) {
   if (it == live_.end()) {
     throw std::logic_error(str_cat("[allocator] ", device_.str(), ": free of a pointer it did not hand out"));
   }
-  const size_t block = it->second;
+  const size_t block = it->second.block;
+  stats_.live_bytes -= it->second.size;
   live_.erase(it);
-  stats_.live_bytes -= block;
   stats_.cached_bytes += block;
   pool_.emplace(block, ptr);
 }

@@ -16,7 +16,10 @@
 namespace accrue {
 
 struct AllocatorStats {
-  size_t live_bytes = 0;      // bytes in blocks handed out and not yet freed
+  // Bytes handed out and not yet freed, each request rounded up to kGranule. A request served
+  // by a larger pooled block counts its own size, so live and peak depend only on what the
+  // program asks for, not on the pool's history.
+  size_t live_bytes = 0;
   size_t peak_bytes = 0;      // highest live_bytes since construction or reset_peak()
   size_t reserved_bytes = 0;  // bytes held from the system: live blocks plus the pool
   size_t cached_bytes = 0;    // bytes in the pool, free for reuse
@@ -59,7 +62,11 @@ class CachingAllocator {
   SystemMemory system_;
   mutable std::mutex mutex_;
   std::multimap<size_t, void*> pool_;          // free blocks by size
-  std::unordered_map<void*, size_t> live_;     // handed-out blocks and their sizes
+  struct LiveBlock {
+    size_t block;  // the block's size
+    size_t size;   // the rounded request it serves
+  };
+  std::unordered_map<void*, LiveBlock> live_;  // handed-out blocks
   AllocatorStats stats_;
 };
 

@@ -42,6 +42,12 @@ TEST(Allocator, ReusesFreedBlocksAndCountsExactly) {
   EXPECT_EQ(alloc.stats().system_allocs, 3);
   alloc.reset_peak();
   EXPECT_EQ(alloc.stats().peak_bytes, 3 * kG);
+  // A request served by a larger pooled block counts its own (rounded) size as live.
+  void* e = alloc.allocate(2 * kG);
+  EXPECT_EQ(e, a);
+  EXPECT_EQ(alloc.stats().live_bytes, 5 * kG);
+  EXPECT_EQ(alloc.stats().reserved_bytes, 6 * kG);
+  alloc.deallocate(e);
   alloc.deallocate(b);
   alloc.deallocate(d);
   EXPECT_EQ(alloc.stats().live_bytes, 0u);

@@ -11,6 +11,10 @@
 
 #include "accrue.h"
 
+namespace accrue {
+inline void PrintTo(const Device& d, std::ostream* out) { *out << d.str(); }
+}  // namespace accrue
+
 namespace accrue::testing {
 
 // cpu, plus cuda:0 when a GPU can be used.
