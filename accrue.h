@@ -18,3 +18,5 @@
 #include "optim/accumulator.h"
 #include "optim/schedule.h"
 #include "optim/window.h"
+#include "nn/mlp.h"
+#include "optim/checkpoint.h"

@@ -41,7 +41,10 @@ Tensor argmax(const Tensor& x);
 // Number of equal entries of two int32 [N] tensors, as an int64 on the host.
 int64_t count_equal(const Tensor& a, const Tensor& b);
 
-// Shape (core/ops/shape.cpp): a recorded view with a new shape of the same element count.
+// Shape and indexing (core/ops/shape.cpp).
+// A recorded view with a new shape of the same element count.
 Tensor reshape(const Tensor& x, const Shape& shape);
+// Rows of src [N, ...] picked by int32 index [M] -> [M, ...]. For data loading: not recorded.
+Tensor gather_rows(const Tensor& src, const Tensor& index);
 
 }  // namespace accrue

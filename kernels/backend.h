@@ -34,6 +34,9 @@ class Backend {
   // Converts between float32 and float64 (and int32) elementwise, same device.
   virtual void cast(const Tensor& src, Tensor& dst) = 0;
 
+  // out [M, ...] = src[index[m], ...] for int32 index [M] (rows of any dtype; data loading).
+  virtual void gather_rows(const Tensor& src, const Tensor& index, Tensor& out) = 0;
+
   // Element-wise: y = op(x) (alpha is the factor of kScale), dx = op'(saved) * dy, where saved is
   // x for relu/gelu/scale and y for tanh; out = a op b.
   virtual void unary(UnaryOp op, const Tensor& x, double alpha, Tensor& y) = 0;

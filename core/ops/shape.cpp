@@ -1,9 +1,11 @@
 // reshape: a view with a new shape, recorded so gradients flow back in the input's shape.
+// gather_rows: row selection for building micro-batches from a shuffled dataset.
 #include <memory>
 
 #include "core/autograd.h"
 #include "core/ops.h"
 #include "core/ops/check.h"
+#include "kernels/backend.h"
 
 namespace accrue {
 
@@ -29,6 +31,30 @@ Tensor reshape(const Tensor& x, const Shape& shape) {
     node->input_shape = x.shape();
     record(std::move(node), {&x}, out);
   }
+  return out;
+}
+
+Tensor gather_rows(const Tensor& src, const Tensor& index) {
+  check::defined("gather_rows", "source", src);
+  check::defined("gather_rows", "index", index);
+  check::same_device("gather_rows", src, index);
+  if (src.dim() < 1 || index.dtype() != DType::kInt32 || index.dim() != 1) {
+    throw ShapeError(str_cat("[gather_rows] needs a source with rows and an int32 [M] index, got ",
+                             src.describe(), " and ", index.describe()));
+  }
+  if (index.device().is_cpu()) {
+    const int32_t* idx = index.data<int32_t>();
+    for (int64_t i = 0; i < index.numel(); ++i) {
+      if (idx[i] < 0 || idx[i] >= src.size(0)) {
+        throw ValueError(str_cat("[gather_rows] index ", idx[i], " at position ", i,
+                                 " is out of range for ", src.size(0), " rows"));
+      }
+    }
+  }
+  Shape shape = src.shape();
+  shape[0] = index.numel();
+  Tensor out = Tensor::empty(shape, src.dtype(), src.device());
+  backend_for(src.device()).gather_rows(src, index, out);
   return out;
 }
 

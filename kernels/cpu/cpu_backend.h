@@ -13,6 +13,7 @@ class CpuBackend final : public Backend {
   void fill(Tensor& out, double value) override;
   void copy(const Tensor& src, Tensor& dst) override;
   void cast(const Tensor& src, Tensor& dst) override;
+  void gather_rows(const Tensor& src, const Tensor& index, Tensor& out) override;
   void unary(UnaryOp op, const Tensor& x, double alpha, Tensor& y) override;
   void unary_backward(UnaryOp op, const Tensor& saved, const Tensor& dy, Tensor& dx) override;
   void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) override;

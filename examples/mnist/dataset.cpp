@@ -1,0 +1,54 @@
+// Loading and normalising MNIST; the epoch permutation.
+#include "dataset.h"
+
+#include <numeric>
+#include <random>
+
+#include "idx.h"
+
+namespace accrue::mnist {
+
+Split load_split(const std::string& dir, const std::string& prefix, int64_t limit,
+                 Device device) {
+  const std::string image_path = dir + "/" + prefix + "-images-idx3-ubyte";
+  const std::string label_path = dir + "/" + prefix + "-labels-idx1-ubyte";
+  const IdxImages images = read_idx_images(image_path);
+  const std::vector<uint8_t> labels = read_idx_labels(label_path);
+  if (static_cast<int64_t>(labels.size()) != images.count) {
+    throw FileError(str_cat(label_path, ": holds ", labels.size(), " labels but ", image_path,
+                            " holds ", images.count, " images"));
+  }
+  for (size_t i = 0; i < labels.size(); ++i) {
+    if (labels[i] > 9) {
+      throw FileError(str_cat(label_path, ": label ", int(labels[i]), " at index ", i,
+                              " is not a digit"));
+    }
+  }
+  const int64_t n = limit > 0 ? std::min(limit, images.count) : images.count;
+  const int64_t pixels = images.rows * images.cols;
+  std::vector<float> x(static_cast<size_t>(n * pixels));
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = (static_cast<float>(images.pixels[i]) / 255.0f - 0.1307f) / 0.3081f;
+  }
+  std::vector<int32_t> y(labels.begin(), labels.begin() + n);
+  return {Tensor::from_vector<float>({n, pixels}, x, device),
+          Tensor::from_vector<int32_t>({n}, y, device)};
+}
+
+std::vector<int32_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, bool shuffle) {
+  std::vector<int32_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  if (!shuffle) return order;
+  std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(epoch) + 1);
+  for (int64_t i = n - 1; i > 0; --i) {
+    // Unbiased draw in [0, i] by rejection, independent of the standard library's distributions.
+    const uint64_t range = static_cast<uint64_t>(i) + 1;
+    const uint64_t limit = UINT64_MAX - UINT64_MAX % range;
+    uint64_t r;
+    do r = rng(); while (r >= limit);
+    std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(r % range)]);
+  }
+  return order;
+}
+
+}  // namespace accrue::mnist

@@ -1,0 +1,29 @@
+// An MNIST split in memory: images normalised as (x / 255 - 0.1307) / 0.3081 into float32
+// [N, 784] and labels int32 [N], on the training device (on CUDA the whole dataset lives on
+// the GPU). Also the per-epoch sample order: a seeded permutation, so window w of an epoch
+// holds the same samples however it is split into micro-batches.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace accrue::mnist {
+
+struct Split {
+  Tensor images;  // float32 [N, rows * cols]
+  Tensor labels;  // int32 [N]
+  int64_t size() const { return labels.numel(); }
+};
+
+// Reads DIR/{prefix}-images-idx3-ubyte and DIR/{prefix}-labels-idx1-ubyte (prefix "train" or
+// "t10k"), checking that the counts agree and labels are digits; keeps the first `limit`
+// samples when limit > 0.
+Split load_split(const std::string& dir, const std::string& prefix, int64_t limit, Device device);
+
+// The sample order of an epoch: file order without shuffling, else a permutation drawn from
+// (seed, epoch) by Fisher-Yates with a fixed generator, identical on every platform.
+std::vector<int32_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, bool shuffle);
+
+}  // namespace accrue::mnist

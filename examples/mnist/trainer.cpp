@@ -1,0 +1,243 @@
+// The training loop of accrue-mnist (see trainer.h).
+#include "trainer.h"
+
+#include <omp.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <ostream>
+
+#include "accrue.h"
+#include "dataset.h"
+
+namespace accrue::mnist {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+std::string mib(size_t bytes) {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(2) << static_cast<double>(bytes) / (1 << 20) << " MiB";
+  return s.str();
+}
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const Config& c, optim::ParameterArena& arena,
+                                                 double lr) {
+  if (c.optimizer == "sgd") {
+    optim::SgdOptions o;
+    o.lr = lr;
+    o.momentum = c.momentum;
+    o.weight_decay = c.weight_decay < 0 ? 0.0 : c.weight_decay;
+    return std::make_unique<optim::SGD>(arena, o);
+  }
+  optim::AdamOptions o = c.optimizer == "adamw" ? optim::AdamW::defaults() : optim::AdamOptions{};
+  o.lr = lr;
+  if (c.weight_decay >= 0) o.weight_decay = c.weight_decay;
+  if (c.optimizer == "adamw") return std::make_unique<optim::AdamW>(arena, o);
+  return std::make_unique<optim::Adam>(arena, o);
+}
+
+double evaluate(nn::Module& model, const Split& test) {
+  NoGradGuard no_grad;
+  int64_t correct = 0;
+  for (int64_t start = 0; start < test.size(); start += 1000) {
+    const int64_t n = std::min<int64_t>(1000, test.size() - start);
+    correct += count_equal(argmax(model(test.images.narrow(start, n))), test.labels.narrow(start, n));
+  }
+  return test.size() ? static_cast<double>(correct) / static_cast<double>(test.size()) : 0.0;
+}
+
+// A progress bar on a terminal, a plain line every tenth of an epoch otherwise.
+class Progress {
+ public:
+  Progress(std::ostream& out, bool quiet, int64_t steps_per_epoch)
+      : out_(out), quiet_(quiet), tty_(isatty(STDOUT_FILENO) && &out == &std::cout),
+        every_(std::max<int64_t>(1, steps_per_epoch / 10)), total_(steps_per_epoch) {}
+  void update(int64_t epoch, int64_t step_in_epoch, const optim::StepResult& r, double rate) {
+    if (quiet_) return;
+    if (tty_) {
+      if (seconds_since(last_) < 0.1 && step_in_epoch != total_) return;
+      last_ = Clock::now();
+      const int width = 30;
+      const int filled = static_cast<int>(width * step_in_epoch / std::max<int64_t>(total_, 1));
+      out_ << "\repoch " << epoch + 1 << " [" << std::string(filled, '=')
+           << std::string(width - filled, ' ') << "] " << step_in_epoch << "/" << total_
+           << " loss " << std::fixed << std::setprecision(4) << r.loss << " "
+           << std::setprecision(0) << rate << " samples/s   " << std::flush;
+    } else if (step_in_epoch % every_ == 0 || step_in_epoch == total_) {
+      out_ << "epoch " << epoch + 1 << " step " << r.step << " (" << step_in_epoch << "/" << total_
+           << ") loss " << std::fixed << std::setprecision(4) << r.loss << " grad_norm "
+           << r.grad_norm << " lr " << std::scientific << std::setprecision(2) << r.lr
+           << std::fixed << " " << std::setprecision(0) << rate << " samples/s\n";
+    }
+  }
+  void end_epoch() {
+    if (tty_ && !quiet_) out_ << "\n";
+  }
+
+ private:
+  std::ostream& out_;
+  bool quiet_, tty_;
+  int64_t every_, total_;
+  Clock::time_point last_ = Clock::now();
+};
+
+}  // namespace
+
+Summary train(const Config& c, std::ostream& out) {
+  if (c.threads > 0) omp_set_num_threads(c.threads);
+  const auto log = [&](const std::string& line) {
+    if (!c.quiet) out << line << "\n";
+  };
+  const Split train_set = load_split(c.data, "train", c.train_limit, c.device);
+  const Split test_set = load_split(c.data, "t10k", 0, c.device);
+
+  nn::manual_seed(c.seed);
+  std::vector<int64_t> sizes{train_set.images.size(1)};
+  sizes.insert(sizes.end(), c.hidden.begin(), c.hidden.end());
+  sizes.push_back(10);
+  nn::MLP model(sizes);
+  if (!c.init.empty()) optim::load_parameters(model, c.init);
+  model.to(c.device);
+  optim::ParameterArena arena(model);
+
+  const optim::ResolvedBatch batch = optim::resolve_batch({c.batch, c.micro_batch, c.accum_steps, 1});
+  const double lr = optim::scale_lr(c.lr, batch.batch, c.base_batch, optim::parse_lr_scaling(c.lr_scaling));
+  auto optimizer = make_optimizer(c, arena, lr);
+  const auto windows = optim::plan_windows(train_set.size(), batch);
+  const int64_t steps_per_epoch = static_cast<int64_t>(windows.size());
+  int64_t total_steps = steps_per_epoch * c.epochs;
+  if (c.max_steps > 0) total_steps = std::min(total_steps, c.max_steps);
+  optim::AccumulatorOptions options;
+  options.max_norm = c.clip;
+  options.base_lr = lr;
+  options.schedule = {optim::Schedule::parse(c.schedule), c.warmup, total_steps, 0.0};
+  optim::Accumulator acc(*optimizer, options);
+
+  std::ofstream metrics;
+  if (!c.metrics.empty()) {
+    metrics.open(c.metrics, std::ios::trunc);
+    if (!metrics) throw FileError("--metrics: cannot open " + c.metrics + " for writing");
+  }
+  log("accrue-mnist: " + batch.str() + ", lr " + std::to_string(lr) + " (" + c.lr_scaling +
+      " scaling), " + std::to_string(model.num_parameters()) + " parameters, device " +
+      c.device.str() + ", " + std::to_string(train_set.size()) + " training samples");
+
+  Summary summary;
+  int64_t samples_seen = 0;
+  Progress progress(out, c.quiet, steps_per_epoch);
+  for (int64_t epoch = 0; epoch < c.epochs && acc.steps() < total_steps; ++epoch) {
+    const auto order_host = epoch_order(train_set.size(), c.seed, epoch, c.shuffle);
+    const Tensor order = Tensor::from_vector<int32_t>({train_set.size()}, order_host, c.device);
+    const auto epoch_start = Clock::now();
+    int64_t step_in_epoch = 0;
+    double epoch_loss = 0;
+    int64_t epoch_samples = 0;
+    for (const optim::Window& w : windows) {
+      const optim::StepResult r = acc.run_window(w, [&](const optim::MicroBatch& mb) {
+        const Tensor index = order.narrow(mb.start, mb.count);
+        return cross_entropy(model(gather_rows(train_set.images, index)),
+                             gather_rows(train_set.labels, index));
+      });
+      samples_seen += r.samples;
+      epoch_samples += r.samples;
+      epoch_loss += r.loss * static_cast<double>(r.samples);
+      summary.step_losses.push_back(r.loss);
+      ++step_in_epoch;
+      if (metrics.is_open()) {
+        metrics << nlohmann::json{{"step", r.step},       {"epoch", epoch + 1},
+                                  {"samples", samples_seen}, {"loss", r.loss},
+                                  {"grad_norm", r.grad_norm}, {"lr", r.lr},
+                                  {"skipped", r.skipped}}
+                       .dump()
+                << "\n";
+      }
+      const double elapsed = summary.train_seconds + seconds_since(epoch_start);
+      progress.update(epoch, step_in_epoch, r, samples_seen / std::max(elapsed, 1e-9));
+      if (acc.steps() >= total_steps) break;
+    }
+    const double epoch_seconds = seconds_since(epoch_start);
+    summary.train_seconds += epoch_seconds;
+    progress.end_epoch();
+    summary.test_accuracy = evaluate(model, test_set);
+    std::ostringstream line;
+    line << "epoch " << epoch + 1 << ": train loss " << std::fixed << std::setprecision(4)
+         << epoch_loss / std::max<int64_t>(epoch_samples, 1) << ", test accuracy "
+         << std::setprecision(2) << 100 * summary.test_accuracy << "%, " << std::setprecision(2)
+         << epoch_seconds << " s";
+    log(line.str());
+    if (metrics.is_open()) {
+      metrics << nlohmann::json{{"event", "epoch"},
+                                {"epoch", epoch + 1},
+                                {"train_loss", epoch_loss / std::max<int64_t>(epoch_samples, 1)},
+                                {"test_accuracy", summary.test_accuracy},
+                                {"seconds", epoch_seconds}}
+                     .dump()
+              << "\n";
+    }
+  }
+  summary.steps = acc.steps();
+  summary.samples_per_second = samples_seen / std::max(summary.train_seconds, 1e-9);
+  const optim::MemoryStats& mem = acc.memory();
+  std::ostringstream line;
+  line << "done: test accuracy " << std::fixed << std::setprecision(2)
+       << 100 * summary.test_accuracy << "% after " << summary.steps << " steps | train "
+       << summary.train_seconds << " s, " << std::setprecision(0) << summary.samples_per_second
+       << " samples/s | " << batch.str() << " | device " << c.device.str() << " | peak "
+       << mib(mem.peak_bytes) << ", activations " << mib(mem.peak_activation_bytes)
+       << " | skipped steps " << acc.skipped_steps();
+  log(line.str());
+  if (metrics.is_open()) {
+    metrics << nlohmann::json{{"event", "summary"},
+                              {"test_accuracy", summary.test_accuracy},
+                              {"train_seconds", summary.train_seconds},
+                              {"samples_per_second", summary.samples_per_second},
+                              {"steps", summary.steps},
+                              {"skipped_steps", acc.skipped_steps()},
+                              {"peak_bytes", mem.peak_bytes},
+                              {"peak_activation_bytes", mem.peak_activation_bytes},
+                              {"batch", batch.batch},
+                              {"micro_batch", batch.micro_batch},
+                              {"accum_steps", batch.accum_steps},
+                              {"device", c.device.str()}}
+                   .dump()
+            << "\n";
+  }
+  if (!c.save.empty()) {
+    optim::save_safetensors(c.save, model.named_parameters(), {{"format", "pt"}});
+    log("saved weights to " + c.save);
+  }
+  return summary;
+}
+
+int run_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
+  Config config;
+  const int status = parse_args(argc, argv, config, out, err);
+  if (status >= 0) return status;
+  try {
+    train(config, out);
+  } catch (const FileError& e) {
+    err << "accrue-mnist: " << e.what() << "\n";
+    if (std::string(e.what()).find("cannot open") != std::string::npos) {
+      err << "accrue-mnist: fetch the data with scripts/fetch-mnist.sh " << config.data << "\n";
+    }
+    return 1;
+  } catch (const std::exception& e) {
+    err << "accrue-mnist: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace accrue::mnist

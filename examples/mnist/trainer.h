@@ -1,0 +1,57 @@
+// The MNIST MLP trainer behind `accrue-mnist`: configuration, command-line parsing and the
+// training loop, kept out of main() so the tests can drive them. The loop is the canonical
+// accrue recipe: plan windows over a shuffled epoch, run each window's micro-steps through
+// optim::Accumulator, evaluate between epochs under NoGradGuard.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+
+namespace accrue::mnist {
+
+struct Config {
+  std::string data = "data/mnist";
+  Device device = Device::cpu();
+  std::vector<int64_t> hidden{512, 256, 128};
+  int64_t micro_batch = 0, accum_steps = 0, batch = 0;  // any two; defaults 32 x 4
+  int64_t epochs = 5;
+  int64_t max_steps = 0;    // 0: no limit
+  int64_t train_limit = 0;  // 0: all samples
+  double lr = 1e-3;
+  std::string lr_scaling = "none";
+  int64_t base_batch = 128;  // the batch lr was tuned for, for --lr-scaling
+  std::string schedule = "constant";
+  int64_t warmup = 0;
+  double clip = 1.0;
+  std::string optimizer = "adam";
+  double weight_decay = -1;  // < 0: the optimizer's default
+  double momentum = 0.9;     // sgd
+  uint64_t seed = 0;
+  bool shuffle = true;
+  int threads = 0;  // 0: every core
+  std::string metrics, save, init;
+  bool quiet = false;  // no progress output (tests)
+};
+
+struct Summary {
+  double test_accuracy = 0;
+  double train_seconds = 0;
+  double samples_per_second = 0;
+  int64_t steps = 0;
+  std::vector<double> step_losses;
+};
+
+// Parses argv into config. Returns -1 to go on, else the exit status main() should return
+// (0 after --help, 2 after a mistake, with one line on err saying what is wrong).
+int parse_args(int argc, const char* const* argv, Config& config, std::ostream& out,
+               std::ostream& err);
+// Trains and evaluates; prints progress and the summary to out.
+Summary train(const Config& config, std::ostream& out);
+// parse_args + train, with errors turned into messages and exit statuses.
+int run_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& err);
+
+}  // namespace accrue::mnist

@@ -1,0 +1,20 @@
+// CPU indexing: gathering rows by an index (micro-batches from a shuffled dataset).
+#include <cstring>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/parallel.h"
+
+namespace accrue::cpu {
+
+void CpuBackend::gather_rows(const Tensor& src, const Tensor& index, Tensor& out) {
+  // src [N, D], index [M] -> out [M, D], rows copied whole
+  const int64_t rows = index.numel();
+  const size_t row_bytes = src.size(0) ? src.nbytes() / static_cast<size_t>(src.size(0)) : 0;
+  const int32_t* idx = index.data<int32_t>();
+  const char* in = static_cast<const char*>(src.raw());
+  char* o = static_cast<char*>(out.raw());
+#pragma omp parallel for schedule(static) if (rows * int64_t(row_bytes) >= 4 * kParallelGrain)
+  for (int64_t m = 0; m < rows; ++m) std::memcpy(o + m * row_bytes, in + idx[m] * row_bytes, row_bytes);
+}
+
+}  // namespace accrue::cpu

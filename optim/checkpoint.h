@@ -1,0 +1,24 @@
+// Checkpoints in the safetensors format (an 8-byte little-endian header length, a JSON header of
+// name -> {dtype, shape, data_offsets}, then the raw little-endian bytes), with PyTorch's
+// parameter names and layouts, so weights move between accrue and PyTorch both ways.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "nn/module.h"
+
+namespace accrue::optim {
+
+// Writes the tensors (any device; copied to the host) and string metadata to path.
+void save_safetensors(const std::string& path, const std::vector<nn::NamedTensor>& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
+// Reads every tensor of a safetensors file onto the host. Throws FileError naming the file and
+// what is wrong for a missing, truncated or malformed file.
+std::map<std::string, Tensor> read_safetensors(const std::string& path);
+// Copies the file's tensors into the module's parameters (in place, so an arena keeps them).
+// Every parameter must be present with its shape; the error names the parameter.
+void load_parameters(nn::Module& module, const std::string& path);
+
+}  // namespace accrue::optim
