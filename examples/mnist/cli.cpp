@@ -37,6 +37,18 @@ std::vector<int64_t> parse_sizes(const std::string& text) {
 
 }  // namespace
 
+optim::ResolvedBatch resolve_config_batch(const Config& c) {
+  if (c.micro_batch < 0 || c.accum_steps < 0 || c.batch < 0) {
+    throw ValueError("--micro-batch, --accum-steps and --batch must be positive");
+  }
+  // Fewer than two given: the default recipe's 32 x 4 fills in, micro-batch first.
+  optim::BatchConfig b{c.batch, c.micro_batch, c.accum_steps, 1};
+  const int given = (b.batch > 0) + (b.micro_batch > 0) + (b.accum_steps > 0);
+  if (given < 2 && b.micro_batch == 0) b.micro_batch = 32;
+  if (given == 0 || (given == 1 && b.batch == 0 && b.accum_steps == 0)) b.accum_steps = 4;
+  return optim::resolve_batch(b);
+}
+
 int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out,
                std::ostream& err) {
   CLI::App app{"accrue-mnist: train an MLP on MNIST with gradient accumulation"};
@@ -88,18 +100,7 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out,
     }
     c.hidden = parse_sizes(hidden);
     c.shuffle = !no_shuffle;
-    const int given = (c.micro_batch > 0) + (c.accum_steps > 0) + (c.batch > 0);
-    if (c.micro_batch < 0 || c.accum_steps < 0 || c.batch < 0) {
-      throw ValueError("--micro-batch, --accum-steps and --batch must be positive");
-    }
-    if (given == 0) {
-      c.micro_batch = 32;
-      c.accum_steps = 4;
-    } else if (given == 1) {
-      if (c.micro_batch == 0) c.micro_batch = 32;
-      else c.accum_steps = 4;
-    }
-    optim::resolve_batch({c.batch, c.micro_batch, c.accum_steps, 1});
+    resolve_config_batch(c);
   } catch (const CLI::CallForHelp&) {
     out << app.help();
     return 0;

@@ -112,7 +112,7 @@ Summary train(const Config& c, std::ostream& out) {
   model.to(c.device);
   optim::ParameterArena arena(model);
 
-  const optim::ResolvedBatch batch = optim::resolve_batch({c.batch, c.micro_batch, c.accum_steps, 1});
+  const optim::ResolvedBatch batch = resolve_config_batch(c);
   const double lr = optim::scale_lr(c.lr, batch.batch, c.base_batch, optim::parse_lr_scaling(c.lr_scaling));
   auto optimizer = make_optimizer(c, arena, lr);
   const auto windows = optim::plan_windows(train_set.size(), batch);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/device.h"
+#include "optim/window.h"
 
 namespace accrue::mnist {
 
@@ -45,6 +46,9 @@ struct Summary {
   std::vector<double> step_losses;
 };
 
+// The batch arithmetic of a config: any two of --batch, --micro-batch, --accum-steps; with
+// fewer, the default recipe's micro-batch 32 and then 4 accumulation steps fill in.
+optim::ResolvedBatch resolve_config_batch(const Config& config);
 // Parses argv into config. Returns -1 to go on, else the exit status main() should return
 // (0 after --help, 2 after a mistake, with one line on err saying what is wrong).
 int parse_args(int argc, const char* const* argv, Config& config, std::ostream& out,

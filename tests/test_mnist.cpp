@@ -1,0 +1,248 @@
+// The MNIST trainer on generated fixtures (no network): IDX validation, command-line errors,
+// safetensors round trip and rejection, the same samples per window across micro-batch splits,
+// and a short training run.
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "dataset.h"
+#include "idx.h"
+#include "test_util.h"
+#include "trainer.h"
+
+namespace accrue::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using mnist::IdxImages;
+
+fs::path temp_dir(const std::string& name) {
+  fs::path dir = fs::temp_directory_path() / ("accrue-test-" + name + "-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+// A learnable stand-in for MNIST: digit d lights a 4x4 block at a d-dependent place, plus noise.
+void write_fixture(const fs::path& dir, const std::string& prefix, int64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> noise(0, 60);
+  IdxImages images{n, 28, 28, std::vector<uint8_t>(static_cast<size_t>(n * 784))};
+  std::vector<uint8_t> labels(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const int d = static_cast<int>(rng() % 10);
+    labels[i] = static_cast<uint8_t>(d);
+    uint8_t* img = images.pixels.data() + i * 784;
+    for (int p = 0; p < 784; ++p) img[p] = static_cast<uint8_t>(noise(rng));
+    const int r0 = 2 + (d / 5) * 12, c0 = 2 + (d % 5) * 5;
+    for (int r = r0; r < r0 + 4; ++r)
+      for (int c = c0; c < c0 + 4; ++c) img[r * 28 + c] = 255;
+  }
+  mnist::write_idx_images((dir / (prefix + "-images-idx3-ubyte")).string(), images);
+  mnist::write_idx_labels((dir / (prefix + "-labels-idx1-ubyte")).string(), labels);
+}
+
+fs::path make_dataset(const std::string& name, int64_t train = 1024, int64_t test = 256) {
+  const fs::path dir = temp_dir(name);
+  write_fixture(dir, "train", train, 1);
+  write_fixture(dir, "t10k", test, 2);
+  return dir;
+}
+
+TEST(Idx, ReadsWhatWasWritten) {
+  const fs::path dir = make_dataset("idx-good", 20, 5);
+  const IdxImages images = mnist::read_idx_images((dir / "train-images-idx3-ubyte").string());
+  EXPECT_EQ(images.count, 20);
+  EXPECT_EQ(images.rows, 28);
+  EXPECT_EQ(images.pixels.size(), 20u * 784);
+  const mnist::Split split = mnist::load_split(dir.string(), "train", 0, Device::cpu());
+  EXPECT_EQ(split.images.shape(), (Shape{20, 784}));
+  // Normalisation: a 255 pixel maps to (1 - 0.1307) / 0.3081.
+  const auto x = split.images.to_vector<float>();
+  EXPECT_NEAR(*std::max_element(x.begin(), x.end()), (1 - 0.1307) / 0.3081, 1e-5);
+  EXPECT_EQ(mnist::load_split(dir.string(), "train", 7, Device::cpu()).size(), 7);
+}
+
+TEST(Idx, RejectsBadFilesNamingThem) {
+  const fs::path dir = make_dataset("idx-bad", 20, 5);
+  const std::string images = (dir / "train-images-idx3-ubyte").string();
+  const std::string labels = (dir / "train-labels-idx1-ubyte").string();
+  // Truncated data.
+  fs::resize_file(images, 16 + 784 * 19 + 100);
+  expect_error<FileError>([&] { mnist::read_idx_images(images); }, {images, "truncated"});
+  // Truncated header.
+  fs::resize_file(images, 10);
+  expect_error<FileError>([&] { mnist::read_idx_images(images); }, {images, "header"});
+  // Wrong magic: a labels file read as images.
+  expect_error<FileError>([&] { mnist::read_idx_images(labels); }, {labels, "magic", "803"});
+  // Mismatched counts between images and labels.
+  write_fixture(dir, "train", 20, 1);
+  mnist::write_idx_labels(labels, std::vector<uint8_t>(19, 1));
+  expect_error<FileError>([&] { mnist::load_split(dir.string(), "train", 0, Device::cpu()); },
+                          {"19 labels", "20 images"});
+  mnist::write_idx_labels(labels, std::vector<uint8_t>(20, 11));
+  expect_error<FileError>([&] { mnist::load_split(dir.string(), "train", 0, Device::cpu()); },
+                          {labels, "label 11"});
+  expect_error<FileError>([&] { mnist::read_idx_images((dir / "missing").string()); },
+                          {"missing", "cannot open"});
+}
+
+// Runs the command line; returns {status, out, err}.
+struct CliResult {
+  int status;
+  std::string out, err;
+};
+CliResult cli(std::vector<std::string> args) {
+  args.insert(args.begin(), "accrue-mnist");
+  std::vector<const char*> argv;
+  for (auto& a : args) argv.push_back(a.c_str());
+  std::ostringstream out, err;
+  const int status = mnist::run_cli(static_cast<int>(argv.size()), argv.data(), out, err);
+  return {status, out.str(), err.str()};
+}
+
+TEST(Cli, MistakesPrintOneLineAndExitTwo) {
+  const std::vector<std::vector<std::string>> mistakes{
+      {"--bogus"},
+      {"--optimizer", "lion"},
+      {"--hidden", "512,x"},
+      {"--epochs", "0"},
+      {"--lr", "fast"},
+      {"--batch", "100", "--micro-batch", "32"},
+      {"--batch", "128", "--micro-batch", "32", "--accum-steps", "3"},
+      {"--schedule", "step"},
+      {"--device", "tpu"},
+  };
+  for (const auto& args : mistakes) {
+    const CliResult r = cli(args);
+    EXPECT_EQ(r.status, 2) << args[0];
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_EQ(r.err.rfind("accrue-mnist: ", 0), 0u) << r.err;
+  }
+  if (cuda_device_count() == 0) {
+    const CliResult r = cli({"--device", "cuda"});
+    EXPECT_EQ(r.status, 2);
+    EXPECT_NE(r.err.find("cuda"), std::string::npos) << r.err;
+  }
+  const CliResult help = cli({"--help"});
+  EXPECT_EQ(help.status, 0);
+  for (const char* flag : {"--micro-batch", "--accum-steps", "--lr-scaling", "--metrics", "--init"}) {
+    EXPECT_NE(help.out.find(flag), std::string::npos) << flag;
+  }
+  const CliResult missing = cli({"--data", "/nonexistent-accrue"});
+  EXPECT_EQ(missing.status, 1);
+  EXPECT_NE(missing.err.find("/nonexistent-accrue/train-images-idx3-ubyte"), std::string::npos);
+}
+
+TEST(Checkpoint, RoundTripAndRejection) {
+  const fs::path dir = temp_dir("ckpt");
+  const std::string path = (dir / "w.safetensors").string();
+  nn::manual_seed(3);
+  nn::MLP a({6, 5, 3});
+  optim::save_safetensors(path, a.named_parameters(), {{"format", "pt"}});
+  const auto tensors = optim::read_safetensors(path);
+  ASSERT_EQ(tensors.size(), 4u);
+  EXPECT_EQ(tensors.at("layers.0.weight").shape(), (Shape{5, 6}));
+  EXPECT_EQ(tensors.at("layers.1.bias").shape(), (Shape{3}));
+  nn::manual_seed(4);
+  nn::MLP b({6, 5, 3});
+  optim::ParameterArena arena(b);  // loading writes through the arena
+  optim::load_parameters(b, path);
+  for (auto& [name, t] : a.named_parameters()) {
+    EXPECT_EQ(t.to_vector<float>(), b.parameter(name).to_vector<float>()) << name;
+  }
+  nn::MLP wider({6, 7, 3});
+  expect_error<FileError>([&] { optim::load_parameters(wider, path); },
+                          {"layers.0.weight", "[5, 6]", "[7, 6]"});
+  nn::MLP deeper({6, 5, 3, 2});
+  expect_error<FileError>([&] { optim::load_parameters(deeper, path); }, {"layers.2.weight"});
+  // Truncated data section.
+  const auto size = fs::file_size(path);
+  fs::copy_file(path, dir / "cut.safetensors");
+  fs::resize_file(dir / "cut.safetensors", size - 8);
+  expect_error<FileError>([&] { optim::read_safetensors((dir / "cut.safetensors").string()); },
+                          {"cut.safetensors", "truncated", "layers.1.bias"});
+  // Header length past the end, and a header that is not JSON.
+  std::ofstream((dir / "len.safetensors").string(), std::ios::binary) << std::string("\xff\xff\0\0\0\0\0\0{}", 10);
+  expect_error<FileError>([&] { optim::read_safetensors((dir / "len.safetensors").string()); },
+                          {"len.safetensors", "header length"});
+  std::ofstream((dir / "json.safetensors").string(), std::ios::binary)
+      << std::string("\x04\0\0\0\0\0\0\0{{{{", 12);
+  expect_error<FileError>([&] { optim::read_safetensors((dir / "json.safetensors").string()); },
+                          {"json.safetensors", "JSON"});
+}
+
+TEST(Windows, HoldTheSameSamplesWhateverTheSplit) {
+  const auto order = mnist::epoch_order(1000, 42, 3, true);
+  EXPECT_EQ(order, mnist::epoch_order(1000, 42, 3, true));
+  EXPECT_NE(order, mnist::epoch_order(1000, 42, 4, true));
+  EXPECT_EQ(mnist::epoch_order(5, 42, 0, false), (std::vector<int32_t>{0, 1, 2, 3, 4}));
+  const auto one = optim::plan_windows(1000, optim::resolve_batch({128, 128, 0, 1}));
+  const auto four = optim::plan_windows(1000, optim::resolve_batch({128, 32, 0, 1}));
+  ASSERT_EQ(one.size(), four.size());
+  for (size_t w = 0; w < one.size(); ++w) {
+    EXPECT_EQ(one[w].start, four[w].start);
+    EXPECT_EQ(one[w].samples, four[w].samples);
+  }
+}
+
+mnist::Config small_config(const fs::path& data) {
+  mnist::Config c;
+  c.data = data.string();
+  c.hidden = {32};
+  c.quiet = true;
+  c.seed = 9;
+  return c;
+}
+
+TEST(Trainer, SplitsOfOneWindowGiveTheSameLosses) {
+  const fs::path data = make_dataset("same-samples", 512, 64);
+  mnist::Config c = small_config(data);
+  c.epochs = 2;
+  c.micro_batch = 128;
+  c.accum_steps = 1;
+  const mnist::Summary whole = mnist::train(c, std::cout);
+  c.micro_batch = 32;
+  c.accum_steps = 4;
+  const mnist::Summary split = mnist::train(c, std::cout);
+  ASSERT_EQ(whole.step_losses.size(), 8u);
+  ASSERT_EQ(split.step_losses.size(), 8u);
+  for (size_t i = 0; i < 8; ++i) {
+    EXPECT_NEAR(split.step_losses[i], whole.step_losses[i], 1e-5 * whole.step_losses[i]) << i;
+  }
+}
+
+TEST(Trainer, LearnsTheGeneratedDigitsAndWritesMetrics) {
+  const fs::path data = make_dataset("train-run", 2048, 512);
+  mnist::Config c = small_config(data);
+  c.epochs = 3;
+  c.metrics = (data / "metrics.jsonl").string();
+  c.save = (data / "final.safetensors").string();
+  const mnist::Summary s = mnist::train(c, std::cout);
+  EXPECT_GE(s.test_accuracy, 0.95);
+  EXPECT_EQ(s.steps, 3 * 16);
+  std::ifstream metrics(c.metrics);
+  std::string line, last;
+  int steps = 0, epochs = 0;
+  while (std::getline(metrics, line)) {
+    if (line.find("\"event\":\"epoch\"") != std::string::npos) ++epochs;
+    else if (line.find("\"grad_norm\"") != std::string::npos) ++steps;
+    last = line;
+  }
+  EXPECT_EQ(steps, 48);
+  EXPECT_EQ(epochs, 3);
+  for (const char* key : {"\"event\":\"summary\"", "train_seconds", "samples_per_second",
+                          "peak_activation_bytes", "\"device\":\"cpu\""}) {
+    EXPECT_NE(last.find(key), std::string::npos) << key;
+  }
+  // --init from the saved weights starts where the run ended.
+  c.init = c.save;
+  c.save.clear();
+  c.metrics.clear();
+  c.max_steps = 1;
+  c.lr = 0;
+  EXPECT_NEAR(mnist::train(c, std::cout).test_accuracy, s.test_accuracy, 1e-12);
+}
+
+}  // namespace
+}  // namespace accrue::testing
