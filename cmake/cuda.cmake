@@ -38,5 +38,5 @@ function(accrue_configure_cuda_target target)
   target_link_libraries(${target} PUBLIC CUDA::cudart PRIVATE CUDA::cublas)
   target_compile_definitions(${target} PUBLIC ACCRUE_WITH_CUDA=1)
   target_compile_options(${target} PRIVATE
-    $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -Xcompiler=-Wall>)
+    $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr --extended-lambda -Xcompiler=-Wall>)
 endfunction()

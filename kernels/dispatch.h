@@ -1,20 +1,27 @@
-// Turns a runtime dtype into a compile-time element type for a kernel body:
-//   dispatch_floating(t.dtype(), "relu", [&](auto tag) { using T = decltype(tag); ... });
-// Shared by the CPU and CUDA backends.
+// Turns a runtime dtype into a compile-time element type for a kernel body, in two spellings:
+//  - CPU: dispatch_floating(dtype, "relu", [&](auto tag) { using T = decltype(tag); ... });
+//    a generic lambda, so the body can hold OpenMP pragmas (which macro arguments cannot);
+//  - CUDA: ACCRUE_DISPATCH_FLOATING(dtype, "relu", [&] { ... T ... }); a plain lambda, because
+//    nvcc forbids device lambdas inside generic lambdas. The _AS forms name the alias.
 #pragma once
+
+#include <cstdint>
 
 #include "core/dtype.h"
 #include "core/error.h"
 
 namespace accrue {
 
+[[noreturn]] inline void dispatch_error(const char* op, DType dtype, const char* expected) {
+  throw DTypeError(str_cat("[", op, "] expects ", expected, ", got ", dtype_name(dtype)));
+}
+
 template <typename F>
 void dispatch_floating(DType dtype, const char* op, F&& body) {
   switch (dtype) {
     case DType::kFloat32: body(float{}); return;
     case DType::kFloat64: body(double{}); return;
-    default:
-      throw DTypeError(str_cat("[", op, "] expects float32 or float64, got ", dtype_name(dtype)));
+    default: dispatch_error(op, dtype, "float32 or float64");
   }
 }
 
@@ -28,3 +35,41 @@ void dispatch_all(DType dtype, const char* op, F&& body) {
 }
 
 }  // namespace accrue
+
+#define ACCRUE_DISPATCH_FLOATING_AS(T, dtype, op, ...)                              \
+  [&] {                                                                             \
+    switch (dtype) {                                                                \
+      case ::accrue::DType::kFloat32: {                                             \
+        using T = float;                                                            \
+        return __VA_ARGS__();                                                       \
+      }                                                                             \
+      case ::accrue::DType::kFloat64: {                                             \
+        using T = double;                                                           \
+        return __VA_ARGS__();                                                       \
+      }                                                                             \
+      default: ::accrue::dispatch_error(op, dtype, "float32 or float64");           \
+    }                                                                               \
+  }()
+
+#define ACCRUE_DISPATCH_ALL_AS(T, dtype, op, ...)                                   \
+  [&] {                                                                             \
+    switch (dtype) {                                                                \
+      case ::accrue::DType::kFloat32: {                                             \
+        using T = float;                                                            \
+        return __VA_ARGS__();                                                       \
+      }                                                                             \
+      case ::accrue::DType::kFloat64: {                                             \
+        using T = double;                                                           \
+        return __VA_ARGS__();                                                       \
+      }                                                                             \
+      case ::accrue::DType::kInt32: {                                               \
+        using T = int32_t;                                                          \
+        return __VA_ARGS__();                                                       \
+      }                                                                             \
+    }                                                                               \
+    ::accrue::dispatch_error(op, dtype, "a known dtype");                           \
+  }()
+
+#define ACCRUE_DISPATCH_FLOATING(dtype, op, ...) \
+  ACCRUE_DISPATCH_FLOATING_AS(T, dtype, op, __VA_ARGS__)
+#define ACCRUE_DISPATCH_ALL(dtype, op, ...) ACCRUE_DISPATCH_ALL_AS(T, dtype, op, __VA_ARGS__)

@@ -1,0 +1,20 @@
+// CUDA indexing: gathering rows by an index (micro-batches from a shuffled on-device dataset).
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/launch.cuh"
+
+namespace accrue::cuda {
+
+void CudaBackend::gather_rows(const Tensor& src, const Tensor& index, Tensor& out) {
+  // src [N, W words], index [M] -> out [M, W words]; every dtype is a whole number of 4-byte words
+  const int64_t rows = index.numel();
+  const int64_t words = src.size(0) ? static_cast<int64_t>(src.nbytes() / 4) / src.size(0) : 0;
+  const uint32_t* in = static_cast<const uint32_t*>(src.raw());
+  uint32_t* o = static_cast<uint32_t*>(out.raw());
+  const int32_t* idx = index.data<int32_t>();
+  for_each(rows * words, stream_of(out), [=] __device__(int64_t i) {
+    const int64_t m = i / words, w = i - m * words;
+    o[i] = in[int64_t(idx[m]) * words + w];
+  });
+}
+
+}  // namespace accrue::cuda

@@ -1,0 +1,137 @@
+// CUDA reductions. Full reductions (sum_all, norm_sq) are deterministic two-stage reductions:
+// a fixed grid of kReduceBlocks blocks each reduces a fixed grid-stride share with
+// cub::BlockReduce into a partial, then one block reduces the partials in a fixed order. The
+// grid does not depend on the device, so results are bitwise reproducible. Sums are in double.
+#include <cub/block/block_reduce.cuh>
+
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/launch.cuh"
+#include "kernels/dispatch.h"
+
+namespace accrue::cuda {
+
+namespace {
+
+constexpr int kReduceBlocks = 264;
+
+struct Pair {
+  double a, b;
+};
+struct PairSum {
+  __device__ Pair operator()(const Pair& x, const Pair& y) const { return {x.a + y.a, x.b + y.b}; }
+};
+
+// x [n] -> partial [kReduceBlocks] = per-block sums of f(x[i]) (f returns a Pair)
+template <typename T, typename F>
+__global__ void reduce_stage1(const T* x, int64_t n, F f, Pair* partial) {
+  using BlockReduce = cub::BlockReduce<Pair, kThreads>;
+  __shared__ typename BlockReduce::TempStorage temp;
+  Pair acc{0, 0};
+  for (int64_t i = blockIdx.x * int64_t(kThreads) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * kThreads) {
+    const Pair v = f(x[i]);
+    acc.a += v.a;
+    acc.b += v.b;
+  }
+  const Pair total = BlockReduce(temp).Reduce(acc, PairSum{});
+  if (threadIdx.x == 0) partial[blockIdx.x] = total;
+}
+
+// partial [count] -> write(total) on one thread
+template <typename W>
+__global__ void reduce_stage2(const Pair* partial, int count, W write) {
+  using BlockReduce = cub::BlockReduce<Pair, kThreads>;
+  __shared__ typename BlockReduce::TempStorage temp;
+  Pair acc{0, 0};
+  for (int i = threadIdx.x; i < count; i += kThreads) {
+    acc.a += partial[i].a;
+    acc.b += partial[i].b;
+  }
+  const Pair total = BlockReduce(temp).Reduce(acc, PairSum{});
+  if (threadIdx.x == 0) write(total);
+}
+
+template <typename T, typename F, typename W>
+void reduce_all(const Tensor& x, F f, W write) {
+  Tensor partial = Tensor::empty({kReduceBlocks * 2}, DType::kFloat64, x.device());
+  Pair* p = reinterpret_cast<Pair*>(partial.raw());
+  cudaStream_t s = stream_of(x);
+  reduce_stage1<<<kReduceBlocks, kThreads, 0, s>>>(x.data<T>(), x.numel(), f, p);
+  ACCRUE_CUDA_LAUNCH_CHECK();
+  reduce_stage2<<<1, kThreads, 0, s>>>(p, kReduceBlocks, write);
+  ACCRUE_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void CudaBackend::sum_rows(const Tensor& x, double alpha, double beta, Tensor& out) {
+  // x [N, C] -> out [C] = beta * out + alpha * sum_n x[n, :]; one thread per column, rows in order
+  ACCRUE_DISPATCH_FLOATING(x.dtype(), "sum_rows", [&] {
+    const T* in = x.data<T>();
+    T* o = out.data<T>();
+    const int64_t rows = x.size(0), cols = x.size(1);
+    for_each(cols, stream_of(x), [=] __device__(int64_t c) {
+      T acc = 0;
+      for (int64_t r = 0; r < rows; ++r) acc += in[r * cols + c];
+      o[c] = (beta == 0.0 ? T(0) : T(beta) * o[c]) + T(alpha) * acc;
+    });
+  });
+}
+
+void CudaBackend::sum_all(const Tensor& x, Tensor& out) {
+  // x [n] -> out [1]
+  ACCRUE_DISPATCH_FLOATING(x.dtype(), "sum", [&] {
+    T* o = out.data<T>();
+    reduce_all<T>(
+        x, [] __device__(T v) { return Pair{double(v), 0.0}; },
+        [=] __device__(Pair total) { o[0] = T(total.a); });
+  });
+}
+
+void CudaBackend::norm_sq(const Tensor& g, Tensor& out) {
+  // g [n] -> out [2] = {sum g^2, count of non-finite entries}
+  ACCRUE_DISPATCH_FLOATING(g.dtype(), "norm_sq", [&] {
+    T* o = out.data<T>();
+    reduce_all<T>(
+        g,
+        [] __device__(T v) {
+          const double d = double(v);
+          return Pair{d * d, isfinite(d) ? 0.0 : 1.0};
+        },
+        [=] __device__(Pair total) {
+          o[0] = T(total.a);
+          o[1] = T(total.b);
+        });
+  });
+}
+
+void CudaBackend::argmax(const Tensor& x, Tensor& index) {
+  // x [N, C] -> index [N]; one thread per row, first maximum wins
+  ACCRUE_DISPATCH_FLOATING(x.dtype(), "argmax", [&] {
+    const T* in = x.data<T>();
+    int32_t* idx = index.data<int32_t>();
+    const int64_t cols = x.size(1);
+    for_each(x.size(0), stream_of(x), [=] __device__(int64_t r) {
+      const T* row = in + r * cols;
+      int64_t best = 0;
+      for (int64_t c = 1; c < cols; ++c) {
+        if (row[c] > row[best]) best = c;
+      }
+      idx[r] = static_cast<int32_t>(best);
+    });
+  });
+}
+
+void CudaBackend::count_equal(const Tensor& a, const Tensor& b, Tensor& out) {
+  // a [n], b [n] -> out [1] = number of equal entries (integer atomics: order does not matter)
+  const int32_t* pa = a.data<int32_t>();
+  const int32_t* pb = b.data<int32_t>();
+  int32_t* o = out.data<int32_t>();
+  cudaStream_t s = stream_of(out);
+  ACCRUE_CUDA_CHECK(cudaMemsetAsync(o, 0, sizeof(int32_t), s));
+  for_each(a.numel(), s, [=] __device__(int64_t i) {
+    if (pa[i] == pb[i]) atomicAdd(o, 1);
+  });
+}
+
+}  // namespace accrue::cuda

@@ -1,0 +1,135 @@
+// CUDA softmax family over the rows of [N, C] logits: one warp per row, lanes striding over the
+// classes, warp shuffles for the row max and sums. The cross-entropy loss sums per-row losses
+// with the deterministic sum_all; a label outside [0, C) makes its row's loss NaN (the CPU
+// checks labels at the public edge; a CUDA kernel has no cheap way to throw).
+#include <cmath>
+
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/launch.cuh"
+#include "kernels/dispatch.h"
+
+namespace accrue::cuda {
+
+namespace {
+
+constexpr int kWarp = 32;
+constexpr int kRowsPerBlock = kThreads / kWarp;
+
+template <typename T>
+__device__ T warp_max(T v) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+template <typename T>
+__device__ T warp_sum(T v) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Log-sum-exp of one row, computed by a whole warp.
+template <typename T>
+__device__ T row_lse(const T* x, int64_t cols, int lane) {
+  T m = -INFINITY;
+  for (int64_t c = lane; c < cols; c += kWarp) m = max(m, x[c]);
+  m = warp_max(m);
+  T s = 0;
+  for (int64_t c = lane; c < cols; c += kWarp) s += exp(x[c] - m);
+  return m + log(warp_sum(s));
+}
+
+// x [N, C] -> y [N, C] = log_softmax(x)
+template <typename T>
+__global__ void log_softmax_kernel(const T* x, T* y, int64_t rows, int64_t cols) {
+  const int64_t r = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (r >= rows) return;
+  const T lse = row_lse(x + r * cols, cols, lane);
+  for (int64_t c = lane; c < cols; c += kWarp) y[r * cols + c] = x[r * cols + c] - lse;
+}
+
+// y, dy [N, C] -> dx [N, C] = dy - exp(y) * rowsum(dy)
+template <typename T>
+__global__ void log_softmax_backward_kernel(const T* y, const T* dy, T* dx, int64_t rows,
+                                            int64_t cols) {
+  const int64_t r = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (r >= rows) return;
+  T s = 0;
+  for (int64_t c = lane; c < cols; c += kWarp) s += dy[r * cols + c];
+  s = warp_sum(s);
+  for (int64_t c = lane; c < cols; c += kWarp) {
+    dx[r * cols + c] = dy[r * cols + c] - exp(y[r * cols + c]) * s;
+  }
+}
+
+// logits [N, C], labels [N] -> probs [N, C] = softmax, row_loss [N] = lse - logits[label]
+template <typename T>
+__global__ void cross_entropy_kernel(const T* x, const int32_t* labels, T* probs, T* row_loss,
+                                     int64_t rows, int64_t cols) {
+  const int64_t r = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (r >= rows) return;
+  const T* row = x + r * cols;
+  const T lse = row_lse(row, cols, lane);
+  for (int64_t c = lane; c < cols; c += kWarp) probs[r * cols + c] = exp(row[c] - lse);
+  if (lane == 0) {
+    const int32_t label = labels[r];
+    row_loss[r] = (label >= 0 && label < cols) ? lse - row[label] : T(NAN);
+  }
+}
+
+int row_blocks(int64_t rows) { return static_cast<int>((rows + kRowsPerBlock - 1) / kRowsPerBlock); }
+
+}  // namespace
+
+void CudaBackend::log_softmax(const Tensor& x, Tensor& y) {
+  ACCRUE_DISPATCH_FLOATING(x.dtype(), "log_softmax", [&] {
+    if (x.size(0) == 0) return;
+    log_softmax_kernel<<<row_blocks(x.size(0)), kThreads, 0, stream_of(x)>>>(
+        x.data<T>(), y.data<T>(), x.size(0), x.size(1));
+    ACCRUE_CUDA_LAUNCH_CHECK();
+  });
+}
+
+void CudaBackend::log_softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
+  ACCRUE_DISPATCH_FLOATING(y.dtype(), "log_softmax_backward", [&] {
+    if (y.size(0) == 0) return;
+    log_softmax_backward_kernel<<<row_blocks(y.size(0)), kThreads, 0, stream_of(y)>>>(
+        y.data<T>(), dy.data<T>(), dx.data<T>(), y.size(0), y.size(1));
+    ACCRUE_CUDA_LAUNCH_CHECK();
+  });
+}
+
+void CudaBackend::cross_entropy(const Tensor& logits, const Tensor& labels, Tensor& loss,
+                                Tensor& probs) {
+  ACCRUE_DISPATCH_FLOATING(logits.dtype(), "cross_entropy", [&] {
+    const int64_t rows = logits.size(0);
+    Tensor row_loss = Tensor::empty({rows}, logits.dtype(), logits.device());
+    if (rows > 0) {
+      cross_entropy_kernel<<<row_blocks(rows), kThreads, 0, stream_of(logits)>>>(
+          logits.data<T>(), labels.data<int32_t>(), probs.data<T>(), row_loss.data<T>(), rows,
+          logits.size(1));
+      ACCRUE_CUDA_LAUNCH_CHECK();
+    }
+    sum_all(row_loss, loss);
+  });
+}
+
+void CudaBackend::cross_entropy_backward(const Tensor& probs, const Tensor& labels,
+                                         const Tensor& dloss, Tensor& dlogits) {
+  // dlogits [N, C] = dloss[0] * (probs - onehot(labels))
+  ACCRUE_DISPATCH_FLOATING(probs.dtype(), "cross_entropy_backward", [&] {
+    const T* p = probs.data<T>();
+    const T* g = dloss.data<T>();
+    const int32_t* label = labels.data<int32_t>();
+    T* out = dlogits.data<T>();
+    const int64_t cols = probs.size(1);
+    for_each(probs.numel(), stream_of(probs), [=] __device__(int64_t i) {
+      const int64_t r = i / cols, c = i - r * cols;
+      out[i] = g[0] * (p[i] - (c == label[r] ? T(1) : T(0)));
+    });
+  });
+}
+
+}  // namespace accrue::cuda
