@@ -1,6 +1,7 @@
 // Device parsing and printing.
 #include "core/device.h"
 
+#include <fstream>
 #include <stdexcept>
 
 namespace accrue {
@@ -20,6 +21,18 @@ Device Device::parse(const std::string& text) {
   }
   throw std::invalid_argument("[device] cannot parse '" + text +
                               "': expected cpu, cuda or cuda:N");
+}
+
+std::string cpu_model_name() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
+    }
+  }
+  return "unknown CPU";
 }
 
 std::string Device::str() const {

@@ -32,5 +32,9 @@ bool cuda_built();
 int cuda_device_count();
 // Why cuda_device_count() is zero, in words ("" when it is not).
 std::string cuda_unavailable_reason();
+// Waits until every operation queued on the device has finished (no-op for the CPU). For timing.
+void synchronize(Device device);
+// The device's name: the CPU model from /proc/cpuinfo, or the GPU's from the driver.
+std::string device_name(Device device);
 
 }  // namespace accrue

@@ -11,6 +11,14 @@ int cuda_device_count() { return 0; }
 std::string cuda_unavailable_reason() {
   return "accrue was built without CUDA (configure with -DACCRUE_CUDA=ON and a CUDA toolkit)";
 }
+std::string cpu_model_name();
+void synchronize(Device device) {
+  if (device.is_cuda()) throw DeviceError("[synchronize] " + cuda_unavailable_reason());
+}
+std::string device_name(Device device) {
+  if (device.is_cuda()) throw DeviceError("[device_name] " + cuda_unavailable_reason());
+  return cpu_model_name();
+}
 SystemMemory cuda_system_memory() { throw DeviceError("[cuda] " + cuda_unavailable_reason()); }
 
 }  // namespace accrue

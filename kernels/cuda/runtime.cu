@@ -56,6 +56,20 @@ int cuda_device_count() { return discovery().count; }
 std::string cuda_unavailable_reason() { return discovery().reason; }
 SystemMemory cuda_system_memory() { return {device_allocate, device_release}; }
 
+std::string cpu_model_name();
+
+void synchronize(Device device) {
+  if (device.is_cuda()) ACCRUE_CUDA_CHECK(cudaStreamSynchronize(cuda::context(device.index).stream));
+}
+
+std::string device_name(Device device) {
+  if (device.is_cpu()) return cpu_model_name();
+  cuda::context(device.index);
+  cudaDeviceProp prop{};
+  ACCRUE_CUDA_CHECK(cudaGetDeviceProperties(&prop, device.index));
+  return prop.name;
+}
+
 void cuda_copy_bytes(void* dst, Device dst_device, const void* src, Device src_device,
                      size_t nbytes) {
   if (nbytes == 0) return;

@@ -1,0 +1,64 @@
+// Shared by the benchmarks: the devices to measure, the same-run limits every result is
+// compared with (copy bandwidth and large-GEMM FLOP/s per device), and the counters.
+#pragma once
+
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "accrue.h"
+
+namespace accrue::bench {
+
+struct Limits {
+  double copy_bytes_per_second = 0;  // read + write bytes of a large copy, per second
+  double gemm_flops_per_second = 0;  // a large square float32 GEMM
+};
+
+// Set once in main() before any benchmark runs; keyed by Device::str().
+std::map<std::string, Limits>& limits();
+// True with --smoke: every benchmark at its smallest size, for CI.
+bool& smoke();
+std::vector<Device> bench_devices();
+
+// Runs body once per iteration, waits for the device, and records the wall time of each
+// iteration as its manual time (benchmarks register with UseManualTime). Returns the total.
+template <typename F>
+double run_timed(benchmark::State& state, Device device, F body) {
+  double total = 0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    body();
+    synchronize(device);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    state.SetIterationTime(seconds);
+    total += seconds;
+  }
+  return total;
+}
+
+// Bytes/s and the fraction of the same-run copy bandwidth.
+inline void report_bytes(benchmark::State& state, Device device, double seconds,
+                         double bytes_per_iteration) {
+  const double bytes = bytes_per_iteration * double(state.iterations());
+  state.SetBytesProcessed(static_cast<int64_t>(bytes));
+  state.counters["roofline"] = bytes / seconds / limits()[device.str()].copy_bytes_per_second;
+}
+
+// FLOP/s and the fraction of the same-run large GEMM.
+inline void report_flops(benchmark::State& state, Device device, double seconds,
+                         double flops_per_iteration) {
+  const double rate = flops_per_iteration * double(state.iterations()) / seconds;
+  state.counters["FLOP/s"] = rate;
+  state.counters["roofline"] = rate / limits()[device.str()].gemm_flops_per_second;
+}
+
+inline Tensor filled(const Shape& shape, Device device, uint64_t seed = 1) {
+  std::mt19937_64 rng(seed);
+  return Tensor::uniform(shape, -1, 1, rng, DType::kFloat32, device);
+}
+
+}  // namespace accrue::bench

@@ -1,0 +1,155 @@
+// Kernel benchmarks on every device present, each reporting bytes/s (or FLOP/s) and `roofline`,
+// the fraction of the same-run limit (limits.cpp). The bytes a kernel must move per element
+// are stated at each benchmark; float32 throughout.
+#include "common.h"
+#include "kernels/backend.h"
+
+namespace accrue::bench {
+
+namespace {
+
+using benchmark::State;
+
+std::vector<int64_t> sizes(Device device) {
+  if (smoke()) return {10000};
+  std::vector<int64_t> s{10000, 100000, 1000000, 10000000};
+  if (device.is_cuda()) {
+    s.push_back(int64_t(1) << 24);  // the >= 16M-parameter target
+    s.push_back(100000000);
+  }
+  return s;
+}
+
+// grad += dgrad * s: read dgrad, read grad, write grad = 12 bytes per element.
+void accumulate(State& state, Device d) {
+  const int64_t n = state.range(0);
+  Tensor g = filled({n}, d, 1), dg = filled({n}, d, 2);
+  const double seconds = run_timed(state, d, [&] { backend_for(d).axpy(0.25, dg, g); });
+  report_bytes(state, d, seconds, 12.0 * n);
+}
+
+// Global norm: read g = 4 bytes per element.
+void global_norm(State& state, Device d) {
+  const int64_t n = state.range(0);
+  Tensor g = filled({n}, d), out = Tensor::zeros({2}, DType::kFloat32, d);
+  const double seconds = run_timed(state, d, [&] { backend_for(d).norm_sq(g, out); });
+  report_bytes(state, d, seconds, 4.0 * n);
+}
+
+struct AdamState {
+  Tensor p, g, m, v, norm_sq, boundary, steps;
+  AdamState(int64_t n, Device d)
+      : p(filled({n}, d, 1)), g(filled({n}, d, 2)), m(Tensor::zeros({n}, DType::kFloat32, d)),
+        v(Tensor::zeros({n}, DType::kFloat32, d)), norm_sq(Tensor::zeros({2}, DType::kFloat32, d)),
+        boundary(Tensor::from_vector<float>({3}, {1.0f, 1.0f, 0.0f}, d)),
+        steps(Tensor::from_vector<int32_t>({1}, {1}, d)) {}
+};
+
+// Fused Adam / AdamW: read p, g, m, v and write p, g (zeroed), m, v = 32 bytes per element.
+void adam(State& state, Device d, bool decoupled) {
+  AdamState s(state.range(0), d);
+  const AdamParams hp{1e-3, 0.9, 0.999, 1e-8, decoupled ? 1e-2 : 0.0, decoupled};
+  const double seconds = run_timed(state, d, [&] { backend_for(d).adam_step(hp, s.boundary, s.steps, s.p, s.g, s.m, s.v); });
+  report_bytes(state, d, seconds, 32.0 * state.range(0));
+}
+
+// The whole boundary step: norm (4 B) + boundary scalars + fused Adam (32 B) = 36 bytes/element.
+void boundary_step(State& state, Device d) {
+  AdamState s(state.range(0), d);
+  const AdamParams hp{1e-3, 0.9, 0.999, 1e-8, 0.0, false};
+  Backend& be = backend_for(d);
+  const double seconds = run_timed(state, d, [&] {
+    be.norm_sq(s.g, s.norm_sq);
+    be.boundary(s.norm_sq, 1.0, 1.0, s.boundary, s.steps);
+    be.adam_step(hp, s.boundary, s.steps, s.p, s.g, s.m, s.v);
+  });
+  report_bytes(state, d, seconds, 36.0 * state.range(0));
+}
+
+// Softmax cross-entropy forward + backward over [rows, classes]: forward reads logits and
+// writes probs, backward reads probs and writes dlogits = 16 bytes per element.
+void softmax_ce(State& state, Device d) {
+  const int64_t rows = state.range(0), cols = state.range(1);
+  Tensor logits = filled({rows, cols}, d), probs = Tensor::empty({rows, cols}, DType::kFloat32, d);
+  Tensor dlogits = Tensor::empty({rows, cols}, DType::kFloat32, d);
+  std::vector<int32_t> l(static_cast<size_t>(rows));
+  for (int64_t i = 0; i < rows; ++i) l[i] = static_cast<int32_t>(i % cols);
+  Tensor labels = Tensor::from_vector<int32_t>({rows}, l, d);
+  Tensor loss = Tensor::zeros({}, DType::kFloat32, d), seed = Tensor::full({}, 1.0, DType::kFloat32, d);
+  Backend& be = backend_for(d);
+  const double seconds = run_timed(state, d, [&] {
+    be.cross_entropy(logits, labels, loss, probs);
+    be.cross_entropy_backward(probs, labels, seed, dlogits);
+  });
+  report_bytes(state, d, seconds, 16.0 * rows * cols);
+}
+
+// ReLU forward: read x, write y = 8 bytes per element.
+void relu_forward(State& state, Device d) {
+  const int64_t n = state.range(0);
+  Tensor x = filled({n}, d), y = Tensor::empty({n}, DType::kFloat32, d);
+  const double seconds = run_timed(state, d, [&] { backend_for(d).unary(UnaryOp::kRelu, x, 0.0, y); });
+  report_bytes(state, d, seconds, 8.0 * n);
+}
+
+// ReLU backward: read x and dy, write dx = 12 bytes per element.
+void relu_backward(State& state, Device d) {
+  const int64_t n = state.range(0);
+  Tensor x = filled({n}, d, 1), dy = filled({n}, d, 2), dx = Tensor::empty({n}, DType::kFloat32, d);
+  const double seconds = run_timed(state, d, [&] { backend_for(d).unary_backward(UnaryOp::kRelu, x, dy, dx); });
+  report_bytes(state, d, seconds, 12.0 * n);
+}
+
+// Linear forward GEMM: y [b, out] = x [b, in] @ W [out, in]^T; 2 * b * in * out FLOP.
+void gemm_forward(State& state, Device d) {
+  const int64_t b = state.range(0), in = state.range(1), out = state.range(2);
+  Tensor x = filled({b, in}, d, 1), w = filled({out, in}, d, 2), y = Tensor::empty({b, out}, DType::kFloat32, d);
+  const double seconds = run_timed(state, d, [&] { backend_for(d).gemm(false, true, 1.0, x, w, 0.0, y); });
+  report_flops(state, d, seconds, 2.0 * b * in * out);
+}
+
+// Weight-gradient GEMM into the arena: dW [out, in] += dy [b, out]^T @ x [b, in], beta = 1.
+void gemm_weight_grad(State& state, Device d) {
+  const int64_t b = state.range(0), in = state.range(1), out = state.range(2);
+  Tensor x = filled({b, in}, d, 1), dy = filled({b, out}, d, 2), dw = Tensor::zeros({out, in}, DType::kFloat32, d);
+  const double seconds = run_timed(state, d, [&] { backend_for(d).gemm(true, false, 1.0, dy, x, 1.0, dw); });
+  report_flops(state, d, seconds, 2.0 * b * in * out);
+}
+
+}  // namespace
+
+void register_kernel_benchmarks() {
+  for (Device d : bench_devices()) {
+    const std::string dev = d.str();
+    auto add = [&](const std::string& name, auto fn) {
+      return benchmark::RegisterBenchmark((name + "/" + dev).c_str(), [=](State& s) { fn(s, d); })
+          ->UseManualTime();
+    };
+    for (int64_t n : sizes(d)) {
+      add("accumulate", accumulate)->Arg(n);
+      add("global_norm", global_norm)->Arg(n);
+      add("adam", [](State& s, Device dd) { adam(s, dd, false); })->Arg(n);
+      add("adamw", [](State& s, Device dd) { adam(s, dd, true); })->Arg(n);
+      add("boundary_step", boundary_step)->Arg(n);
+      add("relu_forward", relu_forward)->Arg(n);
+      add("relu_backward", relu_backward)->Arg(n);
+      add("softmax_ce", softmax_ce)->Args({n / 1000 > 0 ? n / 1000 : 1, 1000});
+    }
+    if (!smoke()) {
+      add("adam", [](State& s, Device dd) { adam(s, dd, false); })->Arg(567434);  // the MNIST MLP
+      add("boundary_step", boundary_step)->Arg(567434);
+    }
+    add("softmax_ce", softmax_ce)->Args({32, 10});  // MNIST micro-batch
+    add("softmax_ce", softmax_ce)->Args({1000, 10});
+    // The MNIST MLP's layers at micro-batch 32: {batch, in, out}.
+    const std::vector<std::vector<int64_t>> layers{{32, 784, 512}, {32, 512, 256}, {32, 256, 128}, {32, 128, 10}};
+    for (const auto& l : layers) {
+      add("gemm_forward", gemm_forward)->Args(l);
+      add("gemm_weight_grad", gemm_weight_grad)->Args(l);
+    }
+    const int64_t big = smoke() ? 128 : (d.is_cpu() ? 1024 : 4096);
+    add("gemm_forward", gemm_forward)->Args({big, big, big});
+  }
+}
+
+}  // namespace accrue::bench

@@ -1,0 +1,45 @@
+// accrue-bench: Google Benchmark over accrue's kernels and the MNIST MLP on every device
+// present. Accepts Google Benchmark's flags, plus --smoke (every benchmark once at its smallest
+// size: what CI runs). The limits used for `roofline` are measured first and printed.
+#include <cstring>
+#include <iostream>
+
+#include "common.h"
+
+namespace accrue::bench {
+Limits measure_limits(Device device);
+void register_kernel_benchmarks();
+void register_mnist_benchmarks();
+}  // namespace accrue::bench
+
+int main(int argc, char** argv) {
+  using namespace accrue;
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--smoke") == 0) {
+      bench::smoke() = true;
+    } else {
+      args.push_back(argv[i]);
+    }
+  }
+  int count = static_cast<int>(args.size());
+  benchmark::Initialize(&count, args.data());
+  if (benchmark::ReportUnrecognizedArguments(count, args.data())) return 2;
+  for (Device d : bench::bench_devices()) {
+    const bench::Limits l = bench::measure_limits(d);
+    bench::limits()[d.str()] = l;
+    benchmark::AddCustomContext("device:" + d.str(), device_name(d));
+    benchmark::AddCustomContext("copy_bandwidth_GBps:" + d.str(), std::to_string(l.copy_bytes_per_second / 1e9));
+    benchmark::AddCustomContext("gemm_GFLOPs:" + d.str(), std::to_string(l.gemm_flops_per_second / 1e9));
+    std::cerr << d.str() << " (" << device_name(d) << "): copy " << l.copy_bytes_per_second / 1e9
+              << " GB/s, large GEMM " << l.gemm_flops_per_second / 1e9 << " GFLOP/s\n";
+  }
+  if (cuda_device_count() == 0) {
+    benchmark::AddCustomContext("cuda", "not measured: " + cuda_unavailable_reason());
+  }
+  bench::register_kernel_benchmarks();
+  bench::register_mnist_benchmarks();
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,98 @@
+// accrue-bench-report: turns accrue-bench's Google Benchmark JSON into a readable Markdown
+// table with the machine described and the targets checked against the measured
+// figures. Usage: accrue-bench-report RESULTS.json > RESULTS.md
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+using nlohmann::json;
+
+namespace {
+
+std::string fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+// "adam/cuda:0/16777216/real_time" -> {"adam", "cuda:0", "16777216"}
+std::vector<std::string> split(const std::string& name) {
+  std::vector<std::string> parts;
+  std::stringstream in(name);
+  std::string p;
+  while (std::getline(in, p, '/')) parts.push_back(p);
+  return parts;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::cerr << "usage: accrue-bench-report RESULTS.json\n";
+    return 2;
+  }
+  std::ifstream in(argv[1]);
+  if (!in) {
+    std::cerr << "accrue-bench-report: cannot open " << argv[1] << "\n";
+    return 1;
+  }
+  const json doc = json::parse(in);
+  const json& ctx = doc["context"];
+  std::cout << "# accrue benchmarks\n\n";
+  std::cout << "Produced by `bench/run` on " << ctx.value("date", "?") << " (host "
+            << ctx.value("host_name", "?") << ", " << ctx.value("num_cpus", 0) << " CPUs at "
+            << ctx.value("mhz_per_cpu", 0) << " MHz, build " << ctx.value("library_build_type", "?")
+            << ").\n\n";
+  std::cout << "| device | name | same-run copy bandwidth | same-run large GEMM |\n|---|---|---|---|\n";
+  for (auto it = ctx.begin(); it != ctx.end(); ++it) {
+    if (it.key().rfind("device:", 0) != 0) continue;
+    const std::string dev = it.key().substr(7);
+    std::cout << "| " << dev << " | " << it.value().get<std::string>() << " | "
+              << ctx.value("copy_bandwidth_GBps:" + dev, "?") << " GB/s | "
+              << ctx.value("gemm_GFLOPs:" + dev, "?") << " GFLOP/s |\n";
+  }
+  if (ctx.contains("cuda")) std::cout << "\nCUDA: " << ctx["cuda"].get<std::string>() << "\n";
+  std::cout << "\n`roofline` is the fraction of the same-run copy bandwidth (bandwidth-bound "
+               "kernels, counting the bytes each must read and write) or of the same-run large "
+               "GEMM (GEMMs). Sizes below the last-level cache can exceed 1 on a CPU.\n\n";
+  std::cout << "| benchmark | time | GB/s | GFLOP/s | samples/s | roofline |\n|---|---|---|---|---|---|\n";
+  std::map<std::string, double> adam_roof, adam_time, boundary_time;
+  std::map<std::string, int64_t> largest;
+  for (const json& b : doc["benchmarks"]) {
+    if (b.value("run_type", "") == "aggregate") continue;
+    const std::string name = b["name"].get<std::string>();
+    std::cout << "| " << name << " | " << fixed(b["real_time"].get<double>(), 3) << " "
+              << b.value("time_unit", "") << " | "
+              << (b.contains("bytes_per_second") ? fixed(b["bytes_per_second"].get<double>() / 1e9, 2) : "")
+              << " | " << (b.contains("FLOP/s") ? fixed(b["FLOP/s"].get<double>() / 1e9, 1) : "")
+              << " | " << (b.contains("samples/s") ? fixed(b["samples/s"].get<double>(), 0) : "")
+              << " | " << (b.contains("roofline") ? fixed(b["roofline"].get<double>(), 3) : "")
+              << " |\n";
+    const auto parts = split(name);
+    if (parts.size() < 3) continue;
+    const std::string& dev = parts[1];
+    int64_t size = 0;
+    try {
+      size = std::stoll(parts[2]);
+    } catch (...) {
+      continue;
+    }
+    if (parts[0] == "adam" && size >= largest[dev]) {
+      largest[dev] = size;
+      adam_roof[dev] = b["roofline"].get<double>();
+      adam_time[dev] = b["real_time"].get<double>();
+    }
+    if (parts[0] == "boundary_step" && size == largest[dev]) boundary_time[dev] = b["real_time"].get<double>();
+  }
+  std::cout << "\n## Targets\n\n| device | fused Adam at " << "the largest size: fraction of copy | boundary step / Adam |\n|---|---|---|\n";
+  for (const auto& [dev, roof] : adam_roof) {
+    std::cout << "| " << dev << " (" << largest[dev] << " params) | " << fixed(roof, 3) << " (target "
+              << (dev == "cpu" ? "0.70 on 2 CPU cores" : "0.90 on H100/H200") << ") | "
+              << (boundary_time.count(dev) ? fixed(boundary_time[dev] / adam_time[dev], 3) : "?")
+              << (dev == "cpu" ? "" : " (target <= 1.25)") << " |\n";
+  }
+  return 0;
+}
