@@ -13,9 +13,15 @@
 
 namespace accrue::bench {
 
+// Copy bandwidth depends on how much memory is touched (caches, and on virtual machines even
+// beyond the last-level cache), so it is measured at footprints from 64 KiB up, and a kernel is
+// compared with a copy that touches as much memory as it does.
 struct Limits {
-  double copy_bytes_per_second = 0;  // read + write bytes of a large copy, per second
-  double gemm_flops_per_second = 0;  // a large square float32 GEMM
+  std::map<int64_t, double> copy_bytes_per_second;  // footprint bytes -> read + write bytes/s
+  double gemm_flops_per_second = 0;                 // a large square float32 GEMM
+  // The copy bandwidth measured at the footprint nearest (in ratio) to `footprint`.
+  double copy_at(double footprint) const;
+  double copy_largest() const { return copy_bytes_per_second.rbegin()->second; }
 };
 
 // Set once in main() before any benchmark runs; keyed by Device::str().
@@ -40,12 +46,13 @@ double run_timed(benchmark::State& state, Device device, F body) {
   return total;
 }
 
-// Bytes/s and the fraction of the same-run copy bandwidth.
+// Bytes/s and the fraction of the same-run copy bandwidth at the same memory footprint.
 inline void report_bytes(benchmark::State& state, Device device, double seconds,
-                         double bytes_per_iteration) {
+                         double bytes_per_iteration, double footprint_bytes) {
   const double bytes = bytes_per_iteration * double(state.iterations());
   state.SetBytesProcessed(static_cast<int64_t>(bytes));
-  state.counters["roofline"] = bytes / seconds / limits()[device.str()].copy_bytes_per_second;
+  state.counters["roofline"] = bytes / seconds / limits()[device.str()].copy_at(footprint_bytes);
+  state.counters["footprint_MiB"] = footprint_bytes / (1 << 20);
 }
 
 // FLOP/s and the fraction of the same-run large GEMM.

@@ -1,6 +1,7 @@
 // Kernel benchmarks on every device present, each reporting bytes/s (or FLOP/s) and `roofline`,
-// the fraction of the same-run limit (limits.cpp). The bytes a kernel must move per element
-// are stated at each benchmark; float32 throughout.
+// the fraction of the same-run limit (limits.cpp): for bandwidth-bound kernels a copy touching
+// the same memory footprint. The bytes a kernel must move per element are stated at each
+// benchmark (the footprint is the distinct memory it touches); float32 throughout.
 #include "common.h"
 #include "kernels/backend.h"
 
@@ -25,7 +26,7 @@ void accumulate(State& state, Device d) {
   const int64_t n = state.range(0);
   Tensor g = filled({n}, d, 1), dg = filled({n}, d, 2);
   const double seconds = run_timed(state, d, [&] { backend_for(d).axpy(0.25, dg, g); });
-  report_bytes(state, d, seconds, 12.0 * n);
+  report_bytes(state, d, seconds, 12.0 * n, 8.0 * n);
 }
 
 // Global norm: read g = 4 bytes per element.
@@ -33,7 +34,7 @@ void global_norm(State& state, Device d) {
   const int64_t n = state.range(0);
   Tensor g = filled({n}, d), out = Tensor::zeros({2}, DType::kFloat32, d);
   const double seconds = run_timed(state, d, [&] { backend_for(d).norm_sq(g, out); });
-  report_bytes(state, d, seconds, 4.0 * n);
+  report_bytes(state, d, seconds, 4.0 * n, 4.0 * n);
 }
 
 struct AdamState {
@@ -50,7 +51,7 @@ void adam(State& state, Device d, bool decoupled) {
   AdamState s(state.range(0), d);
   const AdamParams hp{1e-3, 0.9, 0.999, 1e-8, decoupled ? 1e-2 : 0.0, decoupled};
   const double seconds = run_timed(state, d, [&] { backend_for(d).adam_step(hp, s.boundary, s.steps, s.p, s.g, s.m, s.v); });
-  report_bytes(state, d, seconds, 32.0 * state.range(0));
+  report_bytes(state, d, seconds, 32.0 * state.range(0), 16.0 * state.range(0));
 }
 
 // The whole boundary step: norm (4 B) + boundary scalars + fused Adam (32 B) = 36 bytes/element.
@@ -63,7 +64,7 @@ void boundary_step(State& state, Device d) {
     be.boundary(s.norm_sq, 1.0, 1.0, s.boundary, s.steps);
     be.adam_step(hp, s.boundary, s.steps, s.p, s.g, s.m, s.v);
   });
-  report_bytes(state, d, seconds, 36.0 * state.range(0));
+  report_bytes(state, d, seconds, 36.0 * state.range(0), 16.0 * state.range(0));
 }
 
 // Softmax cross-entropy forward + backward over [rows, classes]: forward reads logits and
@@ -81,7 +82,7 @@ void softmax_ce(State& state, Device d) {
     be.cross_entropy(logits, labels, loss, probs);
     be.cross_entropy_backward(probs, labels, seed, dlogits);
   });
-  report_bytes(state, d, seconds, 16.0 * rows * cols);
+  report_bytes(state, d, seconds, 16.0 * rows * cols, 12.0 * rows * cols);
 }
 
 // ReLU forward: read x, write y = 8 bytes per element.
@@ -89,7 +90,7 @@ void relu_forward(State& state, Device d) {
   const int64_t n = state.range(0);
   Tensor x = filled({n}, d), y = Tensor::empty({n}, DType::kFloat32, d);
   const double seconds = run_timed(state, d, [&] { backend_for(d).unary(UnaryOp::kRelu, x, 0.0, y); });
-  report_bytes(state, d, seconds, 8.0 * n);
+  report_bytes(state, d, seconds, 8.0 * n, 8.0 * n);
 }
 
 // ReLU backward: read x and dy, write dx = 12 bytes per element.
@@ -97,7 +98,7 @@ void relu_backward(State& state, Device d) {
   const int64_t n = state.range(0);
   Tensor x = filled({n}, d, 1), dy = filled({n}, d, 2), dx = Tensor::empty({n}, DType::kFloat32, d);
   const double seconds = run_timed(state, d, [&] { backend_for(d).unary_backward(UnaryOp::kRelu, x, dy, dx); });
-  report_bytes(state, d, seconds, 12.0 * n);
+  report_bytes(state, d, seconds, 12.0 * n, 12.0 * n);
 }
 
 // Linear forward GEMM: y [b, out] = x [b, in] @ W [out, in]^T; 2 * b * in * out FLOP.

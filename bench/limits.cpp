@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
 
 #include "common.h"
@@ -26,6 +27,15 @@ std::vector<Device> bench_devices() {
   return out;
 }
 
+double Limits::copy_at(double footprint) const {
+  double best = 0, best_distance = 1e300;
+  for (const auto& [bytes, rate] : copy_bytes_per_second) {
+    const double distance = std::abs(std::log(double(bytes) / std::max(footprint, 1.0)));
+    if (distance < best_distance) best = rate, best_distance = distance;
+  }
+  return best;
+}
+
 namespace {
 
 template <typename F>
@@ -44,12 +54,13 @@ double best_seconds(Device device, int repeats, F body) {
 
 }  // namespace
 
-Limits measure_limits(Device device) {
-  Limits l;
-  const int64_t bytes = smoke() ? (1 << 20) : (device.is_cpu() ? (256 << 20) : (int64_t(1) << 30));
+// One copy of footprint/2 bytes into another footprint/2 bytes, best of several repeats.
+double copy_bandwidth(Device device, int64_t footprint) {
+  const int64_t bytes = footprint / 2;
   Tensor src = Tensor::zeros({bytes / 4}, DType::kFloat32, device);
   Tensor dst = Tensor::zeros({bytes / 4}, DType::kFloat32, device);
-  const double copy = best_seconds(device, 10, [&] {
+  const int repeats = static_cast<int>(std::clamp<int64_t>((int64_t(1) << 31) / footprint, 5, 200));
+  const double seconds = best_seconds(device, repeats, [&] {
     if (device.is_cpu()) {
       // memcpy on every core: each thread copies its own contiguous share.
       const char* s = static_cast<const char*>(src.raw());
@@ -64,7 +75,15 @@ Limits measure_limits(Device device) {
       dst.copy_(src);
     }
   });
-  l.copy_bytes_per_second = 2.0 * double(bytes) / copy;
+  return 2.0 * double(bytes) / seconds;
+}
+
+Limits measure_limits(Device device) {
+  Limits l;
+  const int64_t largest = smoke() ? (int64_t(1) << 21) : (device.is_cpu() ? (int64_t(1) << 29) : (int64_t(1) << 32));
+  for (int64_t footprint = int64_t(1) << 16; footprint <= largest; footprint *= 4) {
+    l.copy_bytes_per_second[footprint] = copy_bandwidth(device, footprint);
+  }
   const int64_t n = smoke() ? 256 : (device.is_cpu() ? 2048 : 8192);
   Tensor a = filled({n, n}, device, 1), b = filled({n, n}, device, 2);
   Tensor c = Tensor::zeros({n, n}, DType::kFloat32, device);

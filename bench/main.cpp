@@ -29,10 +29,15 @@ int main(int argc, char** argv) {
     const bench::Limits l = bench::measure_limits(d);
     bench::limits()[d.str()] = l;
     benchmark::AddCustomContext("device:" + d.str(), device_name(d));
-    benchmark::AddCustomContext("copy_bandwidth_GBps:" + d.str(), std::to_string(l.copy_bytes_per_second / 1e9));
+    std::string copies;
+    for (const auto& [bytes, rate] : l.copy_bytes_per_second) {
+      copies += (copies.empty() ? "" : ", ") + std::to_string(bytes >> 10) + " KiB: " +
+                std::to_string(rate / 1e9).substr(0, 6);
+    }
+    benchmark::AddCustomContext("copy_bandwidth_GBps:" + d.str(), copies);
     benchmark::AddCustomContext("gemm_GFLOPs:" + d.str(), std::to_string(l.gemm_flops_per_second / 1e9));
-    std::cerr << d.str() << " (" << device_name(d) << "): copy " << l.copy_bytes_per_second / 1e9
-              << " GB/s, large GEMM " << l.gemm_flops_per_second / 1e9 << " GFLOP/s\n";
+    std::cerr << d.str() << " (" << device_name(d) << "): copy GB/s by footprint {" << copies
+              << "}, large GEMM " << l.gemm_flops_per_second / 1e9 << " GFLOP/s\n";
   }
   if (cuda_device_count() == 0) {
     benchmark::AddCustomContext("cuda", "not measured: " + cuda_unavailable_reason());

@@ -35,7 +35,7 @@ void micro_step(benchmark::State& state, Device d) {
 void boundary(benchmark::State& state, Device d) {
   Mlp m(d, 1);
   const double seconds = run_timed(state, d, [&] { m.adam->step(1.0); });
-  report_bytes(state, d, seconds, 36.0 * double(m.arena->size()));
+  report_bytes(state, d, seconds, 36.0 * double(m.arena->size()), 16.0 * double(m.arena->size()));
 }
 
 }  // namespace

@@ -98,14 +98,19 @@ ACCRUE_HD void boundary_scalars(T sum_sq, T nonfinite, double normalize, double 
 // correction, L2 decay into the gradient (Adam) or decoupled decay of the parameter (AdamW).
 // coef scales the raw gradient first (normalisation and clipping); the gradient is then zeroed.
 struct AdamUpdate {
-  double lr, beta1, beta2, eps, weight_decay, bias1, bias2;  // bias_i = 1 - beta_i^step
+  double lr, beta1, beta2, eps, weight_decay;
+  double step_size;   // lr / (1 - beta1^step)
+  double bias2_sqrt;  // sqrt(1 - beta2^step)
   bool decoupled;
   // step: 1-based count of applied updates, including this one.
   template <typename HP>
   ACCRUE_HD static AdamUpdate at_step(const HP& hp, int32_t step) {
     return {hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay,
-            1.0 - pow(hp.beta1, double(step)), 1.0 - pow(hp.beta2, double(step)), hp.decoupled};
+            hp.lr / (1.0 - pow(hp.beta1, double(step))), sqrt(1.0 - pow(hp.beta2, double(step))),
+            hp.decoupled};
   }
+  // The same arithmetic as PyTorch's Adam: denom = sqrt(v) / sqrt(bias2) + eps,
+  // p -= lr / bias1 * m / denom.
   template <typename T>
   ACCRUE_HD void operator()(T coef, T& p, T& g, T& m, T& v) const {
     T grad = g * coef;
@@ -117,9 +122,8 @@ struct AdamUpdate {
     }
     m = T(beta1) * m + T(1 - beta1) * grad;
     v = T(beta2) * v + T(1 - beta2) * grad * grad;
-    const T m_hat = m / T(bias1);
-    const T denom = std::sqrt(v / T(bias2)) + T(eps);
-    p = p - T(lr) * m_hat / denom;
+    const T denom = std::sqrt(v) / T(bias2_sqrt) + T(eps);
+    p = p - T(step_size) * m / denom;
   }
 };
 

@@ -15,19 +15,43 @@ namespace {
 
 constexpr int64_t kChunk = 1 << 14;
 
-// Sum of f(x[i]) over all i, deterministic; F returns double.
-template <typename T, typename F>
-double chunked_sum(const T* x, int64_t n, F f) {
+// Per-chunk sums in double, reduced in chunk order: deterministic for any thread count.
+// body(p, len) returns the double sum over one chunk starting at p.
+template <typename T, typename Body>
+double chunked(const T* x, int64_t n, Body body) {
   std::vector<double> partial(static_cast<size_t>((n + kChunk - 1) / kChunk), 0.0);
   for_chunks(n, kChunk, [&](int64_t c, int64_t begin, int64_t end) {
-    double acc = 0.0;
-#pragma omp simd reduction(+ : acc)
-    for (int64_t i = begin; i < end; ++i) acc += f(x[i]);
-    partial[static_cast<size_t>(c)] = acc;
+    partial[static_cast<size_t>(c)] = body(x + begin, end - begin);
   });
   double total = 0.0;
   for (double p : partial) total += p;
   return total;
+}
+
+template <typename T>
+double sum_of(const T* p, int64_t len) {
+  double acc = 0.0;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t i = 0; i < len; ++i) acc += static_cast<double>(p[i]);
+  return acc;
+}
+
+template <typename T>
+double sum_of_squares(const T* p, int64_t len) {
+  double acc = 0.0;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t i = 0; i < len; ++i) {
+    const double v = static_cast<double>(p[i]);
+    acc += v * v;
+  }
+  return acc;
+}
+
+template <typename T>
+double count_nonfinite(const T* p, int64_t len) {
+  double count = 0.0;
+  for (int64_t i = 0; i < len; ++i) count += std::isfinite(p[i]) ? 0.0 : 1.0;
+  return count;
 }
 
 }  // namespace
@@ -60,8 +84,7 @@ void CpuBackend::sum_rows(const Tensor& x, double alpha, double beta, Tensor& ou
 void CpuBackend::sum_all(const Tensor& x, Tensor& out) {
   dispatch_floating(x.dtype(), "sum", [&](auto tag) {
     using T = decltype(tag);
-    out.data<T>()[0] =
-        static_cast<T>(chunked_sum(x.data<T>(), x.numel(), [](T v) { return double(v); }));
+    out.data<T>()[0] = static_cast<T>(chunked(x.data<T>(), x.numel(), sum_of<T>));
   });
 }
 
@@ -70,11 +93,10 @@ void CpuBackend::norm_sq(const Tensor& g, Tensor& out) {
   dispatch_floating(g.dtype(), "norm_sq", [&](auto tag) {
     using T = decltype(tag);
     const T* x = g.data<T>();
-    const double sum_sq = chunked_sum(x, g.numel(), [](T v) { return double(v) * double(v); });
-    double nonfinite = 0.0;
-    if (!std::isfinite(sum_sq)) {
-      nonfinite = chunked_sum(x, g.numel(), [](T v) { return std::isfinite(v) ? 0.0 : 1.0; });
-    }
+    const double sum_sq = chunked(x, g.numel(), sum_of_squares<T>);
+    // A non-finite entry makes the sum non-finite; only then are they counted.
+    const double nonfinite =
+        std::isfinite(sum_sq) ? 0.0 : chunked(x, g.numel(), count_nonfinite<T>);
     out.data<T>()[0] = static_cast<T>(sum_sq);
     out.data<T>()[1] = static_cast<T>(nonfinite);
   });
