@@ -14,7 +14,9 @@ int main(int argc, char** argv) {
   }
   const Device device = Device::parse(argv[1]);
   const std::vector<int64_t> micro{16, 32, 64, 128, 256};
-  const std::vector<int64_t> steps{1, 2, 4, 8, 16};
+  const std::vector<int64_t> steps{1, 2, 4, 8, 16, 32, 64};
+  // Without accumulation: one micro-batch as large as the effective batch.
+  const std::vector<int64_t> whole{512, 1024, 2048, 4096, 8192, 16384};
   std::ofstream csv(argv[2]), md(argv[3]);
   csv << "micro_batch,accum_steps,effective_batch,peak_activation_bytes,peak_bytes,baseline_bytes\n";
   md << "| b \\ k |";
@@ -23,13 +25,12 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < steps.size(); ++i) md << "---|";
   md << "\n";
   std::mt19937_64 rng(1);
-  const Tensor x = Tensor::uniform({256 * 16 * 2, 784}, -1, 1, rng, DType::kFloat32, device);
-  std::vector<int32_t> labels(256 * 16 * 2);
+  const int64_t samples = 256 * 64 * 2;
+  const Tensor x = Tensor::uniform({samples, 784}, -1, 1, rng, DType::kFloat32, device);
+  std::vector<int32_t> labels(samples);
   for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<int32_t>(i % 10);
   const Tensor y = Tensor::from_vector<int32_t>({int64_t(labels.size())}, labels, device);
-  for (int64_t b : micro) {
-    md << "| b = " << b << " |";
-    for (int64_t k : steps) {
+  auto measure = [&](int64_t b, int64_t k) {
       nn::MLP model({784, 512, 256, 128, 10});
       model.to(device);
       optim::ParameterArena arena(model);
@@ -40,13 +41,18 @@ int main(int argc, char** argv) {
           return cross_entropy(model(x.narrow(mb.start, mb.count)), y.narrow(mb.start, mb.count));
         });
       }
-      const optim::MemoryStats& m = acc.memory();
+      const optim::MemoryStats m = acc.memory();
       csv << b << "," << k << "," << b * k << "," << m.peak_activation_bytes << "," << m.peak_bytes
           << "," << m.baseline_bytes << "\n";
-      md << " " << m.peak_activation_bytes / 1024 << " KiB |";
-    }
+      return m;
+  };
+  for (int64_t b : micro) {
+    md << "| b = " << b << " |";
+    for (int64_t k : steps) md << " " << measure(b, k).peak_activation_bytes / 1024 << " KiB |";
     md << "\n";
   }
+  md << "\nWithout accumulation (k = 1, micro-batch = effective batch B):\n\n| B | peak activation |\n|---|---|\n";
+  for (int64_t b : whole) md << "| " << b << " | " << measure(b, 1).peak_activation_bytes / 1024 << " KiB |\n";
   std::cout << "wrote " << argv[2] << " and " << argv[3] << "\n";
   return 0;
 }
