@@ -39,7 +39,8 @@ double run_timed(benchmark::State& state, Device device, F body) {
     const auto t0 = std::chrono::steady_clock::now();
     body();
     synchronize(device);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     state.SetIterationTime(seconds);
     total += seconds;
   }

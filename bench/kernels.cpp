@@ -40,8 +40,11 @@ void global_norm(State& state, Device d) {
 struct AdamState {
   Tensor p, g, m, v, norm_sq, boundary, steps;
   AdamState(int64_t n, Device d)
-      : p(filled({n}, d, 1)), g(filled({n}, d, 2)), m(Tensor::zeros({n}, DType::kFloat32, d)),
-        v(Tensor::zeros({n}, DType::kFloat32, d)), norm_sq(Tensor::zeros({2}, DType::kFloat32, d)),
+      : p(filled({n}, d, 1)),
+        g(filled({n}, d, 2)),
+        m(Tensor::zeros({n}, DType::kFloat32, d)),
+        v(Tensor::zeros({n}, DType::kFloat32, d)),
+        norm_sq(Tensor::zeros({2}, DType::kFloat32, d)),
         boundary(Tensor::from_vector<float>({3}, {1.0f, 1.0f, 0.0f}, d)),
         steps(Tensor::from_vector<int32_t>({1}, {1}, d)) {}
 };
@@ -50,7 +53,8 @@ struct AdamState {
 void adam(State& state, Device d, bool decoupled) {
   AdamState s(state.range(0), d);
   const AdamParams hp{1e-3, 0.9, 0.999, 1e-8, decoupled ? 1e-2 : 0.0, decoupled};
-  const double seconds = run_timed(state, d, [&] { backend_for(d).adam_step(hp, s.boundary, s.steps, s.p, s.g, s.m, s.v); });
+  const double seconds = run_timed(
+      state, d, [&] { backend_for(d).adam_step(hp, s.boundary, s.steps, s.p, s.g, s.m, s.v); });
   report_bytes(state, d, seconds, 32.0 * state.range(0), 16.0 * state.range(0));
 }
 
@@ -76,7 +80,8 @@ void softmax_ce(State& state, Device d) {
   std::vector<int32_t> l(static_cast<size_t>(rows));
   for (int64_t i = 0; i < rows; ++i) l[i] = static_cast<int32_t>(i % cols);
   Tensor labels = Tensor::from_vector<int32_t>({rows}, l, d);
-  Tensor loss = Tensor::zeros({}, DType::kFloat32, d), seed = Tensor::full({}, 1.0, DType::kFloat32, d);
+  Tensor loss = Tensor::zeros({}, DType::kFloat32, d),
+         seed = Tensor::full({}, 1.0, DType::kFloat32, d);
   Backend& be = backend_for(d);
   const double seconds = run_timed(state, d, [&] {
     be.cross_entropy(logits, labels, loss, probs);
@@ -89,7 +94,8 @@ void softmax_ce(State& state, Device d) {
 void relu_forward(State& state, Device d) {
   const int64_t n = state.range(0);
   Tensor x = filled({n}, d), y = Tensor::empty({n}, DType::kFloat32, d);
-  const double seconds = run_timed(state, d, [&] { backend_for(d).unary(UnaryOp::kRelu, x, 0.0, y); });
+  const double seconds =
+      run_timed(state, d, [&] { backend_for(d).unary(UnaryOp::kRelu, x, 0.0, y); });
   report_bytes(state, d, seconds, 8.0 * n, 8.0 * n);
 }
 
@@ -97,23 +103,28 @@ void relu_forward(State& state, Device d) {
 void relu_backward(State& state, Device d) {
   const int64_t n = state.range(0);
   Tensor x = filled({n}, d, 1), dy = filled({n}, d, 2), dx = Tensor::empty({n}, DType::kFloat32, d);
-  const double seconds = run_timed(state, d, [&] { backend_for(d).unary_backward(UnaryOp::kRelu, x, dy, dx); });
+  const double seconds =
+      run_timed(state, d, [&] { backend_for(d).unary_backward(UnaryOp::kRelu, x, dy, dx); });
   report_bytes(state, d, seconds, 12.0 * n, 12.0 * n);
 }
 
 // Linear forward GEMM: y [b, out] = x [b, in] @ W [out, in]^T; 2 * b * in * out FLOP.
 void gemm_forward(State& state, Device d) {
   const int64_t b = state.range(0), in = state.range(1), out = state.range(2);
-  Tensor x = filled({b, in}, d, 1), w = filled({out, in}, d, 2), y = Tensor::empty({b, out}, DType::kFloat32, d);
-  const double seconds = run_timed(state, d, [&] { backend_for(d).gemm(false, true, 1.0, x, w, 0.0, y); });
+  Tensor x = filled({b, in}, d, 1), w = filled({out, in}, d, 2),
+         y = Tensor::empty({b, out}, DType::kFloat32, d);
+  const double seconds =
+      run_timed(state, d, [&] { backend_for(d).gemm(false, true, 1.0, x, w, 0.0, y); });
   report_flops(state, d, seconds, 2.0 * b * in * out);
 }
 
 // Weight-gradient GEMM into the arena: dW [out, in] += dy [b, out]^T @ x [b, in], beta = 1.
 void gemm_weight_grad(State& state, Device d) {
   const int64_t b = state.range(0), in = state.range(1), out = state.range(2);
-  Tensor x = filled({b, in}, d, 1), dy = filled({b, out}, d, 2), dw = Tensor::zeros({out, in}, DType::kFloat32, d);
-  const double seconds = run_timed(state, d, [&] { backend_for(d).gemm(true, false, 1.0, dy, x, 1.0, dw); });
+  Tensor x = filled({b, in}, d, 1), dy = filled({b, out}, d, 2),
+         dw = Tensor::zeros({out, in}, DType::kFloat32, d);
+  const double seconds =
+      run_timed(state, d, [&] { backend_for(d).gemm(true, false, 1.0, dy, x, 1.0, dw); });
   report_flops(state, d, seconds, 2.0 * b * in * out);
 }
 
@@ -143,7 +154,8 @@ void register_kernel_benchmarks() {
     add("softmax_ce", softmax_ce)->Args({32, 10});  // MNIST micro-batch
     add("softmax_ce", softmax_ce)->Args({1000, 10});
     // The MNIST MLP's layers at micro-batch 32: {batch, in, out}.
-    const std::vector<std::vector<int64_t>> layers{{32, 784, 512}, {32, 512, 256}, {32, 256, 128}, {32, 128, 10}};
+    const std::vector<std::vector<int64_t>> layers{
+        {32, 784, 512}, {32, 512, 256}, {32, 256, 128}, {32, 128, 10}};
     for (const auto& l : layers) {
       add("gemm_forward", gemm_forward)->Args(l);
       add("gemm_weight_grad", gemm_weight_grad)->Args(l);

@@ -47,7 +47,8 @@ double best_seconds(Device device, int repeats, F body) {
     const auto t0 = std::chrono::steady_clock::now();
     body();
     synchronize(device);
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return best;
 }
@@ -80,7 +81,8 @@ double copy_bandwidth(Device device, int64_t footprint) {
 
 Limits measure_limits(Device device) {
   Limits l;
-  const int64_t largest = smoke() ? (int64_t(1) << 21) : (device.is_cpu() ? (int64_t(1) << 29) : (int64_t(1) << 32));
+  const int64_t largest =
+      smoke() ? (int64_t(1) << 21) : (device.is_cpu() ? (int64_t(1) << 29) : (int64_t(1) << 32));
   for (int64_t footprint = int64_t(1) << 16; footprint <= largest; footprint *= 4) {
     l.copy_bytes_per_second[footprint] = copy_bandwidth(device, footprint);
   }

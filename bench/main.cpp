@@ -31,11 +31,12 @@ int main(int argc, char** argv) {
     benchmark::AddCustomContext("device:" + d.str(), device_name(d));
     std::string copies;
     for (const auto& [bytes, rate] : l.copy_bytes_per_second) {
-      copies += (copies.empty() ? "" : ", ") + std::to_string(bytes >> 10) + " KiB: " +
-                std::to_string(rate / 1e9).substr(0, 6);
+      copies += (copies.empty() ? "" : ", ") + std::to_string(bytes >> 10) +
+                " KiB: " + std::to_string(rate / 1e9).substr(0, 6);
     }
     benchmark::AddCustomContext("copy_bandwidth_GBps:" + d.str(), copies);
-    benchmark::AddCustomContext("gemm_GFLOPs:" + d.str(), std::to_string(l.gemm_flops_per_second / 1e9));
+    benchmark::AddCustomContext("gemm_GFLOPs:" + d.str(),
+                                std::to_string(l.gemm_flops_per_second / 1e9));
     std::cerr << d.str() << " (" << device_name(d) << "): copy GB/s by footprint {" << copies
               << "}, large GEMM " << l.gemm_flops_per_second / 1e9 << " GFLOP/s\n";
   }

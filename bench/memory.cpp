@@ -18,7 +18,8 @@ int main(int argc, char** argv) {
   // Without accumulation: one micro-batch as large as the effective batch.
   const std::vector<int64_t> whole{512, 1024, 2048, 4096, 8192, 16384};
   std::ofstream csv(argv[2]), md(argv[3]);
-  csv << "micro_batch,accum_steps,effective_batch,peak_activation_bytes,peak_bytes,baseline_bytes\n";
+  csv << "micro_batch,accum_steps,effective_batch,peak_activation_bytes,peak_bytes,baseline_"
+         "bytes\n";
   md << "| b \\ k |";
   for (int64_t k : steps) md << " k = " << k << " |";
   md << "\n|---|";
@@ -31,28 +32,30 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<int32_t>(i % 10);
   const Tensor y = Tensor::from_vector<int32_t>({int64_t(labels.size())}, labels, device);
   auto measure = [&](int64_t b, int64_t k) {
-      nn::MLP model({784, 512, 256, 128, 10});
-      model.to(device);
-      optim::ParameterArena arena(model);
-      optim::Adam adam(arena);
-      optim::Accumulator acc(adam, {1.0, 1e-3, {}});
-      for (const auto& w : optim::plan_windows(2 * b * k, optim::resolve_batch({0, b, k, 1}))) {
-        acc.run_window(w, [&](const optim::MicroBatch& mb) {
-          return cross_entropy(model(x.narrow(mb.start, mb.count)), y.narrow(mb.start, mb.count));
-        });
-      }
-      const optim::MemoryStats m = acc.memory();
-      csv << b << "," << k << "," << b * k << "," << m.peak_activation_bytes << "," << m.peak_bytes
-          << "," << m.baseline_bytes << "\n";
-      return m;
+    nn::MLP model({784, 512, 256, 128, 10});
+    model.to(device);
+    optim::ParameterArena arena(model);
+    optim::Adam adam(arena);
+    optim::Accumulator acc(adam, {1.0, 1e-3, {}});
+    for (const auto& w : optim::plan_windows(2 * b * k, optim::resolve_batch({0, b, k, 1}))) {
+      acc.run_window(w, [&](const optim::MicroBatch& mb) {
+        return cross_entropy(model(x.narrow(mb.start, mb.count)), y.narrow(mb.start, mb.count));
+      });
+    }
+    const optim::MemoryStats m = acc.memory();
+    csv << b << "," << k << "," << b * k << "," << m.peak_activation_bytes << "," << m.peak_bytes
+        << "," << m.baseline_bytes << "\n";
+    return m;
   };
   for (int64_t b : micro) {
     md << "| b = " << b << " |";
     for (int64_t k : steps) md << " " << measure(b, k).peak_activation_bytes / 1024 << " KiB |";
     md << "\n";
   }
-  md << "\nWithout accumulation (k = 1, micro-batch = effective batch B):\n\n| B | peak activation |\n|---|---|\n";
-  for (int64_t b : whole) md << "| " << b << " | " << measure(b, 1).peak_activation_bytes / 1024 << " KiB |\n";
+  md << "\nWithout accumulation (k = 1, micro-batch = effective batch B):\n\n| B | peak activation "
+        "|\n|---|---|\n";
+  for (int64_t b : whole)
+    md << "| " << b << " | " << measure(b, 1).peak_activation_bytes / 1024 << " KiB |\n";
   std::cout << "wrote " << argv[2] << " and " << argv[3] << "\n";
   return 0;
 }

@@ -27,7 +27,8 @@ struct Mlp {
 void micro_step(benchmark::State& state, Device d) {
   const int64_t b = state.range(0);
   Mlp m(d, b);
-  const double seconds = run_timed(state, d, [&] { cross_entropy(m.model(m.x), m.y).backward(1.0 / 128); });
+  const double seconds =
+      run_timed(state, d, [&] { cross_entropy(m.model(m.x), m.y).backward(1.0 / 128); });
   state.counters["samples/s"] = double(b) * double(state.iterations()) / seconds;
 }
 
@@ -47,9 +48,9 @@ void register_mnist_benchmarks() {
                                             [=](benchmark::State& s) { micro_step(s, d); });
     mb->UseManualTime()->Arg(32);
     if (!smoke()) mb->Arg(64)->Arg(128);
-    benchmark::RegisterBenchmark(("mnist_boundary_step/" + dev).c_str(),
-                                 [=](benchmark::State& s) { boundary(s, d); })
-        ->UseManualTime();
+    benchmark::RegisterBenchmark(("mnist_boundary_step/" + dev).c_str(), [=](benchmark::State& s) {
+      boundary(s, d);
+    })->UseManualTime();
   }
 }
 

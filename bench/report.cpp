@@ -46,7 +46,8 @@ int main(int argc, char** argv) {
             << ctx.value("host_name", "?") << ", " << ctx.value("num_cpus", 0) << " CPUs at "
             << ctx.value("mhz_per_cpu", 0) << " MHz, build " << ctx.value("library_build_type", "?")
             << ").\n\n";
-  std::cout << "| device | name | same-run copy bandwidth | same-run large GEMM |\n|---|---|---|---|\n";
+  std::cout
+      << "| device | name | same-run copy bandwidth | same-run large GEMM |\n|---|---|---|---|\n";
   for (auto it = ctx.begin(); it != ctx.end(); ++it) {
     if (it.key().rfind("device:", 0) != 0) continue;
     const std::string dev = it.key().substr(7);
@@ -58,7 +59,8 @@ int main(int argc, char** argv) {
   std::cout << "\n`roofline` is the fraction of the same-run copy bandwidth (bandwidth-bound "
                "kernels, counting the bytes each must read and write) or of the same-run large "
                "GEMM (GEMMs). Sizes below the last-level cache can exceed 1 on a CPU.\n\n";
-  std::cout << "| benchmark | time | GB/s | GFLOP/s | samples/s | roofline |\n|---|---|---|---|---|---|\n";
+  std::cout << "| benchmark | time | GB/s | GFLOP/s | samples/s | roofline "
+               "|\n|---|---|---|---|---|---|\n";
   std::map<std::string, double> adam_roof, adam_time, boundary_time;
   std::map<std::string, int64_t> largest;
   for (const json& b : doc["benchmarks"]) {
@@ -66,7 +68,9 @@ int main(int argc, char** argv) {
     const std::string name = b["name"].get<std::string>();
     std::cout << "| " << name << " | " << fixed(b["real_time"].get<double>(), 3) << " "
               << b.value("time_unit", "") << " | "
-              << (b.contains("bytes_per_second") ? fixed(b["bytes_per_second"].get<double>() / 1e9, 2) : "")
+              << (b.contains("bytes_per_second")
+                      ? fixed(b["bytes_per_second"].get<double>() / 1e9, 2)
+                      : "")
               << " | " << (b.contains("FLOP/s") ? fixed(b["FLOP/s"].get<double>() / 1e9, 1) : "")
               << " | " << (b.contains("samples/s") ? fixed(b["samples/s"].get<double>(), 0) : "")
               << " | " << (b.contains("roofline") ? fixed(b["roofline"].get<double>(), 3) : "")
@@ -85,12 +89,15 @@ int main(int argc, char** argv) {
       adam_roof[dev] = b["roofline"].get<double>();
       adam_time[dev] = b["real_time"].get<double>();
     }
-    if (parts[0] == "boundary_step" && size == largest[dev]) boundary_time[dev] = b["real_time"].get<double>();
+    if (parts[0] == "boundary_step" && size == largest[dev])
+      boundary_time[dev] = b["real_time"].get<double>();
   }
-  std::cout << "\n## Targets\n\n| device | fused Adam at " << "the largest size: fraction of copy | boundary step / Adam |\n|---|---|---|\n";
+  std::cout << "\n## Targets\n\n| device | fused Adam at "
+            << "the largest size: fraction of copy | boundary step / Adam |\n|---|---|---|\n";
   for (const auto& [dev, roof] : adam_roof) {
-    std::cout << "| " << dev << " (" << largest[dev] << " params) | " << fixed(roof, 3) << " (target "
-              << (dev == "cpu" ? "0.70 on 2 CPU cores" : "0.90 on H100/H200") << ") | "
+    std::cout << "| " << dev << " (" << largest[dev] << " params) | " << fixed(roof, 3)
+              << " (target " << (dev == "cpu" ? "0.70 on 2 CPU cores" : "0.90 on H100/H200")
+              << ") | "
               << (boundary_time.count(dev) ? fixed(boundary_time[dev] / adam_time[dev], 3) : "?")
               << (dev == "cpu" ? "" : " (target <= 1.25)") << " |\n";
   }

@@ -61,7 +61,8 @@ void CachingAllocator::deallocate(void* ptr) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = live_.find(ptr);
   if (it == live_.end()) {
-    throw std::logic_error(str_cat("[allocator] ", device_.str(), ": free of a pointer it did not hand out"));
+    throw std::logic_error(
+        str_cat("[allocator] ", device_.str(), ": free of a pointer it did not hand out"));
   }
   const size_t block = it->second.block;
   stats_.live_bytes -= it->second.size;
@@ -91,8 +92,12 @@ AllocatorStats CachingAllocator::stats() const {
 
 namespace {
 
-void* host_allocate(size_t nbytes, int) { return std::aligned_alloc(64, nbytes); }
-void host_release(void* ptr, int) { std::free(ptr); }
+void* host_allocate(size_t nbytes, int) {
+  return std::aligned_alloc(64, nbytes);
+}
+void host_release(void* ptr, int) {
+  std::free(ptr);
+}
 
 }  // namespace
 
@@ -101,7 +106,8 @@ SystemMemory cuda_system_memory();
 
 CachingAllocator& allocator_for(Device device) {
   if (device.is_cpu()) {
-    static CachingAllocator* host = new CachingAllocator(Device::cpu(), {host_allocate, host_release});
+    static CachingAllocator* host =
+        new CachingAllocator(Device::cpu(), {host_allocate, host_release});
     return *host;
   }
   constexpr int kMaxDevices = 16;

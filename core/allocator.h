@@ -61,7 +61,7 @@ class CachingAllocator {
   Device device_;
   SystemMemory system_;
   mutable std::mutex mutex_;
-  std::multimap<size_t, void*> pool_;          // free blocks by size
+  std::multimap<size_t, void*> pool_;  // free blocks by size
   struct LiveBlock {
     size_t block;  // the block's size
     size_t size;   // the rounded request it serves

@@ -26,9 +26,15 @@ bool exclusively_owned(const Tensor& t) {
 
 }  // namespace
 
-bool grad_enabled() { return g_grad_enabled; }
-NoGradGuard::NoGradGuard() : previous_(g_grad_enabled) { g_grad_enabled = false; }
-NoGradGuard::~NoGradGuard() { g_grad_enabled = previous_; }
+bool grad_enabled() {
+  return g_grad_enabled;
+}
+NoGradGuard::NoGradGuard() : previous_(g_grad_enabled) {
+  g_grad_enabled = false;
+}
+NoGradGuard::~NoGradGuard() {
+  g_grad_enabled = previous_;
+}
 
 bool should_record(std::initializer_list<const Tensor*> inputs) {
   if (!g_grad_enabled) return false;
@@ -62,14 +68,18 @@ void record(std::unique_ptr<Node> node, std::initializer_list<const Tensor*> inp
   t.nodes.push_back(std::move(node));
 }
 
-size_t tape_size() { return tape().nodes.size(); }
+size_t tape_size() {
+  return tape().nodes.size();
+}
 
 void clear_tape() {
   tape().nodes.clear();
   ++tape().generation;
 }
 
-bool GradSink::needs(size_t i) const { return node_.inputs.at(i).active(); }
+bool GradSink::needs(size_t i) const {
+  return node_.inputs.at(i).active();
+}
 
 Tensor GradSink::accumulator(size_t i) {
   const Edge& edge = node_.inputs.at(i);
@@ -122,8 +132,8 @@ void run_backward(const Tensor& root, const Tensor& seed) {
     grad = Tensor::full(root.shape(), 1.0, root.dtype(), root.device());
   } else if (grad.shape() != root.shape() || grad.dtype() != root.dtype() ||
              grad.device() != root.device()) {
-    throw AutogradError(str_cat("[backward] seed ", grad.describe(),
-                                " does not match the output ", root.describe()));
+    throw AutogradError(str_cat("[backward] seed ", grad.describe(), " does not match the output ",
+                                root.describe()));
   }
   Tape& t = tape();
   if (root.is_leaf()) {  // d root / d root = seed

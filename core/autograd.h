@@ -19,9 +19,9 @@ namespace accrue {
 
 // Where the gradient of one node input goes: an intermediate tape slot or a leaf's buffer.
 struct Edge {
-  int64_t slot = -1;                  // producing node on the tape, or -1
-  std::shared_ptr<TensorImpl> leaf;   // leaf that requires grad, or null
-  Shape shape;                        // the input's shape, to check gradients against
+  int64_t slot = -1;                 // producing node on the tape, or -1
+  std::shared_ptr<TensorImpl> leaf;  // leaf that requires grad, or null
+  Shape shape;                       // the input's shape, to check gradients against
   bool active() const { return slot >= 0 || leaf != nullptr; }
 };
 

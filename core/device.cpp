@@ -19,8 +19,7 @@ Device Device::parse(const std::string& text) {
     }
     if (used == text.size() - 5 && index >= 0) return cuda(index);
   }
-  throw std::invalid_argument("[device] cannot parse '" + text +
-                              "': expected cpu, cuda or cuda:N");
+  throw std::invalid_argument("[device] cannot parse '" + text + "': expected cpu, cuda or cuda:N");
 }
 
 std::string cpu_model_name() {

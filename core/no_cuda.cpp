@@ -6,8 +6,12 @@
 
 namespace accrue {
 
-bool cuda_built() { return false; }
-int cuda_device_count() { return 0; }
+bool cuda_built() {
+  return false;
+}
+int cuda_device_count() {
+  return 0;
+}
 std::string cuda_unavailable_reason() {
   return "accrue was built without CUDA (configure with -DACCRUE_CUDA=ON and a CUDA toolkit)";
 }
@@ -19,14 +23,18 @@ std::string device_name(Device device) {
   if (device.is_cuda()) throw DeviceError("[device_name] " + cuda_unavailable_reason());
   return cpu_model_name();
 }
-SystemMemory cuda_system_memory() { throw DeviceError("[cuda] " + cuda_unavailable_reason()); }
+SystemMemory cuda_system_memory() {
+  throw DeviceError("[cuda] " + cuda_unavailable_reason());
+}
 
 }  // namespace accrue
 
 namespace accrue {
 
 class Backend;
-Backend& cuda_backend(int) { throw DeviceError("[cuda] " + cuda_unavailable_reason()); }
+Backend& cuda_backend(int) {
+  throw DeviceError("[cuda] " + cuda_unavailable_reason());
+}
 void cuda_copy_bytes(void*, Device, const void*, Device, size_t) {
   throw DeviceError("[copy] " + cuda_unavailable_reason());
 }

@@ -20,13 +20,16 @@ int64_t shape_numel(const Shape& shape) {
 Storage::Storage(Device device, size_t nbytes)
     : device_(device), nbytes_(nbytes), data_(allocator_for(device).allocate(nbytes)) {}
 
-Storage::~Storage() { allocator_for(device_).deallocate(data_); }
+Storage::~Storage() {
+  allocator_for(device_).deallocate(data_);
+}
 
 namespace {
 
 void check_shape(const Shape& shape, const char* op) {
   for (int64_t d : shape) {
-    if (d < 0) throw ShapeError(str_cat("[", op, "] negative dimension in shape ", shape_str(shape)));
+    if (d < 0)
+      throw ShapeError(str_cat("[", op, "] negative dimension in shape ", shape_str(shape)));
   }
 }
 
@@ -35,8 +38,8 @@ void check_shape(const Shape& shape, const char* op) {
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   check_shape(shape, "empty");
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage =
-      std::make_shared<Storage>(device, static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype));
+  impl->storage = std::make_shared<Storage>(
+      device, static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype));
   impl->shape = shape;
   impl->dtype = dtype;
   return Tensor(std::move(impl));
@@ -105,8 +108,8 @@ Tensor Tensor::normal(const Shape& shape, double mean, double std, std::mt19937_
 int64_t Tensor::size(int64_t d) const {
   const int64_t n = dim();
   if (d < -n || d >= n) {
-    throw ShapeError(str_cat("[size] dimension ", d, " is out of range for shape ",
-                             shape_str(shape())));
+    throw ShapeError(
+        str_cat("[size] dimension ", d, " is out of range for shape ", shape_str(shape())));
   }
   return shape()[static_cast<size_t>(d < 0 ? d + n : d)];
 }
@@ -138,9 +141,12 @@ double Tensor::item() const {
     throw ShapeError(str_cat("[item] needs one element, tensor has shape ", shape_str(shape())));
   }
   switch (dtype()) {
-    case DType::kFloat32: return to_vector<float>()[0];
-    case DType::kFloat64: return to_vector<double>()[0];
-    case DType::kInt32: return to_vector<int32_t>()[0];
+    case DType::kFloat32:
+      return to_vector<float>()[0];
+    case DType::kFloat64:
+      return to_vector<double>()[0];
+    case DType::kInt32:
+      return to_vector<int32_t>()[0];
   }
   return 0;
 }
@@ -148,8 +154,8 @@ double Tensor::item() const {
 Tensor Tensor::view(const Shape& shape) const {
   check_shape(shape, "view");
   if (shape_numel(shape) != numel()) {
-    throw ShapeError(str_cat("[view] cannot view shape ", shape_str(this->shape()), " as ",
-                             shape_str(shape)));
+    throw ShapeError(
+        str_cat("[view] cannot view shape ", shape_str(this->shape()), " as ", shape_str(shape)));
   }
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = impl_->storage;
@@ -192,7 +198,9 @@ Tensor Tensor::to(DType target) const {
   return out;
 }
 
-void Tensor::fill_(double value) { backend_for(device()).fill(*this, value); }
+void Tensor::fill_(double value) {
+  backend_for(device()).fill(*this, value);
+}
 
 // Defined by the CUDA backend: copies between host and device memory. CPU-only builds never
 // reach it because allocating a CUDA tensor already fails.
@@ -201,8 +209,8 @@ void cuda_copy_bytes(void* dst, Device dst_device, const void* src, Device src_d
 
 void Tensor::copy_(const Tensor& src) {
   if (src.shape() != shape() || src.dtype() != dtype()) {
-    throw ShapeError(str_cat("[copy_] source ", src.describe(), " does not match destination ",
-                             describe()));
+    throw ShapeError(
+        str_cat("[copy_] source ", src.describe(), " does not match destination ", describe()));
   }
   if (src.device() == device()) {
     backend_for(device()).copy(src, *this);
@@ -213,8 +221,8 @@ void Tensor::copy_(const Tensor& src) {
 
 Tensor& Tensor::set_requires_grad(bool flag) {
   if (flag && !is_floating(dtype())) {
-    throw DTypeError(str_cat("[set_requires_grad] only floating tensors can require grad, got ",
-                             describe()));
+    throw DTypeError(
+        str_cat("[set_requires_grad] only floating tensors can require grad, got ", describe()));
   }
   if (!is_leaf()) {
     throw AutogradError("[set_requires_grad] only leaf tensors can change requires_grad");
@@ -224,10 +232,10 @@ Tensor& Tensor::set_requires_grad(bool flag) {
 }
 
 void Tensor::set_grad(const Tensor& grad) {
-  if (grad.defined() && (grad.shape() != shape() || grad.dtype() != dtype() ||
-                         grad.device() != device())) {
-    throw ShapeError(str_cat("[set_grad] gradient ", grad.describe(), " does not match tensor ",
-                             describe()));
+  if (grad.defined() &&
+      (grad.shape() != shape() || grad.dtype() != dtype() || grad.device() != device())) {
+    throw ShapeError(
+        str_cat("[set_grad] gradient ", grad.describe(), " does not match tensor ", describe()));
   }
   impl_->grad = grad.impl_;
 }
@@ -240,7 +248,9 @@ void Tensor::set_data(const Tensor& other) {
   impl_->offset = other.impl_->offset;
 }
 
-void Tensor::backward() const { run_backward(*this, Tensor()); }
+void Tensor::backward() const {
+  run_backward(*this, Tensor());
+}
 void Tensor::backward(double seed) const {
   if (numel() != 1) {
     throw AutogradError(str_cat("[backward] a scalar seed needs a one-element output, got ",
@@ -248,7 +258,9 @@ void Tensor::backward(double seed) const {
   }
   run_backward(*this, Tensor::full(shape(), seed, dtype(), device()));
 }
-void Tensor::backward(const Tensor& seed) const { run_backward(*this, seed); }
+void Tensor::backward(const Tensor& seed) const {
+  run_backward(*this, seed);
+}
 
 std::ostream& operator<<(std::ostream& out, const Tensor& t) {
   if (!t.defined()) return out << "Tensor(undefined)";
@@ -259,9 +271,15 @@ std::ostream& operator<<(std::ostream& out, const Tensor& t) {
   for (int64_t i = 0; i < show; ++i) {
     if (i) out << ", ";
     switch (t.dtype()) {
-      case DType::kFloat32: out << host.data<float>()[i]; break;
-      case DType::kFloat64: out << host.data<double>()[i]; break;
-      case DType::kInt32: out << host.data<int32_t>()[i]; break;
+      case DType::kFloat32:
+        out << host.data<float>()[i];
+        break;
+      case DType::kFloat64:
+        out << host.data<double>()[i];
+        break;
+      case DType::kInt32:
+        out << host.data<int32_t>()[i];
+        break;
     }
   }
   if (show < n) out << ", ...";

@@ -19,9 +19,14 @@ namespace accrue {
 template <typename F>
 void dispatch_floating(DType dtype, const char* op, F&& body) {
   switch (dtype) {
-    case DType::kFloat32: body(float{}); return;
-    case DType::kFloat64: body(double{}); return;
-    default: dispatch_error(op, dtype, "float32 or float64");
+    case DType::kFloat32:
+      body(float{});
+      return;
+    case DType::kFloat64:
+      body(double{});
+      return;
+    default:
+      dispatch_error(op, dtype, "float32 or float64");
   }
 }
 
@@ -36,38 +41,39 @@ void dispatch_all(DType dtype, const char* op, F&& body) {
 
 }  // namespace accrue
 
-#define ACCRUE_DISPATCH_FLOATING_AS(T, dtype, op, ...)                              \
-  [&] {                                                                             \
-    switch (dtype) {                                                                \
-      case ::accrue::DType::kFloat32: {                                             \
-        using T = float;                                                            \
-        return __VA_ARGS__();                                                       \
-      }                                                                             \
-      case ::accrue::DType::kFloat64: {                                             \
-        using T = double;                                                           \
-        return __VA_ARGS__();                                                       \
-      }                                                                             \
-      default: ::accrue::dispatch_error(op, dtype, "float32 or float64");           \
-    }                                                                               \
+#define ACCRUE_DISPATCH_FLOATING_AS(T, dtype, op, ...)             \
+  [&] {                                                            \
+    switch (dtype) {                                               \
+      case ::accrue::DType::kFloat32: {                            \
+        using T = float;                                           \
+        return __VA_ARGS__();                                      \
+      }                                                            \
+      case ::accrue::DType::kFloat64: {                            \
+        using T = double;                                          \
+        return __VA_ARGS__();                                      \
+      }                                                            \
+      default:                                                     \
+        ::accrue::dispatch_error(op, dtype, "float32 or float64"); \
+    }                                                              \
   }()
 
-#define ACCRUE_DISPATCH_ALL_AS(T, dtype, op, ...)                                   \
-  [&] {                                                                             \
-    switch (dtype) {                                                                \
-      case ::accrue::DType::kFloat32: {                                             \
-        using T = float;                                                            \
-        return __VA_ARGS__();                                                       \
-      }                                                                             \
-      case ::accrue::DType::kFloat64: {                                             \
-        using T = double;                                                           \
-        return __VA_ARGS__();                                                       \
-      }                                                                             \
-      case ::accrue::DType::kInt32: {                                               \
-        using T = int32_t;                                                          \
-        return __VA_ARGS__();                                                       \
-      }                                                                             \
-    }                                                                               \
-    ::accrue::dispatch_error(op, dtype, "a known dtype");                           \
+#define ACCRUE_DISPATCH_ALL_AS(T, dtype, op, ...)         \
+  [&] {                                                   \
+    switch (dtype) {                                      \
+      case ::accrue::DType::kFloat32: {                   \
+        using T = float;                                  \
+        return __VA_ARGS__();                             \
+      }                                                   \
+      case ::accrue::DType::kFloat64: {                   \
+        using T = double;                                 \
+        return __VA_ARGS__();                             \
+      }                                                   \
+      case ::accrue::DType::kInt32: {                     \
+        using T = int32_t;                                \
+        return __VA_ARGS__();                             \
+      }                                                   \
+    }                                                     \
+    ::accrue::dispatch_error(op, dtype, "a known dtype"); \
   }()
 
 #define ACCRUE_DISPATCH_FLOATING(dtype, op, ...) \

@@ -17,20 +17,28 @@ namespace accrue::fn {
 
 struct Relu {
   template <typename T>
-  ACCRUE_HD T operator()(T x) const { return x > T(0) ? x : T(0); }
+  ACCRUE_HD T operator()(T x) const {
+    return x > T(0) ? x : T(0);
+  }
 };
 struct ReluBackward {  // saved: x
   template <typename T>
-  ACCRUE_HD T operator()(T x, T dy) const { return x > T(0) ? dy : T(0); }
+  ACCRUE_HD T operator()(T x, T dy) const {
+    return x > T(0) ? dy : T(0);
+  }
 };
 
 struct Tanh {
   template <typename T>
-  ACCRUE_HD T operator()(T x) const { return std::tanh(x); }
+  ACCRUE_HD T operator()(T x) const {
+    return std::tanh(x);
+  }
 };
 struct TanhBackward {  // saved: y = tanh(x)
   template <typename T>
-  ACCRUE_HD T operator()(T y, T dy) const { return dy * (T(1) - y * y); }
+  ACCRUE_HD T operator()(T y, T dy) const {
+    return dy * (T(1) - y * y);
+  }
 };
 
 // GELU with the exact erf form (PyTorch's default): x * Phi(x).
@@ -52,31 +60,43 @@ struct GeluBackward {  // saved: x; d/dx = Phi(x) + x * phi(x)
 struct Scale {
   double alpha;
   template <typename T>
-  ACCRUE_HD T operator()(T x) const { return T(alpha) * x; }
+  ACCRUE_HD T operator()(T x) const {
+    return T(alpha) * x;
+  }
 };
 struct ScaleBackward {
   double alpha;
   template <typename T>
-  ACCRUE_HD T operator()(T, T dy) const { return T(alpha) * dy; }
+  ACCRUE_HD T operator()(T, T dy) const {
+    return T(alpha) * dy;
+  }
 };
 
 struct Add {
   template <typename T>
-  ACCRUE_HD T operator()(T a, T b) const { return a + b; }
+  ACCRUE_HD T operator()(T a, T b) const {
+    return a + b;
+  }
 };
 struct Sub {
   template <typename T>
-  ACCRUE_HD T operator()(T a, T b) const { return a - b; }
+  ACCRUE_HD T operator()(T a, T b) const {
+    return a - b;
+  }
 };
 struct Mul {
   template <typename T>
-  ACCRUE_HD T operator()(T a, T b) const { return a * b; }
+  ACCRUE_HD T operator()(T a, T b) const {
+    return a * b;
+  }
 };
 // y + alpha * x: the gradient accumulation `grad += dgrad * scale`.
 struct Axpy {
   double alpha;
   template <typename T>
-  ACCRUE_HD T operator()(T x, T y) const { return y + T(alpha) * x; }
+  ACCRUE_HD T operator()(T x, T y) const {
+    return y + T(alpha) * x;
+  }
 };
 
 // Boundary scalars from the global sum of squares and the non-finite count: out = {norm, coef,
@@ -105,8 +125,13 @@ struct AdamUpdate {
   // step: 1-based count of applied updates, including this one.
   template <typename HP>
   ACCRUE_HD static AdamUpdate at_step(const HP& hp, int32_t step) {
-    return {hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay,
-            hp.lr / (1.0 - pow(hp.beta1, double(step))), sqrt(1.0 - pow(hp.beta2, double(step))),
+    return {hp.lr,
+            hp.beta1,
+            hp.beta2,
+            hp.eps,
+            hp.weight_decay,
+            hp.lr / (1.0 - pow(hp.beta1, double(step))),
+            sqrt(1.0 - pow(hp.beta2, double(step))),
             hp.decoupled};
   }
   // The same arithmetic as PyTorch's Adam: denom = sqrt(v) / sqrt(bias2) + eps,

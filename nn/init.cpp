@@ -10,7 +10,9 @@ std::mt19937_64& generator() {
   return rng;
 }
 
-void manual_seed(uint64_t seed) { generator().seed(seed); }
+void manual_seed(uint64_t seed) {
+  generator().seed(seed);
+}
 
 void uniform_(Tensor& t, double bound) {
   t.copy_(Tensor::uniform(t.shape(), -bound, bound, generator(), t.dtype(), t.device()));

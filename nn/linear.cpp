@@ -9,8 +9,8 @@ namespace accrue::nn {
 Linear::Linear(int64_t in_features, int64_t out_features, bool bias, DType dtype)
     : in_(in_features), out_(out_features) {
   if (in_features <= 0 || out_features <= 0) {
-    throw ShapeError(str_cat("[Linear] features must be positive, got in_features = ",
-                             in_features, ", out_features = ", out_features));
+    throw ShapeError(str_cat("[Linear] features must be positive, got in_features = ", in_features,
+                             ", out_features = ", out_features));
   }
   const double bound = linear_init_bound(in_features);
   weight_ = Tensor::empty({out_features, in_features}, dtype);
@@ -23,6 +23,8 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias, DType dtype
   }
 }
 
-Tensor Linear::forward(const Tensor& x) { return linear(x, weight_, bias_); }
+Tensor Linear::forward(const Tensor& x) {
+  return linear(x, weight_, bias_);
+}
 
 }  // namespace accrue::nn

@@ -17,7 +17,8 @@ double Accumulator::current_lr() const {
 }
 
 void Accumulator::begin_window(int64_t samples) {
-  if (samples <= 0) throw ValueError(str_cat("[accumulator] a window needs samples, got ", samples));
+  if (samples <= 0)
+    throw ValueError(str_cat("[accumulator] a window needs samples, got ", samples));
   if (seen_samples_ > 0) {
     throw ValueError(str_cat("[accumulator] begin_window(", samples, ") while the open window has ",
                              seen_samples_, " of ", window_samples_,
@@ -38,9 +39,10 @@ void Accumulator::micro_step(int64_t samples, const std::function<Tensor()>& for
   {
     const Tensor loss = forward();
     if (!loss.defined() || loss.numel() != 1 || !loss.requires_grad()) {
-      throw ValueError(str_cat("[accumulator] forward must return the micro-batch's sum-reduced "
-                               "loss as a one-element tensor that requires grad, got ",
-                               loss.describe()));
+      throw ValueError(
+          str_cat("[accumulator] forward must return the micro-batch's sum-reduced "
+                  "loss as a one-element tensor that requires grad, got ",
+                  loss.describe()));
     }
     backend_for(loss.device()).axpy(1.0, loss, loss_sum_);
     // The single normalisation: d(window mean loss) / d(micro-batch sum loss) = 1 / N.
@@ -57,8 +59,8 @@ void Accumulator::micro_step(int64_t samples, const std::function<Tensor()>& for
 
 StepResult Accumulator::step() {
   if (seen_samples_ != window_samples_ || window_samples_ == 0) {
-    throw ValueError(str_cat("[accumulator] step() after ", seen_samples_, " of ",
-                             window_samples_, " window samples; every sample must be seen once"));
+    throw ValueError(str_cat("[accumulator] step() after ", seen_samples_, " of ", window_samples_,
+                             " window samples; every sample must be seen once"));
   }
   StepResult r;
   r.lr = current_lr();

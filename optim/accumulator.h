@@ -25,19 +25,19 @@ struct AccumulatorOptions {
 
 // What one optimizer step did (read back from the device after the step).
 struct StepResult {
-  int64_t step = 0;       // 1-based optimizer step
-  int64_t samples = 0;    // samples in the window
-  double loss = 0;        // mean loss over the window's samples
-  double grad_norm = 0;   // of the window's mean-loss gradient, before clipping
-  double lr = 0;          // used by this step
-  bool skipped = false;   // non-finite gradient: no update
+  int64_t step = 0;      // 1-based optimizer step
+  int64_t samples = 0;   // samples in the window
+  double loss = 0;       // mean loss over the window's samples
+  double grad_norm = 0;  // of the window's mean-loss gradient, before clipping
+  double lr = 0;         // used by this step
+  bool skipped = false;  // non-finite gradient: no update
 };
 
 struct MemoryStats {
-  size_t baseline_bytes = 0;          // live bytes between micro-steps
-  size_t peak_activation_bytes = 0;   // max over micro-steps of (peak - baseline)
-  size_t peak_bytes = 0;              // max live bytes seen during micro-steps
-  int64_t system_allocs = 0;          // allocator system calls so far
+  size_t baseline_bytes = 0;         // live bytes between micro-steps
+  size_t peak_activation_bytes = 0;  // max over micro-steps of (peak - baseline)
+  size_t peak_bytes = 0;             // max live bytes seen during micro-steps
+  int64_t system_allocs = 0;         // allocator system calls so far
 };
 
 class Accumulator {

@@ -12,8 +12,8 @@ Adam::Adam(ParameterArena& arena, AdamOptions options, bool decoupled)
       m_(Tensor::zeros({arena.size()}, arena.dtype(), arena.device())),
       v_(Tensor::zeros({arena.size()}, arena.dtype(), arena.device())) {
   if (!(options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 && options.beta2 < 1)) {
-    throw ValueError(str_cat("[Adam] betas must be in [0, 1), got ", options.beta1, ", ",
-                             options.beta2));
+    throw ValueError(
+        str_cat("[Adam] betas must be in [0, 1), got ", options.beta1, ", ", options.beta2));
   }
   if (!(options.eps >= 0) || !(options.weight_decay >= 0)) {
     throw ValueError(str_cat("[Adam] eps and weight_decay must be >= 0, got eps = ", options.eps,
@@ -22,10 +22,10 @@ Adam::Adam(ParameterArena& arena, AdamOptions options, bool decoupled)
 }
 
 void Adam::update() {
-  const AdamParams hp{lr_, options_.beta1, options_.beta2, options_.eps, options_.weight_decay,
-                      decoupled_};
-  backend_for(arena_.device()).adam_step(hp, boundary_, steps_, arena_.params(), arena_.grads(),
-                                         m_, v_);
+  const AdamParams hp{lr_,          options_.beta1,        options_.beta2,
+                      options_.eps, options_.weight_decay, decoupled_};
+  backend_for(arena_.device())
+      .adam_step(hp, boundary_, steps_, arena_.params(), arena_.grads(), m_, v_);
 }
 
 }  // namespace accrue::optim

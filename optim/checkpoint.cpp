@@ -13,18 +13,25 @@ namespace {
 
 const char* st_dtype(DType t) {
   switch (t) {
-    case DType::kFloat32: return "F32";
-    case DType::kFloat64: return "F64";
-    case DType::kInt32: return "I32";
+    case DType::kFloat32:
+      return "F32";
+    case DType::kFloat64:
+      return "F64";
+    case DType::kInt32:
+      return "I32";
   }
   return "?";
 }
 
 bool parse_st_dtype(const std::string& s, DType* out) {
-  if (s == "F32") *out = DType::kFloat32;
-  else if (s == "F64") *out = DType::kFloat64;
-  else if (s == "I32") *out = DType::kInt32;
-  else return false;
+  if (s == "F32")
+    *out = DType::kFloat32;
+  else if (s == "F64")
+    *out = DType::kFloat64;
+  else if (s == "I32")
+    *out = DType::kInt32;
+  else
+    return false;
   return true;
 }
 
@@ -52,7 +59,8 @@ void save_safetensors(const std::string& path, const std::vector<nn::NamedTensor
   for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(size >> (8 * i));
   out.write(reinterpret_cast<const char*>(le), 8);
   out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  for (const Tensor& t : host) out.write(static_cast<const char*>(t.raw()), static_cast<std::streamsize>(t.nbytes()));
+  for (const Tensor& t : host)
+    out.write(static_cast<const char*>(t.raw()), static_cast<std::streamsize>(t.nbytes()));
   if (!out) throw FileError("[save_safetensors] writing " + path + " failed");
 }
 
@@ -70,8 +78,8 @@ std::map<std::string, Tensor> read_safetensors(const std::string& path) {
   uint64_t header_size = 0;
   for (int i = 0; i < 8; ++i) header_size |= uint64_t(le[i]) << (8 * i);
   if (header_size > file_size - 8) {
-    throw fail(str_cat("header length ", header_size, " exceeds the ", file_size - 8,
-                       " bytes after it"));
+    throw fail(
+        str_cat("header length ", header_size, " exceeds the ", file_size - 8, " bytes after it"));
   }
   std::string text(header_size, '\0');
   in.read(text.data(), static_cast<std::streamsize>(header_size));
@@ -107,8 +115,8 @@ std::map<std::string, Tensor> read_safetensors(const std::string& path) {
     const uint64_t end = e["data_offsets"][1].get<uint64_t>();
     const uint64_t want = static_cast<uint64_t>(shape_numel(shape)) * dtype_size(dtype);
     if (end < begin || end - begin != want) {
-      throw fail(str_cat("tensor '", it.key(), "' has data_offsets [", begin, ", ", end,
-                         "] for ", want, " bytes of ", dtype_name(dtype), shape_str(shape)));
+      throw fail(str_cat("tensor '", it.key(), "' has data_offsets [", begin, ", ", end, "] for ",
+                         want, " bytes of ", dtype_name(dtype), shape_str(shape)));
     }
     if (end > data_size) {
       throw fail(str_cat("truncated: tensor '", it.key(), "' ends at byte ", end, " of a ",
@@ -126,8 +134,8 @@ void load_parameters(nn::Module& module, const std::string& path) {
   for (auto& [name, param] : module.named_parameters()) {
     auto it = tensors.find(name);
     if (it == tensors.end()) {
-      throw FileError(str_cat("[load] ", path, " has no tensor '", name, "' (", param.describe(),
-                              ")"));
+      throw FileError(
+          str_cat("[load] ", path, " has no tensor '", name, "' (", param.describe(), ")"));
     }
     if (it->second.shape() != param.shape()) {
       throw FileError(str_cat("[load] ", path, ": tensor '", name, "' has shape ",

@@ -27,6 +27,8 @@ StepReport Optimizer::report() const {
   return {s[0], s[1], s[2] != 0.0};
 }
 
-int64_t Optimizer::applied_steps() const { return static_cast<int64_t>(steps_.item()); }
+int64_t Optimizer::applied_steps() const {
+  return static_cast<int64_t>(steps_.item());
+}
 
 }  // namespace accrue::optim

@@ -38,9 +38,12 @@ double scale_lr(double base_lr, int64_t batch, int64_t base_batch, LrScaling rul
   }
   const double ratio = static_cast<double>(batch) / static_cast<double>(base_batch);
   switch (rule) {
-    case LrScaling::kNone: return base_lr;
-    case LrScaling::kLinear: return base_lr * ratio;
-    case LrScaling::kSqrt: return base_lr * std::sqrt(ratio);
+    case LrScaling::kNone:
+      return base_lr;
+    case LrScaling::kLinear:
+      return base_lr * ratio;
+    case LrScaling::kSqrt:
+      return base_lr * std::sqrt(ratio);
   }
   return base_lr;
 }

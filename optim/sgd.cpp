@@ -10,8 +10,8 @@ SGD::SGD(ParameterArena& arena, SgdOptions options)
       options_(options),
       momentum_(Tensor::zeros({arena.size()}, arena.dtype(), arena.device())) {
   if (options.momentum < 0 || options.weight_decay < 0) {
-    throw ValueError(str_cat("[SGD] momentum and weight_decay must be >= 0, got ",
-                             options.momentum, ", ", options.weight_decay));
+    throw ValueError(str_cat("[SGD] momentum and weight_decay must be >= 0, got ", options.momentum,
+                             ", ", options.weight_decay));
   }
   if (options.nesterov && (options.momentum <= 0 || options.dampening != 0)) {
     throw ValueError("[SGD] nesterov needs momentum > 0 and dampening = 0");
@@ -21,8 +21,8 @@ SGD::SGD(ParameterArena& arena, SgdOptions options)
 void SGD::update() {
   const SgdParams hp{lr_, options_.momentum, options_.dampening, options_.weight_decay,
                      options_.nesterov};
-  backend_for(arena_.device()).sgd_step(hp, boundary_, steps_, arena_.params(), arena_.grads(),
-                                        momentum_);
+  backend_for(arena_.device())
+      .sgd_step(hp, boundary_, steps_, arena_.params(), arena_.grads(), momentum_);
 }
 
 }  // namespace accrue::optim

@@ -21,8 +21,8 @@ ResolvedBatch resolve_batch(const BatchConfig& c) {
   }
   const int known = (c.batch > 0) + (c.micro_batch > 0) + (c.accum_steps > 0);
   if (known < 2) {
-    throw ValueError(str_cat("[batch] give at least two of batch, micro_batch and accum_steps; got ",
-                             given()));
+    throw ValueError(
+        str_cat("[batch] give at least two of batch, micro_batch and accum_steps; got ", given()));
   }
   ResolvedBatch r{c.batch, c.micro_batch, c.accum_steps, c.world_size};
   if (r.batch == 0) {
@@ -47,8 +47,7 @@ ResolvedBatch resolve_batch(const BatchConfig& c) {
   return r;
 }
 
-std::vector<Window> plan_windows(int64_t num_samples, const ResolvedBatch& batch,
-                                 LastWindow last) {
+std::vector<Window> plan_windows(int64_t num_samples, const ResolvedBatch& batch, LastWindow last) {
   if (num_samples < 0) throw ValueError(str_cat("[plan_windows] num_samples = ", num_samples));
   // Per rank: this process sees batch / world_size samples per window.
   const int64_t per_window = batch.micro_batch * batch.accum_steps;

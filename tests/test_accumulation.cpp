@@ -24,7 +24,7 @@ struct Rig {
 
 // A 3-layer MLP on 64 random samples; identical for identical arguments.
 Rig make_setup(DType dtype, Device device = Device::cpu(), int64_t samples = 64,
-                 AccumulatorOptions options = {}) {
+               AccumulatorOptions options = {}) {
   Rig s;
   nn::manual_seed(11);
   s.model = std::make_shared<nn::Sequential>();
@@ -95,9 +95,8 @@ TEST_P(Split, EqualMicroBatchesMatchTheFullBatch) {
   for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
     Rig full = make_setup(dtype), split = make_setup(dtype);
     const Tensor reference = accumulated_gradient(full, {64}, range(0, 64));
-    const Tensor got =
-        accumulated_gradient(split, std::vector<int64_t>(static_cast<size_t>(k), 64 / k),
-                             range(0, 64));
+    const Tensor got = accumulated_gradient(
+        split, std::vector<int64_t>(static_cast<size_t>(k), 64 / k), range(0, 64));
     const double err = rel_error(got, reference);
     if (dtype == DType::kFloat32) {
       EXPECT_LE(err, 1e-5) << "k = " << k;
@@ -112,8 +111,7 @@ INSTANTIATE_TEST_SUITE_P(K, Split, ::testing::Values(1, 2, 4, 8));
 TEST(Accumulation, UnequalMicroBatchesMatchTheFullBatch) {
   Rig full = make_setup(DType::kFloat64), split = make_setup(DType::kFloat64);
   const Tensor reference = accumulated_gradient(full, {64}, range(0, 64));
-  EXPECT_LE(rel_error(accumulated_gradient(split, {5, 40, 1, 18}, range(0, 64)), reference),
-            1e-14);
+  EXPECT_LE(rel_error(accumulated_gradient(split, {5, 40, 1, 18}, range(0, 64)), reference), 1e-14);
 }
 
 TEST(Accumulation, SampleOrderAcrossMicroBatchesDoesNotMatter) {
@@ -208,10 +206,13 @@ TEST(Accumulation, ScheduleTicksOncePerOptimizerStep) {
   std::vector<double> lrs;
   while (micro_steps < 40) {
     for (const auto& w : optim::plan_windows(64, batch)) {
-      lrs.push_back(s.acc->run_window(w, [&](const optim::MicroBatch& mb) {
-        ++micro_steps;
-        return loss_of(s, range(mb.start, mb.start + mb.count));
-      }).lr);
+      lrs.push_back(s.acc
+                        ->run_window(w,
+                                     [&](const optim::MicroBatch& mb) {
+                                       ++micro_steps;
+                                       return loss_of(s, range(mb.start, mb.start + mb.count));
+                                     })
+                        .lr);
       if (micro_steps == 40) break;
     }
   }
@@ -241,8 +242,11 @@ TEST(Batch, ResolvesAnyTwoOfThree) {
   EXPECT_EQ(optim::resolve_batch({0, 32, 4, 1}).batch, 128);
   EXPECT_EQ(optim::resolve_batch({128, 32, 4, 1}).str(),
             "effective batch 128 = micro-batch 32 x 4 accumulation steps x 1 rank");
-  expect_error<ValueError>([] { optim::resolve_batch({128, 32, 3, 1}); },
-                           {"inconsistent", "128", "32", "3", "96"});
+  expect_error<ValueError>(
+      [] {
+        optim::resolve_batch({128, 32, 3, 1});
+      },
+      {"inconsistent", "128", "32", "3", "96"});
   expect_error<ValueError>([] { optim::resolve_batch({100, 32, 0, 1}); }, {"100", "32"});
   expect_error<ValueError>([] { optim::resolve_batch({128, 0, 0, 1}); }, {"at least two"});
 }
@@ -261,7 +265,8 @@ optim::MemoryStats run_steps(Device device, int64_t micro, int64_t k, int window
                              std::vector<size_t>* live_after = nullptr,
                              std::vector<int64_t>* system = nullptr) {
   Rig s = make_setup(DType::kFloat32, device, 512);
-  const auto plan = optim::plan_windows(micro * k * windows, optim::resolve_batch({0, micro, k, 1}));
+  const auto plan =
+      optim::plan_windows(micro * k * windows, optim::resolve_batch({0, micro, k, 1}));
   for (const auto& w : plan) {
     s.acc->begin_window(w.samples);
     for (const auto& mb : w.micro) {

@@ -106,8 +106,7 @@ TEST_P(AllocatorTest, TrainingLoopReachesSteadyState) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Devices, AllocatorTest,
-                         ::testing::Values(Device::cpu(), Device::cuda(0)),
+INSTANTIATE_TEST_SUITE_P(Devices, AllocatorTest, ::testing::Values(Device::cpu(), Device::cuda(0)),
                          [](const auto& info) { return info.param.is_cpu() ? "cpu" : "cuda"; });
 
 }  // namespace

@@ -10,39 +10,59 @@ TEST(Errors, ShapeMismatches) {
   Tensor w = Tensor::zeros({10, 784});
   expect_error<ShapeError>([&] { linear(x, w, Tensor()); },
                            {"[linear]", "[32, 700]", "in_features = 784"});
-  expect_error<ShapeError>([&] { linear(Tensor::zeros({3, 784}), w, Tensor::zeros({9})); },
-                           {"[linear]", "bias", "[9]", "out_features = 10"});
-  expect_error<ShapeError>([&] { add(Tensor::zeros({2, 3}), Tensor::zeros({3, 2})); },
-                           {"[add]", "[2, 3]", "[3, 2]"});
-  expect_error<ShapeError>([&] { matmul(Tensor::zeros({2, 3}), Tensor::zeros({4, 2})); },
-                           {"[matmul]", "[2, 3]", "[4, 2]"});
-  expect_error<ShapeError>([&] { bias_add(Tensor::zeros({2, 3}), Tensor::zeros({4})); },
-                           {"[bias_add]", "[2, 3]", "[4]"});
-  expect_error<ShapeError>([&] { reshape(Tensor::zeros({2, 3}), {4, 2}); },
-                           {"[reshape]", "[2, 3]", "[4, 2]"});
+  expect_error<ShapeError>(
+      [&] {
+        linear(Tensor::zeros({3, 784}), w, Tensor::zeros({9}));
+      },
+      {"[linear]", "bias", "[9]", "out_features = 10"});
+  expect_error<ShapeError>(
+      [&] {
+        add(Tensor::zeros({2, 3}), Tensor::zeros({3, 2}));
+      },
+      {"[add]", "[2, 3]", "[3, 2]"});
+  expect_error<ShapeError>(
+      [&] {
+        matmul(Tensor::zeros({2, 3}), Tensor::zeros({4, 2}));
+      },
+      {"[matmul]", "[2, 3]", "[4, 2]"});
+  expect_error<ShapeError>(
+      [&] {
+        bias_add(Tensor::zeros({2, 3}), Tensor::zeros({4}));
+      },
+      {"[bias_add]", "[2, 3]", "[4]"});
+  expect_error<ShapeError>(
+      [&] {
+        reshape(Tensor::zeros({2, 3}), {4, 2});
+      },
+      {"[reshape]", "[2, 3]", "[4, 2]"});
   expect_error<ShapeError>([&] { Tensor::zeros({2}).narrow(1, 5); }, {"[narrow]", "[2]"});
-  expect_error<ShapeError>([&] { Tensor::from_vector<float>({2, 2}, {1, 2, 3}); },
-                           {"[from_vector]", "3 values", "[2, 2]"});
+  expect_error<ShapeError>(
+      [&] {
+        Tensor::from_vector<float>({2, 2}, {1, 2, 3});
+      },
+      {"[from_vector]", "3 values", "[2, 2]"});
 }
 
 TEST(Errors, DtypeMismatches) {
-  expect_error<DTypeError>(
-      [] { add(Tensor::zeros({2}), Tensor::zeros({2}, DType::kFloat64)); },
-      {"[add]", "float32[2]", "float64[2]"});
-  expect_error<DTypeError>([] { relu(Tensor::zeros({2}, DType::kInt32)); },
-                           {"[relu]", "int32"});
+  expect_error<DTypeError>([] { add(Tensor::zeros({2}), Tensor::zeros({2}, DType::kFloat64)); },
+                           {"[add]", "float32[2]", "float64[2]"});
+  expect_error<DTypeError>([] { relu(Tensor::zeros({2}, DType::kInt32)); }, {"[relu]", "int32"});
   expect_error<DTypeError>([] { Tensor::zeros({2}).data<double>(); }, {"float32", "float64"});
-  expect_error<DTypeError>(
-      [] { Tensor::zeros({2}, DType::kInt32).set_requires_grad(true); }, {"int32"});
+  expect_error<DTypeError>([] { Tensor::zeros({2}, DType::kInt32).set_requires_grad(true); },
+                           {"int32"});
 }
 
 TEST(Errors, CrossEntropyLabels) {
   Tensor logits = Tensor::zeros({3, 4});
   expect_error<ValueError>(
-      [&] { cross_entropy(logits, Tensor::from_vector<int32_t>({3}, {0, 4, 1})); },
+      [&] {
+        cross_entropy(logits, Tensor::from_vector<int32_t>({3}, {0, 4, 1}));
+      },
       {"[cross_entropy]", "label 4", "row 1", "4 classes"});
   expect_error<ShapeError>(
-      [&] { cross_entropy(logits, Tensor::from_vector<int32_t>({2}, {0, 1})); },
+      [&] {
+        cross_entropy(logits, Tensor::from_vector<int32_t>({2}, {0, 1}));
+      },
       {"[cross_entropy]", "[3, 4]", "[2]"});
   expect_error<DTypeError>([&] { cross_entropy(logits, Tensor::zeros({3})); },
                            {"[cross_entropy]", "int32", "float32[3]"});
@@ -69,8 +89,7 @@ TEST(Errors, Autograd) {
 
 TEST(Errors, ParameterLookupAndArena) {
   nn::Linear layer(3, 2);
-  expect_error<ValueError>([&] { layer.parameter("weights"); },
-                           {"'weights'", "weight", "bias"});
+  expect_error<ValueError>([&] { layer.parameter("weights"); }, {"'weights'", "weight", "bias"});
   std::vector<nn::NamedTensor> mixed{{"a", Tensor::zeros({2})},
                                      {"b", Tensor::zeros({2}, DType::kFloat64)}};
   expect_error<DTypeError>([&] { optim::ParameterArena arena(mixed); },

@@ -17,7 +17,8 @@ namespace fs = std::filesystem;
 using mnist::IdxImages;
 
 fs::path temp_dir(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / ("accrue-test-" + name + "-" + std::to_string(getpid()));
+  fs::path dir =
+      fs::temp_directory_path() / ("accrue-test-" + name + "-" + std::to_string(getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;
@@ -126,7 +127,8 @@ TEST(Cli, MistakesPrintOneLineAndExitTwo) {
   }
   const CliResult help = cli({"--help"});
   EXPECT_EQ(help.status, 0);
-  for (const char* flag : {"--micro-batch", "--accum-steps", "--lr-scaling", "--metrics", "--init"}) {
+  for (const char* flag :
+       {"--micro-batch", "--accum-steps", "--lr-scaling", "--metrics", "--init"}) {
     EXPECT_NE(help.out.find(flag), std::string::npos) << flag;
   }
   const CliResult missing = cli({"--data", "/nonexistent-accrue"});
@@ -163,7 +165,8 @@ TEST(Checkpoint, RoundTripAndRejection) {
   expect_error<FileError>([&] { optim::read_safetensors((dir / "cut.safetensors").string()); },
                           {"cut.safetensors", "truncated", "layers.1.bias"});
   // Header length past the end, and a header that is not JSON.
-  std::ofstream((dir / "len.safetensors").string(), std::ios::binary) << std::string("\xff\xff\0\0\0\0\0\0{}", 10);
+  std::ofstream((dir / "len.safetensors").string(), std::ios::binary)
+      << std::string("\xff\xff\0\0\0\0\0\0{}", 10);
   expect_error<FileError>([&] { optim::read_safetensors((dir / "len.safetensors").string()); },
                           {"len.safetensors", "header length"});
   std::ofstream((dir / "json.safetensors").string(), std::ios::binary)
@@ -225,8 +228,10 @@ TEST(Trainer, LearnsTheGeneratedDigitsAndWritesMetrics) {
   std::string line, last;
   int steps = 0, epochs = 0;
   while (std::getline(metrics, line)) {
-    if (line.find("\"event\":\"epoch\"") != std::string::npos) ++epochs;
-    else if (line.find("\"grad_norm\"") != std::string::npos) ++steps;
+    if (line.find("\"event\":\"epoch\"") != std::string::npos)
+      ++epochs;
+    else if (line.find("\"grad_norm\"") != std::string::npos)
+      ++steps;
     last = line;
   }
   EXPECT_EQ(steps, 48);

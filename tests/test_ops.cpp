@@ -42,23 +42,30 @@ std::vector<OpCase> op_table() {
       {"gelu", {{4, 5}}, [](const Inputs& x) { return gelu(scale(x[0], 3.0)); }},
       {"matmul", {{3, 5}, {5, 4}}, [](const Inputs& x) { return matmul(x[0], x[1]); }},
       {"bias_add", {{3, 4}, {4}}, [](const Inputs& x) { return bias_add(x[0], x[1]); }},
-      {"linear", {{3, 5}, {4, 5}, {4}},
-       [](const Inputs& x) { return linear(x[0], x[1], x[2]); }},
-      {"linear_no_bias", {{3, 5}, {4, 5}},
+      {"linear", {{3, 5}, {4, 5}, {4}}, [](const Inputs& x) { return linear(x[0], x[1], x[2]); }},
+      {"linear_no_bias",
+       {{3, 5}, {4, 5}},
        [](const Inputs& x) { return linear(x[0], x[1], Tensor()); }},
       {"sum", {{3, 4}}, [](const Inputs& x) { return sum(x[0]); }},
       {"mean", {{3, 4}}, [](const Inputs& x) { return mean(x[0]); }},
       {"log_softmax", {{3, 6}}, [](const Inputs& x) { return log_softmax(scale(x[0], 4.0)); }},
-      {"cross_entropy_sum", {{5, 4}},
+      {"cross_entropy_sum",
+       {{5, 4}},
        [](const Inputs& x) {
          return cross_entropy(scale(x[0], 3.0), labels_for(5, 4, x[0].device()));
        }},
-      {"cross_entropy_mean", {{5, 4}},
+      {"cross_entropy_mean",
+       {{5, 4}},
        [](const Inputs& x) {
          return cross_entropy(x[0], labels_for(5, 4, x[0].device()), Reduction::kMean);
        }},
-      {"reshape", {{3, 4}}, [](const Inputs& x) { return reshape(x[0], {2, 6}); }},
-      {"mlp", {{6, 5}, {8, 5}, {8}, {3, 8}, {3}},
+      {"reshape",
+       {{3, 4}},
+       [](const Inputs& x) {
+         return reshape(x[0], {2, 6});
+       }},
+      {"mlp",
+       {{6, 5}, {8, 5}, {8}, {3, 8}, {3}},
        [](const Inputs& x) {
          Tensor h = accrue::tanh(linear(x[0], x[1], x[2]));
          return cross_entropy(linear(h, x[3], x[4]), labels_for(6, 3, x[0].device()));
@@ -66,7 +73,9 @@ std::vector<OpCase> op_table() {
   };
 }
 
-void PrintTo(const OpCase& c, std::ostream* out) { *out << c.name; }
+void PrintTo(const OpCase& c, std::ostream* out) {
+  *out << c.name;
+}
 
 class OpTable : public ::testing::TestWithParam<OpCase> {};
 

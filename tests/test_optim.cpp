@@ -116,7 +116,8 @@ void check_against_reference(Kind kind, double max_norm) {
   so.dampening = kind == Kind::kSgd ? 0.1 : 0.0;
   if (kind == Kind::kAdam) opt = std::make_unique<optim::Adam>(arena, ao);
   if (kind == Kind::kAdamW) opt = std::make_unique<optim::AdamW>(arena, ao);
-  if (kind == Kind::kSgd || kind == Kind::kSgdNesterov) opt = std::make_unique<optim::SGD>(arena, so);
+  if (kind == Kind::kSgd || kind == Kind::kSgdNesterov)
+    opt = std::make_unique<optim::SGD>(arena, so);
   Reference ref{init, std::vector<double>(n), std::vector<double>(n)};
   for (int step = 0; step < 6; ++step) {
     std::vector<double> g = as_doubles(random({n}, 100 + step, DType::kFloat64, -3, 3));
@@ -136,13 +137,27 @@ void check_against_reference(Kind kind, double max_norm) {
   }
 }
 
-TEST(FusedStep, AdamMatchesReference) { check_against_reference(Kind::kAdam, 0.0); }
-TEST(FusedStep, AdamClippedMatchesReference) { check_against_reference(Kind::kAdam, 1.0); }
-TEST(FusedStep, AdamWMatchesReference) { check_against_reference(Kind::kAdamW, 0.0); }
-TEST(FusedStep, AdamWClippedMatchesReference) { check_against_reference(Kind::kAdamW, 2.0); }
-TEST(FusedStep, SgdMomentumMatchesReference) { check_against_reference(Kind::kSgd, 0.0); }
-TEST(FusedStep, SgdMomentumClippedMatchesReference) { check_against_reference(Kind::kSgd, 1.0); }
-TEST(FusedStep, SgdNesterovMatchesReference) { check_against_reference(Kind::kSgdNesterov, 0.0); }
+TEST(FusedStep, AdamMatchesReference) {
+  check_against_reference(Kind::kAdam, 0.0);
+}
+TEST(FusedStep, AdamClippedMatchesReference) {
+  check_against_reference(Kind::kAdam, 1.0);
+}
+TEST(FusedStep, AdamWMatchesReference) {
+  check_against_reference(Kind::kAdamW, 0.0);
+}
+TEST(FusedStep, AdamWClippedMatchesReference) {
+  check_against_reference(Kind::kAdamW, 2.0);
+}
+TEST(FusedStep, SgdMomentumMatchesReference) {
+  check_against_reference(Kind::kSgd, 0.0);
+}
+TEST(FusedStep, SgdMomentumClippedMatchesReference) {
+  check_against_reference(Kind::kSgd, 1.0);
+}
+TEST(FusedStep, SgdNesterovMatchesReference) {
+  check_against_reference(Kind::kSgdNesterov, 0.0);
+}
 
 TEST(FusedStep, NonFiniteGradientSkipsTheUpdate) {
   for (double bad : {std::nan(""), double(INFINITY)}) {

@@ -12,7 +12,9 @@
 #include "accrue.h"
 
 namespace accrue {
-inline void PrintTo(const Device& d, std::ostream* out) { *out << d.str(); }
+inline void PrintTo(const Device& d, std::ostream* out) {
+  *out << d.str();
+}
 }  // namespace accrue
 
 namespace accrue::testing {
@@ -25,11 +27,11 @@ inline std::vector<Device> devices() {
 }
 
 // Skips the current test (with the reason) when no GPU is usable.
-#define ACCRUE_REQUIRE_CUDA()                                                   \
-  do {                                                                          \
-    if (::accrue::cuda_device_count() == 0) {                                   \
+#define ACCRUE_REQUIRE_CUDA()                                                    \
+  do {                                                                           \
+    if (::accrue::cuda_device_count() == 0) {                                    \
       GTEST_SKIP() << "no CUDA device: " << ::accrue::cuda_unavailable_reason(); \
-    }                                                                           \
+    }                                                                            \
   } while (0)
 
 inline std::vector<double> as_doubles(const Tensor& t) {
@@ -75,8 +77,8 @@ inline double gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>&
       const double down = f(inputs).item();
       x[i] = saved;
       const double numeric = (up - down) / (2 * eps);
-      const double err = std::abs(numeric - a[static_cast<size_t>(i)]) /
-                         std::max(1.0, std::abs(numeric));
+      const double err =
+          std::abs(numeric - a[static_cast<size_t>(i)]) / std::max(1.0, std::abs(numeric));
       worst = std::max(worst, err);
     }
   }
@@ -92,8 +94,8 @@ void expect_error(F body, const std::vector<std::string>& parts) {
   } catch (const E& e) {
     const std::string message = e.what();
     for (const auto& p : parts) {
-      EXPECT_NE(message.find(p), std::string::npos) << "message '" << message << "' lacks '" << p
-                                                     << "'";
+      EXPECT_NE(message.find(p), std::string::npos)
+          << "message '" << message << "' lacks '" << p << "'";
     }
   } catch (const std::exception& e) {
     ADD_FAILURE() << "wrong exception type: " << e.what();

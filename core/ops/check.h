@@ -13,29 +13,29 @@ inline void defined(const char* op, const char* what, const Tensor& t) {
 inline void floating(const char* op, const char* what, const Tensor& t) {
   defined(op, what, t);
   if (!is_floating(t.dtype())) {
-    throw DTypeError(str_cat("[", op, "] ", what, " must be float32 or float64, got ",
-                             t.describe()));
+    throw DTypeError(
+        str_cat("[", op, "] ", what, " must be float32 or float64, got ", t.describe()));
   }
 }
 
 inline void rank(const char* op, const char* what, const Tensor& t, int64_t r) {
   if (t.dim() != r) {
-    throw ShapeError(str_cat("[", op, "] ", what, " must be ", r, "-D, got shape ",
-                             shape_str(t.shape())));
+    throw ShapeError(
+        str_cat("[", op, "] ", what, " must be ", r, "-D, got shape ", shape_str(t.shape())));
   }
 }
 
 inline void same_device(const char* op, const Tensor& a, const Tensor& b) {
   if (a.device() != b.device()) {
-    throw DeviceError(str_cat("[", op, "] inputs are on different devices: ", a.describe(),
-                              " and ", b.describe()));
+    throw DeviceError(str_cat("[", op, "] inputs are on different devices: ", a.describe(), " and ",
+                              b.describe()));
   }
 }
 
 inline void same_dtype(const char* op, const Tensor& a, const Tensor& b) {
   if (a.dtype() != b.dtype()) {
-    throw DTypeError(str_cat("[", op, "] inputs have different dtypes: ", a.describe(), " and ",
-                             b.describe()));
+    throw DTypeError(
+        str_cat("[", op, "] inputs have different dtypes: ", a.describe(), " and ", b.describe()));
   }
 }
 

@@ -13,10 +13,14 @@ namespace {
 
 const char* unary_name(UnaryOp op) {
   switch (op) {
-    case UnaryOp::kRelu: return "relu";
-    case UnaryOp::kTanh: return "tanh";
-    case UnaryOp::kGelu: return "gelu";
-    case UnaryOp::kScale: return "scale";
+    case UnaryOp::kRelu:
+      return "relu";
+    case UnaryOp::kTanh:
+      return "tanh";
+    case UnaryOp::kGelu:
+      return "gelu";
+    case UnaryOp::kScale:
+      return "scale";
   }
   return "?";
 }
@@ -83,7 +87,8 @@ Tensor binary(BinaryOp op, const char* name, const Tensor& a, const Tensor& b) {
   check::compatible(name, a, b);
   if (a.shape() != b.shape()) {
     throw ShapeError(str_cat("[", name, "] shapes differ: ", shape_str(a.shape()), " and ",
-                             shape_str(b.shape()), " (no broadcasting; use bias_add for [N, C] + [C])"));
+                             shape_str(b.shape()),
+                             " (no broadcasting; use bias_add for [N, C] + [C])"));
   }
   Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
   backend_for(a.device()).binary(op, a, b, out);
@@ -104,12 +109,26 @@ Tensor binary(BinaryOp op, const char* name, const Tensor& a, const Tensor& b) {
 
 }  // namespace
 
-Tensor relu(const Tensor& x) { return unary(UnaryOp::kRelu, x); }
-Tensor tanh(const Tensor& x) { return unary(UnaryOp::kTanh, x); }
-Tensor gelu(const Tensor& x) { return unary(UnaryOp::kGelu, x); }
-Tensor scale(const Tensor& x, double alpha) { return unary(UnaryOp::kScale, x, alpha); }
-Tensor add(const Tensor& a, const Tensor& b) { return binary(BinaryOp::kAdd, "add", a, b); }
-Tensor sub(const Tensor& a, const Tensor& b) { return binary(BinaryOp::kSub, "sub", a, b); }
-Tensor mul(const Tensor& a, const Tensor& b) { return binary(BinaryOp::kMul, "mul", a, b); }
+Tensor relu(const Tensor& x) {
+  return unary(UnaryOp::kRelu, x);
+}
+Tensor tanh(const Tensor& x) {
+  return unary(UnaryOp::kTanh, x);
+}
+Tensor gelu(const Tensor& x) {
+  return unary(UnaryOp::kGelu, x);
+}
+Tensor scale(const Tensor& x, double alpha) {
+  return unary(UnaryOp::kScale, x, alpha);
+}
+Tensor add(const Tensor& a, const Tensor& b) {
+  return binary(BinaryOp::kAdd, "add", a, b);
+}
+Tensor sub(const Tensor& a, const Tensor& b) {
+  return binary(BinaryOp::kSub, "sub", a, b);
+}
+Tensor mul(const Tensor& a, const Tensor& b) {
+  return binary(BinaryOp::kMul, "mul", a, b);
+}
 
 }  // namespace accrue

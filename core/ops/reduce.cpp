@@ -44,7 +44,11 @@ Tensor reduce(const char* op, const Tensor& x, bool average) {
 
 }  // namespace
 
-Tensor sum(const Tensor& x) { return reduce("sum", x, false); }
-Tensor mean(const Tensor& x) { return reduce("mean", x, true); }
+Tensor sum(const Tensor& x) {
+  return reduce("sum", x, false);
+}
+Tensor mean(const Tensor& x) {
+  return reduce("mean", x, true);
+}
 
 }  // namespace accrue

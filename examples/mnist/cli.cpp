@@ -49,8 +49,7 @@ optim::ResolvedBatch resolve_config_batch(const Config& c) {
   return optim::resolve_batch(b);
 }
 
-int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out,
-               std::ostream& err) {
+int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, std::ostream& err) {
   CLI::App app{"accrue-mnist: train an MLP on MNIST with gradient accumulation"};
   app.option_defaults()->always_capture_default();
   std::string device = cuda_device_count() > 0 ? "cuda" : "cpu";
@@ -95,8 +94,10 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out,
     c.device = Device::parse(device);
     if (c.device.is_cuda() && c.device.index >= cuda_device_count()) {
       throw ValueError("--device " + device + ": no such GPU (" +
-                       (cuda_unavailable_reason().empty() ? "only " + std::to_string(cuda_device_count()) + " present"
-                                                          : cuda_unavailable_reason()) + ")");
+                       (cuda_unavailable_reason().empty()
+                            ? "only " + std::to_string(cuda_device_count()) + " present"
+                            : cuda_unavailable_reason()) +
+                       ")");
     }
     c.hidden = parse_sizes(hidden);
     c.shuffle = !no_shuffle;

@@ -8,8 +8,7 @@
 
 namespace accrue::mnist {
 
-Split load_split(const std::string& dir, const std::string& prefix, int64_t limit,
-                 Device device) {
+Split load_split(const std::string& dir, const std::string& prefix, int64_t limit, Device device) {
   const std::string image_path = dir + "/" + prefix + "-images-idx3-ubyte";
   const std::string label_path = dir + "/" + prefix + "-labels-idx1-ubyte";
   const IdxImages images = read_idx_images(image_path);
@@ -20,8 +19,8 @@ Split load_split(const std::string& dir, const std::string& prefix, int64_t limi
   }
   for (size_t i = 0; i < labels.size(); ++i) {
     if (labels[i] > 9) {
-      throw FileError(str_cat(label_path, ": label ", int(labels[i]), " at index ", i,
-                              " is not a digit"));
+      throw FileError(
+          str_cat(label_path, ": label ", int(labels[i]), " at index ", i, " is not a digit"));
     }
   }
   const int64_t n = limit > 0 ? std::min(limit, images.count) : images.count;
@@ -45,7 +44,8 @@ std::vector<int32_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, bool s
     const uint64_t range = static_cast<uint64_t>(i) + 1;
     const uint64_t limit = UINT64_MAX - UINT64_MAX % range;
     uint64_t r;
-    do r = rng(); while (r >= limit);
+    do r = rng();
+    while (r >= limit);
     std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(r % range)]);
   }
   return order;

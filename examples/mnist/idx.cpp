@@ -33,8 +33,8 @@ void put_big_endian(std::ofstream& out, uint32_t v) {
 }
 
 // Checks the header of an IDX file with `dims` dimensions; returns them.
-std::vector<int64_t> header(const std::vector<uint8_t>& b, const std::string& path,
-                            uint32_t magic, size_t dims) {
+std::vector<int64_t> header(const std::vector<uint8_t>& b, const std::string& path, uint32_t magic,
+                            size_t dims) {
   const size_t header_bytes = 4 + 4 * dims;
   if (b.size() < header_bytes) {
     throw FileError(str_cat(path, ": truncated header: ", b.size(), " bytes, expected at least ",
@@ -54,8 +54,9 @@ std::vector<int64_t> header(const std::vector<uint8_t>& b, const std::string& pa
   if (b.size() - header_bytes != static_cast<size_t>(total)) {
     throw FileError(str_cat(path, ": header declares ", shape_str(sizes), " = ", total,
                             " bytes of data but the file has ", b.size() - header_bytes,
-                            b.size() - header_bytes < static_cast<size_t>(total) ? " (truncated)"
-                                                                                  : " (trailing bytes)"));
+                            b.size() - header_bytes < static_cast<size_t>(total)
+                                ? " (truncated)"
+                                : " (trailing bytes)"));
   }
   return sizes;
 }

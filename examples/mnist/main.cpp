@@ -3,4 +3,6 @@
 
 #include "trainer.h"
 
-int main(int argc, char** argv) { return accrue::mnist::run_cli(argc, argv, std::cout, std::cerr); }
+int main(int argc, char** argv) {
+  return accrue::mnist::run_cli(argc, argv, std::cout, std::cerr);
+}

@@ -53,7 +53,8 @@ double evaluate(nn::Module& model, const Split& test) {
   int64_t correct = 0;
   for (int64_t start = 0; start < test.size(); start += 1000) {
     const int64_t n = std::min<int64_t>(1000, test.size() - start);
-    correct += count_equal(argmax(model(test.images.narrow(start, n))), test.labels.narrow(start, n));
+    correct +=
+        count_equal(argmax(model(test.images.narrow(start, n))), test.labels.narrow(start, n));
   }
   return test.size() ? static_cast<double>(correct) / static_cast<double>(test.size()) : 0.0;
 }
@@ -62,8 +63,11 @@ double evaluate(nn::Module& model, const Split& test) {
 class Progress {
  public:
   Progress(std::ostream& out, bool quiet, int64_t steps_per_epoch)
-      : out_(out), quiet_(quiet), tty_(isatty(STDOUT_FILENO) && &out == &std::cout),
-        every_(std::max<int64_t>(1, steps_per_epoch / 10)), total_(steps_per_epoch) {}
+      : out_(out),
+        quiet_(quiet),
+        tty_(isatty(STDOUT_FILENO) && &out == &std::cout),
+        every_(std::max<int64_t>(1, steps_per_epoch / 10)),
+        total_(steps_per_epoch) {}
   void update(int64_t epoch, int64_t step_in_epoch, const optim::StepResult& r, double rate) {
     if (quiet_) return;
     if (tty_) {
@@ -72,14 +76,14 @@ class Progress {
       const int width = 30;
       const int filled = static_cast<int>(width * step_in_epoch / std::max<int64_t>(total_, 1));
       out_ << "\repoch " << epoch + 1 << " [" << std::string(filled, '=')
-           << std::string(width - filled, ' ') << "] " << step_in_epoch << "/" << total_
-           << " loss " << std::fixed << std::setprecision(4) << r.loss << " "
-           << std::setprecision(0) << rate << " samples/s   " << std::flush;
+           << std::string(width - filled, ' ') << "] " << step_in_epoch << "/" << total_ << " loss "
+           << std::fixed << std::setprecision(4) << r.loss << " " << std::setprecision(0) << rate
+           << " samples/s   " << std::flush;
     } else if (step_in_epoch % every_ == 0 || step_in_epoch == total_) {
       out_ << "epoch " << epoch + 1 << " step " << r.step << " (" << step_in_epoch << "/" << total_
            << ") loss " << std::fixed << std::setprecision(4) << r.loss << " grad_norm "
-           << r.grad_norm << " lr " << std::scientific << std::setprecision(2) << r.lr
-           << std::fixed << " " << std::setprecision(0) << rate << " samples/s\n";
+           << r.grad_norm << " lr " << std::scientific << std::setprecision(2) << r.lr << std::fixed
+           << " " << std::setprecision(0) << rate << " samples/s\n";
     }
   }
   void end_epoch() {
@@ -113,7 +117,8 @@ Summary train(const Config& c, std::ostream& out) {
   optim::ParameterArena arena(model);
 
   const optim::ResolvedBatch batch = resolve_config_batch(c);
-  const double lr = optim::scale_lr(c.lr, batch.batch, c.base_batch, optim::parse_lr_scaling(c.lr_scaling));
+  const double lr =
+      optim::scale_lr(c.lr, batch.batch, c.base_batch, optim::parse_lr_scaling(c.lr_scaling));
   auto optimizer = make_optimizer(c, arena, lr);
   const auto windows = optim::plan_windows(train_set.size(), batch);
   const int64_t steps_per_epoch = static_cast<int64_t>(windows.size());
@@ -156,8 +161,8 @@ Summary train(const Config& c, std::ostream& out) {
       summary.step_losses.push_back(r.loss);
       ++step_in_epoch;
       if (metrics.is_open()) {
-        metrics << nlohmann::json{{"step", r.step},       {"epoch", epoch + 1},
-                                  {"samples", samples_seen}, {"loss", r.loss},
+        metrics << nlohmann::json{{"step", r.step},           {"epoch", epoch + 1},
+                                  {"samples", samples_seen},  {"loss", r.loss},
                                   {"grad_norm", r.grad_norm}, {"lr", r.lr},
                                   {"skipped", r.skipped}}
                        .dump()

@@ -43,10 +43,18 @@ void CpuBackend::unary(UnaryOp op, const Tensor& x, double alpha, Tensor& y) {
     T* out = y.data<T>();
     const int64_t n = x.numel();
     switch (op) {
-      case UnaryOp::kRelu: map(n, in, out, fn::Relu{}); break;
-      case UnaryOp::kTanh: map(n, in, out, fn::Tanh{}); break;
-      case UnaryOp::kGelu: map(n, in, out, fn::Gelu{}); break;
-      case UnaryOp::kScale: map(n, in, out, fn::Scale{alpha}); break;
+      case UnaryOp::kRelu:
+        map(n, in, out, fn::Relu{});
+        break;
+      case UnaryOp::kTanh:
+        map(n, in, out, fn::Tanh{});
+        break;
+      case UnaryOp::kGelu:
+        map(n, in, out, fn::Gelu{});
+        break;
+      case UnaryOp::kScale:
+        map(n, in, out, fn::Scale{alpha});
+        break;
     }
   });
 }
@@ -59,10 +67,17 @@ void CpuBackend::unary_backward(UnaryOp op, const Tensor& saved, const Tensor& d
     T* out = dx.data<T>();
     const int64_t n = dy.numel();
     switch (op) {
-      case UnaryOp::kRelu: map2(n, s, g, out, fn::ReluBackward{}); break;
-      case UnaryOp::kTanh: map2(n, s, g, out, fn::TanhBackward{}); break;
-      case UnaryOp::kGelu: map2(n, s, g, out, fn::GeluBackward{}); break;
-      case UnaryOp::kScale: throw std::logic_error("[scale] backward is a forward scale");
+      case UnaryOp::kRelu:
+        map2(n, s, g, out, fn::ReluBackward{});
+        break;
+      case UnaryOp::kTanh:
+        map2(n, s, g, out, fn::TanhBackward{});
+        break;
+      case UnaryOp::kGelu:
+        map2(n, s, g, out, fn::GeluBackward{});
+        break;
+      case UnaryOp::kScale:
+        throw std::logic_error("[scale] backward is a forward scale");
     }
   });
 }
@@ -72,9 +87,15 @@ void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& o
     using T = decltype(tag);
     const int64_t n = a.numel();
     switch (op) {
-      case BinaryOp::kAdd: map2(n, a.data<T>(), b.data<T>(), out.data<T>(), fn::Add{}); break;
-      case BinaryOp::kSub: map2(n, a.data<T>(), b.data<T>(), out.data<T>(), fn::Sub{}); break;
-      case BinaryOp::kMul: map2(n, a.data<T>(), b.data<T>(), out.data<T>(), fn::Mul{}); break;
+      case BinaryOp::kAdd:
+        map2(n, a.data<T>(), b.data<T>(), out.data<T>(), fn::Add{});
+        break;
+      case BinaryOp::kSub:
+        map2(n, a.data<T>(), b.data<T>(), out.data<T>(), fn::Sub{});
+        break;
+      case BinaryOp::kMul:
+        map2(n, a.data<T>(), b.data<T>(), out.data<T>(), fn::Mul{});
+        break;
     }
   });
 }

@@ -22,8 +22,8 @@ void CpuBackend::gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a,
     cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, static_cast<float>(alpha), a.data<float>(), lda,
                 b.data<float>(), ldb, static_cast<float>(beta), c.data<float>(), n);
   } else {
-    cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a.data<double>(), lda, b.data<double>(),
-                ldb, beta, c.data<double>(), n);
+    cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a.data<double>(), lda, b.data<double>(), ldb,
+                beta, c.data<double>(), n);
   }
 }
 

@@ -14,7 +14,8 @@ void CpuBackend::gather_rows(const Tensor& src, const Tensor& index, Tensor& out
   const char* in = static_cast<const char*>(src.raw());
   char* o = static_cast<char*>(out.raw());
 #pragma omp parallel for schedule(static) if (rows * int64_t(row_bytes) >= 4 * kParallelGrain)
-  for (int64_t m = 0; m < rows; ++m) std::memcpy(o + m * row_bytes, in + idx[m] * row_bytes, row_bytes);
+  for (int64_t m = 0; m < rows; ++m)
+    std::memcpy(o + m * row_bytes, in + idx[m] * row_bytes, row_bytes);
 }
 
 }  // namespace accrue::cpu

@@ -25,20 +25,20 @@ namespace accrue::cuda {
 
 }  // namespace accrue::cuda
 
-#define ACCRUE_CUDA_CHECK(call)                                                    \
-  do {                                                                             \
-    const cudaError_t accrue_status_ = (call);                                     \
-    if (accrue_status_ != cudaSuccess) {                                           \
-      ::accrue::cuda::throw_cuda(accrue_status_, #call, __FILE__, __LINE__);       \
-    }                                                                              \
+#define ACCRUE_CUDA_CHECK(call)                                              \
+  do {                                                                       \
+    const cudaError_t accrue_status_ = (call);                               \
+    if (accrue_status_ != cudaSuccess) {                                     \
+      ::accrue::cuda::throw_cuda(accrue_status_, #call, __FILE__, __LINE__); \
+    }                                                                        \
   } while (0)
 
-#define ACCRUE_CUBLAS_CHECK(call)                                                  \
-  do {                                                                             \
-    const cublasStatus_t accrue_status_ = (call);                                  \
-    if (accrue_status_ != CUBLAS_STATUS_SUCCESS) {                                 \
-      ::accrue::cuda::throw_cublas(accrue_status_, #call, __FILE__, __LINE__);     \
-    }                                                                              \
+#define ACCRUE_CUBLAS_CHECK(call)                                              \
+  do {                                                                         \
+    const cublasStatus_t accrue_status_ = (call);                              \
+    if (accrue_status_ != CUBLAS_STATUS_SUCCESS) {                             \
+      ::accrue::cuda::throw_cublas(accrue_status_, #call, __FILE__, __LINE__); \
+    }                                                                          \
   } while (0)
 
 // After a kernel launch: reports launch errors (bad configuration, no device) at once.

@@ -22,8 +22,8 @@ class CudaBackend final : public Backend {
   void sum_rows(const Tensor& x, double alpha, double beta, Tensor& out) override;
   void sum_all(const Tensor& x, Tensor& out) override;
   void expand_scalar(const Tensor& s, double alpha, Tensor& out) override;
-  void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b,
-            double beta, Tensor& c) override;
+  void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b, double beta,
+            Tensor& c) override;
   void log_softmax(const Tensor& x, Tensor& y) override;
   void log_softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) override;
   void cross_entropy(const Tensor& logits, const Tensor& labels, Tensor& loss,

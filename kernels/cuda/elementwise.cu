@@ -26,7 +26,8 @@ void CudaBackend::cast(const Tensor& src, Tensor& dst) {
     ACCRUE_DISPATCH_ALL_AS(D, dst.dtype(), "cast", [&] {
       const S* s = src.data<S>();
       D* d = dst.data<D>();
-      for_each(src.numel(), stream_of(dst), [=] __device__(int64_t i) { d[i] = static_cast<D>(s[i]); });
+      for_each(src.numel(), stream_of(dst),
+               [=] __device__(int64_t i) { d[i] = static_cast<D>(s[i]); });
     });
   });
 }
@@ -39,10 +40,18 @@ void CudaBackend::unary(UnaryOp op, const Tensor& x, double alpha, Tensor& y) {
     const int64_t n = x.numel();
     cudaStream_t s = stream_of(x);
     switch (op) {
-      case UnaryOp::kRelu: map1(n, in, out, fn::Relu{}, s); break;
-      case UnaryOp::kTanh: map1(n, in, out, fn::Tanh{}, s); break;
-      case UnaryOp::kGelu: map1(n, in, out, fn::Gelu{}, s); break;
-      case UnaryOp::kScale: map1(n, in, out, fn::Scale{alpha}, s); break;
+      case UnaryOp::kRelu:
+        map1(n, in, out, fn::Relu{}, s);
+        break;
+      case UnaryOp::kTanh:
+        map1(n, in, out, fn::Tanh{}, s);
+        break;
+      case UnaryOp::kGelu:
+        map1(n, in, out, fn::Gelu{}, s);
+        break;
+      case UnaryOp::kScale:
+        map1(n, in, out, fn::Scale{alpha}, s);
+        break;
     }
   });
 }
@@ -56,10 +65,17 @@ void CudaBackend::unary_backward(UnaryOp op, const Tensor& saved, const Tensor& 
     const int64_t n = dy.numel();
     cudaStream_t s = stream_of(dy);
     switch (op) {
-      case UnaryOp::kRelu: map2(n, sv, g, out, fn::ReluBackward{}, s); break;
-      case UnaryOp::kTanh: map2(n, sv, g, out, fn::TanhBackward{}, s); break;
-      case UnaryOp::kGelu: map2(n, sv, g, out, fn::GeluBackward{}, s); break;
-      case UnaryOp::kScale: throw std::logic_error("[scale] backward is a forward scale");
+      case UnaryOp::kRelu:
+        map2(n, sv, g, out, fn::ReluBackward{}, s);
+        break;
+      case UnaryOp::kTanh:
+        map2(n, sv, g, out, fn::TanhBackward{}, s);
+        break;
+      case UnaryOp::kGelu:
+        map2(n, sv, g, out, fn::GeluBackward{}, s);
+        break;
+      case UnaryOp::kScale:
+        throw std::logic_error("[scale] backward is a forward scale");
     }
   });
 }
@@ -70,9 +86,15 @@ void CudaBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& 
     const int64_t n = a.numel();
     cudaStream_t s = stream_of(a);
     switch (op) {
-      case BinaryOp::kAdd: map2(n, a.data<T>(), b.data<T>(), out.data<T>(), fn::Add{}, s); break;
-      case BinaryOp::kSub: map2(n, a.data<T>(), b.data<T>(), out.data<T>(), fn::Sub{}, s); break;
-      case BinaryOp::kMul: map2(n, a.data<T>(), b.data<T>(), out.data<T>(), fn::Mul{}, s); break;
+      case BinaryOp::kAdd:
+        map2(n, a.data<T>(), b.data<T>(), out.data<T>(), fn::Add{}, s);
+        break;
+      case BinaryOp::kSub:
+        map2(n, a.data<T>(), b.data<T>(), out.data<T>(), fn::Sub{}, s);
+        break;
+      case BinaryOp::kMul:
+        map2(n, a.data<T>(), b.data<T>(), out.data<T>(), fn::Mul{}, s);
+        break;
     }
   });
 }
@@ -91,7 +113,8 @@ void CudaBackend::bias_add(const Tensor& x, const Tensor& b, Tensor& y) {
     const T* bias = b.data<T>();
     T* out = y.data<T>();
     const int64_t cols = x.size(1);
-    for_each(x.numel(), stream_of(x), [=] __device__(int64_t i) { out[i] = in[i] + bias[i % cols]; });
+    for_each(x.numel(), stream_of(x),
+             [=] __device__(int64_t i) { out[i] = in[i] + bias[i % cols]; });
   });
 }
 

@@ -15,10 +15,13 @@ namespace accrue::cuda {
 constexpr int kThreads = 256;
 
 inline int blocks_for(int64_t n) {
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((n + kThreads - 1) / kThreads, 8192)));
+  return static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>((n + kThreads - 1) / kThreads, 8192)));
 }
 
-inline cudaStream_t stream_of(const Tensor& t) { return context(t.device().index).stream; }
+inline cudaStream_t stream_of(const Tensor& t) {
+  return context(t.device().index).stream;
+}
 
 // f(i) for every i in [0, n)
 template <typename F>
@@ -36,7 +39,9 @@ void for_each(int64_t n, cudaStream_t stream, F f) {
   ACCRUE_CUDA_LAUNCH_CHECK();
 }
 
-__host__ __device__ inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+__host__ __device__ inline bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
 
 // y [n] = op(x) ; float4 loads and stores when possible
 template <typename T, typename Op>

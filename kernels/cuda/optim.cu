@@ -86,8 +86,8 @@ void CudaBackend::adam_step(const AdamParams& hp, const Tensor& boundary, const 
   ACCRUE_DISPATCH_FLOATING(param.dtype(), "adam_step", [&] {
     const int64_t n = param.numel();
     adam_kernel<T><<<blocks_for((n + 3) / 4), kThreads, 0, stream_of(param)>>>(
-        hp, boundary.data<T>(), steps.data<int32_t>(), param.data<T>(), grad.data<T>(),
-        m.data<T>(), v.data<T>(), n);
+        hp, boundary.data<T>(), steps.data<int32_t>(), param.data<T>(), grad.data<T>(), m.data<T>(),
+        v.data<T>(), n);
     ACCRUE_CUDA_LAUNCH_CHECK();
   });
 }

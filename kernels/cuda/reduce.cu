@@ -83,7 +83,10 @@ void CudaBackend::sum_all(const Tensor& x, Tensor& out) {
   ACCRUE_DISPATCH_FLOATING(x.dtype(), "sum", [&] {
     T* o = out.data<T>();
     reduce_all<T>(
-        x, [] __device__(T v) { return Pair{double(v), 0.0}; },
+        x,
+        [] __device__(T v) {
+          return Pair{double(v), 0.0};
+        },
         [=] __device__(Pair total) { o[0] = T(total.a); });
   });
 }

@@ -51,15 +51,24 @@ void device_release(void* ptr, int device) {
 
 }  // namespace
 
-bool cuda_built() { return true; }
-int cuda_device_count() { return discovery().count; }
-std::string cuda_unavailable_reason() { return discovery().reason; }
-SystemMemory cuda_system_memory() { return {device_allocate, device_release}; }
+bool cuda_built() {
+  return true;
+}
+int cuda_device_count() {
+  return discovery().count;
+}
+std::string cuda_unavailable_reason() {
+  return discovery().reason;
+}
+SystemMemory cuda_system_memory() {
+  return {device_allocate, device_release};
+}
 
 std::string cpu_model_name();
 
 void synchronize(Device device) {
-  if (device.is_cuda()) ACCRUE_CUDA_CHECK(cudaStreamSynchronize(cuda::context(device.index).stream));
+  if (device.is_cuda())
+    ACCRUE_CUDA_CHECK(cudaStreamSynchronize(cuda::context(device.index).stream));
 }
 
 std::string device_name(Device device) {
@@ -79,8 +88,8 @@ void cuda_copy_bytes(void* dst, Device dst_device, const void* src, Device src_d
   if (dst_device.is_cpu()) kind = cudaMemcpyDeviceToHost;
   if (src_device.is_cpu()) kind = cudaMemcpyHostToDevice;
   if (dst_device.is_cuda() && src_device.is_cuda() && dst_device != src_device) {
-    ACCRUE_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_device.index, src, src_device.index, nbytes,
-                                          ctx.stream));
+    ACCRUE_CUDA_CHECK(
+        cudaMemcpyPeerAsync(dst, dst_device.index, src, src_device.index, nbytes, ctx.stream));
   } else {
     ACCRUE_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, kind, ctx.stream));
   }

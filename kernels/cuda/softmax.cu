@@ -79,7 +79,9 @@ __global__ void cross_entropy_kernel(const T* x, const int32_t* labels, T* probs
   }
 }
 
-int row_blocks(int64_t rows) { return static_cast<int>((rows + kRowsPerBlock - 1) / kRowsPerBlock); }
+int row_blocks(int64_t rows) {
+  return static_cast<int>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+}
 
 }  // namespace
 
