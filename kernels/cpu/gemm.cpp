@@ -10,11 +10,7 @@ namespace accrue::cpu {
 void CpuBackend::gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b,
                       double beta, Tensor& c) {
   // op(a) [M, K] @ op(b) [K, N] -> c [M, N]
-  const int m = static_cast<int>(c.size(0));
-  const int n = static_cast<int>(c.size(1));
-  const int k = static_cast<int>(trans_a ? a.size(0) : a.size(1));
-  const int lda = static_cast<int>(a.size(1));
-  const int ldb = static_cast<int>(b.size(1));
+  const auto [m, n, k, lda, ldb] = gemm_dims(trans_a, a, b, c);
   const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
   const CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
   if (m == 0 || n == 0) return;
