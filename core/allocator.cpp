@@ -110,8 +110,10 @@ CachingAllocator& allocator_for(Device device) {
         new CachingAllocator(Device::cpu(), {host_allocate, host_release});
     return *host;
   }
+  // Never destroyed, like the host allocator: static tensors may outlive any destructor order,
+  // and the CUDA runtime may already be unloading at exit.
   constexpr int kMaxDevices = 16;
-  static std::unique_ptr<CachingAllocator> gpus[kMaxDevices];
+  static CachingAllocator* gpus[kMaxDevices] = {};
   static std::mutex mutex;
   if (device.index < 0 || device.index >= cuda_device_count() || device.index >= kMaxDevices) {
     throw DeviceError(str_cat("[allocator] device ", device.str(), " is not available: ",
@@ -121,7 +123,7 @@ CachingAllocator& allocator_for(Device device) {
   }
   std::lock_guard<std::mutex> lock(mutex);
   auto& slot = gpus[device.index];
-  if (!slot) slot = std::make_unique<CachingAllocator>(device, cuda_system_memory());
+  if (!slot) slot = new CachingAllocator(device, cuda_system_memory());
   return *slot;
 }
 
