@@ -44,8 +44,8 @@ int main(int argc, char** argv) {
   std::cout << "# accrue benchmarks\n\n";
   std::cout << "Produced by `bench/run` on " << ctx.value("date", "?") << " (host "
             << ctx.value("host_name", "?") << ", " << ctx.value("num_cpus", 0) << " CPUs at "
-            << ctx.value("mhz_per_cpu", 0) << " MHz, build " << ctx.value("library_build_type", "?")
-            << ").\n\n";
+            << ctx.value("mhz_per_cpu", 0) << " MHz; accrue built Release, Google Benchmark library "
+            << ctx.value("library_build_type", "?") << ").\n\n";
   std::cout
       << "| device | name | same-run copy bandwidth | same-run large GEMM |\n|---|---|---|---|\n";
   for (auto it = ctx.begin(); it != ctx.end(); ++it) {
@@ -58,7 +58,10 @@ int main(int argc, char** argv) {
   if (ctx.contains("cuda")) std::cout << "\nCUDA: " << ctx["cuda"].get<std::string>() << "\n";
   std::cout << "\n`roofline` is the fraction of the same-run copy bandwidth (bandwidth-bound "
                "kernels, counting the bytes each must read and write) or of the same-run large "
-               "GEMM (GEMMs). Sizes below the last-level cache can exceed 1 on a CPU.\n\n";
+               "GEMM (GEMMs). The copy is measured at the footprint nearest to the kernel's (listed "
+               "above by footprint), so a kernel running from cache is compared with a copy "
+               "running from cache. Timings are wall clock per iteration, waiting for the "
+               "device.\n\n";
   std::cout << "| benchmark | time | GB/s | GFLOP/s | samples/s | roofline "
                "|\n|---|---|---|---|---|---|\n";
   std::map<std::string, double> adam_roof, adam_time, boundary_time;
