@@ -87,6 +87,28 @@ TEST(Errors, Autograd) {
   expect_error<AutogradError>([&] { relu(stale); }, {"[relu]", "already consumed"});
 }
 
+// A node whose backward produces a gradient of the wrong shape is caught at the sink.
+struct WrongShapeBackward : Node {
+  const char* name() const override { return "wrong_shape"; }
+  void backward(const Tensor&, GradSink& sink) override {
+    sink.add(0, Tensor::zeros({7}, DType::kFloat64));
+  }
+};
+
+TEST(Errors, GradientShapeMismatch) {
+  Tensor x = random({2, 3}, 1);
+  x.set_requires_grad(true);
+  Tensor y = Tensor::zeros({}, DType::kFloat64);
+  record(std::make_unique<WrongShapeBackward>(), {&x}, y);
+  expect_error<AutogradError>([&] { y.backward(); }, {"[wrong_shape backward]", "[7]", "[2, 3]"});
+  EXPECT_EQ(tape_size(), 0u) << "a failed backward still leaves the tape empty";
+  expect_error<ShapeError>(
+      [&] {
+        x.set_grad(Tensor::zeros({3, 2}, DType::kFloat64));
+      },
+      {"[set_grad]", "[3, 2]", "[2, 3]"});
+}
+
 TEST(Errors, ParameterLookupAndArena) {
   nn::Linear layer(3, 2);
   expect_error<ValueError>([&] { layer.parameter("weights"); }, {"'weights'", "weight", "bias"});
