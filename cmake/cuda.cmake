@@ -35,7 +35,7 @@ else()
 endif()
 
 function(accrue_configure_cuda_target target)
-  target_link_libraries(${target} PUBLIC CUDA::cudart PRIVATE CUDA::cublas)
+  target_link_libraries(${target} PUBLIC CUDA::cudart PRIVATE CUDA::cublas CUDA::cublasLt)
   target_compile_definitions(${target} PUBLIC ACCRUE_WITH_CUDA=1)
   target_compile_options(${target} PRIVATE
     $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr --extended-lambda -Xcompiler=-Wall>)

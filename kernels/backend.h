@@ -59,6 +59,11 @@ class Backend {
   virtual void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b,
                     double beta, Tensor& c) = 0;
 
+  // The Linear forward: y [N, out] = x [N, in] @ w [out, in]^T + bias [out] (bias may be
+  // undefined). The CPU runs a GEMM then an in-place bias add; CUDA fuses the bias into the GEMM
+  // with a cuBLASLt epilogue.
+  virtual void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) = 0;
+
   // Row-wise over x [N, C]: y = log_softmax(x); dx = dy - exp(y) * rowsum(dy).
   virtual void log_softmax(const Tensor& x, Tensor& y) = 0;
   virtual void log_softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) = 0;
@@ -125,6 +130,7 @@ inline GemmDims gemm_dims(bool trans_a, const Tensor& a, const Tensor& b, const 
   void expand_scalar(const Tensor& s, double alpha, Tensor& out) override;                         \
   void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b,            \
             double beta, Tensor& c) override;                                                      \
+  void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) override;   \
   void log_softmax(const Tensor& x, Tensor& y) override;                                           \
   void log_softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) override;               \
   void cross_entropy(const Tensor& logits, const Tensor& labels, Tensor& loss, Tensor& probs)      \

@@ -127,10 +127,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                                " but weight has out_features = ", weight.size(0)));
     }
   }
-  Backend& be = backend_for(x.device());
   Tensor out = Tensor::empty({x.size(0), weight.size(0)}, x.dtype(), x.device());
-  be.gemm(false, true, 1.0, x, weight, 0.0, out);
-  if (bias.defined()) be.bias_add(out, bias, out);  // in place
+  backend_for(x.device()).linear_forward(x, weight, bias, out);
   if (should_record({&x, &weight, &bias})) {
     auto node = std::make_unique<LinearBackward>();
     node->x = x;

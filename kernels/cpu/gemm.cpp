@@ -23,4 +23,10 @@ void CpuBackend::gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a,
   }
 }
 
+void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) {
+  // x [N, in] @ w [out, in]^T -> y [N, out], then y += bias in place
+  gemm(false, true, 1.0, x, w, 0.0, y);
+  if (bias.defined()) bias_add(y, bias, y);
+}
+
 }  // namespace accrue::cpu

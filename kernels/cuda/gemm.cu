@@ -1,6 +1,9 @@
 // CUDA GEMM through cuBLAS. accrue is row-major and cuBLAS column-major: a row-major C = op(A)
 // op(B) is the column-major C^T = op(B)^T op(A)^T, so the operands are passed swapped. beta = 1
-// is how the weight-gradient GEMM accumulates into the gradient arena in place.
+// is how the weight-gradient GEMM accumulates into the gradient arena in place. The Linear
+// forward goes through cuBLASLt so the bias add is fused into the GEMM as an epilogue.
+#include <cublasLt.h>
+
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/launch.cuh"
 
@@ -22,6 +25,65 @@ void CudaBackend::gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a
     ACCRUE_CUBLAS_CHECK(cublasDgemm(handle, tb, ta, n, m, k, &alpha, b.data<double>(), ldb,
                                     a.data<double>(), lda, &beta, c.data<double>(), n));
   }
+}
+
+namespace {
+
+// Owns cuBLASLt descriptors for the duration of one call.
+struct LtDescriptors {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  ~LtDescriptors() {
+    if (d) cublasLtMatrixLayoutDestroy(d);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+}  // namespace
+
+void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) {
+  // Row-major y [N, out] = x [N, in] @ w [out, in]^T + bias is, column-major,
+  // y^T [out, N] = w [out, in] @ x^T [in, N] + bias broadcast over columns: w is stored as a
+  // column-major [in, out] matrix used transposed, x as a column-major [in, N] matrix.
+  const uint64_t rows = static_cast<uint64_t>(x.size(0));
+  const uint64_t in = static_cast<uint64_t>(x.size(1));
+  const uint64_t out = static_cast<uint64_t>(w.size(0));
+  if (rows == 0) return;
+  const bool f32 = x.dtype() == DType::kFloat32;
+  const cudaDataType_t type = f32 ? CUDA_R_32F : CUDA_R_64F;
+  DeviceContext& ctx = context(y.device().index);
+  LtDescriptors desc;
+  ACCRUE_CUBLAS_CHECK(
+      cublasLtMatmulDescCreate(&desc.op, f32 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_64F, type));
+  const cublasOperation_t trans = CUBLAS_OP_T, no_trans = CUBLAS_OP_N;
+  ACCRUE_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSA, &trans, sizeof(trans)));
+  ACCRUE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                     &no_trans, sizeof(no_trans)));
+  if (bias.defined()) {
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    const void* bias_ptr = bias.raw();
+    ACCRUE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                       &epilogue, sizeof(epilogue)));
+    ACCRUE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                       &bias_ptr, sizeof(bias_ptr)));
+  }
+  ACCRUE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&desc.a, type, in, out, static_cast<int64_t>(in)));
+  ACCRUE_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&desc.b, type, in, rows, static_cast<int64_t>(in)));
+  ACCRUE_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&desc.d, type, out, rows, static_cast<int64_t>(out)));
+  const float alpha32 = 1.0f, beta32 = 0.0f;
+  const double alpha64 = 1.0, beta64 = 0.0;
+  const void* alpha = f32 ? static_cast<const void*>(&alpha32) : &alpha64;
+  const void* beta = f32 ? static_cast<const void*>(&beta32) : &beta64;
+  // algo = nullptr: cuBLASLt picks one by its own heuristic; no workspace, so nothing is
+  // allocated behind the caching allocator's back.
+  ACCRUE_CUBLAS_CHECK(cublasLtMatmul(ctx.cublas_lt, desc.op, alpha, w.raw(), desc.a, x.raw(),
+                                     desc.b, beta, y.raw(), desc.d, y.raw(), desc.d, nullptr,
+                                     nullptr, 0, ctx.stream));
 }
 
 }  // namespace accrue::cuda

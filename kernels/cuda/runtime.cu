@@ -117,6 +117,7 @@ DeviceContext& context(int device) {
     ACCRUE_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
     ACCRUE_CUBLAS_CHECK(cublasCreate(&ctx->cublas));
     ACCRUE_CUBLAS_CHECK(cublasSetStream(ctx->cublas, ctx->stream));
+    ACCRUE_CUBLAS_CHECK(cublasLtCreate(&ctx->cublas_lt));
     slot = std::move(ctx);
   }
   return *slot;
