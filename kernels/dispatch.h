@@ -16,29 +16,6 @@ namespace accrue {
   throw DTypeError(str_cat("[", op, "] expects ", expected, ", got ", dtype_name(dtype)));
 }
 
-template <typename F>
-void dispatch_floating(DType dtype, const char* op, F&& body) {
-  switch (dtype) {
-    case DType::kFloat32:
-      body(float{});
-      return;
-    case DType::kFloat64:
-      body(double{});
-      return;
-    default:
-      dispatch_error(op, dtype, "float32 or float64");
-  }
-}
-
-template <typename F>
-void dispatch_all(DType dtype, const char* op, F&& body) {
-  if (dtype == DType::kInt32) {
-    body(int32_t{});
-    return;
-  }
-  dispatch_floating(dtype, op, body);
-}
-
 }  // namespace accrue
 
 #define ACCRUE_DISPATCH_FLOATING_AS(T, dtype, op, ...)             \
@@ -79,3 +56,18 @@ void dispatch_all(DType dtype, const char* op, F&& body) {
 #define ACCRUE_DISPATCH_FLOATING(dtype, op, ...) \
   ACCRUE_DISPATCH_FLOATING_AS(T, dtype, op, __VA_ARGS__)
 #define ACCRUE_DISPATCH_ALL(dtype, op, ...) ACCRUE_DISPATCH_ALL_AS(T, dtype, op, __VA_ARGS__)
+
+namespace accrue {
+
+// The CPU spelling, on top of the macros: body receives a value of the element type.
+template <typename F>
+void dispatch_floating(DType dtype, const char* op, F&& body) {
+  ACCRUE_DISPATCH_FLOATING(dtype, op, [&] { body(T{}); });
+}
+
+template <typename F>
+void dispatch_all(DType dtype, const char* op, F&& body) {
+  ACCRUE_DISPATCH_ALL(dtype, op, [&] { body(T{}); });
+}
+
+}  // namespace accrue
