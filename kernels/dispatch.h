@@ -34,23 +34,13 @@ namespace accrue {
     }                                                              \
   }()
 
-#define ACCRUE_DISPATCH_ALL_AS(T, dtype, op, ...)         \
-  [&] {                                                   \
-    switch (dtype) {                                      \
-      case ::accrue::DType::kFloat32: {                   \
-        using T = float;                                  \
-        return __VA_ARGS__();                             \
-      }                                                   \
-      case ::accrue::DType::kFloat64: {                   \
-        using T = double;                                 \
-        return __VA_ARGS__();                             \
-      }                                                   \
-      case ::accrue::DType::kInt32: {                     \
-        using T = int32_t;                                \
-        return __VA_ARGS__();                             \
-      }                                                   \
-    }                                                     \
-    ::accrue::dispatch_error(op, dtype, "a known dtype"); \
+#define ACCRUE_DISPATCH_ALL_AS(T, dtype, op, ...)                  \
+  [&] {                                                            \
+    if ((dtype) == ::accrue::DType::kInt32) {                      \
+      using T = int32_t;                                           \
+      return __VA_ARGS__();                                        \
+    }                                                              \
+    return ACCRUE_DISPATCH_FLOATING_AS(T, dtype, op, __VA_ARGS__); \
   }()
 
 #define ACCRUE_DISPATCH_FLOATING(dtype, op, ...) \
