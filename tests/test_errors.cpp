@@ -52,6 +52,18 @@ TEST(Errors, DtypeMismatches) {
                            {"int32"});
 }
 
+TEST(Errors, DeviceMismatchNamesBothDevices) {
+  ACCRUE_REQUIRE_CUDA();
+  Tensor a = Tensor::zeros({2, 3});
+  Tensor b = Tensor::zeros({2, 3}, DType::kFloat32, Device::cuda(0));
+  expect_error<DeviceError>([&] { add(a, b); }, {"[add]", "on cpu", "on cuda:0"});
+  expect_error<DeviceError>(
+      [&] {
+        linear(a, Tensor::zeros({4, 3}, DType::kFloat32, Device::cuda(0)), Tensor());
+      },
+      {"[linear]", "cpu", "cuda:0"});
+}
+
 TEST(Errors, CrossEntropyLabels) {
   Tensor logits = Tensor::zeros({3, 4});
   expect_error<ValueError>(
