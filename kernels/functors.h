@@ -131,7 +131,7 @@ struct AdamUpdate {
             hp.eps,
             hp.weight_decay,
             hp.lr / (1.0 - pow(hp.beta1, double(step))),
-            sqrt(1.0 - pow(hp.beta2, double(step))),
+            1.0 / sqrt(1.0 - pow(hp.beta2, double(step))),
             hp.decoupled};
   }
   // PyTorch's Adam arithmetic, denom = sqrt(v) / sqrt(bias2) + eps and p -= lr / bias1 * m /
