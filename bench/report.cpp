@@ -44,7 +44,8 @@ int main(int argc, char** argv) {
   std::cout << "# accrue benchmarks\n\n";
   std::cout << "Produced by `bench/run` on " << ctx.value("date", "?") << " (host "
             << ctx.value("host_name", "?") << ", " << ctx.value("num_cpus", 0) << " CPUs at "
-            << ctx.value("mhz_per_cpu", 0) << " MHz; accrue built Release, Google Benchmark library "
+            << ctx.value("mhz_per_cpu", 0)
+            << " MHz; accrue built Release, Google Benchmark library "
             << ctx.value("library_build_type", "?") << ").\n\n";
   std::cout
       << "| device | name | same-run copy bandwidth | same-run large GEMM |\n|---|---|---|---|\n";
@@ -56,19 +57,33 @@ int main(int argc, char** argv) {
               << ctx.value("gemm_GFLOPs:" + dev, "?") << " GFLOP/s |\n";
   }
   if (ctx.contains("cuda")) std::cout << "\nCUDA: " << ctx["cuda"].get<std::string>() << "\n";
-  std::cout << "\n`roofline` is the fraction of the same-run copy bandwidth (bandwidth-bound "
-               "kernels, counting the bytes each must read and write) or of the same-run large "
-               "GEMM (GEMMs). The copy is measured at the footprint nearest to the kernel's (listed "
-               "above by footprint), so a kernel running from cache is compared with a copy "
-               "running from cache. Timings are wall clock per iteration, waiting for the "
-               "device.\n\n";
+  std::cout
+      << "\n`roofline` is the fraction of the same-run copy bandwidth (bandwidth-bound "
+         "kernels, counting the bytes each must read and write) or of the same-run large "
+         "GEMM (GEMMs). The copy is measured at the footprint nearest to the kernel's (listed "
+         "above by footprint), so a kernel running from cache is compared with a copy "
+         "running from cache. Timings are wall clock per iteration, waiting for the "
+         "device.\n\n";
+  bool has_aggregates = false;
+  int repetitions = 1;
+  for (const json& b : doc["benchmarks"]) {
+    if (b.value("run_type", "") != "aggregate") continue;
+    has_aggregates = true;
+    repetitions = b.value("repetitions", repetitions);
+  }
+  if (has_aggregates) {
+    std::cout << "Each row is the median of " << repetitions << " repetitions "
+              << "(`--benchmark_repetitions`): memory bandwidth varies between runs on a shared "
+                 "machine.\n\n";
+  }
   std::cout << "| benchmark | time | GB/s | GFLOP/s | samples/s | roofline "
                "|\n|---|---|---|---|---|---|\n";
   std::map<std::string, double> adam_roof, adam_time, boundary_time;
   std::map<std::string, int64_t> largest;
   for (const json& b : doc["benchmarks"]) {
-    if (b.value("run_type", "") == "aggregate") continue;
-    const std::string name = b["name"].get<std::string>();
+    // With --benchmark_repetitions, report the median of the repetitions.
+    if (has_aggregates && b.value("aggregate_name", "") != "median") continue;
+    const std::string name = b.value("run_name", b["name"].get<std::string>());
     std::cout << "| " << name << " | " << fixed(b["real_time"].get<double>(), 3) << " "
               << b.value("time_unit", "") << " | "
               << (b.contains("bytes_per_second")
