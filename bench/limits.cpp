@@ -60,7 +60,7 @@ double copy_bandwidth(Device device, int64_t footprint) {
   const int64_t bytes = footprint / 2;
   Tensor src = Tensor::zeros({bytes / 4}, DType::kFloat32, device);
   Tensor dst = Tensor::zeros({bytes / 4}, DType::kFloat32, device);
-  const int repeats = static_cast<int>(std::clamp<int64_t>((int64_t(1) << 31) / footprint, 5, 200));
+  const int repeats = static_cast<int>(std::clamp<int64_t>((int64_t(1) << 32) / footprint, 15, 400));
   const double seconds = best_seconds(device, repeats, [&] {
     if (device.is_cpu()) {
       // memcpy on every core: each thread copies its own contiguous share.
@@ -90,7 +90,7 @@ Limits measure_limits(Device device) {
   Tensor a = filled({n, n}, device, 1), b = filled({n, n}, device, 2);
   Tensor c = Tensor::zeros({n, n}, DType::kFloat32, device);
   Backend& be = backend_for(device);
-  const double gemm = best_seconds(device, 5, [&] { be.gemm(false, false, 1.0, a, b, 0.0, c); });
+  const double gemm = best_seconds(device, 15, [&] { be.gemm(false, false, 1.0, a, b, 0.0, c); });
   l.gemm_flops_per_second = 2.0 * double(n) * double(n) * double(n) / gemm;
   return l;
 }
