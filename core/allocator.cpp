@@ -36,11 +36,7 @@ void* CachingAllocator::allocate(size_t nbytes) {
     ptr = system_.allocate(size, device_.index);
     if (ptr == nullptr && !pool_.empty()) {
       // Out of memory with blocks cached: give them back and try once more.
-      for (auto& [s, p] : pool_) system_.release(p, device_.index);
-      stats_.system_frees += static_cast<int64_t>(pool_.size());
-      stats_.reserved_bytes -= stats_.cached_bytes;
-      stats_.cached_bytes = 0;
-      pool_.clear();
+      release_pool_locked();
       ptr = system_.allocate(size, device_.index);
     }
     if (ptr == nullptr) {
@@ -73,6 +69,10 @@ void CachingAllocator::deallocate(void* ptr) {
 
 void CachingAllocator::empty_cache() {
   std::lock_guard<std::mutex> lock(mutex_);
+  release_pool_locked();
+}
+
+void CachingAllocator::release_pool_locked() {
   for (auto& [size, ptr] : pool_) system_.release(ptr, device_.index);
   stats_.system_frees += static_cast<int64_t>(pool_.size());
   stats_.reserved_bytes -= stats_.cached_bytes;

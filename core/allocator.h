@@ -58,6 +58,9 @@ class CachingAllocator {
   static size_t round_size(size_t nbytes) { return (nbytes + kGranule - 1) / kGranule * kGranule; }
 
  private:
+  // Returns every pooled block to the system; the caller holds mutex_.
+  void release_pool_locked();
+
   Device device_;
   SystemMemory system_;
   mutable std::mutex mutex_;

@@ -24,6 +24,16 @@ bool exclusively_owned(const Tensor& t) {
   return t.impl().use_count() == 1 && t.impl()->storage.use_count() == 1;
 }
 
+// leaf.grad += g, creating the persistent buffer as a copy of g on first use.
+void accumulate_into_leaf(TensorImpl& leaf, const Tensor& g) {
+  if (!leaf.grad) {
+    leaf.grad = g.clone().impl();
+    return;
+  }
+  Tensor grad(leaf.grad);
+  backend_for(grad.device()).axpy(1.0, g, grad);
+}
+
 }  // namespace
 
 bool grad_enabled() {
@@ -100,12 +110,7 @@ void GradSink::add(size_t i, const Tensor& g) {
                                 shape_str(edge.shape)));
   }
   if (edge.leaf) {
-    if (!edge.leaf->grad) {
-      edge.leaf->grad = g.clone().impl();
-    } else {
-      Tensor grad(edge.leaf->grad);
-      backend_for(grad.device()).axpy(1.0, g, grad);
-    }
+    accumulate_into_leaf(*edge.leaf, g);
     return;
   }
   Tensor& slot = slots_[static_cast<size_t>(edge.slot)];
@@ -137,12 +142,7 @@ void run_backward(const Tensor& root, const Tensor& seed) {
   }
   Tape& t = tape();
   if (root.is_leaf()) {  // d root / d root = seed
-    if (!root.impl()->grad) {
-      root.impl()->grad = grad.clone().impl();
-    } else {
-      Tensor g(root.impl()->grad);
-      backend_for(g.device()).axpy(1.0, grad, g);
-    }
+    accumulate_into_leaf(*root.impl(), grad);
     return;
   }
   if (root.impl()->tape_generation != t.generation) {

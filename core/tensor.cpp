@@ -89,20 +89,27 @@ template std::vector<float> Tensor::to_vector<float>() const;
 template std::vector<double> Tensor::to_vector<double>() const;
 template std::vector<int32_t> Tensor::to_vector<int32_t>() const;
 
-Tensor Tensor::uniform(const Shape& shape, double low, double high, std::mt19937_64& rng,
-                       DType dtype, Device device) {
-  std::uniform_real_distribution<double> dist(low, high);
+namespace {
+
+// A tensor of draws from a host distribution, converted to dtype and moved to device.
+template <typename Distribution>
+Tensor draw(const Shape& shape, Distribution dist, std::mt19937_64& rng, DType dtype,
+            Device device) {
   std::vector<double> values(static_cast<size_t>(shape_numel(shape)));
   for (double& v : values) v = dist(rng);
-  return from_vector(shape, values).to(dtype).to(device);
+  return Tensor::from_vector(shape, values).to(dtype).to(device);
+}
+
+}  // namespace
+
+Tensor Tensor::uniform(const Shape& shape, double low, double high, std::mt19937_64& rng,
+                       DType dtype, Device device) {
+  return draw(shape, std::uniform_real_distribution<double>(low, high), rng, dtype, device);
 }
 
 Tensor Tensor::normal(const Shape& shape, double mean, double std, std::mt19937_64& rng,
                       DType dtype, Device device) {
-  std::normal_distribution<double> dist(mean, std);
-  std::vector<double> values(static_cast<size_t>(shape_numel(shape)));
-  for (double& v : values) v = dist(rng);
-  return from_vector(shape, values).to(dtype).to(device);
+  return draw(shape, std::normal_distribution<double>(mean, std), rng, dtype, device);
 }
 
 int64_t Tensor::size(int64_t d) const {
