@@ -99,6 +99,32 @@ struct Axpy {
   }
 };
 
+// out = beta * out + alpha * sum, where beta = 0 ignores out (it may be uninitialised): how row
+// reductions (bias gradients) write or accumulate their result.
+struct Blend {
+  double alpha, beta;
+  template <typename T>
+  ACCRUE_HD T operator()(T out, T sum) const {
+    return beta == 0.0 ? T(alpha) * sum : T(beta) * out + T(alpha) * sum;
+  }
+};
+
+// The softmax family's element math, given what the row reduction produced.
+// log_softmax backward: dx = dy - exp(y) * rowsum(dy).
+struct LogSoftmaxGrad {
+  template <typename T>
+  ACCRUE_HD T operator()(T y, T dy, T rowsum_dy) const {
+    return dy - std::exp(y) * rowsum_dy;
+  }
+};
+// Softmax cross-entropy backward: dlogits = dloss * (softmax - onehot(label)).
+struct CrossEntropyGrad {
+  template <typename T>
+  ACCRUE_HD T operator()(T prob, bool is_label, T dloss) const {
+    return dloss * (prob - (is_label ? T(1) : T(0)));
+  }
+};
+
 // Boundary scalars from the global sum of squares and the non-finite count: out = {norm, coef,
 // skip}; steps[0] counts applied updates. See Backend::boundary. Runs on one thread.
 template <typename T>

@@ -8,6 +8,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/dispatch.h"
+#include "kernels/functors.h"
 
 namespace accrue::cpu {
 
@@ -74,9 +75,8 @@ void CpuBackend::sum_rows(const Tensor& x, double alpha, double beta, Tensor& ou
 #pragma omp simd
         for (int64_t c = c0; c < c1; ++c) acc[c - c0] += row[c];
       }
-      for (int64_t c = c0; c < c1; ++c) {
-        o[c] = (beta == 0.0 ? T(0) : T(beta) * o[c]) + T(alpha) * acc[c - c0];
-      }
+      const fn::Blend blend{alpha, beta};
+      for (int64_t c = c0; c < c1; ++c) o[c] = blend(o[c], acc[c - c0]);
     }
   });
 }

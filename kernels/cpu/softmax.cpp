@@ -7,6 +7,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/dispatch.h"
+#include "kernels/functors.h"
 
 namespace accrue::cpu {
 
@@ -50,7 +51,7 @@ void CpuBackend::log_softmax_backward(const Tensor& y, const Tensor& dy, Tensor&
       T* out = dx.data<T>() + r * cols;
       T total = 0;
       for (int64_t c = 0; c < cols; ++c) total += gr[c];
-      for (int64_t c = 0; c < cols; ++c) out[c] = gr[c] - std::exp(yr[c]) * total;
+      for (int64_t c = 0; c < cols; ++c) out[c] = fn::LogSoftmaxGrad{}(yr[c], gr[c], total);
     }
   });
 }
@@ -89,8 +90,9 @@ void CpuBackend::cross_entropy_backward(const Tensor& probs, const Tensor& label
     T* out = dlogits.data<T>();
 #pragma omp parallel for schedule(static) if (rows * cols >= kParallelGrain)
     for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = g * p[r * cols + c];
-      out[r * cols + label[r]] -= g;
+      for (int64_t c = 0; c < cols; ++c) {
+        out[r * cols + c] = fn::CrossEntropyGrad{}(p[r * cols + c], c == label[r], g);
+      }
     }
   });
 }

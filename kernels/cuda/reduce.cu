@@ -7,6 +7,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/dispatch.h"
+#include "kernels/functors.h"
 
 namespace accrue::cuda {
 
@@ -89,10 +90,11 @@ void CudaBackend::sum_rows(const Tensor& x, double alpha, double beta, Tensor& o
     const T* in = x.data<T>();
     T* o = out.data<T>();
     const int64_t rows = x.size(0), cols = x.size(1);
+    const fn::Blend blend{alpha, beta};
     for_each(cols, stream_of(x), [=] __device__(int64_t c) {
       T acc = 0;
       for (int64_t r = 0; r < rows; ++r) acc += in[r * cols + c];
-      o[c] = (beta == 0.0 ? T(0) : T(beta) * o[c]) + T(alpha) * acc;
+      o[c] = blend(o[c], acc);
     });
   });
 }

@@ -7,6 +7,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/dispatch.h"
+#include "kernels/functors.h"
 
 namespace accrue::cuda {
 
@@ -59,7 +60,7 @@ __global__ void log_softmax_backward_kernel(const T* y, const T* dy, T* dx, int6
   for (int64_t c = lane; c < cols; c += kWarp) s += dy[r * cols + c];
   s = warp_sum(s);
   for (int64_t c = lane; c < cols; c += kWarp) {
-    dx[r * cols + c] = dy[r * cols + c] - exp(y[r * cols + c]) * s;
+    dx[r * cols + c] = fn::LogSoftmaxGrad{}(y[r * cols + c], dy[r * cols + c], s);
   }
 }
 
@@ -129,7 +130,7 @@ void CudaBackend::cross_entropy_backward(const Tensor& probs, const Tensor& labe
     const int64_t cols = probs.size(1);
     for_each(probs.numel(), stream_of(probs), [=] __device__(int64_t i) {
       const int64_t r = i / cols, c = i - r * cols;
-      out[i] = g[0] * (p[i] - (c == label[r] ? T(1) : T(0)));
+      out[i] = fn::CrossEntropyGrad{}(p[i], c == label[r], g[0]);
     });
   });
 }
