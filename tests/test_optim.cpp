@@ -137,29 +137,33 @@ void check_against_reference(Kind kind, double max_norm) {
   }
 }
 
-TEST(FusedStep, AdamMatchesReference) {
-  check_against_reference(Kind::kAdam, 0.0);
-}
-TEST(FusedStep, AdamClippedMatchesReference) {
-  check_against_reference(Kind::kAdam, 1.0);
-}
-TEST(FusedStep, AdamWMatchesReference) {
-  check_against_reference(Kind::kAdamW, 0.0);
-}
-TEST(FusedStep, AdamWClippedMatchesReference) {
-  check_against_reference(Kind::kAdamW, 2.0);
-}
-TEST(FusedStep, SgdMomentumMatchesReference) {
-  check_against_reference(Kind::kSgd, 0.0);
-}
-TEST(FusedStep, SgdMomentumClippedMatchesReference) {
-  check_against_reference(Kind::kSgd, 1.0);
-}
-TEST(FusedStep, SgdNesterovMatchesReference) {
-  check_against_reference(Kind::kSgdNesterov, 0.0);
+// The fused step against the reference over several steps, with and without clipping.
+struct FusedCase {
+  const char* name;
+  Kind kind;
+  double max_norm;  // 0: no clipping
+};
+void PrintTo(const FusedCase& c, std::ostream* out) {
+  *out << c.name;
 }
 
-TEST(FusedStep, NonFiniteGradientSkipsTheUpdate) {
+class FusedStep : public ::testing::TestWithParam<FusedCase> {};
+
+TEST_P(FusedStep, MatchesReference) {
+  check_against_reference(GetParam().kind, GetParam().max_norm);
+}
+
+INSTANTIATE_TEST_SUITE_P(Optimizers, FusedStep,
+                         ::testing::Values(FusedCase{"Adam", Kind::kAdam, 0.0},
+                                           FusedCase{"AdamClipped", Kind::kAdam, 1.0},
+                                           FusedCase{"AdamW", Kind::kAdamW, 0.0},
+                                           FusedCase{"AdamWClipped", Kind::kAdamW, 2.0},
+                                           FusedCase{"SgdMomentum", Kind::kSgd, 0.0},
+                                           FusedCase{"SgdMomentumClipped", Kind::kSgd, 1.0},
+                                           FusedCase{"SgdNesterov", Kind::kSgdNesterov, 0.0}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+TEST(FusedStepSkip, NonFiniteGradientSkipsTheUpdate) {
   for (double bad : {std::nan(""), double(INFINITY)}) {
     Vec model({1.0, 2.0});
     optim::ParameterArena arena(model);
