@@ -134,6 +134,7 @@ TEST(Cli, MistakesPrintOneLineAndExitTwo) {
   const CliResult missing = cli({"--data", "/nonexistent-accrue"});
   EXPECT_EQ(missing.status, 1);
   EXPECT_NE(missing.err.find("/nonexistent-accrue/train-images-idx3-ubyte"), std::string::npos);
+  EXPECT_NE(missing.err.find("scripts/fetch-mnist.sh /nonexistent-accrue"), std::string::npos);
 }
 
 TEST(Checkpoint, RoundTripAndRejection) {

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -234,7 +235,7 @@ int run_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& 
     train(config, out);
   } catch (const FileError& e) {
     err << "accrue-mnist: " << e.what() << "\n";
-    if (std::string(e.what()).find("cannot open") != std::string::npos) {
+    if (!std::filesystem::exists(config.data + "/train-images-idx3-ubyte")) {
       err << "accrue-mnist: fetch the data with scripts/fetch-mnist.sh " << config.data << "\n";
     }
     return 1;
