@@ -1,6 +1,8 @@
 // The tape, the grad mode flag and the backward walk. See autograd.h for the contract.
 #include "core/autograd.h"
 
+#include <atomic>
+
 #include "kernels/backend.h"
 
 namespace accrue {
@@ -9,8 +11,23 @@ namespace {
 
 struct Tape {
   std::vector<std::unique_ptr<Node>> nodes;  // node i produced tape slot i
-  uint64_t generation = 1;                   // bumped by every backward / clear
 };
+
+// Node ids are unique across threads and tapes, so a tensor names its node unambiguously: a
+// tensor from a consumed or truncated tape, or from another thread's tape, is recognised by its
+// slot no longer holding the node with its id.
+std::atomic<uint64_t> g_next_node_id{1};
+
+// Whether t was produced by a node that is still on tape t.
+bool on_tape(const Tape& tape, const TensorImpl& t) {
+  const auto slot = static_cast<size_t>(t.tape_slot);
+  return slot < tape.nodes.size() && tape.nodes[slot] && tape.nodes[slot]->id == t.node_id;
+}
+
+const char* kGoneTape =
+    "was produced on a tape that is gone: backward() already consumed it, clear_tape() or a "
+    "failed forward dropped it, or another thread recorded it (backward runs on the thread of "
+    "its forward); recompute it in this micro-step";
 
 Tape& tape() {
   thread_local Tape t;
@@ -35,6 +52,25 @@ void accumulate_into_leaf(TensorImpl& leaf, const Tensor& g) {
 }
 
 }  // namespace
+
+const Tensor& Node::save(const Tensor& t) {
+  saved_.push_back({t, t.defined() ? t.impl()->storage->version() : 0});
+  return t;
+}
+
+void Node::check_saved() const {
+  for (const Saved& s : saved_) {
+    if (!s.tensor.defined()) continue;
+    const uint64_t now = s.tensor.impl()->storage->version();
+    if (now != s.version) {
+      throw AutogradError(str_cat("[", name(), " backward] ", s.tensor.describe(),
+                                  " saved by the forward was modified in place afterwards (version ",
+                                  s.version, " -> ", now,
+                                  "); its gradient would be wrong. Modify a copy (clone()), or "
+                                  "run the update after backward()"));
+    }
+  }
+}
 
 bool grad_enabled() {
   return g_grad_enabled;
@@ -62,29 +98,33 @@ void record(std::unique_ptr<Node> node, std::initializer_list<const Tensor*> inp
       edge.shape = in->shape();
       if (in->is_leaf()) {
         edge.leaf = in->impl();
-      } else if (in->impl()->tape_generation != t.generation) {
-        throw AutogradError(str_cat("[", node->name(), "] input ", in->describe(),
-                                    " was produced on a tape that backward() already consumed; "
-                                    "recompute it in this micro-step"));
+      } else if (!on_tape(t, *in->impl())) {
+        throw AutogradError(str_cat("[", node->name(), "] input ", in->describe(), " ", kGoneTape));
       } else {
         edge.slot = in->impl()->tape_slot;
       }
     }
     node->inputs.push_back(std::move(edge));
   }
+  node->id = g_next_node_id.fetch_add(1, std::memory_order_relaxed);
+  const uint64_t id = node->id;
+  t.nodes.push_back(std::move(node));  // may throw; out is untouched until it has succeeded
   out.impl()->requires_grad = true;
-  out.impl()->tape_slot = static_cast<int64_t>(t.nodes.size());
-  out.impl()->tape_generation = t.generation;
-  t.nodes.push_back(std::move(node));
+  out.impl()->tape_slot = static_cast<int64_t>(t.nodes.size() - 1);
+  out.impl()->node_id = id;
 }
 
 size_t tape_size() {
   return tape().nodes.size();
 }
 
+void truncate_tape(size_t size) {
+  Tape& t = tape();
+  if (size < t.nodes.size()) t.nodes.resize(size);
+}
+
 void clear_tape() {
   tape().nodes.clear();
-  ++tape().generation;
 }
 
 bool GradSink::needs(size_t i) const {
@@ -145,18 +185,14 @@ void run_backward(const Tensor& root, const Tensor& seed) {
     accumulate_into_leaf(*root.impl(), grad);
     return;
   }
-  if (root.impl()->tape_generation != t.generation) {
-    throw AutogradError(
-        "[backward] the tape that produced this tensor was already consumed by an earlier "
-        "backward(); each micro-step must run its forward again");
+  if (!on_tape(t, *root.impl())) {
+    throw AutogradError(str_cat("[backward] the output ", root.describe(), " ", kGoneTape,
+                                "; each micro-step must run its forward again"));
   }
   // Whatever happens below, the tape ends empty.
   struct Consume {
     Tape& t;
-    ~Consume() {
-      t.nodes.clear();
-      ++t.generation;
-    }
+    ~Consume() { t.nodes.clear(); }
   } consume{t};
   std::vector<Tensor> slots(t.nodes.size());
   slots[static_cast<size_t>(root.impl()->tape_slot)] = grad;
@@ -165,6 +201,7 @@ void run_backward(const Tensor& root, const Tensor& seed) {
     std::unique_ptr<Node> node = std::move(t.nodes[i]);
     Tensor grad_out = std::move(slots[i]);
     if (grad_out.defined()) {
+      node->check_saved();
       GradSink sink(*node, slots);
       node->backward(grad_out, sink);
     }

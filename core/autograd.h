@@ -32,7 +32,22 @@ struct Node {
   virtual const char* name() const = 0;
   // grad_out has the shape of this node's output. Deposit each input's gradient into sink.
   virtual void backward(const Tensor& grad_out, GradSink& sink) = 0;
+  // Keeps t for backward and remembers its storage's version: backward throws, naming this
+  // node, if t was modified in place in between. Every tensor a node saves goes through here:
+  //   node->x = node->save(x);
+  const Tensor& save(const Tensor& t);
+  // Throws AutogradError if a saved tensor changed since save().
+  void check_saved() const;
+
   std::vector<Edge> inputs;
+  uint64_t id = 0;  // process-wide unique, set by record()
+
+ private:
+  struct Saved {
+    Tensor tensor;
+    uint64_t version;
+  };
+  std::vector<Saved> saved_;
 };
 
 // Receives the gradients a node produces for its inputs during backward.
@@ -74,6 +89,9 @@ bool should_record(std::initializer_list<const Tensor*> inputs);
 void record(std::unique_ptr<Node> node, std::initializer_list<const Tensor*> inputs, Tensor& out);
 // Number of nodes waiting on this thread's tape.
 size_t tape_size();
+// Drops the nodes recorded after the tape had `size` nodes: what a forward that throws halfway
+// recorded (Module::operator() does this), so the next backward never meets them.
+void truncate_tape(size_t size);
 // Drops every node on the tape without running backward (e.g. after an evaluation that
 // recorded by mistake, or to abandon a micro-step).
 void clear_tape();

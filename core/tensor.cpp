@@ -13,8 +13,18 @@ namespace accrue {
 
 int64_t shape_numel(const Shape& shape) {
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape) {
+    if (d < 0 || __builtin_mul_overflow(n, d, &n)) {
+      throw ShapeError(str_cat("[shape] ", shape_str(shape),
+                               d < 0 ? " has a negative dimension"
+                                     : " has more elements than an int64 can count"));
+    }
+  }
   return n;
+}
+
+void Tensor::throw_undefined(const char* op) {
+  throw ValueError(str_cat("[", op, "] the tensor is undefined (a default-constructed Tensor())"));
 }
 
 Storage::Storage(Device device, size_t nbytes)
@@ -37,9 +47,13 @@ void check_shape(const Shape& shape, const char* op) {
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   check_shape(shape, "empty");
+  size_t nbytes = 0;
+  if (__builtin_mul_overflow(static_cast<size_t>(shape_numel(shape)), dtype_size(dtype), &nbytes)) {
+    throw ShapeError(str_cat("[empty] ", dtype_name(dtype), shape_str(shape),
+                             " needs more bytes than a size_t can count"));
+  }
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<Storage>(
-      device, static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype));
+  impl->storage = std::make_shared<Storage>(device, nbytes);
   impl->shape = shape;
   impl->dtype = dtype;
   return Tensor(std::move(impl));
@@ -127,6 +141,7 @@ std::string Tensor::describe() const {
 }
 
 void* Tensor::raw() const {
+  checked("raw");
   return static_cast<char*>(impl_->storage->data()) +
          impl_->offset * static_cast<int64_t>(dtype_size(impl_->dtype));
 }
@@ -173,9 +188,11 @@ Tensor Tensor::view(const Shape& shape) const {
 }
 
 Tensor Tensor::narrow(int64_t start, int64_t length) const {
-  if (dim() == 0 || start < 0 || length < 0 || start + length > shape()[0]) {
-    throw ShapeError(str_cat("[narrow] rows [", start, ", ", start + length,
-                             ") are out of range for shape ", shape_str(shape())));
+  // length > rows - start, not start + length > rows: the sum may overflow.
+  if (dim() == 0 || start < 0 || length < 0 || start > shape()[0] ||
+      length > shape()[0] - start) {
+    throw ShapeError(str_cat("[narrow] ", length, " rows from row ", start,
+                             " are out of range for shape ", shape_str(shape())));
   }
   Shape s = shape();
   s[0] = length;
@@ -207,6 +224,7 @@ Tensor Tensor::to(DType target) const {
 
 void Tensor::fill_(double value) {
   backend_for(device()).fill(*this, value);
+  mark_modified();
 }
 
 // Defined by the CUDA backend: copies between host and device memory. CPU-only builds never
@@ -224,6 +242,7 @@ void Tensor::copy_(const Tensor& src) {
   } else {
     cuda_copy_bytes(raw(), device(), src.raw(), src.device(), nbytes());
   }
+  mark_modified();
 }
 
 Tensor& Tensor::set_requires_grad(bool flag) {

@@ -32,11 +32,17 @@ class Storage {
   void* data() const { return data_; }
   size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
+  // Bumped by every in-place write through a tensor (fill_, copy_, optimizer updates). Backward
+  // compares it with the value each node saved, so a saved tensor modified between forward and
+  // backward is an error instead of a silently wrong gradient (PyTorch's version counter).
+  uint64_t version() const { return version_; }
+  void bump_version() { ++version_; }
 
  private:
   Device device_;
   size_t nbytes_;
   void* data_;
+  uint64_t version_ = 0;
 };
 
 class Tensor;
@@ -50,8 +56,9 @@ struct TensorImpl {
   // gradient arena). A non-leaf result of a recorded op names its node on the tape.
   bool requires_grad = false;
   std::shared_ptr<TensorImpl> grad;
-  uint64_t tape_generation = 0;
+  uint64_t node_id = 0;    // the producing node's process-wide unique id (autograd.h)
   int64_t tape_slot = -1;  // -1: a leaf
+  bool in_arena = false;   // gathered by an optim::ParameterArena (a parameter joins one at most)
 };
 
 class Tensor {
@@ -78,12 +85,13 @@ class Tensor {
                        DType dtype = DType::kFloat32, Device device = Device::cpu());
 
   bool defined() const { return impl_ != nullptr; }
-  const Shape& shape() const { return impl_->shape; }
-  int64_t dim() const { return static_cast<int64_t>(impl_->shape.size()); }
+  // The accessors below throw ValueError on an undefined tensor (Tensor()).
+  const Shape& shape() const { return checked("shape").shape; }
+  int64_t dim() const { return static_cast<int64_t>(checked("dim").shape.size()); }
   int64_t size(int64_t d) const;
-  int64_t numel() const { return shape_numel(impl_->shape); }
-  DType dtype() const { return impl_->dtype; }
-  Device device() const { return impl_->storage->device(); }
+  int64_t numel() const { return shape_numel(checked("numel").shape); }
+  DType dtype() const { return checked("dtype").dtype; }
+  Device device() const { return checked("device").storage->device(); }
   size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype()); }
   std::string describe() const;  // "float32[32, 784] on cpu"
 
@@ -109,16 +117,19 @@ class Tensor {
   Tensor to(Device device) const;
   Tensor to(DType dtype) const;
 
-  // In place.
+  // In place. Each bumps the storage's version (see Storage::version).
   void fill_(double value);
   void zero_() { fill_(0.0); }
   void copy_(const Tensor& src);  // same shape and dtype; any devices
+  // Records an in-place write made behind the tensor's back (a backend primitive that updates
+  // it, such as the fused optimizer step).
+  void mark_modified() const { checked("mark_modified").storage->bump_version(); }
 
   // Autograd.
-  bool requires_grad() const { return impl_->requires_grad; }
+  bool requires_grad() const { return checked("requires_grad").requires_grad; }
   Tensor& set_requires_grad(bool flag);
-  bool is_leaf() const { return impl_->tape_slot < 0; }
-  Tensor grad() const { return Tensor(impl_->grad); }
+  bool is_leaf() const { return checked("is_leaf").tape_slot < 0; }
+  Tensor grad() const { return Tensor(checked("grad").grad); }
   // Binds a persistent gradient buffer (same shape and dtype) to this leaf.
   void set_grad(const Tensor& grad);
   // Points this tensor at other's memory (same shape and dtype): every handle sees the move.
@@ -133,6 +144,12 @@ class Tensor {
   bool same(const Tensor& o) const { return impl_ == o.impl_; }
 
  private:
+  const TensorImpl& checked(const char* op) const {
+    if (!impl_) throw_undefined(op);
+    return *impl_;
+  }
+  [[noreturn]] static void throw_undefined(const char* op);
+
   std::shared_ptr<TensorImpl> impl_;
 };
 

@@ -15,10 +15,11 @@
 
 namespace accrue::fn {
 
+// NaN passes through (as in PyTorch), so a NaN hidden behind a ReLU still reaches the loss.
 struct Relu {
   template <typename T>
   ACCRUE_HD T operator()(T x) const {
-    return x > T(0) ? x : T(0);
+    return x < T(0) ? T(0) : x;
   }
 };
 struct ReluBackward {  // saved: x

@@ -1,9 +1,20 @@
 // Parameter registration and the recursive name walk of Module.
 #include "nn/module.h"
 
+#include "core/autograd.h"
 #include "core/error.h"
 
 namespace accrue::nn {
+
+Tensor Module::operator()(const Tensor& x) {
+  const size_t mark = tape_size();
+  try {
+    return forward(x);
+  } catch (...) {
+    truncate_tape(mark);
+    throw;
+  }
+}
 
 Tensor& Module::register_parameter(const std::string& name, Tensor value) {
   value.set_requires_grad(true);

@@ -19,7 +19,8 @@ class Module {
  public:
   virtual ~Module() = default;
   virtual Tensor forward(const Tensor& x) = 0;
-  Tensor operator()(const Tensor& x) { return forward(x); }
+  // forward(x); if it throws, the nodes it had recorded are dropped from the tape.
+  Tensor operator()(const Tensor& x);
 
   // Every parameter of this module and its children, depth first in registration order.
   std::vector<NamedTensor> named_parameters() const;

@@ -36,7 +36,7 @@ void Accumulator::micro_step(int64_t samples, const std::function<Tensor()>& for
   CachingAllocator& alloc = allocator_for(optimizer_.arena().device());
   const size_t before = alloc.stats().live_bytes;
   alloc.reset_peak();
-  {
+  try {
     const Tensor loss = forward();
     if (!loss.defined() || loss.numel() != 1 || !loss.requires_grad()) {
       throw ValueError(
@@ -47,6 +47,9 @@ void Accumulator::micro_step(int64_t samples, const std::function<Tensor()>& for
     backend_for(loss.device()).axpy(1.0, loss, loss_sum_);
     // The single normalisation: d(window mean loss) / d(micro-batch sum loss) = 1 / N.
     loss.backward(1.0 / static_cast<double>(window_samples_));
+  } catch (...) {
+    abandon_window();
+    throw;
   }
   seen_samples_ += samples;
   const AllocatorStats s = alloc.stats();
@@ -79,6 +82,14 @@ StepResult Accumulator::step() {
   window_samples_ = 0;
   seen_samples_ = 0;
   return r;
+}
+
+void Accumulator::abandon_window() {
+  clear_tape();
+  optimizer_.arena().zero_grad();
+  loss_sum_.zero_();
+  window_samples_ = 0;
+  seen_samples_ = 0;
 }
 
 StepResult Accumulator::run_window(const Window& window,

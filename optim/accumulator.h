@@ -46,8 +46,12 @@ class Accumulator {
 
   // Opens a window of `samples` samples (the sum of its micro-batch sizes).
   void begin_window(int64_t samples);
-  // One micro-step of `samples` samples: forward() returns their sum-reduced loss (0-d).
+  // One micro-step of `samples` samples: forward() returns their sum-reduced loss (0-d). If
+  // forward or backward throws, the window is abandoned (abandon_window()) before rethrowing.
   void micro_step(int64_t samples, const std::function<Tensor()>& forward);
+  // Drops the open window: empties the tape, zeroes the gradient arena and the loss sum, so the
+  // next window starts clean and no partial gradient reaches an update.
+  void abandon_window();
   // Closes the window with one optimizer step; checks that every sample was seen.
   StepResult step();
 

@@ -11,6 +11,13 @@ ParameterArena::ParameterArena(const std::vector<nn::NamedTensor>& params) {
   int64_t total = 0;
   std::vector<int64_t> offsets;
   for (const auto& [name, p] : params) {
+    // A second arena would move the parameter away from the first one, whose optimizer would
+    // then update memory nobody reads.
+    if (p.impl()->in_arena) {
+      throw ValueError(str_cat("[ParameterArena] parameter '", name,
+                               "' already belongs to another ParameterArena; build one arena per "
+                               "model and share it between optimizers"));
+    }
     if (p.dtype() != first.dtype() || p.device() != first.device() || !is_floating(p.dtype())) {
       throw DTypeError(str_cat("[ParameterArena] parameter '", name, "' is ", p.describe(),
                                " but '", params.front().first, "' is ", first.describe(),
@@ -28,8 +35,13 @@ ParameterArena::ParameterArena(const std::vector<nn::NamedTensor>& params) {
     value.copy_(p);
     p.set_data(value);
     p.set_grad(grads_.narrow(offsets[i], n).view(p.shape()));
+    p.impl()->in_arena = true;
     entries_.push_back({params[i].first, p, offsets[i]});
   }
+}
+
+ParameterArena::~ParameterArena() {
+  for (Entry& e : entries_) e.param.impl()->in_arena = false;
 }
 
 }  // namespace accrue::optim

@@ -27,6 +27,10 @@ class ParameterArena {
   // into the arena and every handle to them now sees the arena's memory.
   explicit ParameterArena(const std::vector<nn::NamedTensor>& params);
   explicit ParameterArena(const nn::Module& module) : ParameterArena(module.named_parameters()) {}
+  // Releases the parameters, which may then join another arena (they keep the arena's memory).
+  ~ParameterArena();
+  ParameterArena(const ParameterArena&) = delete;
+  ParameterArena& operator=(const ParameterArena&) = delete;
 
   Tensor& params() { return params_; }  // [size()]
   Tensor& grads() { return grads_; }    // [size()]

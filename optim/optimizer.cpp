@@ -19,6 +19,8 @@ void Optimizer::step(double max_norm, double normalize) {
   be.norm_sq(arena_.grads(), norm_sq_);
   be.boundary(norm_sq_, normalize, max_norm, boundary_, steps_);
   update();
+  arena_.params().mark_modified();  // a forward's saved weights are stale now
+  arena_.grads().mark_modified();
 }
 
 StepReport Optimizer::report() const {

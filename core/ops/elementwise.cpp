@@ -76,7 +76,7 @@ Tensor unary(UnaryOp op, const Tensor& x, double alpha = 0.0) {
     } else {
       auto node = std::make_unique<UnaryBackward>();
       node->op = op;
-      node->saved = op == UnaryOp::kTanh ? y.view(y.shape()) : x;
+      node->saved = node->save(op == UnaryOp::kTanh ? y.view(y.shape()) : x);
       record(std::move(node), {&x}, y);
     }
   }
@@ -95,8 +95,8 @@ Tensor binary(BinaryOp op, const char* name, const Tensor& a, const Tensor& b) {
   if (should_record({&a, &b})) {
     if (op == BinaryOp::kMul) {
       auto node = std::make_unique<MulBackward>();
-      node->a = a;
-      node->b = b;
+      node->a = node->save(a);
+      node->b = node->save(b);
       record(std::move(node), {&a, &b}, out);
     } else {
       auto node = std::make_unique<AddBackward>();

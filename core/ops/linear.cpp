@@ -88,8 +88,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   backend_for(a.device()).gemm(false, false, 1.0, a, b, 0.0, out);
   if (should_record({&a, &b})) {
     auto node = std::make_unique<MatmulBackward>();
-    node->a = a;
-    node->b = b;
+    node->a = node->save(a);
+    node->b = node->save(b);
     record(std::move(node), {&a, &b}, out);
   }
   return out;
@@ -131,8 +131,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   backend_for(x.device()).linear_forward(x, weight, bias, out);
   if (should_record({&x, &weight, &bias})) {
     auto node = std::make_unique<LinearBackward>();
-    node->x = x;
-    node->w = weight;
+    node->x = node->save(x);
+    node->w = node->save(weight);
     record(std::move(node), {&x, &weight, &bias}, out);
   }
   return out;

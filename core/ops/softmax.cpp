@@ -73,7 +73,7 @@ Tensor log_softmax(const Tensor& logits) {
   backend_for(logits.device()).log_softmax(logits, y);
   if (should_record({&logits})) {
     auto node = std::make_unique<LogSoftmaxBackward>();
-    node->y = y.view(y.shape());
+    node->y = node->save(y.view(y.shape()));
     record(std::move(node), {&logits}, y);
   }
   return y;
@@ -87,8 +87,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, Reduction reduc
   backend_for(logits.device()).cross_entropy(logits, labels, loss, probs);
   if (should_record({&logits})) {
     auto node = std::make_unique<CrossEntropyBackward>();
-    node->probs = probs;
-    node->labels = labels;
+    node->probs = node->save(probs);
+    node->labels = node->save(labels);
     record(std::move(node), {&logits}, loss);
   }
   if (reduction == Reduction::kMean) {
