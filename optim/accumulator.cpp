@@ -1,6 +1,8 @@
 // The accumulation driver (see accumulator.h).
 #include "optim/accumulator.h"
 
+#include <cmath>
+
 #include "core/allocator.h"
 #include "core/autograd.h"
 #include "kernels/backend.h"
@@ -10,7 +12,9 @@ namespace accrue::optim {
 Accumulator::Accumulator(Optimizer& optimizer, AccumulatorOptions options)
     : optimizer_(optimizer),
       options_(options),
-      loss_sum_(Tensor::zeros({}, optimizer.arena().dtype(), optimizer.arena().device())) {}
+      loss_sum_(Tensor::zeros({}, optimizer.arena().dtype(), optimizer.arena().device())) {
+  if (std::isnan(options.max_norm)) throw ValueError("[accumulator] max_norm is NaN");
+}
 
 double Accumulator::current_lr() const {
   return options_.base_lr * options_.schedule.factor(steps_);

@@ -15,10 +15,8 @@ Adam::Adam(ParameterArena& arena, AdamOptions options, bool decoupled)
     throw ValueError(
         str_cat("[Adam] betas must be in [0, 1), got ", options.beta1, ", ", options.beta2));
   }
-  if (!(options.eps >= 0) || !(options.weight_decay >= 0)) {
-    throw ValueError(str_cat("[Adam] eps and weight_decay must be >= 0, got eps = ", options.eps,
-                             ", weight_decay = ", options.weight_decay));
-  }
+  require_finite_at_least("Adam", "eps", options.eps, 0);
+  require_finite_at_least("Adam", "weight_decay", options.weight_decay, 0);
 }
 
 void Adam::update() {

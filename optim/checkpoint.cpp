@@ -1,11 +1,16 @@
-// safetensors reading and writing (see checkpoint.h).
+// safetensors reading and writing (see checkpoint.h). Reading trusts nothing in the file: every
+// JSON value is type-checked, sizes are multiplied with overflow checks and compared with the
+// file's size before anything is allocated, and tensors may not overlap. Writing goes through
+// AtomicFile, so the previous checkpoint survives a failed save.
 #include "optim/checkpoint.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/file.h"
 
 namespace accrue::optim {
 
@@ -35,6 +40,73 @@ bool parse_st_dtype(const std::string& s, DType* out) {
   return true;
 }
 
+// One header entry, validated.
+struct Entry {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  uint64_t begin, end;
+};
+
+// Parses and checks one tensor's header entry; fail(what) builds the error.
+template <typename Fail>
+Entry parse_entry(const std::string& name, const nlohmann::json& e, uint64_t data_size,
+                  const Fail& fail) {
+  const auto bad = [&](const std::string& what) { return fail("tensor '" + name + "' " + what); };
+  if (!e.is_object()) throw bad("is not a JSON object");
+  Entry out{name, DType::kFloat32, {}, 0, 0};
+  const auto dtype = e.find("dtype");
+  if (dtype == e.end() || !dtype->is_string() ||
+      !parse_st_dtype(dtype->get<std::string>(), &out.dtype)) {
+    throw bad("has a missing or unsupported dtype (F32, F64, I32)");
+  }
+  const auto shape = e.find("shape");
+  const auto offsets = e.find("data_offsets");
+  if (shape == e.end() || !shape->is_array() || offsets == e.end() || !offsets->is_array() ||
+      offsets->size() != 2) {
+    throw bad("lacks a shape array or a pair of data_offsets");
+  }
+  uint64_t numel = 1;
+  for (const auto& d : *shape) {
+    if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t(INT64_MAX)) {
+      throw bad(str_cat("has a bad dimension ", d.dump(), " (expected an integer in [0, 2^63))"));
+    }
+    out.shape.push_back(static_cast<int64_t>(d.get<uint64_t>()));
+    if (__builtin_mul_overflow(numel, d.get<uint64_t>(), &numel) || numel > uint64_t(INT64_MAX)) {
+      throw bad(str_cat("has shape ", shape->dump(), " whose element count overflows"));
+    }
+  }
+  for (const auto& o : *offsets) {
+    if (!o.is_number_unsigned()) throw bad(str_cat("has a bad data offset ", o.dump()));
+  }
+  out.begin = (*offsets)[0].get<uint64_t>();
+  out.end = (*offsets)[1].get<uint64_t>();
+  uint64_t want = 0;
+  if (__builtin_mul_overflow(numel, uint64_t(dtype_size(out.dtype)), &want)) {
+    throw bad(str_cat("has shape ", shape->dump(), " whose byte count overflows"));
+  }
+  if (out.end < out.begin || out.end - out.begin != want) {
+    throw bad(str_cat("has data_offsets [", out.begin, ", ", out.end, "] for ", want, " bytes of ",
+                      dtype_name(out.dtype), shape_str(out.shape)));
+  }
+  if (out.end > data_size) {
+    throw fail(str_cat("truncated: tensor '", name, "' ends at byte ", out.end, " of a ",
+                       data_size, "-byte data section"));
+  }
+  return out;
+}
+
+// The index of the first non-finite value of a floating tensor on the host, or -1.
+int64_t first_nonfinite(const Tensor& t) {
+  if (!is_floating(t.dtype())) return -1;
+  const Tensor host = t.to(Device::cpu()).to(DType::kFloat64);
+  const double* v = host.data<double>();
+  for (int64_t i = 0; i < host.numel(); ++i) {
+    if (!std::isfinite(v[i])) return i;
+  }
+  return -1;
+}
+
 }  // namespace
 
 void save_safetensors(const std::string& path, const std::vector<nn::NamedTensor>& tensors,
@@ -52,99 +124,109 @@ void save_safetensors(const std::string& path, const std::vector<nn::NamedTensor
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) throw FileError("[save_safetensors] cannot open " + path + " for writing");
-  uint64_t size = text.size();
+  AtomicFile out(path);
+  const uint64_t size = text.size();
   unsigned char le[8];
   for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(size >> (8 * i));
-  out.write(reinterpret_cast<const char*>(le), 8);
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  for (const Tensor& t : host)
-    out.write(static_cast<const char*>(t.raw()), static_cast<std::streamsize>(t.nbytes()));
-  if (!out) throw FileError("[save_safetensors] writing " + path + " failed");
+  out.write(le, 8);
+  out.write(text);
+  for (const Tensor& t : host) out.write(t.raw(), t.nbytes());
+  out.commit();
 }
 
 std::map<std::string, Tensor> read_safetensors(const std::string& path) {
   const auto fail = [&](const std::string& what) {
     return FileError("[safetensors] " + path + ": " + what);
   };
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) throw fail("cannot open the file");
-  const uint64_t file_size = static_cast<uint64_t>(in.tellg());
-  in.seekg(0);
+  std::vector<uint8_t> bytes;
+  try {
+    bytes = read_file_bytes(path);
+  } catch (const FileError& e) {
+    throw FileError(std::string("[safetensors] ") + e.what());
+  }
+  const uint64_t file_size = bytes.size();
   if (file_size < 8) throw fail(str_cat("truncated: ", file_size, " bytes, no header length"));
-  unsigned char le[8];
-  in.read(reinterpret_cast<char*>(le), 8);
   uint64_t header_size = 0;
-  for (int i = 0; i < 8; ++i) header_size |= uint64_t(le[i]) << (8 * i);
+  for (int i = 0; i < 8; ++i) header_size |= uint64_t(bytes[i]) << (8 * i);
   if (header_size > file_size - 8) {
     throw fail(
         str_cat("header length ", header_size, " exceeds the ", file_size - 8, " bytes after it"));
   }
-  std::string text(header_size, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(header_size));
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(text);
+    header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + header_size);
   } catch (const nlohmann::json::exception& e) {
     throw fail(std::string("the header is not valid JSON: ") + e.what());
   }
   if (!header.is_object()) throw fail("the header is not a JSON object");
   const uint64_t data_size = file_size - 8 - header_size;
-  std::vector<char> data(data_size);
-  in.read(data.data(), static_cast<std::streamsize>(data_size));
-  std::map<std::string, Tensor> out;
+  const uint8_t* data = bytes.data() + 8 + header_size;
+  std::vector<Entry> entries;
   for (auto it = header.begin(); it != header.end(); ++it) {
-    if (it.key() == "__metadata__") continue;
-    const auto& e = it.value();
-    DType dtype;
-    if (!e.is_object() || !e.contains("dtype") || !e["dtype"].is_string() ||
-        !parse_st_dtype(e["dtype"].get<std::string>(), &dtype)) {
-      throw fail("tensor '" + it.key() + "' has a missing or unsupported dtype (F32, F64, I32)");
+    if (it.key() == "__metadata__") {
+      if (!it.value().is_object()) throw fail("__metadata__ is not a JSON object");
+      continue;
     }
-    if (!e.contains("shape") || !e["shape"].is_array() || !e.contains("data_offsets") ||
-        !e["data_offsets"].is_array() || e["data_offsets"].size() != 2) {
-      throw fail("tensor '" + it.key() + "' lacks a shape or a pair of data_offsets");
+    entries.push_back(parse_entry(it.key(), it.value(), data_size, fail));
+  }
+  // No two tensors may share bytes.
+  std::vector<const Entry*> by_offset;
+  for (const Entry& e : entries) {
+    if (e.end > e.begin) by_offset.push_back(&e);
+  }
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](const Entry* a, const Entry* b) { return a->begin < b->begin; });
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    if (by_offset[i]->begin < by_offset[i - 1]->end) {
+      throw fail(str_cat("tensors '", by_offset[i - 1]->name, "' [", by_offset[i - 1]->begin, ", ",
+                         by_offset[i - 1]->end, ") and '", by_offset[i]->name, "' [",
+                         by_offset[i]->begin, ", ", by_offset[i]->end, ") overlap"));
     }
-    Shape shape;
-    for (const auto& d : e["shape"]) {
-      if (!d.is_number_unsigned()) throw fail("tensor '" + it.key() + "' has a bad dimension");
-      shape.push_back(d.get<int64_t>());
-    }
-    const uint64_t begin = e["data_offsets"][0].get<uint64_t>();
-    const uint64_t end = e["data_offsets"][1].get<uint64_t>();
-    const uint64_t want = static_cast<uint64_t>(shape_numel(shape)) * dtype_size(dtype);
-    if (end < begin || end - begin != want) {
-      throw fail(str_cat("tensor '", it.key(), "' has data_offsets [", begin, ", ", end, "] for ",
-                         want, " bytes of ", dtype_name(dtype), shape_str(shape)));
-    }
-    if (end > data_size) {
-      throw fail(str_cat("truncated: tensor '", it.key(), "' ends at byte ", end, " of a ",
-                         data_size, "-byte data section"));
-    }
-    Tensor t = Tensor::empty(shape, dtype);
-    if (want) std::memcpy(t.raw(), data.data() + begin, want);
-    out.emplace(it.key(), t);
+  }
+  std::map<std::string, Tensor> out;
+  for (const Entry& e : entries) {
+    Tensor t = Tensor::empty(e.shape, e.dtype);
+    if (e.end > e.begin) std::memcpy(t.raw(), data + e.begin, e.end - e.begin);
+    out.emplace(e.name, t);
   }
   return out;
 }
 
 void load_parameters(nn::Module& module, const std::string& path) {
   const auto tensors = read_safetensors(path);
-  for (auto& [name, param] : module.named_parameters()) {
+  const auto params = module.named_parameters();
+  for (const auto& [name, t] : tensors) {
+    const bool known = std::any_of(params.begin(), params.end(),
+                                   [&](const nn::NamedTensor& p) { return p.first == name; });
+    if (!known) {
+      std::string names;
+      for (const auto& p : params) names += (names.empty() ? "" : ", ") + p.first;
+      throw FileError(str_cat("[load] ", path, " has tensor '", name,
+                              "' that the model does not have (the model has: ", names, ")"));
+    }
+  }
+  for (const auto& [name, param] : params) {
     auto it = tensors.find(name);
     if (it == tensors.end()) {
       throw FileError(
           str_cat("[load] ", path, " has no tensor '", name, "' (", param.describe(), ")"));
     }
-    if (it->second.shape() != param.shape()) {
-      throw FileError(str_cat("[load] ", path, ": tensor '", name, "' has shape ",
-                              shape_str(it->second.shape()), " but the model expects ",
-                              shape_str(param.shape())));
+    if (it->second.shape() != param.shape() || !is_floating(it->second.dtype())) {
+      throw FileError(str_cat("[load] ", path, ": tensor '", name, "' is ",
+                              it->second.describe(), " but the model expects ",
+                              dtype_name(param.dtype()), shape_str(param.shape())));
     }
-    Tensor value = it->second.to(param.dtype()).to(param.device());
+    const int64_t bad = first_nonfinite(it->second);
+    if (bad >= 0) {
+      throw FileError(str_cat("[load] ", path, ": tensor '", name, "' holds ",
+                              it->second.to(DType::kFloat64).data<double>()[bad], " at element ",
+                              bad, "; parameters must be finite"));
+    }
+  }
+  // Every check passed: only now is any parameter written.
+  for (const auto& [name, param] : params) {
     Tensor target = param;
-    target.copy_(value);
+    target.copy_(tensors.at(name).to(param.dtype()).to(param.device()));
   }
 }
 

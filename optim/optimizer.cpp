@@ -1,6 +1,8 @@
 // The shared boundary pipeline of every optimizer.
 #include "optim/optimizer.h"
 
+#include <cmath>
+
 #include "kernels/backend.h"
 
 namespace accrue::optim {
@@ -11,7 +13,20 @@ Optimizer::Optimizer(ParameterArena& arena, double lr)
       norm_sq_(Tensor::zeros({2}, arena.dtype(), arena.device())),
       boundary_(Tensor::zeros({3}, arena.dtype(), arena.device())),
       steps_(Tensor::zeros({1}, DType::kInt32, arena.device())) {
-  if (!(lr >= 0)) throw ValueError(str_cat("[optimizer] learning rate must be >= 0, got ", lr));
+  set_lr(lr);
+}
+
+void Optimizer::set_lr(double lr) {
+  if (!(lr >= 0) || !std::isfinite(lr)) {
+    throw ValueError(str_cat("[optimizer] learning rate must be finite and >= 0, got ", lr));
+  }
+  lr_ = lr;
+}
+
+void require_finite_at_least(const char* op, const char* name, double value, double low) {
+  if (!std::isfinite(value) || value < low) {
+    throw ValueError(str_cat("[", op, "] ", name, " must be finite and >= ", low, ", got ", value));
+  }
 }
 
 void Optimizer::step(double max_norm, double normalize) {

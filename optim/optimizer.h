@@ -16,6 +16,9 @@ struct StepReport {
   bool skipped = false;  // a non-finite gradient: nothing was updated
 };
 
+// Throws ValueError "[op] name must be finite and >= low, got value" (NaN fails too).
+void require_finite_at_least(const char* op, const char* name, double value, double low);
+
 class Optimizer {
  public:
   Optimizer(ParameterArena& arena, double lr);
@@ -30,7 +33,7 @@ class Optimizer {
   int64_t applied_steps() const;
 
   double lr() const { return lr_; }
-  void set_lr(double lr) { lr_ = lr; }
+  void set_lr(double lr);  // throws ValueError unless finite and >= 0
   ParameterArena& arena() { return arena_; }
 
  protected:

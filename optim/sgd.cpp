@@ -9,10 +9,9 @@ SGD::SGD(ParameterArena& arena, SgdOptions options)
     : Optimizer(arena, options.lr),
       options_(options),
       momentum_(Tensor::zeros({arena.size()}, arena.dtype(), arena.device())) {
-  if (options.momentum < 0 || options.weight_decay < 0) {
-    throw ValueError(str_cat("[SGD] momentum and weight_decay must be >= 0, got ", options.momentum,
-                             ", ", options.weight_decay));
-  }
+  require_finite_at_least("SGD", "momentum", options.momentum, 0);
+  require_finite_at_least("SGD", "dampening", options.dampening, 0);
+  require_finite_at_least("SGD", "weight_decay", options.weight_decay, 0);
   if (options.nesterov && (options.momentum <= 0 || options.dampening != 0)) {
     throw ValueError("[SGD] nesterov needs momentum > 0 and dampening = 0");
   }

@@ -25,21 +25,30 @@ ResolvedBatch resolve_batch(const BatchConfig& c) {
         str_cat("[batch] give at least two of batch, micro_batch and accum_steps; got ", given()));
   }
   ResolvedBatch r{c.batch, c.micro_batch, c.accum_steps, c.world_size};
+  // Every product of the given sizes is overflow-checked: a wrapped product would train a
+  // nonsense batch, or none.
+  const auto product = [&](int64_t a, int64_t b) {
+    int64_t p = 0;
+    if (__builtin_mul_overflow(a, b, &p)) {
+      throw ValueError(str_cat("[batch] ", a, " x ", b, " overflows int64 (", given(), ")"));
+    }
+    return p;
+  };
   if (r.batch == 0) {
-    r.batch = r.micro_batch * r.accum_steps * r.world_size;
+    r.batch = product(product(r.micro_batch, r.accum_steps), r.world_size);
   } else if (r.micro_batch == 0) {
-    if (r.batch % (r.accum_steps * r.world_size) != 0) {
+    if (r.batch % product(r.accum_steps, r.world_size) != 0) {
       throw ValueError(str_cat("[batch] batch ", r.batch, " is not divisible by accum_steps x ",
                                "world_size = ", r.accum_steps * r.world_size, " (", given(), ")"));
     }
     r.micro_batch = r.batch / (r.accum_steps * r.world_size);
   } else if (r.accum_steps == 0) {
-    if (r.batch % (r.micro_batch * r.world_size) != 0) {
+    if (r.batch % product(r.micro_batch, r.world_size) != 0) {
       throw ValueError(str_cat("[batch] batch ", r.batch, " is not divisible by micro_batch x ",
                                "world_size = ", r.micro_batch * r.world_size, " (", given(), ")"));
     }
     r.accum_steps = r.batch / (r.micro_batch * r.world_size);
-  } else if (r.batch != r.micro_batch * r.accum_steps * r.world_size) {
+  } else if (r.batch != product(product(r.micro_batch, r.accum_steps), r.world_size)) {
     throw ValueError(str_cat("[batch] inconsistent: batch ", r.batch, " != micro_batch ",
                              r.micro_batch, " x accum_steps ", r.accum_steps, " x world_size ",
                              r.world_size, " = ", r.micro_batch * r.accum_steps * r.world_size));
@@ -49,8 +58,17 @@ ResolvedBatch resolve_batch(const BatchConfig& c) {
 
 std::vector<Window> plan_windows(int64_t num_samples, const ResolvedBatch& batch, LastWindow last) {
   if (num_samples < 0) throw ValueError(str_cat("[plan_windows] num_samples = ", num_samples));
+  if (batch.micro_batch <= 0 || batch.accum_steps <= 0) {
+    throw ValueError(str_cat("[plan_windows] micro_batch = ", batch.micro_batch,
+                             " and accum_steps = ", batch.accum_steps,
+                             " must be positive (use resolve_batch)"));
+  }
   // Per rank: this process sees batch / world_size samples per window.
-  const int64_t per_window = batch.micro_batch * batch.accum_steps;
+  int64_t per_window = 0;
+  if (__builtin_mul_overflow(batch.micro_batch, batch.accum_steps, &per_window)) {
+    throw ValueError(str_cat("[plan_windows] micro_batch ", batch.micro_batch, " x accum_steps ",
+                             batch.accum_steps, " overflows int64"));
+  }
   std::vector<Window> windows;
   for (int64_t start = 0; start < num_samples; start += per_window) {
     const int64_t samples = std::min(per_window, num_samples - start);

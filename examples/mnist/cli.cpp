@@ -1,10 +1,14 @@
 // Command-line parsing of accrue-mnist with CLI11: every flag with its default in --help; a
 // mistake prints one line and exits with status 2.
 #include <CLI/CLI.hpp>
+#include <cmath>
+#include <filesystem>
+#include <limits>
 #include <ostream>
 #include <sstream>
 
 #include "core/error.h"
+#include "core/file.h"
 #include "optim/schedule.h"
 #include "optim/window.h"
 #include "trainer.h"
@@ -12,6 +16,12 @@
 namespace accrue::mnist {
 
 namespace {
+
+// Upper limits of the integer flags: sample positions are int32, and products of these stay far
+// inside int64 (steps per epoch x epochs, batch x hidden width).
+constexpr int64_t kMaxBatch = INT32_MAX;
+constexpr int64_t kMaxEpochs = 1000000;
+constexpr int64_t kMaxWidth = 1 << 20;
 
 std::vector<int64_t> parse_sizes(const std::string& text) {
   std::vector<int64_t> sizes;
@@ -25,9 +35,9 @@ std::vector<int64_t> parse_sizes(const std::string& text) {
     } catch (const std::exception&) {
       used = 0;
     }
-    if (used != item.size() || v <= 0) {
-      throw ValueError("--hidden: '" + item + "' in '" + text +
-                       "' is not a positive integer (expected e.g. 512,256,128)");
+    if (used != item.size() || v <= 0 || v > kMaxWidth) {
+      throw ValueError(str_cat("--hidden: '", item, "' in '", text,
+                               "' is not an integer in [1, ", kMaxWidth, "] (e.g. 512,256,128)"));
     }
     sizes.push_back(v);
   }
@@ -39,15 +49,58 @@ std::vector<int64_t> parse_sizes(const std::string& text) {
 
 optim::ResolvedBatch resolve_config_batch(const Config& c) {
   if (c.micro_batch < 0 || c.accum_steps < 0 || c.batch < 0) {
-    throw ValueError("--micro-batch, --accum-steps and --batch must be positive");
+    throw ValueError(str_cat("--micro-batch, --accum-steps and --batch must be positive, got ",
+                             c.micro_batch, ", ", c.accum_steps, ", ", c.batch));
   }
   // Fewer than two given: the default recipe's 32 x 4 fills in, micro-batch first.
   optim::BatchConfig b{c.batch, c.micro_batch, c.accum_steps, 1};
   const int given = (b.batch > 0) + (b.micro_batch > 0) + (b.accum_steps > 0);
   if (given < 2 && b.micro_batch == 0) b.micro_batch = 32;
   if (given == 0 || (given == 1 && b.batch == 0 && b.accum_steps == 0)) b.accum_steps = 4;
-  return optim::resolve_batch(b);
+  const optim::ResolvedBatch r = optim::resolve_batch(b);
+  if (r.batch > kMaxBatch) {
+    throw ValueError(str_cat("--batch: ", r.str(), " exceeds ", kMaxBatch,
+                             " samples (sample positions are int32)"));
+  }
+  return r;
 }
+
+namespace {
+
+// A CLI11 check: a finite number in [low, high], or in (low, high] when low is excluded. The
+// message is one short line naming the value (never DBL_MAX in 309 digits).
+CLI::Validator finite_in(double low, double high, bool low_excluded = false) {
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(text, v)) return "'" + text + "' is not a number";
+        if (!std::isfinite(v)) return "'" + text + "' is not a finite number";
+        const bool ok = (low_excluded ? v > low : v >= low) && v <= high;
+        if (ok) return "";
+        if (high == std::numeric_limits<double>::max()) {
+          return str_cat("'", text, "' must be ", low_excluded ? "> " : ">= ", low);
+        }
+        return str_cat("'", text, "' must be in ", low_excluded ? "(" : "[", low, ", ", high, "]");
+      },
+      low_excluded ? "> " + std::to_string(low) : "");
+}
+
+// A CLI11 check: an integer in [low, high].
+CLI::Validator int_in(int64_t low, int64_t high) {
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        int64_t v = 0;
+        if (!CLI::detail::lexical_cast(text, v) || v < low || v > high) {
+          return str_cat("'", text, "' is not an integer in [", low, ", ", high, "]");
+        }
+        return "";
+      },
+      "");
+}
+
+constexpr double kHuge = std::numeric_limits<double>::max();
+
+}  // namespace
 
 int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, std::ostream& err) {
   CLI::App app{"accrue-mnist: train an MLP on MNIST with gradient accumulation"};
@@ -57,34 +110,45 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
   bool no_shuffle = false;
   app.add_option("--data", c.data, "Folder with the four MNIST IDX files");
   app.add_option("--device", device, "cpu or cuda[:N] (default: cuda when present)");
+  app.add_option("--precision", c.precision,
+                 "fp32, or fp64 (model, data and optimizer in float64, for exactness studies)")
+      ->check(CLI::IsMember({"fp32", "fp64"}));
   app.add_option("--hidden", hidden, "Hidden layer sizes, comma-separated");
-  app.add_option("--micro-batch", c.micro_batch, "Samples per micro-step b (default 32)");
-  app.add_option("--accum-steps", c.accum_steps, "Micro-steps per optimizer step k (default 4)");
-  app.add_option("--batch", c.batch, "Effective batch B = b * k (give any two of the three)");
-  app.add_option("--epochs", c.epochs, "Passes over the training set")->check(CLI::PositiveNumber);
+  app.add_option("--micro-batch", c.micro_batch, "Samples per micro-step b (default 32)")
+      ->check(int_in(0, kMaxBatch));
+  app.add_option("--accum-steps", c.accum_steps, "Micro-steps per optimizer step k (default 4)")
+      ->check(int_in(0, kMaxBatch));
+  app.add_option("--batch", c.batch, "Effective batch B = b * k (give any two of the three)")
+      ->check(int_in(0, kMaxBatch));
+  app.add_option("--epochs", c.epochs, "Passes over the training set")->check(int_in(1, kMaxEpochs));
   app.add_option("--max-steps", c.max_steps, "Stop after this many optimizer steps (0: no limit)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(int_in(0, INT64_MAX));
   app.add_option("--train-limit", c.train_limit, "Use the first N training samples (0: all)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--lr", c.lr, "Learning rate at --base-batch")->check(CLI::NonNegativeNumber);
+      ->check(int_in(0, INT32_MAX));
+  app.add_option("--lr", c.lr, "Learning rate at --base-batch")->check(finite_in(0, kHuge, true));
   app.add_option("--lr-scaling", c.lr_scaling, "Scale lr with the batch: none, linear, sqrt")
       ->check(CLI::IsMember({"none", "linear", "sqrt"}));
   app.add_option("--base-batch", c.base_batch, "Batch size --lr was tuned for")
-      ->check(CLI::PositiveNumber);
+      ->check(int_in(1, kMaxBatch));
   app.add_option("--schedule", c.schedule, "LR schedule: constant, warmup, cosine")
       ->check(CLI::IsMember({"constant", "warmup", "cosine"}));
-  app.add_option("--warmup", c.warmup, "Linear warmup steps")->check(CLI::NonNegativeNumber);
+  app.add_option("--warmup", c.warmup, "Linear warmup steps")->check(int_in(0, INT32_MAX));
   app.add_option("--clip", c.clip, "Clip the gradient norm to this (0: off)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(finite_in(0, kHuge));
   app.add_option("--optimizer", c.optimizer, "adam, adamw or sgd")
       ->check(CLI::IsMember({"adam", "adamw", "sgd"}));
   app.add_option("--weight-decay", c.weight_decay,
-                 "Weight decay (default: 0 for adam and sgd, 0.01 for adamw)");
-  app.add_option("--momentum", c.momentum, "SGD momentum")->check(CLI::NonNegativeNumber);
+                 "Weight decay (default: 0 for adam and sgd, 0.01 for adamw)")
+      ->check(finite_in(0, kHuge));
+  app.add_option("--momentum", c.momentum, "SGD momentum")->check(finite_in(0, 1))
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            return std::stod(text) < 1 ? "" : "'" + text + "' must be < 1";
+          },
+          ""));
   app.add_option("--seed", c.seed, "Seed for initialisation and shuffling");
   app.add_flag("--no-shuffle", no_shuffle, "Keep the file order of the samples");
-  app.add_option("--threads", c.threads, "CPU threads (0: every core)")
-      ->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", c.threads, "CPU threads (0: every core)")->check(int_in(0, 4096));
   app.add_option("--metrics", c.metrics, "Write JSON Lines metrics to this file");
   app.add_option("--save", c.save, "Save the final weights (safetensors)");
   app.add_option("--init", c.init, "Start from these weights (safetensors)");
@@ -101,7 +165,19 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
     }
     c.hidden = parse_sizes(hidden);
     c.shuffle = !no_shuffle;
-    resolve_config_batch(c);
+    const optim::ResolvedBatch batch = resolve_config_batch(c);
+    const double lr =
+        optim::scale_lr(c.lr, batch.batch, c.base_batch, optim::parse_lr_scaling(c.lr_scaling));
+    if (!std::isfinite(lr) || !(lr > 0)) {
+      throw ValueError(str_cat("--lr ", c.lr, " scaled (", c.lr_scaling, ") from --base-batch ",
+                               c.base_batch, " to batch ", batch.batch, " gives ", lr,
+                               ", not a usable learning rate"));
+    }
+    if (!c.metrics.empty()) check_writable(c.metrics, "--metrics");
+    if (!c.save.empty()) check_writable(c.save, "--save");
+    if (!c.init.empty() && !std::filesystem::is_regular_file(c.init)) {
+      throw ValueError("--init " + c.init + ": no such file");
+    }
   } catch (const CLI::CallForHelp&) {
     out << app.help();
     return 0;
@@ -111,6 +187,9 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
     err << "accrue-mnist: " << what << " (see --help)\n";
     return 2;
   } catch (const std::invalid_argument& e) {
+    err << "accrue-mnist: " << e.what() << "\n";
+    return 2;
+  } catch (const FileError& e) {
     err << "accrue-mnist: " << e.what() << "\n";
     return 2;
   }

@@ -8,7 +8,8 @@
 
 namespace accrue::mnist {
 
-Split load_split(const std::string& dir, const std::string& prefix, int64_t limit, Device device) {
+Split load_split(const std::string& dir, const std::string& prefix, int64_t limit, Device device,
+                 DType dtype) {
   const std::string image_path = dir + "/" + prefix + "-images-idx3-ubyte";
   const std::string label_path = dir + "/" + prefix + "-labels-idx1-ubyte";
   const IdxImages images = read_idx_images(image_path);
@@ -23,6 +24,11 @@ Split load_split(const std::string& dir, const std::string& prefix, int64_t limi
           str_cat(label_path, ": label ", int(labels[i]), " at index ", i, " is not a digit"));
     }
   }
+  if (images.count == 0) throw FileError(str_cat(image_path, ": holds no samples"));
+  if (images.count > INT32_MAX) {
+    throw FileError(str_cat(image_path, ": holds ", images.count,
+                            " samples, more than int32 sample indices can address"));
+  }
   const int64_t n = limit > 0 ? std::min(limit, images.count) : images.count;
   const int64_t pixels = images.rows * images.cols;
   std::vector<float> x(static_cast<size_t>(n * pixels));
@@ -30,8 +36,8 @@ Split load_split(const std::string& dir, const std::string& prefix, int64_t limi
     x[i] = (static_cast<float>(images.pixels[i]) / 255.0f - 0.1307f) / 0.3081f;
   }
   std::vector<int32_t> y(labels.begin(), labels.begin() + n);
-  return {Tensor::from_vector<float>({n, pixels}, x, device),
-          Tensor::from_vector<int32_t>({n}, y, device)};
+  return {Tensor::from_vector<float>({n, pixels}, x).to(dtype).to(device),
+          Tensor::from_vector<int32_t>({n}, y, device), image_path};
 }
 
 std::vector<int32_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, bool shuffle) {

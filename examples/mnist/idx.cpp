@@ -1,62 +1,67 @@
-// IDX reading and writing (see idx.h).
+// IDX reading and writing (see idx.h). The header is checked field by field (two zero bytes,
+// the dtype byte 0x08 for unsigned bytes, the number of dimensions), the dimensions are
+// multiplied with overflow checks, and the product is compared with the file's size before any
+// copy is made.
 #include "idx.h"
 
-#include <fstream>
-
 #include "core/error.h"
+#include "core/file.h"
 
 namespace accrue::mnist {
 
 namespace {
 
-constexpr uint32_t kImagesMagic = 0x00000803;
-constexpr uint32_t kLabelsMagic = 0x00000801;
-
-std::vector<uint8_t> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) throw FileError(path + ": cannot open the file");
-  std::vector<uint8_t> bytes(static_cast<size_t>(in.tellg()));
-  in.seekg(0);
-  in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  if (!in) throw FileError(path + ": read failed");
-  return bytes;
-}
+constexpr uint8_t kUnsignedByte = 0x08;
 
 uint32_t big_endian(const std::vector<uint8_t>& b, size_t at) {
   return uint32_t(b[at]) << 24 | uint32_t(b[at + 1]) << 16 | uint32_t(b[at + 2]) << 8 |
          uint32_t(b[at + 3]);
 }
 
-void put_big_endian(std::ofstream& out, uint32_t v) {
-  const char b[4] = {char(v >> 24), char(v >> 16), char(v >> 8), char(v)};
-  out.write(b, 4);
+void put_big_endian(std::string& out, uint32_t v) {
+  out += {char(v >> 24), char(v >> 16), char(v >> 8), char(v)};
 }
 
-// Checks the header of an IDX file with `dims` dimensions; returns them.
-std::vector<int64_t> header(const std::vector<uint8_t>& b, const std::string& path, uint32_t magic,
-                            size_t dims) {
+// Checks the header of an IDX file of unsigned bytes with `dims` dimensions; returns them.
+std::vector<int64_t> header(const std::vector<uint8_t>& b, const std::string& path, size_t dims) {
+  const char* kind = dims == 1 ? "labels" : "images";
   const size_t header_bytes = 4 + 4 * dims;
+  if (b.size() < 4) {
+    throw FileError(str_cat(path, ": truncated header: ", b.size(), " bytes, expected at least ",
+                            header_bytes, " for an ", kind, " IDX file"));
+  }
+  if (b[0] != 0 || b[1] != 0) {
+    throw FileError(str_cat(path, ": wrong magic number 0x", std::hex, big_endian(b, 0),
+                            " (expected 0x", 0x800 + dims, " for an ", kind,
+                            " IDX file): not an IDX file"));
+  }
+  if (b[2] != kUnsignedByte) {
+    throw FileError(str_cat(path, ": element type byte 0x", std::hex, int(b[2]),
+                            " is not 0x08 (unsigned byte), the only type MNIST uses"));
+  }
+  if (b[3] != dims) {
+    throw FileError(str_cat(path, ": has ", int(b[3]), " dimension(s) but ", kind, " have ", dims,
+                            " (magic 0x", std::hex, big_endian(b, 0), ", expected 0x",
+                            0x800 + dims, ")"));
+  }
   if (b.size() < header_bytes) {
     throw FileError(str_cat(path, ": truncated header: ", b.size(), " bytes, expected at least ",
                             header_bytes));
   }
-  if (big_endian(b, 0) != magic) {
-    throw FileError(str_cat(path, ": wrong magic number 0x", std::hex, big_endian(b, 0),
-                            ", expected 0x", magic, " (", dims == 1 ? "labels" : "images",
-                            " IDX file)"));
-  }
   std::vector<int64_t> sizes;
-  int64_t total = 1;
+  uint64_t total = 1;
   for (size_t d = 0; d < dims; ++d) {
     sizes.push_back(big_endian(b, 4 + 4 * d));
-    total *= sizes.back();
+    if (__builtin_mul_overflow(total, uint64_t(sizes.back()), &total)) {
+      throw FileError(str_cat(path, ": header dimensions ", shape_str(sizes),
+                              "... overflow a 64-bit byte count"));
+    }
   }
-  if (b.size() - header_bytes != static_cast<size_t>(total)) {
+  const uint64_t have = b.size() - header_bytes;
+  if (have != total) {
     throw FileError(str_cat(path, ": header declares ", shape_str(sizes), " = ", total,
-                            " bytes of data but the file has ", b.size() - header_bytes,
-                            b.size() - header_bytes < static_cast<size_t>(total)
-                                ? " (truncated)"
-                                : " (trailing bytes)"));
+                            " bytes of data but the file has ", have,
+                            have < total ? " (truncated)" : " (trailing bytes)"));
   }
   return sizes;
 }
@@ -64,8 +69,8 @@ std::vector<int64_t> header(const std::vector<uint8_t>& b, const std::string& pa
 }  // namespace
 
 IdxImages read_idx_images(const std::string& path) {
-  const std::vector<uint8_t> b = read_file(path);
-  const auto sizes = header(b, path, kImagesMagic, 3);
+  const std::vector<uint8_t> b = read_file_bytes(path);
+  const auto sizes = header(b, path, 3);
   if (sizes[1] == 0 || sizes[2] == 0) {
     throw FileError(str_cat(path, ": images have dimensions ", sizes[1], " x ", sizes[2]));
   }
@@ -73,27 +78,31 @@ IdxImages read_idx_images(const std::string& path) {
 }
 
 std::vector<uint8_t> read_idx_labels(const std::string& path) {
-  const std::vector<uint8_t> b = read_file(path);
-  header(b, path, kLabelsMagic, 1);
+  const std::vector<uint8_t> b = read_file_bytes(path);
+  header(b, path, 1);
   return std::vector<uint8_t>(b.begin() + 8, b.end());
 }
 
 void write_idx_images(const std::string& path, const IdxImages& images) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  put_big_endian(out, kImagesMagic);
-  put_big_endian(out, static_cast<uint32_t>(images.count));
-  put_big_endian(out, static_cast<uint32_t>(images.rows));
-  put_big_endian(out, static_cast<uint32_t>(images.cols));
-  out.write(reinterpret_cast<const char*>(images.pixels.data()),
-            static_cast<std::streamsize>(images.pixels.size()));
+  std::string head;
+  put_big_endian(head, 0x800 | 3);
+  put_big_endian(head, static_cast<uint32_t>(images.count));
+  put_big_endian(head, static_cast<uint32_t>(images.rows));
+  put_big_endian(head, static_cast<uint32_t>(images.cols));
+  AtomicFile out(path);
+  out.write(head);
+  out.write(images.pixels.data(), images.pixels.size());
+  out.commit();
 }
 
 void write_idx_labels(const std::string& path, const std::vector<uint8_t>& labels) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  put_big_endian(out, kLabelsMagic);
-  put_big_endian(out, static_cast<uint32_t>(labels.size()));
-  out.write(reinterpret_cast<const char*>(labels.data()),
-            static_cast<std::streamsize>(labels.size()));
+  std::string head;
+  put_big_endian(head, 0x800 | 1);
+  put_big_endian(head, static_cast<uint32_t>(labels.size()));
+  AtomicFile out(path);
+  out.write(head);
+  out.write(labels.data(), labels.size());
+  out.commit();
 }
 
 }  // namespace accrue::mnist

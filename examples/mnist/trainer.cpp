@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include <ostream>
 
 #include "accrue.h"
+#include "core/file.h"
 #include "dataset.h"
 
 namespace accrue::mnist {
@@ -47,6 +49,25 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const Config& c, optim::Paramet
   if (c.weight_decay >= 0) o.weight_decay = c.weight_decay;
   if (c.optimizer == "adamw") return std::make_unique<optim::AdamW>(arena, o);
   return std::make_unique<optim::Adam>(arena, o);
+}
+
+// A JSON number, or for NaN and infinities the strings "nan", "inf", "-inf" (JSON has no
+// non-finite numbers, and null would hide which one it was).
+nlohmann::json number(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return v;
+}
+
+// Appends one JSON Lines record to the metrics file, when there is one.
+void emit(const std::unique_ptr<AtomicFile>& metrics, const nlohmann::json& record) {
+  if (metrics) metrics->write(record.dump() + "\n");
+}
+
+DType dtype_of_precision(const std::string& precision) {
+  if (precision == "fp32") return DType::kFloat32;
+  if (precision == "fp64") return DType::kFloat64;
+  throw ValueError("--precision " + precision + ": expected fp32 or fp64");
 }
 
 double evaluate(nn::Module& model, const Split& test) {
@@ -105,14 +126,20 @@ Summary train(const Config& c, std::ostream& out) {
   const auto log = [&](const std::string& line) {
     if (!c.quiet) out << line << "\n";
   };
-  const Split train_set = load_split(c.data, "train", c.train_limit, c.device);
-  const Split test_set = load_split(c.data, "t10k", 0, c.device);
+  const DType dtype = dtype_of_precision(c.precision);
+  const Split train_set = load_split(c.data, "train", c.train_limit, c.device, dtype);
+  const Split test_set = load_split(c.data, "t10k", 0, c.device, dtype);
+  if (test_set.images.size(1) != train_set.images.size(1)) {
+    throw FileError(str_cat(test_set.image_path, ": images have ", test_set.images.size(1),
+                            " pixels but the training images (", train_set.image_path, ") have ",
+                            train_set.images.size(1)));
+  }
 
   nn::manual_seed(c.seed);
   std::vector<int64_t> sizes{train_set.images.size(1)};
   sizes.insert(sizes.end(), c.hidden.begin(), c.hidden.end());
   sizes.push_back(10);
-  nn::MLP model(sizes);
+  nn::MLP model(sizes, nn::Activation::kRelu, dtype);
   if (!c.init.empty()) optim::load_parameters(model, c.init);
   model.to(c.device);
   optim::ParameterArena arena(model);
@@ -123,7 +150,8 @@ Summary train(const Config& c, std::ostream& out) {
   auto optimizer = make_optimizer(c, arena, lr);
   const auto windows = optim::plan_windows(train_set.size(), batch);
   const int64_t steps_per_epoch = static_cast<int64_t>(windows.size());
-  int64_t total_steps = steps_per_epoch * c.epochs;
+  int64_t total_steps = 0;
+  if (__builtin_mul_overflow(steps_per_epoch, c.epochs, &total_steps)) total_steps = INT64_MAX;
   if (c.max_steps > 0) total_steps = std::min(total_steps, c.max_steps);
   optim::AccumulatorOptions options;
   options.max_norm = c.clip;
@@ -131,11 +159,8 @@ Summary train(const Config& c, std::ostream& out) {
   options.schedule = {optim::Schedule::parse(c.schedule), c.warmup, total_steps, 0.0};
   optim::Accumulator acc(*optimizer, options);
 
-  std::ofstream metrics;
-  if (!c.metrics.empty()) {
-    metrics.open(c.metrics, std::ios::trunc);
-    if (!metrics) throw FileError("--metrics: cannot open " + c.metrics + " for writing");
-  }
+  std::unique_ptr<AtomicFile> metrics;
+  if (!c.metrics.empty()) metrics = std::make_unique<AtomicFile>(c.metrics);
   log("accrue-mnist: " + batch.str() + ", lr " + std::to_string(lr) + " (" + c.lr_scaling +
       " scaling), " + std::to_string(model.num_parameters()) + " parameters, device " +
       c.device.str() + ", " + std::to_string(train_set.size()) + " training samples");
@@ -160,15 +185,15 @@ Summary train(const Config& c, std::ostream& out) {
       epoch_samples += r.samples;
       epoch_loss += r.loss * static_cast<double>(r.samples);
       summary.step_losses.push_back(r.loss);
+      summary.step_grad_norms.push_back(r.grad_norm);
       ++step_in_epoch;
-      if (metrics.is_open()) {
-        metrics << nlohmann::json{{"step", r.step},           {"epoch", epoch + 1},
-                                  {"samples", samples_seen},  {"loss", r.loss},
-                                  {"grad_norm", r.grad_norm}, {"lr", r.lr},
-                                  {"skipped", r.skipped}}
-                       .dump()
-                << "\n";
-      }
+      emit(metrics, {{"step", r.step},
+                     {"epoch", epoch + 1},
+                     {"samples", samples_seen},
+                     {"loss", number(r.loss)},
+                     {"grad_norm", number(r.grad_norm)},
+                     {"lr", r.lr},
+                     {"skipped", r.skipped}});
       const double elapsed = summary.train_seconds + seconds_since(epoch_start);
       progress.update(epoch, step_in_epoch, r, samples_seen / std::max(elapsed, 1e-9));
       if (acc.steps() >= total_steps) break;
@@ -183,17 +208,14 @@ Summary train(const Config& c, std::ostream& out) {
          << std::setprecision(2) << 100 * summary.test_accuracy << "%, " << std::setprecision(2)
          << epoch_seconds << " s";
     log(line.str());
-    if (metrics.is_open()) {
-      metrics << nlohmann::json{{"event", "epoch"},
-                                {"epoch", epoch + 1},
-                                {"train_loss", epoch_loss / std::max<int64_t>(epoch_samples, 1)},
-                                {"test_accuracy", summary.test_accuracy},
-                                {"seconds", epoch_seconds}}
-                     .dump()
-              << "\n";
-    }
+    emit(metrics, {{"event", "epoch"},
+                   {"epoch", epoch + 1},
+                   {"train_loss", number(epoch_loss / std::max<int64_t>(epoch_samples, 1))},
+                   {"test_accuracy", summary.test_accuracy},
+                   {"seconds", epoch_seconds}});
   }
   summary.steps = acc.steps();
+  summary.skipped_steps = acc.skipped_steps();
   summary.samples_per_second = samples_seen / std::max(summary.train_seconds, 1e-9);
   const optim::MemoryStats& mem = acc.memory();
   std::ostringstream line;
@@ -204,8 +226,7 @@ Summary train(const Config& c, std::ostream& out) {
        << mib(mem.peak_bytes) << ", activations " << mib(mem.peak_activation_bytes)
        << " | skipped steps " << acc.skipped_steps();
   log(line.str());
-  if (metrics.is_open()) {
-    metrics << nlohmann::json{{"event", "summary"},
+  emit(metrics, {{"event", "summary"},
                               {"test_accuracy", summary.test_accuracy},
                               {"train_seconds", summary.train_seconds},
                               {"samples_per_second", summary.samples_per_second},
@@ -216,9 +237,13 @@ Summary train(const Config& c, std::ostream& out) {
                               {"batch", batch.batch},
                               {"micro_batch", batch.micro_batch},
                               {"accum_steps", batch.accum_steps},
-                              {"device", c.device.str()}}
-                   .dump()
-            << "\n";
+                              {"device", c.device.str()},
+                              {"precision", c.precision}});
+  if (metrics) metrics->commit();
+  if (summary.steps > 0 && summary.skipped_steps == summary.steps) {
+    throw std::runtime_error(str_cat("no update was applied: all ", summary.steps,
+                                     " steps were skipped (non-finite gradients)",
+                                     c.save.empty() ? "" : "; nothing saved"));
   }
   if (!c.save.empty()) {
     optim::save_safetensors(c.save, model.named_parameters(), {{"format", "pt"}});

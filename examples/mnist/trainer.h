@@ -17,6 +17,7 @@ namespace accrue::mnist {
 struct Config {
   std::string data = "data/mnist";
   Device device = Device::cpu();
+  std::string precision = "fp32";  // or "fp64": model, data and optimizer in float64
   std::vector<int64_t> hidden{512, 256, 128};
   int64_t micro_batch = 0, accum_steps = 0, batch = 0;  // any two; defaults 32 x 4
   int64_t epochs = 5;
@@ -42,8 +43,10 @@ struct Summary {
   double test_accuracy = 0;
   double train_seconds = 0;
   double samples_per_second = 0;
-  int64_t steps = 0;
+  int64_t steps = 0;          // optimizer steps taken
+  int64_t skipped_steps = 0;  // of which skipped (non-finite gradient): no update
   std::vector<double> step_losses;
+  std::vector<double> step_grad_norms;
 };
 
 // The batch arithmetic of a config: any two of --batch, --micro-batch, --accum-steps; with
@@ -53,9 +56,11 @@ optim::ResolvedBatch resolve_config_batch(const Config& config);
 // (0 after --help, 2 after a mistake, with one line on err saying what is wrong).
 int parse_args(int argc, const char* const* argv, Config& config, std::ostream& out,
                std::ostream& err);
-// Trains and evaluates; prints progress and the summary to out.
+// Trains and evaluates; prints progress and the summary to out. Metrics (--metrics) are written
+// to a temporary beside the file and renamed over it when training ends.
 Summary train(const Config& config, std::ostream& out);
-// parse_args + train, with errors turned into messages and exit statuses.
+// parse_args + train, with errors turned into messages and exit statuses: 2 for a bad command
+// line (before any data is read), 1 for bad data or a failure, 1 when every step was skipped.
 int run_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& err);
 
 }  // namespace accrue::mnist

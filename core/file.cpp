@@ -1,0 +1,130 @@
+// Whole-file reads and atomic writes (see file.h).
+#include "core/file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.h"
+
+namespace accrue {
+
+namespace {
+
+std::string reason(int err) {
+  return std::strerror(err);
+}
+
+std::string folder_of(const std::string& path) {
+  const std::string parent = std::filesystem::path(path).parent_path().string();
+  return parent.empty() ? "." : parent;
+}
+
+}  // namespace
+
+std::vector<uint8_t> read_file_bytes(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw FileError(str_cat(path, ": cannot open: ", reason(errno)));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw FileError(str_cat(path, ": cannot stat: ", reason(errno)));
+  if (S_ISDIR(st.st_mode)) throw FileError(str_cat(path, ": is a directory, not a file"));
+  if (!S_ISREG(st.st_mode)) throw FileError(str_cat(path, ": is not a regular file"));
+  std::vector<uint8_t> bytes(static_cast<size_t>(st.st_size));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t got = ::read(fd, bytes.data() + done, bytes.size() - done);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) throw FileError(str_cat(path, ": read failed: ", reason(errno)));
+    if (got == 0) {
+      throw FileError(str_cat(path, ": read ", done, " of ", bytes.size(),
+                              " bytes: the file shrank while it was read"));
+    }
+    done += static_cast<size_t>(got);
+  }
+  return bytes;
+}
+
+void check_writable(const std::string& path, const std::string& what) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    throw FileError(str_cat(what, " ", path, ": is a directory, not a file"));
+  }
+  const std::string folder = folder_of(path);
+  if (::access(folder.c_str(), W_OK | X_OK) != 0) {
+    throw FileError(str_cat(what, " ", path, ": cannot write into ", folder, ": ", reason(errno)));
+  }
+}
+
+AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path_, ec)) {
+    throw FileError(str_cat(path_, ": is a directory, not a file"));
+  }
+  std::string pattern = path_ + ".tmp.XXXXXX";
+  fd_ = ::mkstemp(pattern.data());
+  if (fd_ < 0) {
+    throw FileError(str_cat(path_, ": cannot create a temporary file in ", folder_of(path_), ": ",
+                            reason(errno)));
+  }
+  temp_ = pattern;
+}
+
+AtomicFile::~AtomicFile() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!committed_ && !temp_.empty()) ::unlink(temp_.c_str());
+}
+
+void AtomicFile::fail(const std::string& what, int err) {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  ::unlink(temp_.c_str());
+  temp_.clear();
+  throw FileError(str_cat(path_, ": ", what, ": ", reason(err), " (the previous file, if any, is "
+                                                                 "untouched)"));
+}
+
+void AtomicFile::write(const void* data, size_t nbytes) {
+  if (fd_ < 0) throw FileError(str_cat(path_, ": write after the file was closed"));
+  const char* p = static_cast<const char*>(data);
+  while (nbytes > 0) {
+    const ssize_t put = ::write(fd_, p, nbytes);
+    if (put < 0 && errno == EINTR) continue;
+    if (put < 0) fail("writing failed", errno);
+    p += put;
+    nbytes -= static_cast<size_t>(put);
+  }
+}
+
+void AtomicFile::commit() {
+  if (fd_ < 0) throw FileError(str_cat(path_, ": commit after the file was closed"));
+  if (::fsync(fd_) != 0) fail("fsync failed", errno);
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) {
+    const int err = errno;
+    ::unlink(temp_.c_str());
+    throw FileError(str_cat(path_, ": close failed: ", reason(err)));
+  }
+  if (::rename(temp_.c_str(), path_.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(temp_.c_str());
+    throw FileError(str_cat(path_, ": cannot rename the temporary over it: ", reason(err)));
+  }
+  committed_ = true;
+  // The rename itself reaches the disk with the folder's metadata.
+  const int dir = ::open(folder_of(path_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir >= 0) {
+    ::fsync(dir);
+    ::close(dir);
+  }
+}
+
+}  // namespace accrue
