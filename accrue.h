@@ -4,6 +4,7 @@
 #include "core/allocator.h"
 #include "core/autograd.h"
 #include "core/device.h"
+#include "core/file.h"
 #include "core/ops.h"
 #include "core/tensor.h"
 #include "nn/activation.h"

@@ -5,50 +5,10 @@
 #include <fstream>
 #include <sstream>
 
-#include "dataset.h"
-#include "idx.h"
-#include "test_util.h"
-#include "trainer.h"
+#include "mnist_fixture.h"
 
 namespace accrue::testing {
 namespace {
-
-namespace fs = std::filesystem;
-using mnist::IdxImages;
-
-fs::path temp_dir(const std::string& name) {
-  fs::path dir =
-      fs::temp_directory_path() / ("accrue-test-" + name + "-" + std::to_string(getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
-
-// A learnable stand-in for MNIST: digit d lights a 4x4 block at a d-dependent place, plus noise.
-void write_fixture(const fs::path& dir, const std::string& prefix, int64_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int> noise(0, 60);
-  IdxImages images{n, 28, 28, std::vector<uint8_t>(static_cast<size_t>(n * 784))};
-  std::vector<uint8_t> labels(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    const int d = static_cast<int>(rng() % 10);
-    labels[i] = static_cast<uint8_t>(d);
-    uint8_t* img = images.pixels.data() + i * 784;
-    for (int p = 0; p < 784; ++p) img[p] = static_cast<uint8_t>(noise(rng));
-    const int r0 = 2 + (d / 5) * 12, c0 = 2 + (d % 5) * 5;
-    for (int r = r0; r < r0 + 4; ++r)
-      for (int c = c0; c < c0 + 4; ++c) img[r * 28 + c] = 255;
-  }
-  mnist::write_idx_images((dir / (prefix + "-images-idx3-ubyte")).string(), images);
-  mnist::write_idx_labels((dir / (prefix + "-labels-idx1-ubyte")).string(), labels);
-}
-
-fs::path make_dataset(const std::string& name, int64_t train = 1024, int64_t test = 256) {
-  const fs::path dir = temp_dir(name);
-  write_fixture(dir, "train", train, 1);
-  write_fixture(dir, "t10k", test, 2);
-  return dir;
-}
 
 TEST(Idx, ReadsWhatWasWritten) {
   const fs::path dir = make_dataset("idx-good", 20, 5);
@@ -86,20 +46,6 @@ TEST(Idx, RejectsBadFilesNamingThem) {
                           {labels, "label 11"});
   expect_error<FileError>([&] { mnist::read_idx_images((dir / "missing").string()); },
                           {"missing", "cannot open"});
-}
-
-// Runs the command line; returns {status, out, err}.
-struct CliResult {
-  int status;
-  std::string out, err;
-};
-CliResult cli(std::vector<std::string> args) {
-  args.insert(args.begin(), "accrue-mnist");
-  std::vector<const char*> argv;
-  for (auto& a : args) argv.push_back(a.c_str());
-  std::ostringstream out, err;
-  const int status = mnist::run_cli(static_cast<int>(argv.size()), argv.data(), out, err);
-  return {status, out.str(), err.str()};
 }
 
 TEST(Cli, MistakesPrintOneLineAndExitTwo) {

@@ -1,0 +1,316 @@
+// Hostile input, one table per kind: corrupt IDX files, corrupt safetensors files, bad command
+// lines and runs that must fail. Every file is made here by the test; every row names the words
+// its error must contain (the file, the tensor, the flag, the value). A failed save leaves the
+// previous good file as it was.
+#include <signal.h>
+#include <sys/resource.h>
+
+#include <fstream>
+
+#include "mnist_fixture.h"
+
+namespace accrue::testing {
+namespace {
+
+std::string big_endian(std::initializer_list<uint32_t> words) {
+  std::string out;
+  for (uint32_t v : words) out += {char(v >> 24), char(v >> 16), char(v >> 8), char(v)};
+  return out;
+}
+
+void write_bytes(const fs::path& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+std::vector<std::string> files_in(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// ---- IDX ----
+
+struct IdxCase {
+  std::string name;
+  std::string bytes;  // the file's content
+  bool images;        // read as images (else labels)
+  std::vector<std::string> words;
+};
+
+TEST(BadInput, IdxFilesAreRejectedNamingFileAndFault) {
+  const std::string pixels(2 * 3 * 3, '\x7f');
+  const std::vector<IdxCase> table{
+      {"truncated_header", big_endian({0x803, 2}), true, {"truncated header", "8 bytes"}},
+      {"empty", "", true, {"truncated header", "0 bytes"}},
+      {"truncated_data", big_endian({0x803, 2, 3, 3}) + pixels.substr(1), true,
+       {"declares [2, 3, 3]", "(truncated)"}},
+      {"trailing_bytes", big_endian({0x803, 2, 3, 3}) + pixels + "x", true, {"trailing bytes"}},
+      {"not_idx", "GIF89a" + pixels, true, {"not an IDX file"}},
+      {"float_elements", big_endian({0x0D03, 2, 3, 3}) + pixels, true,
+       {"element type byte 0xd", "unsigned byte"}},
+      {"labels_as_images", big_endian({0x801, 18}) + pixels, true,
+       {"1 dimension(s)", "images have 3", "magic 0x801", "0x803"}},
+      {"four_dimensions", big_endian({0x804, 2, 3, 3, 1}) + pixels, true, {"4 dimension(s)"}},
+      {"images_as_labels", big_endian({0x803, 2, 3, 3}) + pixels, false,
+       {"3 dimension(s)", "labels have 1"}},
+      // 2^24 x 2^24 x 2^16 = 2^64 wraps to 0 in 64-bit arithmetic: it must not pass as "no data".
+      {"overflowing_dimensions", big_endian({0x803, 1u << 24, 1u << 24, 1u << 16}), true,
+       {"overflow"}},
+      {"huge_count", big_endian({0x801, 0xffffffffu}) + "\x01", false,
+       {"4294967295", "(truncated)"}},
+      {"zero_width", big_endian({0x803, 2, 0, 3}), true, {"dimensions 0 x 3"}},
+  };
+  const fs::path dir = temp_dir("bad-idx");
+  for (const IdxCase& c : table) {
+    const std::string path = (dir / c.name).string();
+    write_bytes(path, c.bytes);
+    std::vector<std::string> words = c.words;
+    words.push_back(path);
+    if (c.images) {
+      expect_error<FileError>([&] { mnist::read_idx_images(path); }, words);
+    } else {
+      expect_error<FileError>([&] { mnist::read_idx_labels(path); }, words);
+    }
+  }
+  // A folder, and a missing file, with the OS's reason.
+  expect_error<FileError>([&] { mnist::read_idx_images(dir.string()); },
+                          {dir.string(), "is a directory"});
+  expect_error<FileError>([&] { mnist::read_idx_images((dir / "missing").string()); },
+                          {"missing", "cannot open", "No such file or directory"});
+}
+
+TEST(BadInput, DatasetsWithoutSamplesOrOfTwoImageSizesAreRejected) {
+  const fs::path data = make_dataset("bad-splits", 64, 16);
+  mnist::write_idx_images((data / "train-images-idx3-ubyte").string(), {0, 28, 28, {}});
+  mnist::write_idx_labels((data / "train-labels-idx1-ubyte").string(), {});
+  CliResult r = cli({"--data", data.string(), "--quiet"});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("train-images-idx3-ubyte: holds no samples"), std::string::npos) << r.err;
+
+  write_fixture(data, "train", 64, 1);
+  mnist::write_idx_images((data / "t10k-images-idx3-ubyte").string(),
+                          {16, 20, 20, std::vector<uint8_t>(16 * 400, 0)});
+  r = cli({"--data", data.string(), "--quiet", "--epochs", "1"});
+  EXPECT_EQ(r.status, 1);
+  for (const char* word : {"t10k-images-idx3-ubyte", "400 pixels", "have 784"}) {
+    EXPECT_NE(r.err.find(word), std::string::npos) << word << " in " << r.err;
+  }
+}
+
+// ---- safetensors ----
+
+// A safetensors file from a header text and a data section.
+std::string safetensors(const std::string& header, const std::string& data) {
+  std::string out;
+  for (int i = 0; i < 8; ++i) out += char(uint64_t(header.size()) >> (8 * i));
+  return out + header + data;
+}
+
+struct SafetensorsCase {
+  std::string name;
+  std::string bytes;
+  std::vector<std::string> words;
+};
+
+TEST(BadInput, SafetensorsFilesAreRejectedNamingFileTensorAndFault) {
+  const std::string f32x2(8, '\0');
+  const auto one = [&](const std::string& entry) {
+    return safetensors(R"({"w":)" + entry + "}", f32x2);
+  };
+  const std::vector<SafetensorsCase> table{
+      {"short", "abc", {"truncated", "3 bytes"}},
+      {"header_past_end", std::string("\x10\0\0\0\0\0\0\0{}", 10),
+       {"header length 16 exceeds the 2 bytes"}},
+      {"not_json", safetensors("{{{{", ""), {"not valid JSON"}},
+      {"json_array", safetensors("[1, 2]", ""), {"not a JSON object"}},
+      {"entry_not_object", one("7"), {"'w'", "not a JSON object"}},
+      {"dtype_number", one(R"({"dtype":5,"shape":[2],"data_offsets":[0,8]})"), {"'w'", "dtype"}},
+      {"dtype_unknown", one(R"({"dtype":"F8","shape":[2],"data_offsets":[0,8]})"),
+       {"'w'", "unsupported dtype"}},
+      {"shape_string", one(R"({"dtype":"F32","shape":"2","data_offsets":[0,8]})"),
+       {"'w'", "shape"}},
+      {"offsets_strings", one(R"({"dtype":"F32","shape":[2],"data_offsets":["0","8"]})"),
+       {"'w'", "bad data offset"}},
+      {"offsets_single", one(R"({"dtype":"F32","shape":[2],"data_offsets":[0]})"),
+       {"'w'", "data_offsets"}},
+      {"negative_dimension", one(R"({"dtype":"F32","shape":[-2],"data_offsets":[0,8]})"),
+       {"'w'", "bad dimension -2"}},
+      {"dimension_2_63", one(R"({"dtype":"F32","shape":[9223372036854775808],"data_offsets":[0,8]})"),
+       {"'w'", "bad dimension 9223372036854775808"}},
+      {"count_overflow",
+       one(R"({"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]})"),
+       {"'w'", "overflows"}},
+      {"byte_overflow", one(R"({"dtype":"F64","shape":[4611686018427387904],"data_offsets":[0,8]})"),
+       {"'w'", "byte count overflows"}},
+      {"offsets_disagree", one(R"({"dtype":"F32","shape":[3],"data_offsets":[0,8]})"),
+       {"'w'", "data_offsets [0, 8] for 12 bytes", "float32[3]"}},
+      {"data_truncated", one(R"({"dtype":"F32","shape":[4],"data_offsets":[0,16]})"),
+       {"truncated", "'w'", "ends at byte 16", "8-byte"}},
+      {"overlap",
+       safetensors(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                   R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                   f32x2),
+       {"'a' [0, 8)", "'b' [4, 8)", "overlap"}},
+      {"metadata_not_object", safetensors(R"({"__metadata__":[1]})", ""), {"__metadata__"}},
+  };
+  const fs::path dir = temp_dir("bad-safetensors");
+  for (const SafetensorsCase& c : table) {
+    const std::string path = (dir / (c.name + ".safetensors")).string();
+    write_bytes(path, c.bytes);
+    std::vector<std::string> words = c.words;
+    words.push_back(path);
+    SCOPED_TRACE(c.name);
+    expect_error<FileError>([&] { optim::read_safetensors(path); }, words);
+  }
+  expect_error<FileError>([&] { optim::read_safetensors(dir.string()); },
+                          {dir.string(), "is a directory"});
+}
+
+// Loading checks everything before it writes anything: a file that fails leaves the model as it
+// was.
+TEST(BadInput, LoadingRejectsUnknownNonFiniteAndIntegerTensors) {
+  const fs::path dir = temp_dir("bad-load");
+  nn::manual_seed(5);
+  nn::MLP model({3, 2});
+  const auto before = model.parameter("layers.0.weight").to_vector<float>();
+  const auto save = [&](const std::string& name, std::vector<nn::NamedTensor> tensors) {
+    const std::string path = (dir / name).string();
+    optim::save_safetensors(path, tensors);
+    return path;
+  };
+  const Tensor w = Tensor::zeros({2, 3}), b = Tensor::zeros({2});
+  std::string path = save("extra.safetensors", {{"layers.0.weight", w},
+                                                {"layers.0.bias", b},
+                                                {"layers.9.weight", w}});
+  expect_error<FileError>([&] { optim::load_parameters(model, path); },
+                          {path, "'layers.9.weight'", "does not have", "layers.0.bias"});
+  for (double bad : {NAN, INFINITY, -INFINITY}) {
+    Tensor nb = Tensor::zeros({2});
+    nb.data<float>()[1] = static_cast<float>(bad);
+    path = save("nonfinite.safetensors", {{"layers.0.weight", w}, {"layers.0.bias", nb}});
+    expect_error<FileError>([&] { optim::load_parameters(model, path); },
+                            {path, "'layers.0.bias'", "element 1", "must be finite"});
+  }
+  path = save("int.safetensors",
+              {{"layers.0.weight", Tensor::zeros({2, 3}, DType::kInt32)}, {"layers.0.bias", b}});
+  expect_error<FileError>([&] { optim::load_parameters(model, path); },
+                          {path, "'layers.0.weight'", "int32[2, 3]", "expects float32[2, 3]"});
+  EXPECT_EQ(model.parameter("layers.0.weight").to_vector<float>(), before);
+}
+
+// A save that fails halfway (here: the file-size limit, as a full disk would) throws, leaves the
+// previous file byte for byte, and leaves no temporary behind.
+TEST(BadInput, AFailedSaveKeepsThePreviousFile) {
+  const fs::path dir = temp_dir("atomic-save");
+  const std::string path = (dir / "w.safetensors").string();
+  optim::save_safetensors(path, {{"small", Tensor::full({4}, 1.5)}});
+  const auto good = read_file_bytes(path);
+
+  signal(SIGXFSZ, SIG_IGN);  // a write past the limit fails with EFBIG instead of killing us
+  rlimit old{};
+  getrlimit(RLIMIT_FSIZE, &old);
+  rlimit small = old;
+  small.rlim_cur = 4096;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  try {
+    optim::save_safetensors(path, {{"big", Tensor::zeros({1 << 16})}});
+    ADD_FAILURE() << "the save should have failed";
+  } catch (const FileError& e) {
+    EXPECT_NE(std::string(e.what()).find("File too large"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+  }
+  setrlimit(RLIMIT_FSIZE, &old);
+  EXPECT_EQ(read_file_bytes(path), good);
+  EXPECT_EQ(files_in(dir), std::vector<std::string>{"w.safetensors"});
+
+  expect_error<FileError>(
+      [&] { optim::save_safetensors((dir / "no/such/dir/w.safetensors").string(), {}); },
+      {"no/such/dir", "No such file or directory"});
+  expect_error<FileError>([&] { optim::save_safetensors(dir.string(), {}); }, {"is a directory"});
+}
+
+// ---- command lines ----
+
+struct CliCase {
+  std::vector<std::string> args;
+  std::vector<std::string> words;
+};
+
+// Every row exits 2 with one short line, before any data is read: --data points nowhere, so a
+// row that got as far as loading would exit 1 complaining about the data instead.
+TEST(BadInput, CommandLineMistakesExitTwoBeforeReadingData) {
+  const fs::path dir = temp_dir("bad-cli");
+  const std::vector<CliCase> table{
+      {{"--lr", "nan"}, {"--lr", "nan", "not a finite number"}},
+      {{"--lr", "inf"}, {"--lr", "inf"}},
+      {{"--lr", "0"}, {"--lr", "'0' must be > 0"}},
+      {{"--lr", "-1e-3"}, {"--lr"}},
+      {{"--lr", "1e999"}, {"--lr"}},
+      {{"--clip", "nan"}, {"--clip", "nan"}},
+      {{"--clip", "-1"}, {"--clip", "'-1' must be >= 0"}},
+      {{"--momentum", "nan"}, {"--momentum", "nan"}},
+      {{"--momentum", "1"}, {"--momentum", "'1'"}},
+      {{"--weight-decay", "nan"}, {"--weight-decay", "nan"}},
+      {{"--weight-decay", "-0.1"}, {"--weight-decay"}},
+      {{"--lr-scaling", "linear", "--base-batch", "1", "--lr", "1e307"},
+       {"--lr 1e+307", "linear", "gives inf"}},
+      {{"--epochs", "9223372036854775807"}, {"--epochs", "9223372036854775807"}},
+      {{"--epochs", "-1"}, {"--epochs"}},
+      {{"--micro-batch", "4611686018427387905", "--accum-steps", "4"}, {"--micro-batch"}},
+      {{"--micro-batch", "2147483647", "--accum-steps", "4"}, {"--batch", "exceeds 2147483647"}},
+      {{"--accum-steps", "-4"}, {"--accum-steps"}},
+      {{"--batch", "100", "--micro-batch", "32"}, {"batch 100", "not divisible"}},
+      {{"--train-limit", "-5"}, {"--train-limit"}},
+      {{"--warmup", "-3"}, {"--warmup"}},
+      {{"--threads", "-1"}, {"--threads"}},
+      {{"--base-batch", "0"}, {"--base-batch"}},
+      {{"--hidden", "99999999999"}, {"--hidden", "99999999999"}},
+      {{"--hidden", ""}, {"--hidden"}},
+      {{"--precision", "fp8"}, {"--precision", "fp8"}},
+      {{"--save", (dir / "missing/w.safetensors").string()},
+       {"--save", "missing", "No such file or directory"}},
+      {{"--save", dir.string()}, {"--save", "is a directory"}},
+      {{"--metrics", (dir / "missing/m.jsonl").string()}, {"--metrics", "No such file"}},
+      {{"--init", (dir / "none.safetensors").string()}, {"--init", "none.safetensors"}},
+  };
+  for (const CliCase& c : table) {
+    std::vector<std::string> args = c.args;
+    args.insert(args.end(), {"--data", "/nonexistent-accrue"});
+    const CliResult r = cli(args);
+    SCOPED_TRACE(c.args[0] + " " + (c.args.size() > 1 ? c.args[1] : ""));
+    EXPECT_EQ(r.status, 2) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_LT(r.err.size(), 300u) << r.err;
+    EXPECT_EQ(r.err.find("nonexistent-accrue"), std::string::npos) << "read data: " << r.err;
+    for (const std::string& w : c.words) {
+      EXPECT_NE(r.err.find(w), std::string::npos) << "'" << w << "' not in " << r.err;
+    }
+  }
+}
+
+// Weights that overflow the first layer make every gradient non-finite: every step is skipped,
+// the run exits 1 saying so, writes nothing with --save, and the metrics say "nan" (not null).
+TEST(BadInput, ARunWithoutAnyAppliedUpdateFails) {
+  const fs::path data = make_dataset("all-skipped", 256, 32);
+  nn::MLP huge({784, 32, 10});
+  for (Tensor p : huge.parameters()) p.fill_(1e38);
+  const std::string init = (data / "huge.safetensors").string();
+  optim::save_safetensors(init, huge.named_parameters());
+  const std::string save = (data / "out.safetensors").string();
+  const std::string metrics = (data / "m.jsonl").string();
+  const CliResult r = cli({"--data", data.string(), "--hidden", "32", "--init", init, "--save",
+                           save, "--metrics", metrics, "--epochs", "1", "--quiet"});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("no update was applied: all 2 steps were skipped"), std::string::npos)
+      << r.err;
+  EXPECT_FALSE(fs::exists(save));
+  std::ifstream in(metrics);
+  std::string first;
+  std::getline(in, first);
+  EXPECT_NE(first.find(R"("loss":"nan")"), std::string::npos) << first;
+  EXPECT_NE(first.find(R"("skipped":true)"), std::string::npos) << first;
+}
+
+}  // namespace
+}  // namespace accrue::testing

@@ -1,0 +1,166 @@
+// Misuse of the library API: each case is an error that names the op and the values, never a
+// crash, an out-of-bounds write or a silently wrong gradient.
+#include <thread>
+
+#include "test_util.h"
+
+namespace accrue::testing {
+namespace {
+
+TEST(Misuse, UndefinedTensorsThrowInsteadOfCrashing) {
+  const Tensor t;
+  expect_error<ValueError>([&] { (void)t.numel(); }, {"[numel]", "undefined"});
+  expect_error<ValueError>([&] { (void)t.shape(); }, {"[shape]", "undefined"});
+  expect_error<ValueError>([&] { (void)t.narrow(0, 1); }, {"undefined"});
+  expect_error<ValueError>([&] { (void)t.raw(); }, {"[raw]", "undefined"});
+  expect_error<ValueError>([&] { (void)t.requires_grad(); }, {"undefined"});
+  expect_error<ValueError>([&] { relu(t); }, {"undefined"});
+}
+
+TEST(Misuse, SizesThatOverflowAreRejected) {
+  const Tensor x = Tensor::zeros({4, 3});
+  expect_error<ShapeError>([&] { (void)x.narrow(1, INT64_MAX); },
+                           {"[narrow]", "9223372036854775807", "row 1", "[4, 3]"});
+  expect_error<ShapeError>([&] { (void)x.narrow(INT64_MAX, 1); }, {"[narrow]"});
+  expect_error<ShapeError>([&] { (void)x.narrow(5, 0); }, {"[narrow]"});
+  EXPECT_EQ(x.narrow(4, 0).numel(), 0);
+  expect_error<ShapeError>([] { Tensor::zeros({int64_t(1) << 32, int64_t(1) << 32}); },
+                           {"[shape]", "[4294967296, 4294967296]", "int64"});
+  expect_error<ShapeError>([] { Tensor::empty({int64_t(1) << 61, 2}); },
+                           {"[empty]", "float32[2305843009213693952, 2]", "size_t"});
+  expect_error<ShapeError>([] { Tensor::zeros({2, -1}); }, {"negative"});
+}
+
+// Backward runs on the thread that recorded the forward; another thread's tape does not hold
+// the node (before the fix it indexed that tape out of bounds).
+TEST(Misuse, BackwardOnAnotherThreadIsAnError) {
+  Tensor w = random({3}, 1);
+  w.set_requires_grad(true);
+  Tensor loss = sum(mul(w, w));
+  bool threw = false;
+  std::string message;
+  std::thread other([&] {
+    // Record something there too, so the other tape is not simply empty.
+    Tensor v = random({3}, 2);
+    v.set_requires_grad(true);
+    Tensor unrelated = sum(relu(v));
+    try {
+      loss.backward();
+    } catch (const AutogradError& e) {
+      threw = true;
+      message = e.what();
+    }
+    clear_tape();
+  });
+  other.join();
+  EXPECT_TRUE(threw);
+  EXPECT_NE(message.find("another thread"), std::string::npos) << message;
+  EXPECT_FALSE(w.grad().defined());
+  loss.backward();  // on its own thread it still works
+  EXPECT_TRUE(w.grad().defined());
+}
+
+// A module whose forward throws halfway leaves the tape as it found it.
+TEST(Misuse, AForwardThatThrowsLeavesNothingOnTheTape) {
+  nn::Sequential model;
+  model.add(std::make_shared<nn::Linear>(4, 3));
+  model.add(std::make_shared<nn::ReLU>());
+  model.add(std::make_shared<nn::Linear>(5, 2));  // does not fit the previous layer
+  expect_error<ShapeError>([&] { model(Tensor::zeros({2, 4})); }, {"[linear]", "[2, 3]"});
+  EXPECT_EQ(tape_size(), 0u);
+}
+
+// The version counter: a tensor saved for backward and then modified in place makes backward
+// throw, naming the node, instead of computing a gradient from the new values.
+TEST(Misuse, ModifyingASavedTensorBeforeBackwardIsAnError) {
+  Tensor x = random({2, 3}, 1);
+  Tensor w = random({4, 3}, 2);
+  w.set_requires_grad(true);
+  Tensor loss = sum(linear(x, w, Tensor()));
+  x.fill_(0.5);
+  expect_error<AutogradError>([&] { loss.backward(); },
+                              {"[linear backward]", "float64[2, 3]", "modified in place"});
+  EXPECT_EQ(tape_size(), 0u);
+  // Saved outputs too: tanh saves y.
+  Tensor y = accrue::tanh(w);
+  Tensor total = sum(y);
+  y.copy_(Tensor::zeros({4, 3}, DType::kFloat64));
+  expect_error<AutogradError>([&] { total.backward(); }, {"[tanh backward]"});
+}
+
+// The classic accumulation bug: an optimizer step between a forward and its backward.
+TEST(Misuse, AnUpdateBetweenForwardAndBackwardIsAnError) {
+  nn::manual_seed(1);
+  nn::MLP model({3, 4, 2});
+  optim::ParameterArena arena(model);
+  optim::SGD sgd(arena, {});
+  Tensor loss = cross_entropy(model(random({2, 3}, 3, DType::kFloat32)),
+                              Tensor::from_vector<int32_t>({2}, {0, 1}));
+  sgd.step();
+  expect_error<AutogradError>([&] { loss.backward(); }, {"backward]", "modified in place"});
+}
+
+TEST(Misuse, AParameterJoinsOneArenaAtATime) {
+  nn::MLP model({3, 2});
+  {
+    optim::ParameterArena first(model);
+    expect_error<ValueError>([&] { optim::ParameterArena second(model); },
+                             {"'layers.0.weight'", "already belongs"});
+  }
+  optim::ParameterArena again(model);  // the first one is gone
+  EXPECT_EQ(again.entries().size(), 2u);
+}
+
+// A micro-step whose forward throws abandons the window: no partial gradient stays in the arena
+// to leak into the next update, and the tape is empty.
+TEST(Misuse, AFailedMicroStepAbandonsTheWindow) {
+  nn::manual_seed(1);
+  nn::MLP model({3, 4, 2});
+  optim::ParameterArena arena(model);
+  optim::SGD sgd(arena, {});
+  optim::Accumulator acc(sgd, {});
+  const Tensor x = random({4, 3}, 3, DType::kFloat32);
+  const Tensor y = Tensor::from_vector<int32_t>({4}, {0, 1, 1, 0});
+  acc.begin_window(4);
+  acc.micro_step(2, [&] { return cross_entropy(model(x.narrow(0, 2)), y.narrow(0, 2)); });
+  expect_error<ValueError>(
+      [&] {
+        acc.micro_step(2, [&] {
+          Tensor logits = model(x.narrow(2, 2));
+          return cross_entropy(logits, Tensor::from_vector<int32_t>({2}, {0, 7}));
+        });
+      },
+      {"[cross_entropy]", "label 7"});
+  EXPECT_EQ(tape_size(), 0u);
+  for (float g : arena.grads().to_vector<float>()) ASSERT_EQ(g, 0.0f);
+  acc.begin_window(4);  // a new window opens cleanly
+}
+
+TEST(Misuse, OptimizerHyperParametersMustBeFinite) {
+  nn::MLP model({3, 2});
+  optim::ParameterArena arena(model);
+  optim::SgdOptions nan_lr;
+  nan_lr.lr = NAN;
+  expect_error<ValueError>([&] { optim::SGD(arena, nan_lr); }, {"learning rate", "nan"});
+  optim::SgdOptions momentum;
+  momentum.momentum = NAN;
+  expect_error<ValueError>([&] { optim::SGD(arena, momentum); }, {"[SGD] momentum", "nan"});
+  optim::AdamOptions decay;
+  decay.weight_decay = INFINITY;
+  expect_error<ValueError>([&] { optim::Adam(arena, decay); }, {"[Adam] weight_decay", "inf"});
+  optim::SGD sgd(arena, {});
+  expect_error<ValueError>([&] { sgd.set_lr(INFINITY); }, {"learning rate", "inf"});
+  optim::AccumulatorOptions nan_clip;
+  nan_clip.max_norm = NAN;
+  expect_error<ValueError>([&] { optim::Accumulator acc(sgd, nan_clip); }, {"max_norm"});
+  expect_error<ValueError>(
+      [] {
+        optim::plan_windows(10, {10, 0, 4, 1});
+      },
+      {"[plan_windows]", "micro_batch = 0"});
+  expect_error<ValueError>([] { optim::resolve_batch({0, int64_t(1) << 62, 4, 1}); },
+                           {"[batch]", "overflows"});
+}
+
+}  // namespace
+}  // namespace accrue::testing
