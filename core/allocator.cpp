@@ -40,7 +40,10 @@ void* CachingAllocator::allocate(size_t nbytes) {
       ptr = system_.allocate(size, device_.index);
     }
     if (ptr == nullptr) {
-      throw std::bad_alloc();
+      throw OutOfMemoryError(str_cat("[allocator] ", device_.str(), ": out of memory allocating ",
+                                     size, " bytes with ", stats_.live_bytes, " bytes live and ",
+                                     stats_.reserved_bytes, " reserved (",
+                                     system_.describe ? system_.describe(device_.index) : "", ")"));
     }
     ++stats_.system_allocs;
     stats_.reserved_bytes += size;
@@ -98,6 +101,9 @@ void* host_allocate(size_t nbytes, int) {
 void host_release(void* ptr, int) {
   std::free(ptr);
 }
+std::string host_describe(int) {
+  return "malloc returned null";
+}
 
 }  // namespace
 
@@ -107,7 +113,7 @@ SystemMemory cuda_system_memory();
 CachingAllocator& allocator_for(Device device) {
   if (device.is_cpu()) {
     static CachingAllocator* host =
-        new CachingAllocator(Device::cpu(), {host_allocate, host_release});
+        new CachingAllocator(Device::cpu(), {host_allocate, host_release, host_describe});
     return *host;
   }
   // Never destroyed, like the host allocator: static tensors may outlive any destructor order,

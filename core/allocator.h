@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 
 #include "core/device.h"
@@ -31,8 +32,11 @@ struct AllocatorStats {
 
 // Where a caching allocator gets its blocks: malloc for the host, cudaMalloc for a GPU.
 struct SystemMemory {
+  // nullptr when out of memory; other failures throw.
   void* (*allocate)(size_t nbytes, int device_index);
   void (*release)(void* ptr, int device_index);
+  // What the system says about its memory, for out-of-memory messages.
+  std::string (*describe)(int device_index);
 };
 
 class CachingAllocator {
@@ -45,7 +49,9 @@ class CachingAllocator {
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
 
-  // Returns a block of at least nbytes (rounded up to kGranule); nullptr for nbytes == 0.
+  // Returns a block of at least nbytes (rounded up to kGranule); nullptr for nbytes == 0. When the
+  // system is out of memory even after the pool was given back, throws OutOfMemoryError naming
+  // the device, the size, the live and reserved bytes and what the system reports.
   void* allocate(size_t nbytes);
   // Returns a block to the pool; it is not given back to the system.
   void deallocate(void* ptr);

@@ -32,6 +32,10 @@ struct AutogradError : std::runtime_error {
 struct BackendError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+// The device has no memory left for a request, even after the allocator's pool was released.
+struct OutOfMemoryError : BackendError {
+  using BackendError::BackendError;
+};
 // A data or checkpoint file that is missing, truncated or corrupt.
 struct FileError : std::runtime_error {
   using std::runtime_error::runtime_error;

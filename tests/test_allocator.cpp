@@ -18,7 +18,8 @@ class AllocatorTest : public ::testing::TestWithParam<Device> {
 // The pooling logic is the same for every device; it is checked here over host memory.
 TEST(Allocator, ReusesFreedBlocksAndCountsExactly) {
   CachingAllocator alloc(Device::cpu(), {[](size_t n, int) { return std::aligned_alloc(64, n); },
-                                         [](void* p, int) { std::free(p); }});
+                                         [](void* p, int) { std::free(p); },
+                                         [](int) { return std::string("test memory"); }});
   void* a = alloc.allocate(3 * kG);
   void* b = alloc.allocate(kG + 1);  // rounds up to 2 granules
   AllocatorStats s = alloc.stats();
@@ -58,6 +59,39 @@ TEST(Allocator, ReusesFreedBlocksAndCountsExactly) {
   EXPECT_EQ(s.system_frees, 3);
   EXPECT_EQ(alloc.allocate(0), nullptr);
   EXPECT_THROW(alloc.deallocate(reinterpret_cast<void*>(0x40)), std::logic_error);
+}
+
+// Out of memory: the pool is given back and the request retried once; then the error names the
+// device, the request, the live and reserved bytes and what the system said.
+TEST(Allocator, OutOfMemoryReleasesThePoolRetriesOnceThenNamesTheSizes) {
+  static int system_allocs = 0;
+  static size_t held = 0;
+  const SystemMemory tight{[](size_t n, int) -> void* {
+                             ++system_allocs;
+                             if (held + n > 8 * kG) return nullptr;
+                             held += n;
+                             return std::aligned_alloc(64, n);
+                           },
+                           [](void* p, int) {
+                             held -= kG;  // every block below is one granule
+                             std::free(p);
+                           },
+                           [](int) { return std::string("the test system has 8 granules"); }};
+  CachingAllocator alloc(Device::cpu(), tight);
+  std::vector<void*> blocks;
+  for (int i = 0; i < 8; ++i) blocks.push_back(alloc.allocate(kG));
+  alloc.deallocate(blocks.back());  // one granule pooled
+  blocks.pop_back();
+  system_allocs = 0;
+  // Needs two granules: the pooled one is too small, the system refuses, the pool goes back,
+  // the retry still fails (7 live + 2 > 8).
+  expect_error<OutOfMemoryError>([&] { alloc.allocate(2 * kG); },
+                                 {"[allocator] cpu", "1024 bytes", "3584 bytes live",
+                                  "3584 reserved", "the test system has 8 granules"});
+  EXPECT_EQ(system_allocs, 2) << "one try, one retry after releasing the pool";
+  EXPECT_EQ(alloc.stats().cached_bytes, 0u);
+  for (void* p : blocks) alloc.deallocate(p);
+  alloc.empty_cache();
 }
 
 TEST_P(AllocatorTest, DeviceAllocatorTracksTensors) {

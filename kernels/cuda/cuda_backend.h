@@ -13,4 +13,9 @@ class CudaBackend final : public Backend {
   ACCRUE_BACKEND_OVERRIDES
 };
 
+// out [1] = sum of x [n] on the device's stream, deterministic (reduce.cu); for kernels whose
+// input is scratch memory rather than a tensor. T is float or double.
+template <typename T>
+void reduce_sum(const T* x, int64_t n, Device device, T* out);
+
 }  // namespace accrue::cuda

@@ -33,13 +33,29 @@ namespace {
 struct LtDescriptors {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
   ~LtDescriptors() {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
     if (d) cublasLtMatrixLayoutDestroy(d);
     if (b) cublasLtMatrixLayoutDestroy(b);
     if (a) cublasLtMatrixLayoutDestroy(a);
     if (op) cublasLtMatmulDescDestroy(op);
   }
 };
+
+// The largest power of two (at most 256, cuBLASLt's default assumption) dividing the address:
+// arena views are 64-byte aligned and narrow() views may be aligned to a single element.
+uint32_t alignment_of(const void* p) {
+  const uintptr_t address = reinterpret_cast<uintptr_t>(p);
+  uint32_t align = 256;
+  while (align > 1 && address % align != 0) align /= 2;
+  return align;
+}
+
+void set_preference(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attr,
+                    uint32_t value) {
+  ACCRUE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)));
+}
 
 }  // namespace
 
@@ -75,15 +91,58 @@ void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor&
       cublasLtMatrixLayoutCreate(&desc.b, type, in, rows, static_cast<int64_t>(in)));
   ACCRUE_CUBLAS_CHECK(
       cublasLtMatrixLayoutCreate(&desc.d, type, out, rows, static_cast<int64_t>(out)));
+
+  // One heuristic query per (shape, dtype, real alignments, epilogue), cached in the context.
+  const LtKey key{rows,
+                  in,
+                  out,
+                  f32 ? 32 : 64,
+                  alignment_of(w.raw()),
+                  alignment_of(x.raw()),
+                  alignment_of(y.raw()),
+                  bias.defined() ? alignment_of(bias.raw()) : 0u};
+  LtPlan plan{};
+  {
+    std::lock_guard<std::mutex> lock(ctx.mutex);
+    auto it = ctx.lt_plans.find(key);
+    if (it != ctx.lt_plans.end()) {
+      plan = it->second;
+    } else {
+      ACCRUE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&desc.pref));
+      const uint64_t workspace = DeviceContext::kLtWorkspaceBytes;
+      ACCRUE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+          desc.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)));
+      set_preference(desc.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_w);
+      set_preference(desc.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_x);
+      set_preference(desc.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_y);
+      set_preference(desc.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_y);
+      cublasLtMatmulHeuristicResult_t result{};
+      int found = 0;
+      const cublasStatus_t status =
+          cublasLtMatmulAlgoGetHeuristic(ctx.cublas_lt, desc.op, desc.a, desc.b, desc.d, desc.d,
+                                         desc.pref, 1, &result, &found);
+      if (status != CUBLAS_STATUS_NOT_SUPPORTED) ACCRUE_CUBLAS_CHECK(status);
+      plan.found = status == CUBLAS_STATUS_SUCCESS && found > 0;
+      plan.algo = result.algo;
+      ctx.lt_plans.emplace(key, plan);
+    }
+  }
+  if (!plan.found) {
+    // No cuBLASLt kernel for these alignments: the same result as a GEMM and a bias add.
+    gemm(false, true, 1.0, x, w, 0.0, y);
+    if (bias.defined()) bias_add(y, bias, y);
+    return;
+  }
   const float alpha32 = 1.0f, beta32 = 0.0f;
   const double alpha64 = 1.0, beta64 = 0.0;
   const void* alpha = f32 ? static_cast<const void*>(&alpha32) : &alpha64;
   const void* beta = f32 ? static_cast<const void*>(&beta32) : &beta64;
-  // algo = nullptr: cuBLASLt picks one by its own heuristic; no workspace, so nothing is
-  // allocated behind the caching allocator's back.
+  // The workspace is the context's own (stream order keeps consecutive GEMMs apart), so nothing
+  // is allocated behind the caching allocator's back and nothing counts as an activation.
   ACCRUE_CUBLAS_CHECK(cublasLtMatmul(ctx.cublas_lt, desc.op, alpha, w.raw(), desc.a, x.raw(),
-                                     desc.b, beta, y.raw(), desc.d, y.raw(), desc.d, nullptr,
-                                     nullptr, 0, ctx.stream));
+                                     desc.b, beta, y.raw(), desc.d, y.raw(), desc.d, &plan.algo,
+                                     ctx.lt_workspace, DeviceContext::kLtWorkspaceBytes,
+                                     ctx.stream));
 }
 
 }  // namespace accrue::cuda

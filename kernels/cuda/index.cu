@@ -11,9 +11,19 @@ void CudaBackend::gather_rows(const Tensor& src, const Tensor& index, Tensor& ou
   const uint32_t* in = static_cast<const uint32_t*>(src.raw());
   uint32_t* o = static_cast<uint32_t*>(out.raw());
   const int32_t* idx = index.data<int32_t>();
+  const int64_t limit = src.size(0);
+  DeviceFault* fault = context(out.device().index).fault;
+  // A bad index (the host cannot check a device-resident index without a copy) is recorded as
+  // a fault, reported at the next host read, and its row is zeros: nothing is read out of bounds.
   for_each(rows * words, stream_of(out), [=] __device__(int64_t i) {
     const int64_t m = i / words, w = i - m * words;
-    o[i] = in[int64_t(idx[m]) * words + w];
+    const int32_t r = idx[m];
+    if (r < 0 || r >= limit) {
+      if (w == 0) record_fault(fault, kGatherIndex, r, m, limit);
+      o[i] = 0;
+      return;
+    }
+    o[i] = in[int64_t(r) * words + w];
   });
 }
 

@@ -71,12 +71,17 @@ __global__ void reduce_stage2(const Pair* partial, int count, W write) {
   if (threadIdx.x == 0) write(total);
 }
 
+static_assert(kReduceBlocks * sizeof(Pair) <= DeviceContext::kReducePartialBytes,
+              "the context's partials buffer must hold one Pair per block");
+
+// The partials live in the device context, not the caching allocator: a reduction in the middle
+// of a micro-step must not count as activation memory.
 template <typename T, typename F, typename W>
-void reduce_all(const Tensor& x, F f, W write) {
-  Tensor partial = Tensor::empty({kReduceBlocks * 2}, DType::kFloat64, x.device());
-  Pair* p = reinterpret_cast<Pair*>(partial.raw());
-  cudaStream_t s = stream_of(x);
-  reduce_stage1<<<kReduceBlocks, kThreads, 0, s>>>(x.data<T>(), x.numel(), f, p);
+void reduce_all(const T* x, int64_t n, Device device, F f, W write) {
+  DeviceContext& ctx = context(device.index);
+  Pair* p = static_cast<Pair*>(ctx.reduce_partials);
+  cudaStream_t s = ctx.stream;
+  reduce_stage1<<<kReduceBlocks, kThreads, 0, s>>>(x, n, f, p);
   ACCRUE_CUDA_LAUNCH_CHECK();
   reduce_stage2<<<1, kThreads, 0, s>>>(p, kReduceBlocks, write);
   ACCRUE_CUDA_LAUNCH_CHECK();
@@ -99,17 +104,23 @@ void CudaBackend::sum_rows(const Tensor& x, double alpha, double beta, Tensor& o
   });
 }
 
+template <typename T>
+void reduce_sum(const T* x, int64_t n, Device device, T* out) {
+  // x [n] -> out [1], in double, in a fixed order
+  reduce_all<T>(
+      x, n, device,
+      [] __device__(T v) {
+        return Pair{double(v), 0.0};
+      },
+      [=] __device__(Pair total) { out[0] = T(total.a); });
+}
+template void reduce_sum<float>(const float*, int64_t, Device, float*);
+template void reduce_sum<double>(const double*, int64_t, Device, double*);
+
 void CudaBackend::sum_all(const Tensor& x, Tensor& out) {
   // x [n] -> out [1]
-  ACCRUE_DISPATCH_FLOATING(x.dtype(), "sum", [&] {
-    T* o = out.data<T>();
-    reduce_all<T>(
-        x,
-        [] __device__(T v) {
-          return Pair{double(v), 0.0};
-        },
-        [=] __device__(Pair total) { o[0] = T(total.a); });
-  });
+  ACCRUE_DISPATCH_FLOATING(x.dtype(), "sum",
+                           [&] { reduce_sum(x.data<T>(), x.numel(), x.device(), out.data<T>()); });
 }
 
 void CudaBackend::norm_sq(const Tensor& g, Tensor& out) {
@@ -117,7 +128,7 @@ void CudaBackend::norm_sq(const Tensor& g, Tensor& out) {
   ACCRUE_DISPATCH_FLOATING(g.dtype(), "norm_sq", [&] {
     T* o = out.data<T>();
     reduce_all<T>(
-        g,
+        g.data<T>(), g.numel(), g.device(),
         [] __device__(T v) {
           const double d = double(v);
           return Pair{d * d, isfinite(d) ? 0.0 : 1.0};

@@ -1,6 +1,7 @@
 // The CUDA entry points core/ needs: device discovery (any driver error means "no GPU"),
 // cudaMalloc-backed system memory for the caching allocator, host <-> device copies, and the
 // per-device contexts.
+#include <algorithm>
 #include <memory>
 #include <mutex>
 
@@ -34,14 +35,47 @@ const Discovery& discovery() {
   return d;
 }
 
+// nullptr only when the device is out of memory: the caching allocator then frees its pool and
+// retries once, then throws naming the sizes. Any other error (a sticky one left by a faulting
+// kernel, say) is not an out-of-memory and throws at once with its own string and file:line.
 void* device_allocate(size_t nbytes, int device) {
   cuda::context(device);
   void* ptr = nullptr;
-  if (cudaMalloc(&ptr, nbytes) != cudaSuccess) {
-    cudaGetLastError();
-    return nullptr;  // the caching allocator frees its pool and retries, then throws
+  const cudaError_t status = cudaMalloc(&ptr, nbytes);
+  if (status == cudaErrorMemoryAllocation) {
+    cudaGetLastError();  // not sticky: clear it
+    return nullptr;
   }
+  ACCRUE_CUDA_CHECK(status);
   return ptr;
+}
+
+std::string device_memory_info(int device) {
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaSetDevice(device) != cudaSuccess ||
+      cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+    cudaGetLastError();
+    return "cudaMemGetInfo failed";
+  }
+  return str_cat("cudaMemGetInfo: ", free_bytes, " bytes free of ", total_bytes);
+}
+
+// After a synchronisation of ctx's stream that followed enqueue_fault_readback(): throws the
+// first fault a kernel recorded (a bad device-resident index or label) and clears it.
+void check_faults(cuda::DeviceContext& ctx) {
+  const cuda::DeviceFault f = *ctx.fault_host;
+  if (f.op == cuda::kNoFault) return;
+  ctx.fault_host->op = cuda::kNoFault;
+  ACCRUE_CUDA_CHECK(cudaMemsetAsync(ctx.fault, 0, sizeof(cuda::DeviceFault), ctx.stream));
+  const char* what = f.op == cuda::kGatherIndex ? "[gather_rows] index " : "[cross_entropy] label ";
+  throw ValueError(str_cat(what, f.value, " at position ", f.position, " is out of range [0, ",
+                           f.limit, ") (found by a kernel on cuda:", ctx.device,
+                           "; the results since then are not valid)"));
+}
+
+void enqueue_fault_readback(cuda::DeviceContext& ctx) {
+  ACCRUE_CUDA_CHECK(cudaMemcpyAsync(ctx.fault_host, ctx.fault, sizeof(cuda::DeviceFault),
+                                    cudaMemcpyDeviceToHost, ctx.stream));
 }
 
 // Never throws: it may run while the runtime unloads. A failure here leaks the block.
@@ -62,14 +96,17 @@ std::string cuda_unavailable_reason() {
   return discovery().reason;
 }
 SystemMemory cuda_system_memory() {
-  return {device_allocate, device_release};
+  return {device_allocate, device_release, device_memory_info};
 }
 
 std::string cpu_model_name();
 
 void synchronize(Device device) {
-  if (device.is_cuda())
-    ACCRUE_CUDA_CHECK(cudaStreamSynchronize(cuda::context(device.index).stream));
+  if (!device.is_cuda()) return;
+  cuda::DeviceContext& ctx = cuda::context(device.index);
+  enqueue_fault_readback(ctx);
+  ACCRUE_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
+  check_faults(ctx);
 }
 
 std::string device_name(Device device) {
@@ -89,13 +126,27 @@ void cuda_copy_bytes(void* dst, Device dst_device, const void* src, Device src_d
   if (dst_device.is_cpu()) kind = cudaMemcpyDeviceToHost;
   if (src_device.is_cpu()) kind = cudaMemcpyHostToDevice;
   if (dst_device.is_cuda() && src_device.is_cuda() && dst_device != src_device) {
+    // The source is written on its own device's stream: the copy waits for that work first.
+    cuda::DeviceContext& src_ctx = cuda::context(src_device.index);
+    cudaEvent_t written;
+    ACCRUE_CUDA_CHECK(cudaEventCreateWithFlags(&written, cudaEventDisableTiming));
+    const cudaError_t recorded = cudaEventRecord(written, src_ctx.stream);
+    const cudaError_t waited =
+        recorded == cudaSuccess ? cudaStreamWaitEvent(ctx.stream, written, 0) : recorded;
+    cudaEventDestroy(written);  // released once the wait has been satisfied
+    ACCRUE_CUDA_CHECK(waited);
+    cuda::context(gpu.index);  // the destination device is current again
     ACCRUE_CUDA_CHECK(
         cudaMemcpyPeerAsync(dst, dst_device.index, src, src_device.index, nbytes, ctx.stream));
+    // A fault on the source device belongs to its own next host read.
   } else {
     ACCRUE_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, kind, ctx.stream));
   }
-  // Host memory on either side may be reused as soon as we return.
+  // Host memory on either side may be reused as soon as we return; a host read also reports
+  // what the kernels before it found wrong.
+  enqueue_fault_readback(ctx);
   ACCRUE_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
+  check_faults(ctx);
 }
 
 namespace cuda {
@@ -118,9 +169,28 @@ DeviceContext& context(int device) {
     ACCRUE_CUBLAS_CHECK(cublasCreate(&ctx->cublas));
     ACCRUE_CUBLAS_CHECK(cublasSetStream(ctx->cublas, ctx->stream));
     ACCRUE_CUBLAS_CHECK(cublasLtCreate(&ctx->cublas_lt));
+    ACCRUE_CUDA_CHECK(cudaMalloc(&ctx->reduce_partials, DeviceContext::kReducePartialBytes));
+    ACCRUE_CUDA_CHECK(cudaMalloc(&ctx->lt_workspace, DeviceContext::kLtWorkspaceBytes));
+    ACCRUE_CUDA_CHECK(cudaMalloc(&ctx->fault, sizeof(DeviceFault)));
+    ACCRUE_CUDA_CHECK(cudaMemset(ctx->fault, 0, sizeof(DeviceFault)));
+    ACCRUE_CUDA_CHECK(cudaMallocHost(&ctx->fault_host, sizeof(DeviceFault)));
+    ctx->fault_host->op = kNoFault;
     slot = std::move(ctx);
   }
   return *slot;
+}
+
+void* row_scratch(DeviceContext& ctx, size_t nbytes) {
+  std::lock_guard<std::mutex> lock(ctx.mutex);
+  if (nbytes > ctx.row_scratch_bytes) {
+    const size_t grown = std::max(nbytes, 2 * ctx.row_scratch_bytes);
+    if (ctx.row_scratch) ACCRUE_CUDA_CHECK(cudaFree(ctx.row_scratch));  // waits for the device
+    ctx.row_scratch = nullptr;
+    ctx.row_scratch_bytes = 0;
+    ACCRUE_CUDA_CHECK(cudaMalloc(&ctx.row_scratch, grown));
+    ctx.row_scratch_bytes = grown;
+  }
+  return ctx.row_scratch;
 }
 
 }  // namespace cuda

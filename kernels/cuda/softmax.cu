@@ -1,7 +1,9 @@
 // CUDA softmax family over the rows of [N, C] logits: one warp per row, lanes striding over the
 // classes, warp shuffles for the row max and sums. The cross-entropy loss sums per-row losses
-// with the deterministic sum_all; a label outside [0, C) makes its row's loss NaN (the CPU
-// checks labels at the public edge; a CUDA kernel has no cheap way to throw).
+// with the deterministic sum_all. A label outside [0, C) (the CPU checks labels at the public
+// edge; device-resident labels cannot be checked without a copy) makes its row's loss and its
+// row's gradient NaN, so the boundary step skips the update, and is recorded as a fault that the
+// next host read reports.
 #include <cmath>
 
 #include "kernels/cuda/cuda_backend.h"
@@ -67,7 +69,7 @@ __global__ void log_softmax_backward_kernel(const T* y, const T* dy, T* dx, int6
 // logits [N, C], labels [N] -> probs [N, C] = softmax, row_loss [N] = lse - logits[label]
 template <typename T>
 __global__ void cross_entropy_kernel(const T* x, const int32_t* labels, T* probs, T* row_loss,
-                                     int64_t rows, int64_t cols) {
+                                     int64_t rows, int64_t cols, DeviceFault* fault) {
   const int64_t r = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (r >= rows) return;
@@ -76,7 +78,9 @@ __global__ void cross_entropy_kernel(const T* x, const int32_t* labels, T* probs
   for (int64_t c = lane; c < cols; c += kWarp) probs[r * cols + c] = exp(row[c] - lse);
   if (lane == 0) {
     const int32_t label = labels[r];
-    row_loss[r] = (label >= 0 && label < cols) ? lse - row[label] : T(NAN);
+    const bool valid = label >= 0 && label < cols;
+    if (!valid) record_fault(fault, kLabel, label, r, cols);
+    row_loss[r] = valid ? lse - row[label] : T(NAN);
   }
 }
 
@@ -107,15 +111,21 @@ void CudaBackend::log_softmax_backward(const Tensor& y, const Tensor& dy, Tensor
 void CudaBackend::cross_entropy(const Tensor& logits, const Tensor& labels, Tensor& loss,
                                 Tensor& probs) {
   ACCRUE_DISPATCH_FLOATING(logits.dtype(), "cross_entropy", [&] {
+    // Per-row losses in the context's row scratch (not an activation), then the deterministic
+    // sum. rows >= 1 here: the scratch view needs a non-empty block.
     const int64_t rows = logits.size(0);
-    Tensor row_loss = Tensor::empty({rows}, logits.dtype(), logits.device());
-    if (rows > 0) {
-      cross_entropy_kernel<<<row_blocks(rows), kThreads, 0, stream_of(logits)>>>(
-          logits.data<T>(), labels.data<int32_t>(), probs.data<T>(), row_loss.data<T>(), rows,
-          logits.size(1));
-      ACCRUE_CUDA_LAUNCH_CHECK();
+    if (rows == 0) {
+      fill(loss, 0.0);
+      return;
     }
-    sum_all(row_loss, loss);
+    DeviceContext& ctx = context(logits.device().index);
+    T* row_loss = static_cast<T*>(row_scratch(ctx, sizeof(T) * size_t(rows)));
+    cross_entropy_kernel<<<row_blocks(rows), kThreads, 0, ctx.stream>>>(
+        logits.data<T>(), labels.data<int32_t>(), probs.data<T>(), row_loss, rows, logits.size(1),
+        ctx.fault);
+    ACCRUE_CUDA_LAUNCH_CHECK();
+    T* o = loss.data<T>();
+    reduce_sum(row_loss, rows, logits.device(), o);
   });
 }
 
@@ -130,7 +140,8 @@ void CudaBackend::cross_entropy_backward(const Tensor& probs, const Tensor& labe
     const int64_t cols = probs.size(1);
     for_each(probs.numel(), stream_of(probs), [=] __device__(int64_t i) {
       const int64_t r = i / cols, c = i - r * cols;
-      out[i] = fn::CrossEntropyGrad{}(p[i], c == label[r], g[0]);
+      const int32_t l = label[r];
+      out[i] = (l >= 0 && l < cols) ? fn::CrossEntropyGrad{}(p[i], c == l, g[0]) : T(NAN);
     });
   });
 }
