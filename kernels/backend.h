@@ -24,81 +24,82 @@ struct SgdParams {
   bool nesterov;
 };
 
+// Every primitive, once: X(name, (parameters)). The list expands into the abstract interface
+// below, into each backend's overrides (ACCRUE_BACKEND_OVERRIDES) and into the names the backend
+// test table must cover (kBackendPrimitives), so a primitive added here without a test row
+// fails tests/test_backend.cpp. All 2-D tensors are row-major.
+#define ACCRUE_BACKEND_PRIMITIVES(X)                                                              \
+  /* Memory. fill: out = value. copy: same device, same bytes. cast: between float32, float64  \
+     and int32, element by element, same device. */                                              \
+  X(fill, (Tensor & out, double value))                                                           \
+  X(copy, (const Tensor& src, Tensor& dst))                                                       \
+  X(cast, (const Tensor& src, Tensor& dst))                                                       \
+  /* out [M, ...] = src[index[m], ...] for int32 index [M] (rows of any dtype; data loading). */ \
+  X(gather_rows, (const Tensor& src, const Tensor& index, Tensor& out))                           \
+  /* Element-wise: y = op(x); dx = op'(saved) * dy, where saved is x for relu/gelu and y for    \
+     tanh; out = a op b; y += alpha * x (the accumulation primitive). alpha of unary is the    \
+     factor of kScale. */                                                                         \
+  X(unary, (UnaryOp op, const Tensor& x, double alpha, Tensor& y))                                \
+  X(unary_backward, (UnaryOp op, const Tensor& saved, const Tensor& dy, Tensor& dx))              \
+  X(binary, (BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out))                         \
+  X(axpy, (double alpha, const Tensor& x, Tensor& y))                                             \
+  /* x [N, C] + b [C] -> y [N, C] (y may alias x). out [C] = beta * out + alpha * sum over rows \
+     of x [N, C]. out [1] = sum of all of x in a fixed order (deterministic for any thread      \
+     count). out [any] = alpha * s[0] for a one-element s on the same device. */                  \
+  X(bias_add, (const Tensor& x, const Tensor& b, Tensor& y))                                      \
+  X(sum_rows, (const Tensor& x, double alpha, double beta, Tensor& out))                          \
+  X(sum_all, (const Tensor& x, Tensor& out))                                                      \
+  X(expand_scalar, (const Tensor& s, double alpha, Tensor& out))                                  \
+  /* c = alpha * op(a) @ op(b) + beta * c, op = transpose when the flag is set: op(a) [M, K],    \
+     op(b) [K, N], c [M, N]. The Linear forward: y [N, out] = x [N, in] @ w [out, in]^T + bias  \
+     [out] (bias may be undefined): GEMM + in-place bias on the CPU, one cuBLASLt call with a  \
+     bias epilogue on CUDA. */                                                                    \
+  X(gemm, (bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b,           \
+           double beta, Tensor& c))                                                               \
+  X(linear_forward, (const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y))            \
+  /* Row-wise over x [N, C]: y = log_softmax(x); dx = dy - exp(y) * rowsum(dy). Fused softmax   \
+     cross-entropy, sum over rows: logits [N, C], labels int32 [N] -> loss [1] = sum_n -log     \
+     softmax(logits)[n, label_n], probs [N, C] = softmax(logits); backward dlogits [N, C] =     \
+     dloss[0] * (probs - onehot(labels)). argmax: x [N, C] -> int32 index [N] (first of ties). \
+     count_equal: int32 [N] each -> int32 [1] rows where a == b. */                               \
+  X(log_softmax, (const Tensor& x, Tensor& y))                                                    \
+  X(log_softmax_backward, (const Tensor& y, const Tensor& dy, Tensor& dx))                        \
+  X(cross_entropy, (const Tensor& logits, const Tensor& labels, Tensor& loss, Tensor& probs))     \
+  X(cross_entropy_backward,                                                                       \
+    (const Tensor& probs, const Tensor& labels, const Tensor& dloss, Tensor& dlogits))            \
+  X(argmax, (const Tensor& x, Tensor& index))                                                     \
+  X(count_equal, (const Tensor& a, const Tensor& b, Tensor& out))                                 \
+  /* The optimizer step, once per effective batch, over the flat arenas. norm_sq: out [2] =     \
+     {sum of g^2, number of non-finite entries}, in a fixed order. boundary: out [3] = {norm,   \
+     coef, skip} with norm = normalize * sqrt(sum g^2) (the pre-clip norm of the normalised     \
+     gradient), coef = normalize * min(1, max_norm / (norm + 1e-6)) (no clip when max_norm <=  \
+     0), skip = 1 when any entry was non-finite; steps (int32 [1], applied updates) += 1 unless \
+     skipped. The fused updates: g' = g * coef, the update, g = 0; with skip != 0 only g = 0.   \
+     coef, skip and the step count are read on the device: nothing waits for the host. */        \
+  X(norm_sq, (const Tensor& g, Tensor& out))                                                      \
+  X(boundary, (const Tensor& norm_sq, double normalize, double max_norm, Tensor& out,            \
+               Tensor& steps))                                                                    \
+  X(adam_step, (const AdamParams& hp, const Tensor& boundary, const Tensor& steps, Tensor& param, \
+                Tensor& grad, Tensor& m, Tensor& v))                                              \
+  X(sgd_step, (const SgdParams& hp, const Tensor& boundary, const Tensor& steps, Tensor& param,  \
+               Tensor& grad, Tensor& momentum))
+
+#define ACCRUE_BACKEND_PURE_VIRTUAL(name, params) virtual void name params = 0;
+#define ACCRUE_BACKEND_OVERRIDE(name, params) void name params override;
+#define ACCRUE_BACKEND_NAME(name, params) #name,
+
 class Backend {
  public:
   virtual ~Backend() = default;
-
-  // Memory.
-  virtual void fill(Tensor& out, double value) = 0;
-  virtual void copy(const Tensor& src, Tensor& dst) = 0;  // same device, same bytes
-  // Converts between float32 and float64 (and int32) elementwise, same device.
-  virtual void cast(const Tensor& src, Tensor& dst) = 0;
-
-  // out [M, ...] = src[index[m], ...] for int32 index [M] (rows of any dtype; data loading).
-  virtual void gather_rows(const Tensor& src, const Tensor& index, Tensor& out) = 0;
-
-  // Element-wise: y = op(x) (alpha is the factor of kScale), dx = op'(saved) * dy, where saved is
-  // x for relu/gelu/scale and y for tanh; out = a op b.
-  virtual void unary(UnaryOp op, const Tensor& x, double alpha, Tensor& y) = 0;
-  virtual void unary_backward(UnaryOp op, const Tensor& saved, const Tensor& dy, Tensor& dx) = 0;
-  virtual void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) = 0;
-  // y += alpha * x: the accumulation primitive.
-  virtual void axpy(double alpha, const Tensor& x, Tensor& y) = 0;
-
-  // x [N, C] + b [C] -> y [N, C]
-  virtual void bias_add(const Tensor& x, const Tensor& b, Tensor& y) = 0;
-  // out [C] = beta * out + alpha * sum over rows of x [N, C]
-  virtual void sum_rows(const Tensor& x, double alpha, double beta, Tensor& out) = 0;
-  // out [1] = sum of every element of x, in a fixed order (deterministic for any thread count)
-  virtual void sum_all(const Tensor& x, Tensor& out) = 0;
-  // out [any] = alpha * s[0] everywhere; s is a one-element tensor on the same device
-  virtual void expand_scalar(const Tensor& s, double alpha, Tensor& out) = 0;
-
-  // c = alpha * op(a) @ op(b) + beta * c with op = transpose when the flag is set. All 2-D
-  // row-major: op(a) is [M, K], op(b) is [K, N], c is [M, N].
-  virtual void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b,
-                    double beta, Tensor& c) = 0;
-
-  // The Linear forward: y [N, out] = x [N, in] @ w [out, in]^T + bias [out] (bias may be
-  // undefined). The CPU runs a GEMM then an in-place bias add; CUDA fuses the bias into the GEMM
-  // with a cuBLASLt epilogue.
-  virtual void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) = 0;
-
-  // Row-wise over x [N, C]: y = log_softmax(x); dx = dy - exp(y) * rowsum(dy).
-  virtual void log_softmax(const Tensor& x, Tensor& y) = 0;
-  virtual void log_softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) = 0;
-  // Fused softmax cross-entropy, sum over rows: logits [N, C], labels int32 [N] ->
-  // loss [1] = sum_n -log softmax(logits)[n, label_n], probs [N, C] = softmax(logits).
-  virtual void cross_entropy(const Tensor& logits, const Tensor& labels, Tensor& loss,
-                             Tensor& probs) = 0;
-  // dlogits [N, C] = dloss[0] * (probs - onehot(labels)).
-  virtual void cross_entropy_backward(const Tensor& probs, const Tensor& labels,
-                                      const Tensor& dloss, Tensor& dlogits) = 0;
-  // x [N, C] -> index int32 [N] of each row's largest value (first on ties).
-  virtual void argmax(const Tensor& x, Tensor& index) = 0;
-  // Counts rows where labels[n] == index[n]; int32 [N] each -> out int32 [1].
-  virtual void count_equal(const Tensor& a, const Tensor& b, Tensor& out) = 0;
-
-  // Optimizer step, once per effective batch, over the flat arenas.
-  // out float32/float64 [2] = {sum of g^2, number of non-finite entries}, reduced in a fixed
-  // order so the result does not depend on the thread count.
-  virtual void norm_sq(const Tensor& g, Tensor& out) = 0;
-  // The boundary scalars from norm_sq's output, on the device: out [3] = {norm, coef, skip} with
-  // norm = normalize * sqrt(sum g^2) (the pre-clip norm of the normalised gradient),
-  // coef = normalize * min(1, max_norm / (norm + 1e-6)) (no clip when max_norm <= 0), and
-  // skip = 1 when any entry was non-finite. steps (int32 [1], the optimizer's count of applied
-  // updates) is incremented unless the step is skipped; the update passes read it from there.
-  virtual void boundary(const Tensor& norm_sq, double normalize, double max_norm, Tensor& out,
-                        Tensor& steps) = 0;
-  // The fused updates. For every element g' = g * coef, then the update, then g = 0; when skip
-  // != 0 the parameters and state are left alone and only g is zeroed. Every scalar that
-  // depends on the gradient (coef, skip, the step count for bias correction and SGD's first
-  // step) is read on the device, so nothing waits for the host between norm and update.
-  virtual void adam_step(const AdamParams& hp, const Tensor& boundary, const Tensor& steps,
-                         Tensor& param, Tensor& grad, Tensor& m, Tensor& v) = 0;
-  virtual void sgd_step(const SgdParams& hp, const Tensor& boundary, const Tensor& steps,
-                        Tensor& param, Tensor& grad, Tensor& momentum) = 0;
+  ACCRUE_BACKEND_PRIMITIVES(ACCRUE_BACKEND_PURE_VIRTUAL)
 };
+
+// Declares every primitive as an override; a backend class holds just this line:
+//   class CpuBackend final : public Backend { public: ACCRUE_BACKEND_OVERRIDES };
+#define ACCRUE_BACKEND_OVERRIDES ACCRUE_BACKEND_PRIMITIVES(ACCRUE_BACKEND_OVERRIDE)
+
+// The name of every primitive, in interface order.
+inline constexpr const char* kBackendPrimitives[] = {ACCRUE_BACKEND_PRIMITIVES(ACCRUE_BACKEND_NAME)};
 
 Backend& backend_for(Device device);
 
@@ -112,39 +113,5 @@ inline GemmDims gemm_dims(bool trans_a, const Tensor& a, const Tensor& b, const 
           static_cast<int>(trans_a ? a.size(0) : a.size(1)), static_cast<int>(a.size(1)),
           static_cast<int>(b.size(1))};
 }
-
-// Declares every primitive above as an override; a backend class holds just this line:
-//   class CpuBackend final : public Backend { public: ACCRUE_BACKEND_OVERRIDES };
-#define ACCRUE_BACKEND_OVERRIDES                                                                   \
-  void fill(Tensor& out, double value) override;                                                   \
-  void copy(const Tensor& src, Tensor& dst) override;                                              \
-  void cast(const Tensor& src, Tensor& dst) override;                                              \
-  void gather_rows(const Tensor& src, const Tensor& index, Tensor& out) override;                  \
-  void unary(UnaryOp op, const Tensor& x, double alpha, Tensor& y) override;                       \
-  void unary_backward(UnaryOp op, const Tensor& saved, const Tensor& dy, Tensor& dx) override;     \
-  void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) override;                \
-  void axpy(double alpha, const Tensor& x, Tensor& y) override;                                    \
-  void bias_add(const Tensor& x, const Tensor& b, Tensor& y) override;                             \
-  void sum_rows(const Tensor& x, double alpha, double beta, Tensor& out) override;                 \
-  void sum_all(const Tensor& x, Tensor& out) override;                                             \
-  void expand_scalar(const Tensor& s, double alpha, Tensor& out) override;                         \
-  void gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b,            \
-            double beta, Tensor& c) override;                                                      \
-  void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) override;   \
-  void log_softmax(const Tensor& x, Tensor& y) override;                                           \
-  void log_softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) override;               \
-  void cross_entropy(const Tensor& logits, const Tensor& labels, Tensor& loss, Tensor& probs)      \
-      override;                                                                                    \
-  void cross_entropy_backward(const Tensor& probs, const Tensor& labels, const Tensor& dloss,      \
-                              Tensor& dlogits) override;                                           \
-  void argmax(const Tensor& x, Tensor& index) override;                                            \
-  void count_equal(const Tensor& a, const Tensor& b, Tensor& out) override;                        \
-  void norm_sq(const Tensor& g, Tensor& out) override;                                             \
-  void boundary(const Tensor& norm_sq, double normalize, double max_norm, Tensor& out,             \
-                Tensor& steps) override;                                                           \
-  void adam_step(const AdamParams& hp, const Tensor& boundary, const Tensor& steps, Tensor& param, \
-                 Tensor& grad, Tensor& m, Tensor& v) override;                                     \
-  void sgd_step(const SgdParams& hp, const Tensor& boundary, const Tensor& steps, Tensor& param,   \
-                Tensor& grad, Tensor& momentum) override;
 
 }  // namespace accrue

@@ -1,0 +1,311 @@
+// The backend table: every primitive of kernels/backend.h, called directly, at sizes that reach
+// the parallel CPU loops, several CUDA blocks and odd tails. Each row runs in float64 on the CPU
+// (the reference), then in float32 on the CPU and in float32 and float64 on every other device,
+// and every output is compared with the reference. A primitive without a row fails
+// EveryPrimitiveHasARow, so a new primitive cannot land untested.
+#include <set>
+
+#include "kernels/backend.h"
+#include "test_util.h"
+
+namespace accrue::testing {
+namespace {
+
+using Outputs = std::vector<Tensor>;
+
+constexpr int64_t kRows = 300, kCols = 1031;  // 309300 elements: parallel on CPU, multi-block
+constexpr int64_t kFlat = 4 * 75000 + 3;      // a float4 tail
+
+// Inputs of a row, identical values for every device and dtype (drawn in float64).
+struct Maker {
+  Device device;
+  DType dtype;
+  Tensor uniform(const Shape& shape, uint64_t seed, double low = -1, double high = 1) const {
+    return random(shape, seed, DType::kFloat64, low, high).to(dtype).to(device);
+  }
+  Tensor values(const Shape& shape, std::vector<double> v) const {
+    return Tensor::from_vector<double>(shape, v).to(dtype).to(device);
+  }
+  Tensor ints(std::vector<int32_t> v) const {
+    return Tensor::from_vector<int32_t>({static_cast<int64_t>(v.size())}, v, device);
+  }
+  Tensor empty(const Shape& shape) const { return Tensor::empty(shape, dtype, device); }
+  Backend& be() const { return backend_for(device); }
+};
+
+std::vector<int32_t> labels(int64_t n, int64_t classes) {
+  std::vector<int32_t> l;
+  for (int64_t i = 0; i < n; ++i) l.push_back(static_cast<int32_t>((i * 37 + 11) % classes));
+  return l;
+}
+
+// {norm, coef, skip} as the boundary primitive would write them.
+Tensor boundary_of(const Maker& m, double coef, bool skip) {
+  return m.values({3}, {1.5, coef, skip ? 1.0 : 0.0});
+}
+
+struct Row {
+  std::string name;  // primitive, or primitive/variant
+  std::function<Outputs(const Maker&)> run;
+};
+
+std::vector<Row> rows() {
+  std::vector<Row> table{
+      {"fill",
+       [](const Maker& m) {
+         Tensor out = m.empty({kFlat});
+         m.be().fill(out, -1.25);
+         return Outputs{out};
+       }},
+      {"copy",
+       [](const Maker& m) {
+         Tensor src = m.uniform({kFlat}, 1), dst = m.empty({kFlat});
+         m.be().copy(src, dst);
+         return Outputs{dst};
+       }},
+      {"cast/to_int32",
+       [](const Maker& m) {
+         // k + 0.5 casts to k in both precisions (no value sits near an integer boundary).
+         std::vector<double> v;
+         for (int64_t i = 0; i < 1000; ++i) v.push_back(static_cast<double>(i % 201 - 100) + 0.5);
+         Tensor dst = Tensor::empty({1000}, DType::kInt32, m.device);
+         m.be().cast(m.values({1000}, v), dst);
+         return Outputs{dst};
+       }},
+      {"cast/to_float64",
+       [](const Maker& m) {
+         Tensor dst = Tensor::empty({kFlat}, DType::kFloat64, m.device);
+         m.be().cast(m.uniform({kFlat}, 2), dst);
+         return Outputs{dst};
+       }},
+      {"gather_rows",
+       [](const Maker& m) {
+         Tensor out = m.empty({500, kCols});
+         m.be().gather_rows(m.uniform({kRows, kCols}, 3), m.ints(labels(500, kRows)), out);
+         return Outputs{out};
+       }},
+      {"axpy",
+       [](const Maker& m) {
+         Tensor y = m.uniform({kFlat}, 5);
+         m.be().axpy(-0.75, m.uniform({kFlat}, 4), y);
+         return Outputs{y};
+       }},
+      {"bias_add",
+       [](const Maker& m) {
+         Tensor y = m.empty({kRows, kCols});
+         m.be().bias_add(m.uniform({kRows, kCols}, 6), m.uniform({kCols}, 7), y);
+         return Outputs{y};
+       }},
+      {"sum_rows/write",
+       [](const Maker& m) {
+         Tensor out = m.empty({kCols});
+         m.be().sum_rows(m.uniform({kRows, kCols}, 8), 0.5, 0.0, out);
+         return Outputs{out};
+       }},
+      {"sum_rows/accumulate",
+       [](const Maker& m) {
+         Tensor out = m.uniform({kCols}, 9);
+         m.be().sum_rows(m.uniform({kRows, kCols}, 8), 1.0, 1.0, out);
+         return Outputs{out};
+       }},
+      {"sum_all",
+       [](const Maker& m) {
+         Tensor out = m.empty({1});
+         m.be().sum_all(m.uniform({kFlat}, 10), out);
+         return Outputs{out};
+       }},
+      {"expand_scalar",
+       [](const Maker& m) {
+         Tensor out = m.empty({kFlat});
+         m.be().expand_scalar(m.values({1}, {0.3}), -2.0, out);
+         return Outputs{out};
+       }},
+      {"linear_forward/bias",
+       [](const Maker& m) {
+         Tensor y = m.empty({kRows, 40});
+         m.be().linear_forward(m.uniform({kRows, kCols}, 11), m.uniform({40, kCols}, 12),
+                               m.uniform({40}, 13), y);
+         return Outputs{y};
+       }},
+      {"linear_forward/no_bias",
+       [](const Maker& m) {
+         Tensor y = m.empty({kRows, 40});
+         m.be().linear_forward(m.uniform({kRows, kCols}, 11), m.uniform({40, kCols}, 12),
+                               Tensor(), y);
+         return Outputs{y};
+       }},
+      {"log_softmax",
+       [](const Maker& m) {
+         Tensor y = m.empty({kRows, kCols});
+         m.be().log_softmax(m.uniform({kRows, kCols}, 14, -5, 5), y);
+         return Outputs{y};
+       }},
+      {"log_softmax_backward",
+       [](const Maker& m) {
+         Tensor y = m.empty({kRows, kCols}), dx = m.empty({kRows, kCols});
+         m.be().log_softmax(m.uniform({kRows, kCols}, 14, -5, 5), y);
+         m.be().log_softmax_backward(y, m.uniform({kRows, kCols}, 15), dx);
+         return Outputs{dx};
+       }},
+      {"cross_entropy",
+       [](const Maker& m) {
+         Tensor loss = m.empty({}), probs = m.empty({kRows, kCols});
+         m.be().cross_entropy(m.uniform({kRows, kCols}, 16, -5, 5), m.ints(labels(kRows, kCols)),
+                              loss, probs);
+         return Outputs{loss, probs};
+       }},
+      {"cross_entropy_backward",
+       [](const Maker& m) {
+         Tensor dlogits = m.empty({kRows, kCols});
+         m.be().cross_entropy_backward(m.uniform({kRows, kCols}, 17, 0, 1),
+                                       m.ints(labels(kRows, kCols)), m.values({}, {0.25}),
+                                       dlogits);
+         return Outputs{dlogits};
+       }},
+      {"argmax",
+       [](const Maker& m) {
+         Tensor index = Tensor::empty({kRows}, DType::kInt32, m.device);
+         m.be().argmax(m.uniform({kRows, kCols}, 18), index);
+         return Outputs{index};
+       }},
+      {"count_equal",
+       [](const Maker& m) {
+         Tensor out = Tensor::empty({1}, DType::kInt32, m.device);
+         m.be().count_equal(m.ints(labels(kFlat, 7)), m.ints(labels(kFlat, 5)), out);
+         return Outputs{out};
+       }},
+      {"norm_sq/finite",
+       [](const Maker& m) {
+         Tensor out = m.empty({2});
+         m.be().norm_sq(m.uniform({kFlat}, 19), out);
+         return Outputs{out};
+       }},
+      {"norm_sq/non_finite",
+       [](const Maker& m) {
+         Tensor g = m.uniform({kFlat}, 19).to(Device::cpu());
+         Tensor host = g.to(DType::kFloat64);
+         host.data<double>()[7] = NAN;
+         host.data<double>()[kFlat - 1] = INFINITY;
+         Tensor out = m.empty({2});
+         m.be().norm_sq(host.to(m.dtype).to(m.device), out);
+         return Outputs{out.narrow(1, 1)};  // the count; the sum is NaN by design
+       }},
+  };
+  for (auto [op, name] : {std::pair{UnaryOp::kRelu, "relu"}, {UnaryOp::kTanh, "tanh"},
+                          {UnaryOp::kGelu, "gelu"}, {UnaryOp::kScale, "scale"}}) {
+    table.push_back({std::string("unary/") + name, [op = op](const Maker& m) {
+                       Tensor y = m.empty({kFlat});
+                       m.be().unary(op, m.uniform({kFlat}, 20, -3, 3), -1.5, y);
+                       return Outputs{y};
+                     }});
+    if (op == UnaryOp::kScale) continue;  // its backward is a forward scale
+    table.push_back({std::string("unary_backward/") + name, [op = op](const Maker& m) {
+                       Tensor dx = m.empty({kFlat});
+                       m.be().unary_backward(op, m.uniform({kFlat}, 21, -3, 3),
+                                             m.uniform({kFlat}, 22), dx);
+                       return Outputs{dx};
+                     }});
+  }
+  for (auto [op, name] :
+       {std::pair{BinaryOp::kAdd, "add"}, {BinaryOp::kSub, "sub"}, {BinaryOp::kMul, "mul"}}) {
+    table.push_back({std::string("binary/") + name, [op = op](const Maker& m) {
+                       Tensor out = m.empty({kFlat});
+                       m.be().binary(op, m.uniform({kFlat}, 23), m.uniform({kFlat}, 24), out);
+                       return Outputs{out};
+                     }});
+  }
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      table.push_back({str_cat("gemm/", ta ? "T" : "N", tb ? "T" : "N"), [=](const Maker& m) {
+                         // op(a) [37, kCols] @ op(b) [kCols, 45], accumulated into c (beta 1)
+                         Tensor a = m.uniform(ta ? Shape{kCols, 37} : Shape{37, kCols}, 25);
+                         Tensor b = m.uniform(tb ? Shape{45, kCols} : Shape{kCols, 45}, 26);
+                         Tensor c = m.uniform({37, 45}, 27);
+                         m.be().gemm(ta, tb, 0.5, a, b, 1.0, c);
+                         return Outputs{c};
+                       }});
+    }
+  }
+  for (double max_norm : {0.0, 1.0, 1e9}) {
+    for (bool finite : {true, false}) {
+      table.push_back({str_cat("boundary/max_norm_", max_norm, finite ? "" : "_non_finite"),
+                       [=](const Maker& m) {
+                         Tensor out = m.empty({3});
+                         Tensor steps = m.ints({4});
+                         m.be().boundary(m.values({2}, {9.0, finite ? 0.0 : 2.0}), 0.5, max_norm,
+                                         out, steps);
+                         return Outputs{out, steps};
+                       }});
+    }
+  }
+  for (bool decoupled : {false, true}) {
+    for (bool skip : {false, true}) {
+      table.push_back({str_cat("adam_step/", decoupled ? "adamw" : "adam", skip ? "_skip" : ""),
+                       [=](const Maker& m) {
+                         Tensor p = m.uniform({kFlat}, 28), g = m.uniform({kFlat}, 29);
+                         Tensor mo = m.uniform({kFlat}, 30, -0.1, 0.1);
+                         Tensor v = m.uniform({kFlat}, 31, 0.01, 1);
+                         const AdamParams hp{1e-2, 0.9, 0.999, 1e-8, 0.05, decoupled};
+                         m.be().adam_step(hp, boundary_of(m, 0.7, skip), m.ints({3}), p, g, mo, v);
+                         return Outputs{p, g, mo, v};
+                       }});
+    }
+  }
+  for (bool nesterov : {false, true}) {
+    for (bool skip : {false, true}) {
+      table.push_back({str_cat("sgd_step/", nesterov ? "nesterov" : "momentum", skip ? "_skip" : ""),
+                       [=](const Maker& m) {
+                         Tensor p = m.uniform({kFlat}, 32), g = m.uniform({kFlat}, 33);
+                         Tensor buf = m.uniform({kFlat}, 34);
+                         const SgdParams hp{1e-1, 0.9, 0.0, 1e-3, nesterov};
+                         m.be().sgd_step(hp, boundary_of(m, 0.7, skip), m.ints({5}), p, g, buf);
+                         return Outputs{p, g, buf};
+                       }});
+    }
+  }
+  return table;
+}
+
+void PrintTo(const Row& r, std::ostream* out) {
+  *out << r.name;
+}
+
+TEST(Backend, EveryPrimitiveHasARow) {
+  std::set<std::string> covered;
+  for (const Row& r : rows()) covered.insert(r.name.substr(0, r.name.find('/')));
+  for (const char* name : kBackendPrimitives) {
+    EXPECT_TRUE(covered.count(name)) << "primitive '" << name << "' has no row in the table";
+  }
+}
+
+class BackendTable : public ::testing::TestWithParam<Row> {};
+
+TEST_P(BackendTable, MatchesTheFloat64CpuReference) {
+  const Row& row = GetParam();
+  const Outputs reference = row.run({Device::cpu(), DType::kFloat64});
+  for (Device device : devices()) {
+    for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
+      if (device.is_cpu() && dtype == DType::kFloat64) continue;
+      const Outputs got = row.run({device, dtype});
+      ASSERT_EQ(got.size(), reference.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        EXPECT_EQ(got[i].shape(), reference[i].shape());
+        EXPECT_LT(max_rel_error(got[i], reference[i]), dtype == DType::kFloat32 ? 2e-5 : 1e-12)
+            << row.name << " output " << i << " in " << dtype_name(dtype) << " on "
+            << device.str();
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backend, BackendTable, ::testing::ValuesIn(rows()),
+                         [](const auto& info) {
+                           std::string name = info.param.name;
+                           for (char& c : name) {
+                             if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+                           }
+                           return name;
+                         });
+
+}  // namespace
+}  // namespace accrue::testing
