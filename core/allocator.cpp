@@ -7,6 +7,7 @@
 #include <memory>
 #include <new>
 
+#include "core/cuda_seam.h"
 #include "core/error.h"
 
 namespace accrue {
@@ -106,9 +107,6 @@ std::string host_describe(int) {
 }
 
 }  // namespace
-
-// Defined in kernels/cuda/memory.cu in CUDA builds; throws in CPU-only builds.
-SystemMemory cuda_system_memory();
 
 CachingAllocator& allocator_for(Device device) {
   if (device.is_cpu()) {

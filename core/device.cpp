@@ -4,6 +4,8 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "core/cuda_seam.h"
+
 namespace accrue {
 
 Device Device::parse(const std::string& text) {

@@ -1,6 +1,7 @@
 // The CUDA entry points of a build without CUDA (ACCRUE_CUDA=OFF or no nvcc): no devices, and a
 // clear error for anyone who asks for one. A CUDA build compiles kernels/cuda/ instead.
 #include "core/allocator.h"
+#include "core/cuda_seam.h"
 #include "core/device.h"
 #include "core/error.h"
 
@@ -15,7 +16,6 @@ int cuda_device_count() {
 std::string cuda_unavailable_reason() {
   return "accrue was built without CUDA (configure with -DACCRUE_CUDA=ON and a CUDA toolkit)";
 }
-std::string cpu_model_name();
 void synchronize(Device device) {
   if (device.is_cuda()) throw DeviceError("[synchronize] " + cuda_unavailable_reason());
 }
@@ -31,7 +31,6 @@ SystemMemory cuda_system_memory() {
 
 namespace accrue {
 
-class Backend;
 Backend& cuda_backend(int) {
   throw DeviceError("[cuda] " + cuda_unavailable_reason());
 }

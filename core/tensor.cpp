@@ -7,6 +7,7 @@
 
 #include "core/allocator.h"
 #include "core/autograd.h"
+#include "core/cuda_seam.h"
 #include "kernels/backend.h"
 
 namespace accrue {
@@ -226,11 +227,6 @@ void Tensor::fill_(double value) {
   backend_for(device()).fill(*this, value);
   mark_modified();
 }
-
-// Defined by the CUDA backend: copies between host and device memory. CPU-only builds never
-// reach it because allocating a CUDA tensor already fails.
-void cuda_copy_bytes(void* dst, Device dst_device, const void* src, Device src_device,
-                     size_t nbytes);
 
 void Tensor::copy_(const Tensor& src) {
   if (src.shape() != shape() || src.dtype() != dtype()) {

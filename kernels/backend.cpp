@@ -1,12 +1,12 @@
 // backend_for: the one place that maps a device to its backend.
 #include "kernels/backend.h"
 
+#include "core/cuda_seam.h"
+
 #include "kernels/cpu/cpu_backend.h"
 
 namespace accrue {
 
-// Defined in kernels/cuda/backend.cu in CUDA builds (throws DeviceError elsewhere).
-Backend& cuda_backend(int device_index);
 
 Backend& backend_for(Device device) {
   if (device.is_cpu()) {

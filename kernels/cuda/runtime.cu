@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "core/allocator.h"
+#include "core/cuda_seam.h"
 #include "core/device.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/context.h"
@@ -98,8 +99,6 @@ std::string cuda_unavailable_reason() {
 SystemMemory cuda_system_memory() {
   return {device_allocate, device_release, device_memory_info};
 }
-
-std::string cpu_model_name();
 
 void synchronize(Device device) {
   if (!device.is_cuda()) return;

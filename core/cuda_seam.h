@@ -1,0 +1,31 @@
+// The seam between core/ and the CUDA build: everything the CUDA backend (kernels/cuda/)
+// provides to the rest of accrue, declared once. A CUDA build defines these in kernels/cuda/;
+// a build without CUDA defines them in core/no_cuda.cpp, where each one throws DeviceError or
+// answers "no devices". Both include this header, so a definition that drifts from it is a
+// compile error. The device queries (cuda_built, cuda_device_count, ...) are public and live in
+// core/device.h; this header is for accrue's own files.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "core/allocator.h"
+#include "core/device.h"
+
+namespace accrue {
+
+class Backend;
+
+// The CUDA backend of one device (kernels/cuda/backend.cu); backend_for() calls it.
+Backend& cuda_backend(int device_index);
+// cudaMalloc / cudaFree behind a device's caching allocator (kernels/cuda/runtime.cu).
+SystemMemory cuda_system_memory();
+// Copies between host and device memory or between two devices, ordered after the work queued
+// on both devices' streams; returns when the bytes have arrived.
+void cuda_copy_bytes(void* dst, Device dst_device, const void* src, Device src_device,
+                     size_t nbytes);
+
+// The CPU model from /proc/cpuinfo (core/device.cpp), for device_name().
+std::string cpu_model_name();
+
+}  // namespace accrue
