@@ -8,11 +8,10 @@
 #include <cstdint>
 
 #include "core/tensor.h"
+#include "kernels/functors.h"
 
 namespace accrue {
 
-enum class UnaryOp { kRelu, kTanh, kGelu, kScale };
-enum class BinaryOp { kAdd, kSub, kMul };
 
 // Hyper-parameters of one fused optimizer pass (see optim/ and kernels/functors.h).
 struct AdamParams {
@@ -36,12 +35,13 @@ struct SgdParams {
   X(cast, (const Tensor& src, Tensor& dst))                                                       \
   /* out [M, ...] = src[index[m], ...] for int32 index [M] (rows of any dtype; data loading). */ \
   X(gather_rows, (const Tensor& src, const Tensor& index, Tensor& out))                           \
-  /* Element-wise: y = op(x); dx = op'(saved) * dy, where saved is x for relu/gelu and y for    \
-     tanh; out = a op b; y += alpha * x (the accumulation primitive). alpha of unary is the    \
-     factor of kScale. */                                                                         \
-  X(unary, (UnaryOp op, const Tensor& x, double alpha, Tensor& y))                                \
+  /* Element-wise, for the ops of kernels/functors.h: y = op(x); dx = op'(saved) * dy, saved   \
+     being x or y as the functor says; out = a op b; y = alpha * x; y += alpha * x (the        \
+     accumulation primitive). */                                                                  \
+  X(unary, (UnaryOp op, const Tensor& x, Tensor& y))                                              \
   X(unary_backward, (UnaryOp op, const Tensor& saved, const Tensor& dy, Tensor& dx))              \
   X(binary, (BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out))                         \
+  X(scale, (double alpha, const Tensor& x, Tensor& y))                                            \
   X(axpy, (double alpha, const Tensor& x, Tensor& y))                                             \
   /* x [N, C] + b [C] -> y [N, C] (y may alias x). out [C] = beta * out + alpha * sum over rows \
      of x [N, C]. out [1] = sum of all of x in a fixed order (deterministic for any thread      \

@@ -15,8 +15,19 @@
 
 namespace accrue::fn {
 
+struct ReluBackward;
+struct TanhBackward;
+struct GeluBackward;
+
+// An activation is a forward functor that names itself, says what its backward reads (the
+// input x or the output y) and names its backward functor (saved, dy) -> dx; then one line in
+// ACCRUE_UNARY_OPS below registers it on every backend.
+
 // NaN passes through (as in PyTorch), so a NaN hidden behind a ReLU still reaches the loss.
 struct Relu {
+  static constexpr const char* kName = "relu";
+  static constexpr bool kSavesOutput = false;
+  using Backward = ReluBackward;
   template <typename T>
   ACCRUE_HD T operator()(T x) const {
     return x < T(0) ? T(0) : x;
@@ -30,6 +41,9 @@ struct ReluBackward {  // saved: x
 };
 
 struct Tanh {
+  static constexpr const char* kName = "tanh";
+  static constexpr bool kSavesOutput = true;
+  using Backward = TanhBackward;
   template <typename T>
   ACCRUE_HD T operator()(T x) const {
     return std::tanh(x);
@@ -44,6 +58,9 @@ struct TanhBackward {  // saved: y = tanh(x)
 
 // GELU with the exact erf form (PyTorch's default): x * Phi(x).
 struct Gelu {
+  static constexpr const char* kName = "gelu";
+  static constexpr bool kSavesOutput = false;
+  using Backward = GeluBackward;
   template <typename T>
   ACCRUE_HD T operator()(T x) const {
     return T(0.5) * x * (T(1) + std::erf(x * T(0.70710678118654752440)));
@@ -58,6 +75,7 @@ struct GeluBackward {  // saved: x; d/dx = Phi(x) + x * phi(x)
   }
 };
 
+// alpha * x: its own primitive (Backend::scale); its backward is a scale by the same alpha.
 struct Scale {
   double alpha;
   template <typename T>
@@ -65,27 +83,23 @@ struct Scale {
     return T(alpha) * x;
   }
 };
-struct ScaleBackward {
-  double alpha;
-  template <typename T>
-  ACCRUE_HD T operator()(T, T dy) const {
-    return T(alpha) * dy;
-  }
-};
 
 struct Add {
+  static constexpr const char* kName = "add";
   template <typename T>
   ACCRUE_HD T operator()(T a, T b) const {
     return a + b;
   }
 };
 struct Sub {
+  static constexpr const char* kName = "sub";
   template <typename T>
   ACCRUE_HD T operator()(T a, T b) const {
     return a - b;
   }
 };
 struct Mul {
+  static constexpr const char* kName = "mul";
   template <typename T>
   ACCRUE_HD T operator()(T a, T b) const {
     return a * b;
@@ -202,3 +216,67 @@ struct SgdUpdate {
 };
 
 }  // namespace accrue::fn
+
+// The element-wise op lists: X(Functor, EnumName). Each line gives an op its enum value and its
+// case in the visitor that both backends run, so registering an activation here (after writing
+// its functor pair above) is all the kernels need.
+#define ACCRUE_UNARY_OPS(X) \
+  X(Relu, kRelu)            \
+  X(Tanh, kTanh)            \
+  X(Gelu, kGelu)
+#define ACCRUE_BINARY_OPS(X) \
+  X(Add, kAdd)               \
+  X(Sub, kSub)               \
+  X(Mul, kMul)
+
+namespace accrue {
+
+#define ACCRUE_ENUM_VALUE(functor, value) value,
+enum class UnaryOp { ACCRUE_UNARY_OPS(ACCRUE_ENUM_VALUE) };
+enum class BinaryOp { ACCRUE_BINARY_OPS(ACCRUE_ENUM_VALUE) };
+#undef ACCRUE_ENUM_VALUE
+
+// Calls visitor(F{}) with the functor of op and returns what it returns. On CUDA the visitor is
+// a struct with a templated operator() (nvcc takes no device lambdas inside generic lambdas).
+#define ACCRUE_VISIT_CASE(functor, value) \
+  case Op::value:                         \
+    return visitor(fn::functor{});
+template <typename V>
+decltype(auto) visit(UnaryOp op, V&& visitor) {
+  using Op = UnaryOp;
+  switch (op) { ACCRUE_UNARY_OPS(ACCRUE_VISIT_CASE) }
+  return visitor(fn::Relu{});  // not reached: every enum value has a case
+}
+template <typename V>
+decltype(auto) visit(BinaryOp op, V&& visitor) {
+  using Op = BinaryOp;
+  switch (op) { ACCRUE_BINARY_OPS(ACCRUE_VISIT_CASE) }
+  return visitor(fn::Add{});  // not reached
+}
+#undef ACCRUE_VISIT_CASE
+
+struct FunctorName {
+  template <typename F>
+  const char* operator()(F) const {
+    return F::kName;
+  }
+};
+// "relu", "add", ...: for messages and traces.
+inline const char* op_name(UnaryOp op) {
+  return visit(op, FunctorName{});
+}
+inline const char* op_name(BinaryOp op) {
+  return visit(op, FunctorName{});
+}
+// Whether the op's backward reads its output y (tanh) rather than its input x.
+struct SavesOutput {
+  template <typename F>
+  bool operator()(F) const {
+    return F::kSavesOutput;
+  }
+};
+inline bool saves_output(UnaryOp op) {
+  return visit(op, SavesOutput{});
+}
+
+}  // namespace accrue

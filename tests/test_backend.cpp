@@ -44,6 +44,10 @@ Tensor boundary_of(const Maker& m, double coef, bool skip) {
   return m.values({3}, {1.5, coef, skip ? 1.0 : 0.0});
 }
 
+// Every registered element-wise op gets its rows from the same lists the backends use.
+#define ACCRUE_TEST_UNARY_VALUE(functor, value) UnaryOp::value,
+#define ACCRUE_TEST_BINARY_VALUE(functor, value) BinaryOp::value,
+
 struct Row {
   std::string name;  // primitive, or primitive/variant
   std::function<Outputs(const Maker&)> run;
@@ -191,24 +195,26 @@ std::vector<Row> rows() {
          return Outputs{out.narrow(1, 1)};  // the count; the sum is NaN by design
        }},
   };
-  for (auto [op, name] : {std::pair{UnaryOp::kRelu, "relu"}, {UnaryOp::kTanh, "tanh"},
-                          {UnaryOp::kGelu, "gelu"}, {UnaryOp::kScale, "scale"}}) {
-    table.push_back({std::string("unary/") + name, [op = op](const Maker& m) {
+  for (UnaryOp op : {ACCRUE_UNARY_OPS(ACCRUE_TEST_UNARY_VALUE)}) {
+    table.push_back({std::string("unary/") + op_name(op), [op](const Maker& m) {
                        Tensor y = m.empty({kFlat});
-                       m.be().unary(op, m.uniform({kFlat}, 20, -3, 3), -1.5, y);
+                       m.be().unary(op, m.uniform({kFlat}, 20, -3, 3), y);
                        return Outputs{y};
                      }});
-    if (op == UnaryOp::kScale) continue;  // its backward is a forward scale
-    table.push_back({std::string("unary_backward/") + name, [op = op](const Maker& m) {
+    table.push_back({std::string("unary_backward/") + op_name(op), [op](const Maker& m) {
                        Tensor dx = m.empty({kFlat});
                        m.be().unary_backward(op, m.uniform({kFlat}, 21, -3, 3),
                                              m.uniform({kFlat}, 22), dx);
                        return Outputs{dx};
                      }});
   }
-  for (auto [op, name] :
-       {std::pair{BinaryOp::kAdd, "add"}, {BinaryOp::kSub, "sub"}, {BinaryOp::kMul, "mul"}}) {
-    table.push_back({std::string("binary/") + name, [op = op](const Maker& m) {
+  table.push_back({"scale", [](const Maker& m) {
+                     Tensor y = m.empty({kFlat});
+                     m.be().scale(-1.5, m.uniform({kFlat}, 20), y);
+                     return Outputs{y};
+                   }});
+  for (BinaryOp op : {ACCRUE_BINARY_OPS(ACCRUE_TEST_BINARY_VALUE)}) {
+    table.push_back({std::string("binary/") + op_name(op), [op](const Maker& m) {
                        Tensor out = m.empty({kFlat});
                        m.be().binary(op, m.uniform({kFlat}, 23), m.uniform({kFlat}, 24), out);
                        return Outputs{out};

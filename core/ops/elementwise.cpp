@@ -11,25 +11,11 @@ namespace accrue {
 
 namespace {
 
-const char* unary_name(UnaryOp op) {
-  switch (op) {
-    case UnaryOp::kRelu:
-      return "relu";
-    case UnaryOp::kTanh:
-      return "tanh";
-    case UnaryOp::kGelu:
-      return "gelu";
-    case UnaryOp::kScale:
-      return "scale";
-  }
-  return "?";
-}
-
-// dx = op'(saved) * dy. saved is x (relu, gelu) or y (tanh), same shape as dy.
+// dx = op'(saved) * dy, saved being x or y as the op's functor says (kernels/functors.h).
 struct UnaryBackward : Node {
   UnaryOp op;
   Tensor saved;  // [any]
-  const char* name() const override { return unary_name(op); }
+  const char* name() const override { return op_name(op); }
   void backward(const Tensor& dy, GradSink& sink) override {
     Tensor dx = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
     backend_for(dy.device()).unary_backward(op, saved, dy, dx);
@@ -64,26 +50,21 @@ struct MulBackward : Node {
   }
 };
 
-Tensor unary(UnaryOp op, const Tensor& x, double alpha = 0.0) {
-  check::floating(unary_name(op), "input", x);
+Tensor unary(UnaryOp op, const Tensor& x) {
+  check::floating(op_name(op), "input", x);
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
-  backend_for(x.device()).unary(op, x, alpha, y);
+  backend_for(x.device()).unary(op, x, y);
   if (should_record({&x})) {
-    if (op == UnaryOp::kScale) {
-      auto node = std::make_unique<ScaleBackward>();
-      node->alpha = alpha;
-      record(std::move(node), {&x}, y);
-    } else {
-      auto node = std::make_unique<UnaryBackward>();
-      node->op = op;
-      node->saved = node->save(op == UnaryOp::kTanh ? y.view(y.shape()) : x);
-      record(std::move(node), {&x}, y);
-    }
+    auto node = std::make_unique<UnaryBackward>();
+    node->op = op;
+    node->saved = node->save(saves_output(op) ? y.view(y.shape()) : x);
+    record(std::move(node), {&x}, y);
   }
   return y;
 }
 
-Tensor binary(BinaryOp op, const char* name, const Tensor& a, const Tensor& b) {
+Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
+  const char* name = op_name(op);
   check::compatible(name, a, b);
   if (a.shape() != b.shape()) {
     throw ShapeError(str_cat("[", name, "] shapes differ: ", shape_str(a.shape()), " and ",
@@ -119,16 +100,24 @@ Tensor gelu(const Tensor& x) {
   return unary(UnaryOp::kGelu, x);
 }
 Tensor scale(const Tensor& x, double alpha) {
-  return unary(UnaryOp::kScale, x, alpha);
+  check::floating("scale", "input", x);
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  backend_for(x.device()).scale(alpha, x, y);
+  if (should_record({&x})) {
+    auto node = std::make_unique<ScaleBackward>();
+    node->alpha = alpha;
+    record(std::move(node), {&x}, y);
+  }
+  return y;
 }
 Tensor add(const Tensor& a, const Tensor& b) {
-  return binary(BinaryOp::kAdd, "add", a, b);
+  return binary(BinaryOp::kAdd, a, b);
 }
 Tensor sub(const Tensor& a, const Tensor& b) {
-  return binary(BinaryOp::kSub, "sub", a, b);
+  return binary(BinaryOp::kSub, a, b);
 }
 Tensor mul(const Tensor& a, const Tensor& b) {
-  return binary(BinaryOp::kMul, "mul", a, b);
+  return binary(BinaryOp::kMul, a, b);
 }
 
 }  // namespace accrue

@@ -32,7 +32,7 @@ Tensor reduce(const char* op, const Tensor& x, bool average) {
   Tensor out = Tensor::empty({}, x.dtype(), x.device());
   Backend& be = backend_for(x.device());
   be.sum_all(x, out);
-  if (average) be.unary(UnaryOp::kScale, out, alpha, out);
+  if (average) be.scale(alpha, out, out);
   if (should_record({&x})) {
     auto node = std::make_unique<SumBackward>();
     node->shape = x.shape();

@@ -36,67 +36,34 @@ void CpuBackend::cast(const Tensor& src, Tensor& dst) {
   });
 }
 
-void CpuBackend::unary(UnaryOp op, const Tensor& x, double alpha, Tensor& y) {
-  dispatch_floating(x.dtype(), "unary", [&](auto tag) {
+void CpuBackend::unary(UnaryOp op, const Tensor& x, Tensor& y) {
+  dispatch_floating(x.dtype(), op_name(op), [&](auto tag) {
     using T = decltype(tag);
-    const T* in = x.data<T>();
-    T* out = y.data<T>();
-    const int64_t n = x.numel();
-    switch (op) {
-      case UnaryOp::kRelu:
-        map(n, in, out, fn::Relu{});
-        break;
-      case UnaryOp::kTanh:
-        map(n, in, out, fn::Tanh{});
-        break;
-      case UnaryOp::kGelu:
-        map(n, in, out, fn::Gelu{});
-        break;
-      case UnaryOp::kScale:
-        map(n, in, out, fn::Scale{alpha});
-        break;
-    }
+    visit(op, [&](auto f) { map(x.numel(), x.data<T>(), y.data<T>(), f); });
   });
 }
 
 void CpuBackend::unary_backward(UnaryOp op, const Tensor& saved, const Tensor& dy, Tensor& dx) {
-  dispatch_floating(dy.dtype(), "unary_backward", [&](auto tag) {
+  dispatch_floating(dy.dtype(), op_name(op), [&](auto tag) {
     using T = decltype(tag);
-    const T* s = saved.defined() ? saved.data<T>() : dy.data<T>();
-    const T* g = dy.data<T>();
-    T* out = dx.data<T>();
-    const int64_t n = dy.numel();
-    switch (op) {
-      case UnaryOp::kRelu:
-        map2(n, s, g, out, fn::ReluBackward{});
-        break;
-      case UnaryOp::kTanh:
-        map2(n, s, g, out, fn::TanhBackward{});
-        break;
-      case UnaryOp::kGelu:
-        map2(n, s, g, out, fn::GeluBackward{});
-        break;
-      case UnaryOp::kScale:
-        throw std::logic_error("[scale] backward is a forward scale");
-    }
+    visit(op, [&](auto f) {
+      using Backward = typename decltype(f)::Backward;
+      map2(dy.numel(), saved.data<T>(), dy.data<T>(), dx.data<T>(), Backward{});
+    });
   });
 }
 
 void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
-  dispatch_floating(a.dtype(), "binary", [&](auto tag) {
+  dispatch_floating(a.dtype(), op_name(op), [&](auto tag) {
     using T = decltype(tag);
-    const int64_t n = a.numel();
-    switch (op) {
-      case BinaryOp::kAdd:
-        map2(n, a.data<T>(), b.data<T>(), out.data<T>(), fn::Add{});
-        break;
-      case BinaryOp::kSub:
-        map2(n, a.data<T>(), b.data<T>(), out.data<T>(), fn::Sub{});
-        break;
-      case BinaryOp::kMul:
-        map2(n, a.data<T>(), b.data<T>(), out.data<T>(), fn::Mul{});
-        break;
-    }
+    visit(op, [&](auto f) { map2(a.numel(), a.data<T>(), b.data<T>(), out.data<T>(), f); });
+  });
+}
+
+void CpuBackend::scale(double alpha, const Tensor& x, Tensor& y) {
+  dispatch_floating(x.dtype(), "scale", [&](auto tag) {
+    using T = decltype(tag);
+    map(x.numel(), x.data<T>(), y.data<T>(), fn::Scale{alpha});
   });
 }
 

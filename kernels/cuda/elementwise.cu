@@ -32,70 +32,74 @@ void CudaBackend::cast(const Tensor& src, Tensor& dst) {
   });
 }
 
-void CudaBackend::unary(UnaryOp op, const Tensor& x, double alpha, Tensor& y) {
-  // x [n] -> y [n]
-  ACCRUE_DISPATCH_FLOATING(x.dtype(), "unary", [&] {
-    const T* in = x.data<T>();
-    T* out = y.data<T>();
-    const int64_t n = x.numel();
-    cudaStream_t s = stream_of(x);
-    switch (op) {
-      case UnaryOp::kRelu:
-        map1(n, in, out, fn::Relu{}, s);
-        break;
-      case UnaryOp::kTanh:
-        map1(n, in, out, fn::Tanh{}, s);
-        break;
-      case UnaryOp::kGelu:
-        map1(n, in, out, fn::Gelu{}, s);
-        break;
-      case UnaryOp::kScale:
-        map1(n, in, out, fn::Scale{alpha}, s);
-        break;
-    }
+namespace {
+
+// The visitors of kernels/functors.h, as structs: nvcc takes no device lambdas inside the
+// generic lambdas the CPU backend uses here.
+template <typename T>
+struct LaunchUnary {  // x [n] -> y [n]
+  int64_t n;
+  const T* x;
+  T* y;
+  cudaStream_t stream;
+  template <typename F>
+  void operator()(F f) const {
+    map1(n, x, y, f, stream);
+  }
+};
+
+template <typename T>
+struct LaunchUnaryBackward {  // saved [n], dy [n] -> dx [n]
+  int64_t n;
+  const T* saved;
+  const T* dy;
+  T* dx;
+  cudaStream_t stream;
+  template <typename F>
+  void operator()(F) const {
+    map2(n, saved, dy, dx, typename F::Backward{}, stream);
+  }
+};
+
+template <typename T>
+struct LaunchBinary {  // a [n], b [n] -> out [n]
+  int64_t n;
+  const T* a;
+  const T* b;
+  T* out;
+  cudaStream_t stream;
+  template <typename F>
+  void operator()(F f) const {
+    map2(n, a, b, out, f, stream);
+  }
+};
+
+}  // namespace
+
+void CudaBackend::unary(UnaryOp op, const Tensor& x, Tensor& y) {
+  ACCRUE_DISPATCH_FLOATING(x.dtype(), op_name(op), [&] {
+    visit(op, LaunchUnary<T>{x.numel(), x.data<T>(), y.data<T>(), stream_of(x)});
   });
 }
 
 void CudaBackend::unary_backward(UnaryOp op, const Tensor& saved, const Tensor& dy, Tensor& dx) {
-  // saved [n] (x or y), dy [n] -> dx [n]
-  ACCRUE_DISPATCH_FLOATING(dy.dtype(), "unary_backward", [&] {
-    const T* sv = saved.data<T>();
-    const T* g = dy.data<T>();
-    T* out = dx.data<T>();
-    const int64_t n = dy.numel();
-    cudaStream_t s = stream_of(dy);
-    switch (op) {
-      case UnaryOp::kRelu:
-        map2(n, sv, g, out, fn::ReluBackward{}, s);
-        break;
-      case UnaryOp::kTanh:
-        map2(n, sv, g, out, fn::TanhBackward{}, s);
-        break;
-      case UnaryOp::kGelu:
-        map2(n, sv, g, out, fn::GeluBackward{}, s);
-        break;
-      case UnaryOp::kScale:
-        throw std::logic_error("[scale] backward is a forward scale");
-    }
+  ACCRUE_DISPATCH_FLOATING(dy.dtype(), op_name(op), [&] {
+    visit(op, LaunchUnaryBackward<T>{dy.numel(), saved.data<T>(), dy.data<T>(), dx.data<T>(),
+                                     stream_of(dy)});
   });
 }
 
 void CudaBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
-  // a [n], b [n] -> out [n]
-  ACCRUE_DISPATCH_FLOATING(a.dtype(), "binary", [&] {
-    const int64_t n = a.numel();
-    cudaStream_t s = stream_of(a);
-    switch (op) {
-      case BinaryOp::kAdd:
-        map2(n, a.data<T>(), b.data<T>(), out.data<T>(), fn::Add{}, s);
-        break;
-      case BinaryOp::kSub:
-        map2(n, a.data<T>(), b.data<T>(), out.data<T>(), fn::Sub{}, s);
-        break;
-      case BinaryOp::kMul:
-        map2(n, a.data<T>(), b.data<T>(), out.data<T>(), fn::Mul{}, s);
-        break;
-    }
+  ACCRUE_DISPATCH_FLOATING(a.dtype(), op_name(op), [&] {
+    visit(op,
+          LaunchBinary<T>{a.numel(), a.data<T>(), b.data<T>(), out.data<T>(), stream_of(a)});
+  });
+}
+
+void CudaBackend::scale(double alpha, const Tensor& x, Tensor& y) {
+  // x [n] -> y [n] = alpha * x
+  ACCRUE_DISPATCH_FLOATING(x.dtype(), "scale", [&] {
+    map1(x.numel(), x.data<T>(), y.data<T>(), fn::Scale{alpha}, stream_of(x));
   });
 }
 
