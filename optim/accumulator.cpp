@@ -72,12 +72,19 @@ StepResult Accumulator::step() {
   StepResult r;
   r.lr = current_lr();
   r.samples = window_samples_;
-  optimizer_.set_lr(r.lr);
-  optimizer_.step(options_.max_norm, 1.0);
+  StepReport report;
+  try {
+    optimizer_.set_lr(r.lr);
+    optimizer_.step(options_.max_norm, 1.0);
+    // Reading the report waits for the device, after the whole step has been enqueued; it is
+    // also where a fault a kernel recorded during the window is reported.
+    report = optimizer_.report();
+  } catch (...) {
+    abandon_window();
+    throw;
+  }
   ++steps_;
   r.step = steps_;
-  // Reading the report waits for the device, after the whole step has been enqueued.
-  const StepReport report = optimizer_.report();
   r.grad_norm = report.grad_norm;
   r.skipped = report.skipped;
   if (r.skipped) ++skipped_;

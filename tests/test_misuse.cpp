@@ -136,6 +136,34 @@ TEST(Misuse, AFailedMicroStepAbandonsTheWindow) {
   acc.begin_window(4);  // a new window opens cleanly
 }
 
+// Device-resident indices and labels cannot be checked by the host without a copy: a kernel
+// records the first bad one, the next host read reports it, and a bad label's window is skipped.
+TEST(Misuse, BadDeviceIndicesAndLabelsAreReportedAtTheNextHostRead) {
+  ACCRUE_REQUIRE_CUDA();
+  const Device gpu = Device::cuda(0);
+  const Tensor src = random({4, 3}, 1, DType::kFloat32).to(gpu);
+  const Tensor rows = gather_rows(src, Tensor::from_vector<int32_t>({2}, {1, 9}, gpu));
+  expect_error<ValueError>([&] { rows.to(Device::cpu()); },
+                           {"[gather_rows] index 9", "position 1", "[0, 4)", "cuda:0"});
+  EXPECT_EQ(rows.to(Device::cpu()).numel(), 6) << "the fault is reported once";
+
+  nn::manual_seed(1);
+  nn::MLP model({3, 2});
+  model.to(gpu);
+  optim::ParameterArena arena(model);
+  optim::SGD sgd(arena, {});
+  optim::Accumulator acc(sgd, {});
+  const auto before = arena.params().to_vector<float>();
+  const Tensor x = random({2, 3}, 3, DType::kFloat32).to(gpu);
+  acc.begin_window(2);
+  acc.micro_step(2, [&] {
+    return cross_entropy(model(x), Tensor::from_vector<int32_t>({2}, {0, 5}, gpu));
+  });
+  expect_error<ValueError>([&] { acc.step(); }, {"[cross_entropy] label 5", "position 1"});
+  EXPECT_EQ(arena.params().to_vector<float>(), before) << "the window must be skipped";
+  EXPECT_EQ(sgd.applied_steps(), 0);
+}
+
 TEST(Misuse, OptimizerHyperParametersMustBeFinite) {
   nn::MLP model({3, 2});
   optim::ParameterArena arena(model);

@@ -6,6 +6,9 @@
 // allocator, so that it never counts as activation memory: the reductions' partials, cuBLASLt's
 // workspace, a row scratch that grows to the largest request, and the fault record through which
 // kernels report bad device-resident indices and labels (reported at the next host read).
+//
+// One host thread drives a device at a time: the scratch buffers are shared by every call on
+// the device and kept apart by stream order only, which another thread's launches would break.
 #pragma once
 
 #include <cublasLt.h>

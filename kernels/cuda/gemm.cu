@@ -122,7 +122,8 @@ void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor&
           cublasLtMatmulAlgoGetHeuristic(ctx.cublas_lt, desc.op, desc.a, desc.b, desc.d, desc.d,
                                          desc.pref, 1, &result, &found);
       if (status != CUBLAS_STATUS_NOT_SUPPORTED) ACCRUE_CUBLAS_CHECK(status);
-      plan.found = status == CUBLAS_STATUS_SUCCESS && found > 0;
+      plan.found =
+          status == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
       plan.algo = result.algo;
       ctx.lt_plans.emplace(key, plan);
     }

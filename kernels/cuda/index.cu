@@ -6,8 +6,9 @@ namespace accrue::cuda {
 
 void CudaBackend::gather_rows(const Tensor& src, const Tensor& index, Tensor& out) {
   // src [N, W words], index [M] -> out [M, W words]; every dtype is a whole number of 4-byte words
+  // The row width from out, so an empty source still visits (and flags) every index.
   const int64_t rows = index.numel();
-  const int64_t words = src.size(0) ? static_cast<int64_t>(src.nbytes() / 4) / src.size(0) : 0;
+  const int64_t words = rows ? static_cast<int64_t>(out.nbytes() / 4) / rows : 0;
   const uint32_t* in = static_cast<const uint32_t*>(src.raw());
   uint32_t* o = static_cast<uint32_t*>(out.raw());
   const int32_t* idx = index.data<int32_t>();

@@ -75,8 +75,12 @@ void CudaBackend::boundary(const Tensor& norm_sq, double normalize, double max_n
     const T* in = norm_sq.data<T>();
     T* o = out.data<T>();
     int32_t* st = steps.data<int32_t>();
+    // A fault recorded by a kernel of this window (a bad device-resident index or label) counts
+    // as a non-finite gradient: the update is skipped before the host hears of it.
+    const DeviceFault* fault = context(out.device().index).fault;
     for_each(1, stream_of(out), [=] __device__(int64_t) {
-      fn::boundary_scalars<T>(in[0], in[1], normalize, max_norm, o, st);
+      const T nonfinite = in[1] + (fault->op != kNoFault ? T(1) : T(0));
+      fn::boundary_scalars<T>(in[0], nonfinite, normalize, max_norm, o, st);
     });
   });
 }

@@ -79,9 +79,12 @@ void enqueue_fault_readback(cuda::DeviceContext& ctx) {
                                     cudaMemcpyDeviceToHost, ctx.stream));
 }
 
-// Never throws: it may run while the runtime unloads. A failure here leaks the block.
+// Never throws: it may run while the runtime unloads. A failure here leaks the block. The
+// device is synchronised first: kernels still queued may be using the block.
 void device_release(void* ptr, int device) {
-  if (cudaSetDevice(device) == cudaSuccess) cudaFree(ptr);
+  if (cudaSetDevice(device) == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess) {
+    cudaFree(ptr);
+  }
   cudaGetLastError();
 }
 
@@ -150,6 +153,31 @@ void cuda_copy_bytes(void* dst, Device dst_device, const void* src, Device src_d
 
 namespace cuda {
 
+namespace {
+
+// cudaMalloc for the context's own buffers, with the caching allocator's out-of-memory policy:
+// give the pool back and retry once, then throw OutOfMemoryError naming the sizes.
+void* context_malloc(int device, size_t nbytes) {
+  void* ptr = nullptr;
+  cudaError_t status = cudaMalloc(&ptr, nbytes);
+  if (status == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    allocator_for(Device::cuda(device)).empty_cache();
+    ACCRUE_CUDA_CHECK(cudaSetDevice(device));
+    status = cudaMalloc(&ptr, nbytes);
+    if (status == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      throw OutOfMemoryError(str_cat("[cuda] cuda:", device, ": out of memory allocating ",
+                                     nbytes, " bytes of context scratch (",
+                                     device_memory_info(device), ")"));
+    }
+  }
+  ACCRUE_CUDA_CHECK(status);
+  return ptr;
+}
+
+}  // namespace
+
 DeviceContext& context(int device) {
   constexpr int kMaxDevices = 16;
   static std::unique_ptr<DeviceContext> contexts[kMaxDevices];
@@ -168,12 +196,14 @@ DeviceContext& context(int device) {
     ACCRUE_CUBLAS_CHECK(cublasCreate(&ctx->cublas));
     ACCRUE_CUBLAS_CHECK(cublasSetStream(ctx->cublas, ctx->stream));
     ACCRUE_CUBLAS_CHECK(cublasLtCreate(&ctx->cublas_lt));
-    ACCRUE_CUDA_CHECK(cudaMalloc(&ctx->reduce_partials, DeviceContext::kReducePartialBytes));
-    ACCRUE_CUDA_CHECK(cudaMalloc(&ctx->lt_workspace, DeviceContext::kLtWorkspaceBytes));
-    ACCRUE_CUDA_CHECK(cudaMalloc(&ctx->fault, sizeof(DeviceFault)));
-    ACCRUE_CUDA_CHECK(cudaMemset(ctx->fault, 0, sizeof(DeviceFault)));
+    ctx->reduce_partials = context_malloc(device, DeviceContext::kReducePartialBytes);
+    ctx->lt_workspace = context_malloc(device, DeviceContext::kLtWorkspaceBytes);
+    ctx->fault = static_cast<DeviceFault*>(context_malloc(device, sizeof(DeviceFault)));
     ACCRUE_CUDA_CHECK(cudaMallocHost(&ctx->fault_host, sizeof(DeviceFault)));
-    ctx->fault_host->op = kNoFault;
+    *ctx->fault_host = DeviceFault{};
+    // On the context's own stream (non-blocking: the legacy default stream would not order it).
+    ACCRUE_CUDA_CHECK(cudaMemsetAsync(ctx->fault, 0, sizeof(DeviceFault), ctx->stream));
+    ACCRUE_CUDA_CHECK(cudaStreamSynchronize(ctx->stream));
     slot = std::move(ctx);
   }
   return *slot;
@@ -183,10 +213,14 @@ void* row_scratch(DeviceContext& ctx, size_t nbytes) {
   std::lock_guard<std::mutex> lock(ctx.mutex);
   if (nbytes > ctx.row_scratch_bytes) {
     const size_t grown = std::max(nbytes, 2 * ctx.row_scratch_bytes);
-    if (ctx.row_scratch) ACCRUE_CUDA_CHECK(cudaFree(ctx.row_scratch));  // waits for the device
+    ACCRUE_CUDA_CHECK(cudaSetDevice(ctx.device));
+    if (ctx.row_scratch) {
+      ACCRUE_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));  // its last user may still run
+      ACCRUE_CUDA_CHECK(cudaFree(ctx.row_scratch));
+    }
     ctx.row_scratch = nullptr;
     ctx.row_scratch_bytes = 0;
-    ACCRUE_CUDA_CHECK(cudaMalloc(&ctx.row_scratch, grown));
+    ctx.row_scratch = context_malloc(ctx.device, grown);
     ctx.row_scratch_bytes = grown;
   }
   return ctx.row_scratch;
