@@ -1,8 +1,8 @@
-// Turns a runtime dtype into a compile-time element type for a kernel body, in two spellings:
-//  - CPU: dispatch_floating(dtype, "relu", [&](auto tag) { using T = decltype(tag); ... });
-//    a generic lambda, so the body can hold OpenMP pragmas (which macro arguments cannot);
-//  - CUDA: ACCRUE_DISPATCH_FLOATING(dtype, "relu", [&] { ... T ... }); a plain lambda, because
-//    nvcc forbids device lambdas inside generic lambdas. The _AS forms name the alias.
+// Turns a runtime dtype into a compile-time element type for a kernel body, in one spelling for
+// both backends: ACCRUE_DISPATCH_FLOATING(dtype, "relu", [&] { ... T ... }). The body is a plain
+// lambda (nvcc takes no device lambdas inside generic lambdas), and on the CPU it holds no OpenMP
+// pragma (a macro argument cannot): the loops live in kernels/cpu/parallel.h. The _AS forms name
+// the alias (casts dispatch twice, as S and D).
 #pragma once
 
 #include <cstdint>
@@ -46,18 +46,3 @@ namespace accrue {
 #define ACCRUE_DISPATCH_FLOATING(dtype, op, ...) \
   ACCRUE_DISPATCH_FLOATING_AS(T, dtype, op, __VA_ARGS__)
 #define ACCRUE_DISPATCH_ALL(dtype, op, ...) ACCRUE_DISPATCH_ALL_AS(T, dtype, op, __VA_ARGS__)
-
-namespace accrue {
-
-// The CPU spelling, on top of the macros: body receives a value of the element type.
-template <typename F>
-void dispatch_floating(DType dtype, const char* op, F&& body) {
-  ACCRUE_DISPATCH_FLOATING(dtype, op, [&] { body(T{}); });
-}
-
-template <typename F>
-void dispatch_all(DType dtype, const char* op, F&& body) {
-  ACCRUE_DISPATCH_ALL(dtype, op, [&] { body(T{}); });
-}
-
-}  // namespace accrue

@@ -9,14 +9,22 @@
 
 namespace accrue::cpu {
 
+namespace {
+
+// out [C] = in [C] + bias [C]; out may alias in.
+template <typename T>
+void add_row(const T* in, const T* bias, T* out, int64_t cols) {
+#pragma omp simd
+  for (int64_t c = 0; c < cols; ++c) out[c] = in[c] + bias[c];
+}
+
+}  // namespace
+
 void CpuBackend::fill(Tensor& out, double value) {
-  dispatch_all(out.dtype(), "fill", [&](auto tag) {
-    using T = decltype(tag);
+  ACCRUE_DISPATCH_ALL(out.dtype(), "fill", [&] {
     T* p = out.data<T>();
     const T v = static_cast<T>(value);
-    const int64_t n = out.numel();
-#pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) p[i] = v;
+    for_each(out.numel(), [=](int64_t i) { p[i] = v; });
   });
 }
 
@@ -25,27 +33,23 @@ void CpuBackend::copy(const Tensor& src, Tensor& dst) {
 }
 
 void CpuBackend::cast(const Tensor& src, Tensor& dst) {
-  dispatch_all(src.dtype(), "cast", [&](auto stag) {
-    using S = decltype(stag);
-    dispatch_all(dst.dtype(), "cast", [&](auto dtag) {
-      using D = decltype(dtag);
+  ACCRUE_DISPATCH_ALL_AS(S, src.dtype(), "cast", [&] {
+    ACCRUE_DISPATCH_ALL_AS(D, dst.dtype(), "cast", [&] {
       const S* s = src.data<S>();
       D* d = dst.data<D>();
-      for (int64_t i = 0; i < src.numel(); ++i) d[i] = static_cast<D>(s[i]);
+      for_each(src.numel(), [=](int64_t i) { d[i] = static_cast<D>(s[i]); });
     });
   });
 }
 
 void CpuBackend::unary(UnaryOp op, const Tensor& x, Tensor& y) {
-  dispatch_floating(x.dtype(), op_name(op), [&](auto tag) {
-    using T = decltype(tag);
-    visit(op, [&](auto f) { map(x.numel(), x.data<T>(), y.data<T>(), f); });
+  ACCRUE_DISPATCH_FLOATING(x.dtype(), op_name(op), [&] {
+    visit(op, [&](auto f) { map1(x.numel(), x.data<T>(), y.data<T>(), f); });
   });
 }
 
 void CpuBackend::unary_backward(UnaryOp op, const Tensor& saved, const Tensor& dy, Tensor& dx) {
-  dispatch_floating(dy.dtype(), op_name(op), [&](auto tag) {
-    using T = decltype(tag);
+  ACCRUE_DISPATCH_FLOATING(dy.dtype(), op_name(op), [&] {
     visit(op, [&](auto f) {
       using Backward = typename decltype(f)::Backward;
       map2(dy.numel(), saved.data<T>(), dy.data<T>(), dx.data<T>(), Backward{});
@@ -54,45 +58,36 @@ void CpuBackend::unary_backward(UnaryOp op, const Tensor& saved, const Tensor& d
 }
 
 void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
-  dispatch_floating(a.dtype(), op_name(op), [&](auto tag) {
-    using T = decltype(tag);
+  ACCRUE_DISPATCH_FLOATING(a.dtype(), op_name(op), [&] {
     visit(op, [&](auto f) { map2(a.numel(), a.data<T>(), b.data<T>(), out.data<T>(), f); });
   });
 }
 
 void CpuBackend::scale(double alpha, const Tensor& x, Tensor& y) {
-  dispatch_floating(x.dtype(), "scale", [&](auto tag) {
-    using T = decltype(tag);
-    map(x.numel(), x.data<T>(), y.data<T>(), fn::Scale{alpha});
+  ACCRUE_DISPATCH_FLOATING(x.dtype(), "scale", [&] {
+    map1(x.numel(), x.data<T>(), y.data<T>(), fn::Scale{alpha});
   });
 }
 
 void CpuBackend::axpy(double alpha, const Tensor& x, Tensor& y) {
-  dispatch_floating(x.dtype(), "axpy", [&](auto tag) {
-    using T = decltype(tag);
+  ACCRUE_DISPATCH_FLOATING(x.dtype(), "axpy", [&] {
     map2(x.numel(), x.data<T>(), y.data<T>(), y.data<T>(), fn::Axpy{alpha});
   });
 }
 
 void CpuBackend::bias_add(const Tensor& x, const Tensor& b, Tensor& y) {
   // x [N, C] + b [C] -> y [N, C]; y may alias x.
-  dispatch_floating(x.dtype(), "bias_add", [&](auto tag) {
-    using T = decltype(tag);
+  ACCRUE_DISPATCH_FLOATING(x.dtype(), "bias_add", [&] {
     const int64_t rows = x.size(0), cols = x.size(1);
     const T* in = x.data<T>();
     const T* bias = b.data<T>();
     T* out = y.data<T>();
-#pragma omp parallel for schedule(static) if (rows * cols >= kParallelGrain)
-    for (int64_t r = 0; r < rows; ++r) {
-#pragma omp simd
-      for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = in[r * cols + c] + bias[c];
-    }
+    for_rows(rows, cols, [=](int64_t r) { add_row(in + r * cols, bias, out + r * cols, cols); });
   });
 }
 
 void CpuBackend::expand_scalar(const Tensor& s, double alpha, Tensor& out) {
-  dispatch_floating(out.dtype(), "expand_scalar", [&](auto tag) {
-    using T = decltype(tag);
+  ACCRUE_DISPATCH_FLOATING(out.dtype(), "expand_scalar", [&] {
     fill(out, static_cast<double>(s.data<T>()[0]) * alpha);
   });
 }

@@ -19,21 +19,18 @@ void fused_pass(const Tensor& boundary, Tensor& grad, F update) {
   T* g = grad.data<T>();
   const int64_t n = grad.numel();
   if (s[2] != T(0)) {
-#pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) g[i] = T(0);
+    for_each(n, [=](int64_t i) { g[i] = T(0); });
     return;
   }
   const T coef = s[1];
-#pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelGrain)
-  for (int64_t i = 0; i < n; ++i) update(coef, i);
+  for_each(n, [&](int64_t i) { update(coef, i); });
 }
 
 }  // namespace
 
 void CpuBackend::boundary(const Tensor& norm_sq, double normalize, double max_norm, Tensor& out,
                           Tensor& steps) {
-  dispatch_floating(norm_sq.dtype(), "boundary", [&](auto tag) {
-    using T = decltype(tag);
+  ACCRUE_DISPATCH_FLOATING(norm_sq.dtype(), "boundary", [&] {
     const T* in = norm_sq.data<T>();
     fn::boundary_scalars<T>(in[0], in[1], normalize, max_norm, out.data<T>(),
                             steps.data<int32_t>());
@@ -43,8 +40,7 @@ void CpuBackend::boundary(const Tensor& norm_sq, double normalize, double max_no
 void CpuBackend::adam_step(const AdamParams& hp, const Tensor& boundary, const Tensor& steps,
                            Tensor& param, Tensor& grad, Tensor& m, Tensor& v) {
   const fn::AdamUpdate update = fn::AdamUpdate::at_step(hp, steps.data<int32_t>()[0]);
-  dispatch_floating(param.dtype(), "adam_step", [&](auto tag) {
-    using T = decltype(tag);
+  ACCRUE_DISPATCH_FLOATING(param.dtype(), "adam_step", [&] {
     T* p = param.data<T>();
     T* g = grad.data<T>();
     T* pm = m.data<T>();
@@ -57,8 +53,7 @@ void CpuBackend::adam_step(const AdamParams& hp, const Tensor& boundary, const T
 void CpuBackend::sgd_step(const SgdParams& hp, const Tensor& boundary, const Tensor& steps,
                           Tensor& param, Tensor& grad, Tensor& momentum) {
   const fn::SgdUpdate update = fn::SgdUpdate::at_step(hp, steps.data<int32_t>()[0]);
-  dispatch_floating(param.dtype(), "sgd_step", [&](auto tag) {
-    using T = decltype(tag);
+  ACCRUE_DISPATCH_FLOATING(param.dtype(), "sgd_step", [&] {
     T* p = param.data<T>();
     T* g = grad.data<T>();
     T* buf = momentum.data<T>();

@@ -1,17 +1,28 @@
-// CPU loops: element-wise maps over flat arrays, split across OpenMP threads when the array is
-// large enough to pay for the fork (small micro-batch tensors run on the calling thread).
+// CPU loops, named like the CUDA launch helpers (kernels/cuda/launch.cuh) so the two backends
+// read side by side: map1 / map2 run a functor over flat arrays, for_each runs a body per
+// element, for_range per row or block, for_chunks per fixed chunk. Each forks OpenMP threads only
+// when the work pays for the fork (kParallelGrain elements in all); smaller micro-batch tensors
+// run on the calling thread. Every OpenMP pragma of the CPU backend lives in this file or in a
+// row helper beside its kernel, never inside a dispatch macro's body.
 #pragma once
 
 #include <cstdint>
 
 namespace accrue::cpu {
 
-// Below this many elements a loop runs on one thread.
+// Below this many elements of work a loop runs on one thread.
 constexpr int64_t kParallelGrain = 1 << 15;
+
+// body(i) for i in [0, n)
+template <typename F>
+void for_each(int64_t n, F body) {
+#pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelGrain)
+  for (int64_t i = 0; i < n; ++i) body(i);
+}
 
 // y[i] = f(x[i])
 template <typename T, typename F>
-void map(int64_t n, const T* x, T* y, F f) {
+void map1(int64_t n, const T* x, T* y, F f) {
 #pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelGrain)
   for (int64_t i = 0; i < n; ++i) y[i] = f(x[i]);
 }
@@ -23,16 +34,28 @@ void map2(int64_t n, const T* a, const T* b, T* out, F f) {
   for (int64_t i = 0; i < n; ++i) out[i] = f(a[i], b[i]);
 }
 
-// body(begin, end) over [0, n) in chunks of `chunk`; chunk boundaries depend only on n, so a
+// body(i) for i in [0, count): rows or column blocks, each touching work / count elements.
+template <typename F>
+void for_range(int64_t count, int64_t work, F body) {
+#pragma omp parallel for schedule(static) if (parallel : work >= kParallelGrain)
+  for (int64_t i = 0; i < count; ++i) body(i);
+}
+
+// body(r) for every row of an [rows, cols] matrix.
+template <typename F>
+void for_rows(int64_t rows, int64_t cols, F body) {
+  for_range(rows, rows * cols, body);
+}
+
+// body(c, begin, end) over [0, n) in chunks of `chunk`; chunk boundaries depend only on n, so a
 // reduction that combines per-chunk results in chunk order is deterministic.
 template <typename F>
 void for_chunks(int64_t n, int64_t chunk, F body) {
   const int64_t chunks = (n + chunk - 1) / chunk;
-#pragma omp parallel for schedule(static) if (parallel : n >= kParallelGrain)
-  for (int64_t c = 0; c < chunks; ++c) {
+  for_range(chunks, n, [&](int64_t c) {
     const int64_t begin = c * chunk;
     body(c, begin, begin + chunk < n ? begin + chunk : n);
-  }
+  });
 }
 
 }  // namespace accrue::cpu

@@ -48,6 +48,16 @@ double sum_of_squares(const T* p, int64_t len) {
   return acc;
 }
 
+// acc [len] += row [len]
+template <typename T>
+void add_into(T* acc, const T* row, int64_t len) {
+#pragma omp simd
+  for (int64_t c = 0; c < len; ++c) acc[c] += row[c];
+}
+
+// sum_rows works on blocks of columns, each block's partial sums in registers.
+constexpr int64_t kColumnBlock = 256;
+
 template <typename T>
 double count_nonfinite(const T* p, int64_t len) {
   double count = 0.0;
@@ -59,39 +69,30 @@ double count_nonfinite(const T* p, int64_t len) {
 
 void CpuBackend::sum_rows(const Tensor& x, double alpha, double beta, Tensor& out) {
   // x [N, C] -> out [C] = beta * out + alpha * sum_n x[n, :]
-  dispatch_floating(x.dtype(), "sum_rows", [&](auto tag) {
-    using T = decltype(tag);
+  ACCRUE_DISPATCH_FLOATING(x.dtype(), "sum_rows", [&] {
     const int64_t rows = x.size(0), cols = x.size(1);
     const T* in = x.data<T>();
     T* o = out.data<T>();
-    constexpr int64_t kBlock = 256;
-    const int64_t blocks = (cols + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static) if (rows * cols >= kParallelGrain)
-    for (int64_t blk = 0; blk < blocks; ++blk) {
-      const int64_t c0 = blk * kBlock, c1 = std::min(cols, c0 + kBlock);
-      T acc[kBlock] = {};
-      for (int64_t r = 0; r < rows; ++r) {
-        const T* row = in + r * cols;
-#pragma omp simd
-        for (int64_t c = c0; c < c1; ++c) acc[c - c0] += row[c];
-      }
-      const fn::Blend blend{alpha, beta};
+    const int64_t blocks = (cols + kColumnBlock - 1) / kColumnBlock;
+    const fn::Blend blend{alpha, beta};
+    for_range(blocks, rows * cols, [=](int64_t blk) {
+      const int64_t c0 = blk * kColumnBlock, c1 = std::min(cols, c0 + kColumnBlock);
+      T acc[kColumnBlock] = {};
+      for (int64_t r = 0; r < rows; ++r) add_into(acc, in + r * cols + c0, c1 - c0);
       for (int64_t c = c0; c < c1; ++c) o[c] = blend(o[c], acc[c - c0]);
-    }
+    });
   });
 }
 
 void CpuBackend::sum_all(const Tensor& x, Tensor& out) {
-  dispatch_floating(x.dtype(), "sum", [&](auto tag) {
-    using T = decltype(tag);
+  ACCRUE_DISPATCH_FLOATING(x.dtype(), "sum", [&] {
     out.data<T>()[0] = static_cast<T>(chunked(x.data<T>(), x.numel(), sum_of<T>));
   });
 }
 
 void CpuBackend::norm_sq(const Tensor& g, Tensor& out) {
   // out [2] = {sum of g^2, count of non-finite entries}
-  dispatch_floating(g.dtype(), "norm_sq", [&](auto tag) {
-    using T = decltype(tag);
+  ACCRUE_DISPATCH_FLOATING(g.dtype(), "norm_sq", [&] {
     const T* x = g.data<T>();
     const double sum_sq = chunked(x, g.numel(), sum_of_squares<T>);
     // A non-finite entry makes the sum non-finite; only then are they counted.
@@ -104,8 +105,7 @@ void CpuBackend::norm_sq(const Tensor& g, Tensor& out) {
 
 void CpuBackend::argmax(const Tensor& x, Tensor& index) {
   // x [N, C] -> index [N]
-  dispatch_floating(x.dtype(), "argmax", [&](auto tag) {
-    using T = decltype(tag);
+  ACCRUE_DISPATCH_FLOATING(x.dtype(), "argmax", [&] {
     const int64_t rows = x.size(0), cols = x.size(1);
     const T* in = x.data<T>();
     int32_t* idx = index.data<int32_t>();

@@ -29,49 +29,49 @@ T log_softmax_row(const T* x, T* y, int64_t cols) {
 
 void CpuBackend::log_softmax(const Tensor& x, Tensor& y) {
   // x [N, C] -> y [N, C]
-  dispatch_floating(x.dtype(), "log_softmax", [&](auto tag) {
-    using T = decltype(tag);
+  ACCRUE_DISPATCH_FLOATING(x.dtype(), "log_softmax", [&] {
     const int64_t rows = x.size(0), cols = x.size(1);
-#pragma omp parallel for schedule(static) if (rows * cols >= kParallelGrain)
-    for (int64_t r = 0; r < rows; ++r) {
-      log_softmax_row(x.data<T>() + r * cols, y.data<T>() + r * cols, cols);
-    }
+    const T* in = x.data<T>();
+    T* out = y.data<T>();
+    for_rows(rows, cols, [=](int64_t r) { log_softmax_row(in + r * cols, out + r * cols, cols); });
   });
 }
 
 void CpuBackend::log_softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
   // y, dy, dx [N, C]: dx = dy - exp(y) * sum(dy)
-  dispatch_floating(y.dtype(), "log_softmax_backward", [&](auto tag) {
-    using T = decltype(tag);
+  ACCRUE_DISPATCH_FLOATING(y.dtype(), "log_softmax_backward", [&] {
     const int64_t rows = y.size(0), cols = y.size(1);
-#pragma omp parallel for schedule(static) if (rows * cols >= kParallelGrain)
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* yr = y.data<T>() + r * cols;
-      const T* gr = dy.data<T>() + r * cols;
-      T* out = dx.data<T>() + r * cols;
+    const T* py = y.data<T>();
+    const T* pdy = dy.data<T>();
+    T* pdx = dx.data<T>();
+    for_rows(rows, cols, [=](int64_t r) {
+      const T* yr = py + r * cols;
+      const T* gr = pdy + r * cols;
+      T* out = pdx + r * cols;
       T total = 0;
       for (int64_t c = 0; c < cols; ++c) total += gr[c];
       for (int64_t c = 0; c < cols; ++c) out[c] = fn::LogSoftmaxGrad{}(yr[c], gr[c], total);
-    }
+    });
   });
 }
 
 void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& labels, Tensor& loss,
                                Tensor& probs) {
   // logits [N, C], labels [N] -> loss [1] = sum_n (lse_n - logits[n, label_n]), probs [N, C]
-  dispatch_floating(logits.dtype(), "cross_entropy", [&](auto tag) {
-    using T = decltype(tag);
+  ACCRUE_DISPATCH_FLOATING(logits.dtype(), "cross_entropy", [&] {
     const int64_t rows = logits.size(0), cols = logits.size(1);
     const int32_t* label = labels.data<int32_t>();
     std::vector<T> row_loss(static_cast<size_t>(rows));
-#pragma omp parallel for schedule(static) if (rows * cols >= kParallelGrain)
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* x = logits.data<T>() + r * cols;
-      T* p = probs.data<T>() + r * cols;
+    const T* in = logits.data<T>();
+    T* pp = probs.data<T>();
+    T* losses = row_loss.data();
+    for_rows(rows, cols, [=](int64_t r) {
+      const T* x = in + r * cols;
+      T* p = pp + r * cols;
       const T lse = log_softmax_row(x, p, cols);
       for (int64_t c = 0; c < cols; ++c) p[c] = std::exp(p[c]);
-      row_loss[static_cast<size_t>(r)] = lse - x[label[r]];
-    }
+      losses[r] = lse - x[label[r]];
+    });
     T total = 0;
     for (T v : row_loss) total += v;
     loss.data<T>()[0] = total;
@@ -81,19 +81,17 @@ void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& labels, Tenso
 void CpuBackend::cross_entropy_backward(const Tensor& probs, const Tensor& labels,
                                         const Tensor& dloss, Tensor& dlogits) {
   // dlogits [N, C] = dloss * (probs - onehot(labels))
-  dispatch_floating(probs.dtype(), "cross_entropy_backward", [&](auto tag) {
-    using T = decltype(tag);
+  ACCRUE_DISPATCH_FLOATING(probs.dtype(), "cross_entropy_backward", [&] {
     const int64_t rows = probs.size(0), cols = probs.size(1);
     const T g = dloss.data<T>()[0];
     const int32_t* label = labels.data<int32_t>();
     const T* p = probs.data<T>();
     T* out = dlogits.data<T>();
-#pragma omp parallel for schedule(static) if (rows * cols >= kParallelGrain)
-    for (int64_t r = 0; r < rows; ++r) {
+    for_rows(rows, cols, [=](int64_t r) {
       for (int64_t c = 0; c < cols; ++c) {
         out[r * cols + c] = fn::CrossEntropyGrad{}(p[r * cols + c], c == label[r], g);
       }
-    }
+    });
   });
 }
 
