@@ -1,19 +1,43 @@
-// backend_for: the one place that maps a device to its backend.
+// backend_for: the one place that maps a device to its backend (wrapped in the tracing
+// decorator of kernels/trace.h when ACCRUE_TRACE=1).
 #include "kernels/backend.h"
 
-#include "core/cuda_seam.h"
+#include <iostream>
+#include <memory>
+#include <mutex>
 
+#include "core/cuda_seam.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/trace.h"
 
 namespace accrue {
 
+namespace {
 
-Backend& backend_for(Device device) {
+Backend& untraced(Device device) {
   if (device.is_cpu()) {
     static cpu::CpuBackend cpu_backend;
     return cpu_backend;
   }
   return cuda_backend(device.index);
+}
+
+Backend& traced(Device device) {
+  constexpr int kSlots = 17;  // cpu and cuda:0 .. cuda:15
+  static std::unique_ptr<Backend> tracers[kSlots];
+  static std::mutex mutex;
+  Backend& inner = untraced(device);  // throws for a device that does not exist
+  const int slot = device.is_cpu() ? 0 : 1 + device.index;
+  if (slot >= kSlots) throw DeviceError(str_cat("[trace] cannot trace ", device.str()));
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!tracers[slot]) tracers[slot] = make_tracing_backend(inner, std::cerr);
+  return *tracers[slot];
+}
+
+}  // namespace
+
+Backend& backend_for(Device device) {
+  return trace_enabled() ? traced(device) : untraced(device);
 }
 
 }  // namespace accrue

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "kernels/backend.h"
+#include "kernels/trace.h"
 #include "test_util.h"
 
 namespace accrue::testing {
@@ -282,6 +283,21 @@ TEST(Backend, EveryPrimitiveHasARow) {
   for (const char* name : kBackendPrimitives) {
     EXPECT_TRUE(covered.count(name)) << "primitive '" << name << "' has no row in the table";
   }
+}
+
+// ACCRUE_TRACE's decorator prints each primitive with its arguments and forwards it unchanged.
+TEST(Backend, TracingDecoratorPrintsAndForwards) {
+  std::ostringstream log;
+  const auto tracer = make_tracing_backend(backend_for(Device::cpu()), log);
+  Tensor x = Tensor::full({2, 3}, 1.0), w = Tensor::full({4, 3}, 0.5), b = Tensor::full({4}, 1.0);
+  Tensor y = Tensor::empty({2, 4});
+  tracer->linear_forward(x, w, b, y);
+  tracer->unary(UnaryOp::kRelu, y, y);
+  EXPECT_EQ(y.to_vector<float>(), std::vector<float>(8, 2.5f));
+  EXPECT_EQ(log.str(),
+            "[trace] linear_forward(float32[2, 3] on cpu, float32[4, 3] on cpu, float32[4] on cpu, "
+            "float32[2, 4] on cpu)\n"
+            "[trace] unary(relu, float32[2, 4] on cpu, float32[2, 4] on cpu)\n");
 }
 
 class BackendTable : public ::testing::TestWithParam<Row> {};

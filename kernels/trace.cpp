@@ -1,0 +1,79 @@
+// The tracing decorator (see trace.h): one override per primitive, generated from the list in
+// kernels/backend.h, each printing "[trace] name(arg, arg, ...)" and forwarding.
+#include "kernels/trace.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <ostream>
+
+namespace accrue {
+
+namespace {
+
+void print(std::ostream& out, const Tensor& t) {
+  out << t.describe();
+}
+void print(std::ostream& out, double v) {
+  out << v;
+}
+void print(std::ostream& out, bool v) {
+  out << (v ? "true" : "false");
+}
+void print(std::ostream& out, UnaryOp op) {
+  out << op_name(op);
+}
+void print(std::ostream& out, BinaryOp op) {
+  out << op_name(op);
+}
+void print(std::ostream& out, const AdamParams& hp) {
+  out << (hp.decoupled ? "adamw" : "adam") << "{lr " << hp.lr << ", wd " << hp.weight_decay << "}";
+}
+void print(std::ostream& out, const SgdParams& hp) {
+  out << "sgd{lr " << hp.lr << ", momentum " << hp.momentum << "}";
+}
+
+class TracingBackend final : public Backend {
+ public:
+  TracingBackend(Backend& inner, std::ostream& out) : inner_(inner), out_(out) {}
+
+#define ACCRUE_TRACE_OVERRIDE(name, params, args) \
+  void name params override {                     \
+    line(#name, ACCRUE_TRACE_UNPACK args);        \
+    inner_.name args;                             \
+  }
+#define ACCRUE_TRACE_UNPACK(...) __VA_ARGS__
+  ACCRUE_BACKEND_PRIMITIVES(ACCRUE_TRACE_OVERRIDE)
+#undef ACCRUE_TRACE_UNPACK
+#undef ACCRUE_TRACE_OVERRIDE
+
+ private:
+  template <typename... Args>
+  void line(const char* name, const Args&... args) {
+    static std::mutex mutex;
+    std::lock_guard<std::mutex> lock(mutex);
+    out_ << "[trace] " << name << "(";
+    const char* sep = "";
+    ((out_ << sep, print(out_, args), sep = ", "), ...);
+    out_ << ")\n";
+  }
+
+  Backend& inner_;
+  std::ostream& out_;
+};
+
+}  // namespace
+
+bool trace_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("ACCRUE_TRACE");
+    return v != nullptr && std::strcmp(v, "") != 0 && std::strcmp(v, "0") != 0;
+  }();
+  return enabled;
+}
+
+std::unique_ptr<Backend> make_tracing_backend(Backend& inner, std::ostream& out) {
+  return std::make_unique<TracingBackend>(inner, out);
+}
+
+}  // namespace accrue
