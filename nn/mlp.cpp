@@ -3,12 +3,10 @@
 
 #include <string>
 
-#include "core/ops.h"
-
 namespace accrue::nn {
 
-MLP::MLP(const std::vector<int64_t>& sizes, Activation activation, DType dtype)
-    : activation_(activation) {
+MLP::MLP(const std::vector<int64_t>& sizes, const ActivationFactory& make_activation,
+         DType dtype) {
   if (sizes.size() < 2) {
     throw ValueError(
         str_cat("[MLP] needs at least input and output sizes, got ", sizes.size(), " size(s)"));
@@ -17,25 +15,15 @@ MLP::MLP(const std::vector<int64_t>& sizes, Activation activation, DType dtype)
     layers_.push_back(
         register_module("layers." + std::to_string(i),
                         std::make_shared<Linear>(sizes[i], sizes[i + 1], true, dtype)));
+    if (i + 2 < sizes.size()) activations_.push_back(make_activation());
   }
 }
 
 Tensor MLP::forward(const Tensor& x) {
   Tensor h = x;
   for (size_t i = 0; i < layers_.size(); ++i) {
-    h = layers_[i]->forward(h);
-    if (i + 1 == layers_.size()) break;
-    switch (activation_) {
-      case Activation::kRelu:
-        h = relu(h);
-        break;
-      case Activation::kTanh:
-        h = accrue::tanh(h);
-        break;
-      case Activation::kGelu:
-        h = gelu(h);
-        break;
-    }
+    h = (*layers_[i])(h);
+    if (i < activations_.size()) h = (*activations_[i])(h);
   }
   return h;
 }

@@ -43,7 +43,7 @@ TEST(Modules, LinearInitialisationMatchesPyTorchBounds) {
 
 TEST(Modules, ForwardAfterArenaUsesArenaMemory) {
   nn::manual_seed(2);
-  nn::MLP mlp({5, 4, 3}, nn::Activation::kGelu, DType::kFloat64);
+  nn::MLP mlp({5, 4, 3}, nn::activation<nn::GELU>(), DType::kFloat64);
   Tensor x = random({2, 5}, 3);
   const auto before = mlp(x).to_vector<double>();
   clear_tape();

@@ -139,7 +139,7 @@ Summary train(const Config& c, std::ostream& out) {
   std::vector<int64_t> sizes{train_set.images.size(1)};
   sizes.insert(sizes.end(), c.hidden.begin(), c.hidden.end());
   sizes.push_back(10);
-  nn::MLP model(sizes, nn::Activation::kRelu, dtype);
+  nn::MLP model(sizes, nn::activation<nn::ReLU>(), dtype);
   if (!c.init.empty()) optim::load_parameters(model, c.init);
   model.to(c.device);
   optim::ParameterArena arena(model);
