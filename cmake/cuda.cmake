@@ -29,7 +29,16 @@ if(ACCRUE_WITH_CUDA)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
   find_package(CUDAToolkit REQUIRED)
   message(STATUS "accrue: CUDA backend ON (architectures: ${CMAKE_CUDA_ARCHITECTURES})")
-  file(GLOB ACCRUE_CUDA_SOURCES ${CMAKE_CURRENT_LIST_DIR}/../kernels/cuda/*.cu)
+  # Listed by hand, like the C++ sources in CMakeLists.txt.
+  set(ACCRUE_CUDA_SOURCES
+    kernels/cuda/backend.cu
+    kernels/cuda/elementwise.cu
+    kernels/cuda/gemm.cu
+    kernels/cuda/index.cu
+    kernels/cuda/optim.cu
+    kernels/cuda/reduce.cu
+    kernels/cuda/runtime.cu
+    kernels/cuda/softmax.cu)
 else()
   message(STATUS "accrue: CUDA backend OFF (ACCRUE_CUDA=${ACCRUE_CUDA})")
 endif()

@@ -1,0 +1,22 @@
+# The CPU backend's BLAS as one imported target, accrue::cblas: OpenBLAS's library (FindBLAS's
+# BLAS::BLAS) with the cblas.h that belongs to it. Debian installs several OpenBLAS variants
+# side by side (openmp, pthread, serial), each with its own cblas.h under
+# include/<multiarch>/<variant>; the variant is read off the real path of the library that was
+# found, so header and library always match.
+set(BLA_VENDOR OpenBLAS)
+find_package(BLAS REQUIRED)
+list(GET BLAS_LIBRARIES 0 accrue_blas_library)
+file(REAL_PATH "${accrue_blas_library}" accrue_blas_real)
+get_filename_component(accrue_blas_dir "${accrue_blas_real}" DIRECTORY)
+get_filename_component(accrue_blas_variant "${accrue_blas_dir}" NAME)  # e.g. openblas-openmp
+# <prefix>/lib/<multiarch>/<variant>/libopenblas.so -> <prefix>/include/<multiarch>/<variant>
+get_filename_component(accrue_blas_prefix "${accrue_blas_dir}/../../.." ABSOLUTE)
+find_path(ACCRUE_CBLAS_INCLUDE_DIR cblas.h
+  HINTS ${accrue_blas_prefix}/include/${CMAKE_LIBRARY_ARCHITECTURE}/${accrue_blas_variant}
+  PATH_SUFFIXES ${CMAKE_LIBRARY_ARCHITECTURE}/${accrue_blas_variant} ${CMAKE_LIBRARY_ARCHITECTURE}
+                openblas REQUIRED)
+add_library(accrue_cblas INTERFACE IMPORTED)
+target_include_directories(accrue_cblas INTERFACE ${ACCRUE_CBLAS_INCLUDE_DIR})
+target_link_libraries(accrue_cblas INTERFACE BLAS::BLAS)
+add_library(accrue::cblas ALIAS accrue_cblas)
+message(STATUS "accrue: BLAS ${accrue_blas_real}, cblas.h in ${ACCRUE_CBLAS_INCLUDE_DIR}")
