@@ -7,7 +7,7 @@
 // Gradients of leaves are accumulated in place into their persistent `grad` buffer (for
 // parameters, a view of the gradient arena). A node that can write its input gradient directly
 // (the weight-gradient GEMM with beta = 1) asks GradSink::accumulator() for that buffer; other
-// nodes hand a fresh tensor to GradSink::add(). Read next: core/ops.h.
+// nodes hand a fresh tensor to GradSink::add(). Read next: core/ops/linear.cpp.
 #pragma once
 
 #include <memory>

@@ -75,6 +75,18 @@ AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
                             reason(errno)));
   }
   temp_ = pattern;
+  // mkstemp creates 0600; give the file the mode an ordinary create would (or the mode of the
+  // file it replaces).
+  struct stat existing {};
+  mode_t mode = 0;
+  if (::stat(path_.c_str(), &existing) == 0) {
+    mode = existing.st_mode & 07777;
+  } else {
+    const mode_t mask = ::umask(0);
+    ::umask(mask);
+    mode = 0666 & ~mask;
+  }
+  if (::fchmod(fd_, mode) != 0) fail("cannot set the temporary's mode", errno);
 }
 
 AtomicFile::~AtomicFile() {

@@ -3,6 +3,7 @@
 // data. Views (reshape, narrow on dim 0, the parameter arena's slices) share storage too.
 // Every tensor is contiguous; that keeps every kernel a flat loop over numel elements.
 // The autograd fields (requires_grad, grad, tape slot) are read by core/autograd.h.
+// Read next: core/autograd.h.
 #pragma once
 
 #include <cstdint>

@@ -2,7 +2,7 @@
 // this interface of primitives; backend_for(device) is the one place that picks a backend.
 // Primitives only compute: the public ops in core/ops.h validate shapes, dtypes and devices and
 // allocate outputs before calling here. All tensors are contiguous; floating tensors of one call
-// share a dtype (float32 or float64).
+// share a dtype (float32 or float64). Read next: kernels/functors.h.
 #pragma once
 
 #include <cstdint>

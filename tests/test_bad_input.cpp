@@ -4,6 +4,7 @@
 // previous good file as it was.
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 
 #include <fstream>
 
@@ -223,6 +224,12 @@ TEST(BadInput, AFailedSaveKeepsThePreviousFile) {
   setrlimit(RLIMIT_FSIZE, &old);
   EXPECT_EQ(read_file_bytes(path), good);
   EXPECT_EQ(files_in(dir), std::vector<std::string>{"w.safetensors"});
+  // A saved file has the mode an ordinary create gives (mkstemp alone would make it 0600).
+  const mode_t mask = umask(0);
+  umask(mask);
+  struct stat st {};
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0666 & ~mask);
 
   expect_error<FileError>(
       [&] { optim::save_safetensors((dir / "no/such/dir/w.safetensors").string(), {}); },
