@@ -94,8 +94,7 @@ void softmax_ce(State& state, Device d) {
 void relu_forward(State& state, Device d) {
   const int64_t n = state.range(0);
   Tensor x = filled({n}, d), y = Tensor::empty({n}, DType::kFloat32, d);
-  const double seconds =
-      run_timed(state, d, [&] { backend_for(d).unary(UnaryOp::kRelu, x, y); });
+  const double seconds = run_timed(state, d, [&] { backend_for(d).unary(UnaryOp::kRelu, x, y); });
   report_bytes(state, d, seconds, 8.0 * n, 8.0 * n);
 }
 

@@ -63,11 +63,12 @@ void Node::check_saved() const {
     if (!s.tensor.defined()) continue;
     const uint64_t now = s.tensor.impl()->storage->version();
     if (now != s.version) {
-      throw AutogradError(str_cat("[", name(), " backward] ", s.tensor.describe(),
-                                  " saved by the forward was modified in place afterwards (version ",
-                                  s.version, " -> ", now,
-                                  "); its gradient would be wrong. Modify a copy (clone()), or "
-                                  "run the update after backward()"));
+      throw AutogradError(
+          str_cat("[", name(), " backward] ", s.tensor.describe(),
+                  " saved by the forward was modified in place afterwards (version ", s.version,
+                  " -> ", now,
+                  "); its gradient would be wrong. Modify a copy (clone()), or "
+                  "run the update after backward()"));
     }
   }
 }

@@ -99,8 +99,9 @@ void AtomicFile::fail(const std::string& what, int err) {
   fd_ = -1;
   ::unlink(temp_.c_str());
   temp_.clear();
-  throw FileError(str_cat(path_, ": ", what, ": ", reason(err), " (the previous file, if any, is "
-                                                                 "untouched)"));
+  throw FileError(str_cat(path_, ": ", what, ": ", reason(err),
+                          " (the previous file, if any, is "
+                          "untouched)"));
 }
 
 void AtomicFile::write(const void* data, size_t nbytes) {

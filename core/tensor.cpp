@@ -16,9 +16,9 @@ int64_t shape_numel(const Shape& shape) {
   int64_t n = 1;
   for (int64_t d : shape) {
     if (d < 0 || __builtin_mul_overflow(n, d, &n)) {
-      throw ShapeError(str_cat("[shape] ", shape_str(shape),
-                               d < 0 ? " has a negative dimension"
-                                     : " has more elements than an int64 can count"));
+      throw ShapeError(str_cat(
+          "[shape] ", shape_str(shape),
+          d < 0 ? " has a negative dimension" : " has more elements than an int64 can count"));
     }
   }
   return n;
@@ -190,8 +190,7 @@ Tensor Tensor::view(const Shape& shape) const {
 
 Tensor Tensor::narrow(int64_t start, int64_t length) const {
   // length > rows - start, not start + length > rows: the sum may overflow.
-  if (dim() == 0 || start < 0 || length < 0 || start > shape()[0] ||
-      length > shape()[0] - start) {
+  if (dim() == 0 || start < 0 || length < 0 || start > shape()[0] || length > shape()[0] - start) {
     throw ShapeError(str_cat("[narrow] ", length, " rows from row ", start,
                              " are out of range for shape ", shape_str(shape())));
   }

@@ -5,8 +5,7 @@
 
 namespace accrue::nn {
 
-MLP::MLP(const std::vector<int64_t>& sizes, const ActivationFactory& make_activation,
-         DType dtype) {
+MLP::MLP(const std::vector<int64_t>& sizes, const ActivationFactory& make_activation, DType dtype) {
   if (sizes.size() < 2) {
     throw ValueError(
         str_cat("[MLP] needs at least input and output sizes, got ", sizes.size(), " size(s)"));

@@ -6,7 +6,8 @@
 //   2. at the boundary, sets the learning rate from the optimizer-step counter (the one clock)
 //      and runs the optimizer's fused step: norm -> clip -> update -> zero.
 // It also measures what accumulation is for: the activation memory of one micro-step above
-// the baseline of parameters, gradients, optimizer state and data. Read next: examples/mnist/trainer.cpp.
+// the baseline of parameters, gradients, optimizer state and data. Read next:
+// examples/mnist/trainer.cpp.
 #pragma once
 
 #include <functional>

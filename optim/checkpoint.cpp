@@ -90,8 +90,8 @@ Entry parse_entry(const std::string& name, const nlohmann::json& e, uint64_t dat
                       dtype_name(out.dtype), shape_str(out.shape)));
   }
   if (out.end > data_size) {
-    throw fail(str_cat("truncated: tensor '", name, "' ends at byte ", out.end, " of a ",
-                       data_size, "-byte data section"));
+    throw fail(str_cat("truncated: tensor '", name, "' ends at byte ", out.end, " of a ", data_size,
+                       "-byte data section"));
   }
   return out;
 }
@@ -212,9 +212,9 @@ void load_parameters(nn::Module& module, const std::string& path) {
           str_cat("[load] ", path, " has no tensor '", name, "' (", param.describe(), ")"));
     }
     if (it->second.shape() != param.shape() || !is_floating(it->second.dtype())) {
-      throw FileError(str_cat("[load] ", path, ": tensor '", name, "' is ",
-                              it->second.describe(), " but the model expects ",
-                              dtype_name(param.dtype()), shape_str(param.shape())));
+      throw FileError(str_cat("[load] ", path, ": tensor '", name, "' is ", it->second.describe(),
+                              " but the model expects ", dtype_name(param.dtype()),
+                              shape_str(param.shape())));
     }
     const int64_t bad = first_nonfinite(it->second);
     if (bad >= 0) {

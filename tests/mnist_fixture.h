@@ -26,7 +26,8 @@ inline fs::path temp_dir(const std::string& name) {
 }
 
 // A learnable stand-in for MNIST: digit d lights a 4x4 block at a d-dependent place, plus noise.
-inline void write_fixture(const fs::path& dir, const std::string& prefix, int64_t n, uint64_t seed) {
+inline void write_fixture(const fs::path& dir, const std::string& prefix, int64_t n,
+                          uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<int> noise(0, 60);
   IdxImages images{n, 28, 28, std::vector<uint8_t>(static_cast<size_t>(n * 784))};

@@ -135,8 +135,8 @@ std::vector<Row> rows() {
       {"linear_forward/no_bias",
        [](const Maker& m) {
          Tensor y = m.empty({kRows, 40});
-         m.be().linear_forward(m.uniform({kRows, kCols}, 11), m.uniform({40, kCols}, 12),
-                               Tensor(), y);
+         m.be().linear_forward(m.uniform({kRows, kCols}, 11), m.uniform({40, kCols}, 12), Tensor(),
+                               y);
          return Outputs{y};
        }},
       {"log_softmax",
@@ -163,8 +163,7 @@ std::vector<Row> rows() {
        [](const Maker& m) {
          Tensor dlogits = m.empty({kRows, kCols});
          m.be().cross_entropy_backward(m.uniform({kRows, kCols}, 17, 0, 1),
-                                       m.ints(labels(kRows, kCols)), m.values({}, {0.25}),
-                                       dlogits);
+                                       m.ints(labels(kRows, kCols)), m.values({}, {0.25}), dlogits);
          return Outputs{dlogits};
        }},
       {"argmax",
@@ -235,14 +234,14 @@ std::vector<Row> rows() {
   }
   for (double max_norm : {0.0, 1.0, 1e9}) {
     for (bool finite : {true, false}) {
-      table.push_back({str_cat("boundary/max_norm_", max_norm, finite ? "" : "_non_finite"),
-                       [=](const Maker& m) {
-                         Tensor out = m.empty({3});
-                         Tensor steps = m.ints({4});
-                         m.be().boundary(m.values({2}, {9.0, finite ? 0.0 : 2.0}), 0.5, max_norm,
-                                         out, steps);
-                         return Outputs{out, steps};
-                       }});
+      table.push_back(
+          {str_cat("boundary/max_norm_", max_norm, finite ? "" : "_non_finite"),
+           [=](const Maker& m) {
+             Tensor out = m.empty({3});
+             Tensor steps = m.ints({4});
+             m.be().boundary(m.values({2}, {9.0, finite ? 0.0 : 2.0}), 0.5, max_norm, out, steps);
+             return Outputs{out, steps};
+           }});
     }
   }
   for (bool decoupled : {false, true}) {
@@ -260,14 +259,15 @@ std::vector<Row> rows() {
   }
   for (bool nesterov : {false, true}) {
     for (bool skip : {false, true}) {
-      table.push_back({str_cat("sgd_step/", nesterov ? "nesterov" : "momentum", skip ? "_skip" : ""),
-                       [=](const Maker& m) {
-                         Tensor p = m.uniform({kFlat}, 32), g = m.uniform({kFlat}, 33);
-                         Tensor buf = m.uniform({kFlat}, 34);
-                         const SgdParams hp{1e-1, 0.9, 0.0, 1e-3, nesterov};
-                         m.be().sgd_step(hp, boundary_of(m, 0.7, skip), m.ints({5}), p, g, buf);
-                         return Outputs{p, g, buf};
-                       }});
+      table.push_back(
+          {str_cat("sgd_step/", nesterov ? "nesterov" : "momentum", skip ? "_skip" : ""),
+           [=](const Maker& m) {
+             Tensor p = m.uniform({kFlat}, 32), g = m.uniform({kFlat}, 33);
+             Tensor buf = m.uniform({kFlat}, 34);
+             const SgdParams hp{1e-1, 0.9, 0.0, 1e-3, nesterov};
+             m.be().sgd_step(hp, boundary_of(m, 0.7, skip), m.ints({5}), p, g, buf);
+             return Outputs{p, g, buf};
+           }});
     }
   }
   return table;
@@ -313,21 +313,19 @@ TEST_P(BackendTable, MatchesTheFloat64CpuReference) {
       for (size_t i = 0; i < got.size(); ++i) {
         EXPECT_EQ(got[i].shape(), reference[i].shape());
         EXPECT_LT(max_rel_error(got[i], reference[i]), dtype == DType::kFloat32 ? 2e-5 : 1e-12)
-            << row.name << " output " << i << " in " << dtype_name(dtype) << " on "
-            << device.str();
+            << row.name << " output " << i << " in " << dtype_name(dtype) << " on " << device.str();
       }
     }
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backend, BackendTable, ::testing::ValuesIn(rows()),
-                         [](const auto& info) {
-                           std::string name = info.param.name;
-                           for (char& c : name) {
-                             if (!isalnum(static_cast<unsigned char>(c))) c = '_';
-                           }
-                           return name;
-                         });
+INSTANTIATE_TEST_SUITE_P(Backend, BackendTable, ::testing::ValuesIn(rows()), [](const auto& info) {
+  std::string name = info.param.name;
+  for (char& c : name) {
+    if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+  }
+  return name;
+});
 
 }  // namespace
 }  // namespace accrue::testing

@@ -24,10 +24,16 @@ TEST(Misuse, SizesThatOverflowAreRejected) {
   expect_error<ShapeError>([&] { (void)x.narrow(INT64_MAX, 1); }, {"[narrow]"});
   expect_error<ShapeError>([&] { (void)x.narrow(5, 0); }, {"[narrow]"});
   EXPECT_EQ(x.narrow(4, 0).numel(), 0);
-  expect_error<ShapeError>([] { Tensor::zeros({int64_t(1) << 32, int64_t(1) << 32}); },
-                           {"[shape]", "[4294967296, 4294967296]", "int64"});
-  expect_error<ShapeError>([] { Tensor::empty({int64_t(1) << 61, 2}); },
-                           {"[empty]", "float32[2305843009213693952, 2]", "size_t"});
+  expect_error<ShapeError>(
+      [] {
+        Tensor::zeros({int64_t(1) << 32, int64_t(1) << 32});
+      },
+      {"[shape]", "[4294967296, 4294967296]", "int64"});
+  expect_error<ShapeError>(
+      [] {
+        Tensor::empty({int64_t(1) << 61, 2});
+      },
+      {"[empty]", "float32[2305843009213693952, 2]", "size_t"});
   expect_error<ShapeError>([] { Tensor::zeros({2, -1}); }, {"negative"});
 }
 
@@ -186,8 +192,11 @@ TEST(Misuse, OptimizerHyperParametersMustBeFinite) {
         optim::plan_windows(10, {10, 0, 4, 1});
       },
       {"[plan_windows]", "micro_batch = 0"});
-  expect_error<ValueError>([] { optim::resolve_batch({0, int64_t(1) << 62, 4, 1}); },
-                           {"[batch]", "overflows"});
+  expect_error<ValueError>(
+      [] {
+        optim::resolve_batch({0, int64_t(1) << 62, 4, 1});
+      },
+      {"[batch]", "overflows"});
 }
 
 }  // namespace

@@ -26,8 +26,8 @@ struct Size {
 };
 const Size kSizes[] = {
     {"tiny", 3, 4, false, 0, 1e-6},
-    {"odd_tail", 5, 7, false, 0, 1e-6},          // 35 = 4 * 8 + 3
-    {"parallel", 64, 515, false, 16, 1e-5},      // 32960 elements
+    {"odd_tail", 5, 7, false, 0, 1e-6},           // 35 = 4 * 8 + 3
+    {"parallel", 64, 515, false, 16, 1e-5},       // 32960 elements
     {"multi_block", 300, 1031, false, 12, 1e-5},  // 309300 elements
     {"misaligned", 9, 11, true, 0, 1e-6},
 };
@@ -55,52 +55,112 @@ using Dims = std::vector<Shape>;
 
 std::vector<OpCase> op_table() {
   return {
-      {"add", [](int64_t r, int64_t c) { return Dims{{r, c}, {r, c}}; },
+      {"add",
+       [](int64_t r, int64_t c) {
+         return Dims{{r, c}, {r, c}};
+       },
        [](const Inputs& x) { return add(x[0], x[1]); }},
-      {"sub", [](int64_t r, int64_t c) { return Dims{{r, c}, {r, c}}; },
+      {"sub",
+       [](int64_t r, int64_t c) {
+         return Dims{{r, c}, {r, c}};
+       },
        [](const Inputs& x) { return sub(x[0], x[1]); }},
-      {"mul", [](int64_t r, int64_t c) { return Dims{{r, c}, {r, c}}; },
+      {"mul",
+       [](int64_t r, int64_t c) {
+         return Dims{{r, c}, {r, c}};
+       },
        [](const Inputs& x) { return mul(x[0], x[1]); }},
       {"mul_self", [](int64_t r, int64_t c) { return Dims{{r * c}}; },
        [](const Inputs& x) { return mul(x[0], x[0]); }},
       {"add_self", [](int64_t r, int64_t c) { return Dims{{r * c}}; },
        [](const Inputs& x) { return add(x[0], x[0]); }},
-      {"scale", [](int64_t r, int64_t c) { return Dims{{r, c}}; },
+      {"scale",
+       [](int64_t r, int64_t c) {
+         return Dims{{r, c}};
+       },
        [](const Inputs& x) { return scale(x[0], -2.5); }},
-      {"relu", [](int64_t r, int64_t c) { return Dims{{r, c}}; },
+      {"relu",
+       [](int64_t r, int64_t c) {
+         return Dims{{r, c}};
+       },
        [](const Inputs& x) { return relu(x[0]); }},
-      {"tanh", [](int64_t r, int64_t c) { return Dims{{r, c}}; },
+      {"tanh",
+       [](int64_t r, int64_t c) {
+         return Dims{{r, c}};
+       },
        [](const Inputs& x) { return accrue::tanh(x[0]); }},
-      {"gelu", [](int64_t r, int64_t c) { return Dims{{r, c}}; },
+      {"gelu",
+       [](int64_t r, int64_t c) {
+         return Dims{{r, c}};
+       },
        [](const Inputs& x) { return gelu(scale(x[0], 3.0)); }},
-      {"matmul", [](int64_t r, int64_t c) { return Dims{{r, c}, {c, 5}}; },
+      {"matmul",
+       [](int64_t r, int64_t c) {
+         return Dims{{r, c}, {c, 5}};
+       },
        [](const Inputs& x) { return matmul(x[0], x[1]); }},
-      {"bias_add", [](int64_t r, int64_t c) { return Dims{{r, c}, {c}}; },
+      {"bias_add",
+       [](int64_t r, int64_t c) {
+         return Dims{{r, c}, {c}};
+       },
        [](const Inputs& x) { return bias_add(x[0], x[1]); }},
-      {"linear", [](int64_t r, int64_t c) { return Dims{{r, c}, {6, c}, {6}}; },
+      {"linear",
+       [](int64_t r, int64_t c) {
+         return Dims{{r, c}, {6, c}, {6}};
+       },
        [](const Inputs& x) { return linear(x[0], x[1], x[2]); }},
-      {"linear_no_bias", [](int64_t r, int64_t c) { return Dims{{r, c}, {6, c}}; },
+      {"linear_no_bias",
+       [](int64_t r, int64_t c) {
+         return Dims{{r, c}, {6, c}};
+       },
        [](const Inputs& x) { return linear(x[0], x[1], Tensor()); }},
-      {"linear_wide", [](int64_t r, int64_t c) { return Dims{{r, 6}, {c, 6}, {c}}; },
+      {"linear_wide",
+       [](int64_t r, int64_t c) {
+         return Dims{{r, 6}, {c, 6}, {c}};
+       },
        [](const Inputs& x) { return linear(x[0], x[1], x[2]); }},
-      {"sum", [](int64_t r, int64_t c) { return Dims{{r, c}}; },
+      {"sum",
+       [](int64_t r, int64_t c) {
+         return Dims{{r, c}};
+       },
        [](const Inputs& x) { return sum(x[0]); }},
-      {"mean", [](int64_t r, int64_t c) { return Dims{{r, c}}; },
+      {"mean",
+       [](int64_t r, int64_t c) {
+         return Dims{{r, c}};
+       },
        [](const Inputs& x) { return mean(x[0]); }},
-      {"log_softmax", [](int64_t r, int64_t c) { return Dims{{r, c}}; },
+      {"log_softmax",
+       [](int64_t r, int64_t c) {
+         return Dims{{r, c}};
+       },
        [](const Inputs& x) { return log_softmax(scale(x[0], 4.0)); }},
-      {"cross_entropy_sum", [](int64_t r, int64_t c) { return Dims{{r, c}}; },
+      {"cross_entropy_sum",
+       [](int64_t r, int64_t c) {
+         return Dims{{r, c}};
+       },
        [](const Inputs& x) {
-         return cross_entropy(scale(x[0], 3.0), labels_for(x[0].size(0), x[0].size(1), x[0].device()));
+         return cross_entropy(scale(x[0], 3.0),
+                              labels_for(x[0].size(0), x[0].size(1), x[0].device()));
        }},
-      {"cross_entropy_mean", [](int64_t r, int64_t c) { return Dims{{r, c}}; },
+      {"cross_entropy_mean",
+       [](int64_t r, int64_t c) {
+         return Dims{{r, c}};
+       },
        [](const Inputs& x) {
          return cross_entropy(x[0], labels_for(x[0].size(0), x[0].size(1), x[0].device()),
                               Reduction::kMean);
        }},
-      {"reshape", [](int64_t r, int64_t c) { return Dims{{r, c}}; },
-       [](const Inputs& x) { return reshape(x[0], {x[0].size(1), x[0].size(0)}); }},
-      {"mlp", [](int64_t r, int64_t c) { return Dims{{r, c}, {8, c}, {8}, {3, 8}, {3}}; },
+      {"reshape",
+       [](int64_t r, int64_t c) {
+         return Dims{{r, c}};
+       },
+       [](const Inputs& x) {
+         return reshape(x[0], {x[0].size(1), x[0].size(0)});
+       }},
+      {"mlp",
+       [](int64_t r, int64_t c) {
+         return Dims{{r, c}, {8, c}, {8}, {3, 8}, {3}};
+       },
        [](const Inputs& x) {
          Tensor h = accrue::tanh(linear(x[0], x[1], x[2]));
          return cross_entropy(linear(h, x[3], x[4]), labels_for(x[0].size(0), 3, x[0].device()));
@@ -119,8 +179,7 @@ using Param = std::tuple<OpCase, Size>;
 
 // An input of the case's size: a fresh tensor, or a view one row into a larger one, so that its
 // first element sits off every vector alignment (odd row lengths make the offset odd).
-Tensor make_input(const Shape& shape, uint64_t seed, DType dtype, const Size& size,
-                  Device device) {
+Tensor make_input(const Shape& shape, uint64_t seed, DType dtype, const Size& size, Device device) {
   if (!size.misaligned) return random(shape, seed, dtype).to(device);
   Shape padded = shape;
   padded[0] += 1;
@@ -179,8 +238,7 @@ INSTANTIATE_TEST_SUITE_P(Ops, OpTable,
                          ::testing::Combine(::testing::ValuesIn(op_table()),
                                             ::testing::ValuesIn(kSizes)),
                          [](const auto& info) {
-                           return std::get<0>(info.param).name + "_" +
-                                  std::get<1>(info.param).name;
+                           return std::get<0>(info.param).name + "_" + std::get<1>(info.param).name;
                          });
 
 TEST(Ops, ForwardValuesOnKnownInputs) {

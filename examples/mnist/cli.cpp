@@ -36,8 +36,8 @@ std::vector<int64_t> parse_sizes(const std::string& text) {
       used = 0;
     }
     if (used != item.size() || v <= 0 || v > kMaxWidth) {
-      throw ValueError(str_cat("--hidden: '", item, "' in '", text,
-                               "' is not an integer in [1, ", kMaxWidth, "] (e.g. 512,256,128)"));
+      throw ValueError(str_cat("--hidden: '", item, "' in '", text, "' is not an integer in [1, ",
+                               kMaxWidth, "] (e.g. 512,256,128)"));
     }
     sizes.push_back(v);
   }
@@ -120,7 +120,8 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
       ->check(int_in(0, kMaxBatch));
   app.add_option("--batch", c.batch, "Effective batch B = b * k (give any two of the three)")
       ->check(int_in(0, kMaxBatch));
-  app.add_option("--epochs", c.epochs, "Passes over the training set")->check(int_in(1, kMaxEpochs));
+  app.add_option("--epochs", c.epochs, "Passes over the training set")
+      ->check(int_in(1, kMaxEpochs));
   app.add_option("--max-steps", c.max_steps, "Stop after this many optimizer steps (0: no limit)")
       ->check(int_in(0, INT64_MAX));
   app.add_option("--train-limit", c.train_limit, "Use the first N training samples (0: all)")
@@ -140,7 +141,8 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
   app.add_option("--weight-decay", c.weight_decay,
                  "Weight decay (default: 0 for adam and sgd, 0.01 for adamw)")
       ->check(finite_in(0, kHuge));
-  app.add_option("--momentum", c.momentum, "SGD momentum")->check(finite_in(0, 1))
+  app.add_option("--momentum", c.momentum, "SGD momentum")
+      ->check(finite_in(0, 1))
       ->check(CLI::Validator(
           [](std::string& text) -> std::string {
             return std::stod(text) < 1 ? "" : "'" + text + "' must be < 1";

@@ -12,8 +12,8 @@
 namespace accrue::mnist {
 
 struct Split {
-  Tensor images;  // float32 [N, rows * cols]
-  Tensor labels;  // int32 [N]
+  Tensor images;           // float32 [N, rows * cols]
+  Tensor labels;           // int32 [N]
   std::string image_path;  // for messages
   int64_t size() const { return labels.numel(); }
 };

@@ -41,8 +41,8 @@ std::vector<int64_t> header(const std::vector<uint8_t>& b, const std::string& pa
   }
   if (b[3] != dims) {
     throw FileError(str_cat(path, ": has ", int(b[3]), " dimension(s) but ", kind, " have ", dims,
-                            " (magic 0x", std::hex, big_endian(b, 0), ", expected 0x",
-                            0x800 + dims, ")"));
+                            " (magic 0x", std::hex, big_endian(b, 0), ", expected 0x", 0x800 + dims,
+                            ")"));
   }
   if (b.size() < header_bytes) {
     throw FileError(str_cat(path, ": truncated header: ", b.size(), " bytes, expected at least ",

@@ -227,18 +227,18 @@ Summary train(const Config& c, std::ostream& out) {
        << " | skipped steps " << acc.skipped_steps();
   log(line.str());
   emit(metrics, {{"event", "summary"},
-                              {"test_accuracy", summary.test_accuracy},
-                              {"train_seconds", summary.train_seconds},
-                              {"samples_per_second", summary.samples_per_second},
-                              {"steps", summary.steps},
-                              {"skipped_steps", acc.skipped_steps()},
-                              {"peak_bytes", mem.peak_bytes},
-                              {"peak_activation_bytes", mem.peak_activation_bytes},
-                              {"batch", batch.batch},
-                              {"micro_batch", batch.micro_batch},
-                              {"accum_steps", batch.accum_steps},
-                              {"device", c.device.str()},
-                              {"precision", c.precision}});
+                 {"test_accuracy", summary.test_accuracy},
+                 {"train_seconds", summary.train_seconds},
+                 {"samples_per_second", summary.samples_per_second},
+                 {"steps", summary.steps},
+                 {"skipped_steps", acc.skipped_steps()},
+                 {"peak_bytes", mem.peak_bytes},
+                 {"peak_activation_bytes", mem.peak_activation_bytes},
+                 {"batch", batch.batch},
+                 {"micro_batch", batch.micro_batch},
+                 {"accum_steps", batch.accum_steps},
+                 {"device", c.device.str()},
+                 {"precision", c.precision}});
   if (metrics) metrics->commit();
   if (summary.steps > 0 && summary.skipped_steps == summary.steps) {
     throw std::runtime_error(str_cat("no update was applied: all ", summary.steps,

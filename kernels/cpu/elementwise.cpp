@@ -64,9 +64,8 @@ void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& o
 }
 
 void CpuBackend::scale(double alpha, const Tensor& x, Tensor& y) {
-  ACCRUE_DISPATCH_FLOATING(x.dtype(), "scale", [&] {
-    map1(x.numel(), x.data<T>(), y.data<T>(), fn::Scale{alpha});
-  });
+  ACCRUE_DISPATCH_FLOATING(x.dtype(), "scale",
+                           [&] { map1(x.numel(), x.data<T>(), y.data<T>(), fn::Scale{alpha}); });
 }
 
 void CpuBackend::axpy(double alpha, const Tensor& x, Tensor& y) {
@@ -87,9 +86,8 @@ void CpuBackend::bias_add(const Tensor& x, const Tensor& b, Tensor& y) {
 }
 
 void CpuBackend::expand_scalar(const Tensor& s, double alpha, Tensor& out) {
-  ACCRUE_DISPATCH_FLOATING(out.dtype(), "expand_scalar", [&] {
-    fill(out, static_cast<double>(s.data<T>()[0]) * alpha);
-  });
+  ACCRUE_DISPATCH_FLOATING(out.dtype(), "expand_scalar",
+                           [&] { fill(out, static_cast<double>(s.data<T>()[0]) * alpha); });
 }
 
 }  // namespace accrue::cpu

@@ -14,9 +14,8 @@ void CpuBackend::gather_rows(const Tensor& src, const Tensor& index, Tensor& out
   const char* in = static_cast<const char*>(src.raw());
   char* o = static_cast<char*>(out.raw());
   // Work in 4-byte words, the unit the other loops count in elements.
-  for_range(rows, rows * int64_t(row_bytes) / 4, [=](int64_t m) {
-    std::memcpy(o + m * row_bytes, in + idx[m] * row_bytes, row_bytes);
-  });
+  for_range(rows, rows * int64_t(row_bytes) / 4,
+            [=](int64_t m) { std::memcpy(o + m * row_bytes, in + idx[m] * row_bytes, row_bytes); });
 }
 
 }  // namespace accrue::cpu

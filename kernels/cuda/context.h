@@ -66,13 +66,13 @@ struct DeviceContext {
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
   cublasLtHandle_t cublas_lt = nullptr;
-  void* reduce_partials = nullptr;  // kReducePartialBytes
-  void* lt_workspace = nullptr;     // kLtWorkspaceBytes
-  DeviceFault* fault = nullptr;     // device memory, zero when nothing is wrong
+  void* reduce_partials = nullptr;    // kReducePartialBytes
+  void* lt_workspace = nullptr;       // kLtWorkspaceBytes
+  DeviceFault* fault = nullptr;       // device memory, zero when nothing is wrong
   DeviceFault* fault_host = nullptr;  // pinned host copy, read after a synchronisation
 
-  std::mutex mutex;                     // guards the members below
-  void* row_scratch = nullptr;          // row_scratch_bytes, grown on demand
+  std::mutex mutex;             // guards the members below
+  void* row_scratch = nullptr;  // row_scratch_bytes, grown on demand
   size_t row_scratch_bytes = 0;
   std::map<LtKey, LtPlan> lt_plans;
 };

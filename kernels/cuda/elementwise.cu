@@ -91,8 +91,7 @@ void CudaBackend::unary_backward(UnaryOp op, const Tensor& saved, const Tensor& 
 
 void CudaBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
   ACCRUE_DISPATCH_FLOATING(a.dtype(), op_name(op), [&] {
-    visit(op,
-          LaunchBinary<T>{a.numel(), a.data<T>(), b.data<T>(), out.data<T>(), stream_of(a)});
+    visit(op, LaunchBinary<T>{a.numel(), a.data<T>(), b.data<T>(), out.data<T>(), stream_of(a)});
   });
 }
 

@@ -118,9 +118,8 @@ void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor&
       set_preference(desc.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_y);
       cublasLtMatmulHeuristicResult_t result{};
       int found = 0;
-      const cublasStatus_t status =
-          cublasLtMatmulAlgoGetHeuristic(ctx.cublas_lt, desc.op, desc.a, desc.b, desc.d, desc.d,
-                                         desc.pref, 1, &result, &found);
+      const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+          ctx.cublas_lt, desc.op, desc.a, desc.b, desc.d, desc.d, desc.pref, 1, &result, &found);
       if (status != CUBLAS_STATUS_NOT_SUPPORTED) ACCRUE_CUBLAS_CHECK(status);
       plan.found =
           status == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
@@ -140,10 +139,9 @@ void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor&
   const void* beta = f32 ? static_cast<const void*>(&beta32) : &beta64;
   // The workspace is the context's own (stream order keeps consecutive GEMMs apart), so nothing
   // is allocated behind the caching allocator's back and nothing counts as an activation.
-  ACCRUE_CUBLAS_CHECK(cublasLtMatmul(ctx.cublas_lt, desc.op, alpha, w.raw(), desc.a, x.raw(),
-                                     desc.b, beta, y.raw(), desc.d, y.raw(), desc.d, &plan.algo,
-                                     ctx.lt_workspace, DeviceContext::kLtWorkspaceBytes,
-                                     ctx.stream));
+  ACCRUE_CUBLAS_CHECK(cublasLtMatmul(
+      ctx.cublas_lt, desc.op, alpha, w.raw(), desc.a, x.raw(), desc.b, beta, y.raw(), desc.d,
+      y.raw(), desc.d, &plan.algo, ctx.lt_workspace, DeviceContext::kLtWorkspaceBytes, ctx.stream));
 }
 
 }  // namespace accrue::cuda

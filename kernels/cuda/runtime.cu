@@ -167,9 +167,9 @@ void* context_malloc(int device, size_t nbytes) {
     status = cudaMalloc(&ptr, nbytes);
     if (status == cudaErrorMemoryAllocation) {
       cudaGetLastError();
-      throw OutOfMemoryError(str_cat("[cuda] cuda:", device, ": out of memory allocating ",
-                                     nbytes, " bytes of context scratch (",
-                                     device_memory_info(device), ")"));
+      throw OutOfMemoryError(str_cat("[cuda] cuda:", device, ": out of memory allocating ", nbytes,
+                                     " bytes of context scratch (", device_memory_info(device),
+                                     ")"));
     }
   }
   ACCRUE_CUDA_CHECK(status);
