@@ -53,114 +53,68 @@ Tensor labels_for(int64_t rows, int64_t classes, Device device) {
 
 using Dims = std::vector<Shape>;
 
+// Input shapes of a case from the size's rows and columns.
+Dims one_matrix(int64_t r, int64_t c) {
+  return {{r, c}};
+}
+Dims two_matrices(int64_t r, int64_t c) {
+  return {{r, c}, {r, c}};
+}
+Dims one_vector(int64_t r, int64_t c) {
+  return {{r * c}};
+}
+Dims matmul_shapes(int64_t r, int64_t c) {
+  return {{r, c}, {c, 5}};
+}
+Dims bias_shapes(int64_t r, int64_t c) {
+  return {{r, c}, {c}};
+}
+Dims linear_shapes(int64_t r, int64_t c) {
+  return {{r, c}, {6, c}, {6}};
+}
+Dims linear_no_bias_shapes(int64_t r, int64_t c) {
+  return {{r, c}, {6, c}};
+}
+Dims linear_wide_shapes(int64_t r, int64_t c) {
+  return {{r, 6}, {c, 6}, {c}};
+}
+Dims mlp_shapes(int64_t r, int64_t c) {
+  return {{r, c}, {8, c}, {8}, {3, 8}, {3}};
+}
+
+Tensor labels_of(const Tensor& logits) {
+  return labels_for(logits.size(0), logits.size(1), logits.device());
+}
+
 std::vector<OpCase> op_table() {
   return {
-      {"add",
-       [](int64_t r, int64_t c) {
-         return Dims{{r, c}, {r, c}};
-       },
-       [](const Inputs& x) { return add(x[0], x[1]); }},
-      {"sub",
-       [](int64_t r, int64_t c) {
-         return Dims{{r, c}, {r, c}};
-       },
-       [](const Inputs& x) { return sub(x[0], x[1]); }},
-      {"mul",
-       [](int64_t r, int64_t c) {
-         return Dims{{r, c}, {r, c}};
-       },
-       [](const Inputs& x) { return mul(x[0], x[1]); }},
-      {"mul_self", [](int64_t r, int64_t c) { return Dims{{r * c}}; },
-       [](const Inputs& x) { return mul(x[0], x[0]); }},
-      {"add_self", [](int64_t r, int64_t c) { return Dims{{r * c}}; },
-       [](const Inputs& x) { return add(x[0], x[0]); }},
-      {"scale",
-       [](int64_t r, int64_t c) {
-         return Dims{{r, c}};
-       },
-       [](const Inputs& x) { return scale(x[0], -2.5); }},
-      {"relu",
-       [](int64_t r, int64_t c) {
-         return Dims{{r, c}};
-       },
-       [](const Inputs& x) { return relu(x[0]); }},
-      {"tanh",
-       [](int64_t r, int64_t c) {
-         return Dims{{r, c}};
-       },
-       [](const Inputs& x) { return accrue::tanh(x[0]); }},
-      {"gelu",
-       [](int64_t r, int64_t c) {
-         return Dims{{r, c}};
-       },
-       [](const Inputs& x) { return gelu(scale(x[0], 3.0)); }},
-      {"matmul",
-       [](int64_t r, int64_t c) {
-         return Dims{{r, c}, {c, 5}};
-       },
-       [](const Inputs& x) { return matmul(x[0], x[1]); }},
-      {"bias_add",
-       [](int64_t r, int64_t c) {
-         return Dims{{r, c}, {c}};
-       },
-       [](const Inputs& x) { return bias_add(x[0], x[1]); }},
-      {"linear",
-       [](int64_t r, int64_t c) {
-         return Dims{{r, c}, {6, c}, {6}};
-       },
-       [](const Inputs& x) { return linear(x[0], x[1], x[2]); }},
-      {"linear_no_bias",
-       [](int64_t r, int64_t c) {
-         return Dims{{r, c}, {6, c}};
-       },
+      {"add", two_matrices, [](const Inputs& x) { return add(x[0], x[1]); }},
+      {"sub", two_matrices, [](const Inputs& x) { return sub(x[0], x[1]); }},
+      {"mul", two_matrices, [](const Inputs& x) { return mul(x[0], x[1]); }},
+      {"mul_self", one_vector, [](const Inputs& x) { return mul(x[0], x[0]); }},
+      {"add_self", one_vector, [](const Inputs& x) { return add(x[0], x[0]); }},
+      {"scale", one_matrix, [](const Inputs& x) { return scale(x[0], -2.5); }},
+      {"relu", one_matrix, [](const Inputs& x) { return relu(x[0]); }},
+      {"tanh", one_matrix, [](const Inputs& x) { return accrue::tanh(x[0]); }},
+      {"gelu", one_matrix, [](const Inputs& x) { return gelu(scale(x[0], 3.0)); }},
+      {"matmul", matmul_shapes, [](const Inputs& x) { return matmul(x[0], x[1]); }},
+      {"bias_add", bias_shapes, [](const Inputs& x) { return bias_add(x[0], x[1]); }},
+      {"linear", linear_shapes, [](const Inputs& x) { return linear(x[0], x[1], x[2]); }},
+      {"linear_no_bias", linear_no_bias_shapes,
        [](const Inputs& x) { return linear(x[0], x[1], Tensor()); }},
-      {"linear_wide",
-       [](int64_t r, int64_t c) {
-         return Dims{{r, 6}, {c, 6}, {c}};
-       },
-       [](const Inputs& x) { return linear(x[0], x[1], x[2]); }},
-      {"sum",
-       [](int64_t r, int64_t c) {
-         return Dims{{r, c}};
-       },
-       [](const Inputs& x) { return sum(x[0]); }},
-      {"mean",
-       [](int64_t r, int64_t c) {
-         return Dims{{r, c}};
-       },
-       [](const Inputs& x) { return mean(x[0]); }},
-      {"log_softmax",
-       [](int64_t r, int64_t c) {
-         return Dims{{r, c}};
-       },
-       [](const Inputs& x) { return log_softmax(scale(x[0], 4.0)); }},
-      {"cross_entropy_sum",
-       [](int64_t r, int64_t c) {
-         return Dims{{r, c}};
-       },
-       [](const Inputs& x) {
-         return cross_entropy(scale(x[0], 3.0),
-                              labels_for(x[0].size(0), x[0].size(1), x[0].device()));
-       }},
-      {"cross_entropy_mean",
-       [](int64_t r, int64_t c) {
-         return Dims{{r, c}};
-       },
-       [](const Inputs& x) {
-         return cross_entropy(x[0], labels_for(x[0].size(0), x[0].size(1), x[0].device()),
-                              Reduction::kMean);
-       }},
-      {"reshape",
-       [](int64_t r, int64_t c) {
-         return Dims{{r, c}};
-       },
+      {"linear_wide", linear_wide_shapes, [](const Inputs& x) { return linear(x[0], x[1], x[2]); }},
+      {"sum", one_matrix, [](const Inputs& x) { return sum(x[0]); }},
+      {"mean", one_matrix, [](const Inputs& x) { return mean(x[0]); }},
+      {"log_softmax", one_matrix, [](const Inputs& x) { return log_softmax(scale(x[0], 4.0)); }},
+      {"cross_entropy_sum", one_matrix,
+       [](const Inputs& x) { return cross_entropy(scale(x[0], 3.0), labels_of(x[0])); }},
+      {"cross_entropy_mean", one_matrix,
+       [](const Inputs& x) { return cross_entropy(x[0], labels_of(x[0]), Reduction::kMean); }},
+      {"reshape", one_matrix,
        [](const Inputs& x) {
          return reshape(x[0], {x[0].size(1), x[0].size(0)});
        }},
-      {"mlp",
-       [](int64_t r, int64_t c) {
-         return Dims{{r, c}, {8, c}, {8}, {3, 8}, {3}};
-       },
+      {"mlp", mlp_shapes,
        [](const Inputs& x) {
          Tensor h = accrue::tanh(linear(x[0], x[1], x[2]));
          return cross_entropy(linear(h, x[3], x[4]), labels_for(x[0].size(0), 3, x[0].device()));
