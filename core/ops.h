@@ -15,6 +15,7 @@ Tensor scale(const Tensor& x, double alpha);
 Tensor relu(const Tensor& x);
 Tensor tanh(const Tensor& x);
 Tensor gelu(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
 
 // Linear algebra (core/ops/linear.cpp).
 // a [M, K] @ b [K, N] -> [M, N]

@@ -75,6 +75,26 @@ struct GeluBackward {  // saved: x; d/dx = Phi(x) + x * phi(x)
   }
 };
 
+struct SigmoidBackward;
+// The logistic function 1 / (1 + e^-x), written so that no exp overflows for either sign.
+struct Sigmoid {
+  static constexpr const char* kName = "sigmoid";
+  static constexpr bool kSavesOutput = true;
+  using Backward = SigmoidBackward;
+  template <typename T>
+  ACCRUE_HD T operator()(T x) const {
+    if (x >= T(0)) return T(1) / (T(1) + std::exp(-x));
+    const T e = std::exp(x);
+    return e / (T(1) + e);
+  }
+};
+struct SigmoidBackward {  // saved: y = sigmoid(x)
+  template <typename T>
+  ACCRUE_HD T operator()(T y, T dy) const {
+    return dy * y * (T(1) - y);
+  }
+};
+
 // alpha * x: its own primitive (Backend::scale); its backward is a scale by the same alpha.
 struct Scale {
   double alpha;
@@ -223,7 +243,8 @@ struct SgdUpdate {
 #define ACCRUE_UNARY_OPS(X) \
   X(Relu, kRelu)            \
   X(Tanh, kTanh)            \
-  X(Gelu, kGelu)
+  X(Gelu, kGelu)            \
+  X(Sigmoid, kSigmoid)
 #define ACCRUE_BINARY_OPS(X) \
   X(Add, kAdd)               \
   X(Sub, kSub)               \

@@ -97,6 +97,7 @@ std::vector<OpCase> op_table() {
       {"relu", one_matrix, [](const Inputs& x) { return relu(x[0]); }},
       {"tanh", one_matrix, [](const Inputs& x) { return accrue::tanh(x[0]); }},
       {"gelu", one_matrix, [](const Inputs& x) { return gelu(scale(x[0], 3.0)); }},
+      {"sigmoid", one_matrix, [](const Inputs& x) { return sigmoid(scale(x[0], 30.0)); }},
       {"matmul", matmul_shapes, [](const Inputs& x) { return matmul(x[0], x[1]); }},
       {"bias_add", bias_shapes, [](const Inputs& x) { return bias_add(x[0], x[1]); }},
       {"linear", linear_shapes, [](const Inputs& x) { return linear(x[0], x[1], x[2]); }},

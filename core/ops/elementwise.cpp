@@ -96,6 +96,9 @@ Tensor relu(const Tensor& x) {
 Tensor tanh(const Tensor& x) {
   return unary(UnaryOp::kTanh, x);
 }
+Tensor sigmoid(const Tensor& x) {
+  return unary(UnaryOp::kSigmoid, x);
+}
 Tensor gelu(const Tensor& x) {
   return unary(UnaryOp::kGelu, x);
 }
