@@ -106,6 +106,18 @@ TEST(Misuse, AnUpdateBetweenForwardAndBackwardIsAnError) {
   expect_error<AutogradError>([&] { loss.backward(); }, {"backward]", "modified in place"});
 }
 
+// NaN is not an activation's to hide: a ReLU passes it on (PyTorch does too), so NaN weights
+// behind a ReLU reach the loss and the boundary step skips the update instead of training on.
+TEST(Misuse, ReluPropagatesNaNOnEveryDevice) {
+  for (Device device : devices()) {
+    const Tensor x = Tensor::from_vector<float>({3}, {NAN, -1.0f, 2.0f}, device);
+    const auto y = relu(x).to_vector<float>();
+    EXPECT_TRUE(std::isnan(y[0])) << device.str();
+    EXPECT_EQ(y[1], 0.0f);
+    EXPECT_EQ(y[2], 2.0f);
+  }
+}
+
 TEST(Misuse, AParameterJoinsOneArenaAtATime) {
   nn::MLP model({3, 2});
   {
