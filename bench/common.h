@@ -13,9 +13,10 @@
 
 namespace accrue::bench {
 
-// Copy bandwidth depends on how much memory is touched (caches, and on virtual machines even
-// beyond the last-level cache), so it is measured at footprints from 64 KiB up, and a kernel is
-// compared with a copy that touches as much memory as it does.
+// Memory bandwidth depends on how much memory is touched (caches, and on virtual machines even
+// beyond the last-level cache), so it is measured at footprints from 64 KiB up in steps of 2, as
+// the best of several streaming kernels (limits.cpp), and a kernel is compared with the limit at
+// the footprint nearest its own.
 struct Limits {
   std::map<int64_t, double> copy_bytes_per_second;  // footprint bytes -> read + write bytes/s
   double gemm_flops_per_second = 0;                 // a large square float32 GEMM

@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
             << " MHz; accrue built Release, Google Benchmark library "
             << ctx.value("library_build_type", "?") << ").\n\n";
   std::cout
-      << "| device | name | same-run copy bandwidth | same-run large GEMM |\n|---|---|---|---|\n";
+      << "| device | name | same-run memory bandwidth | same-run large GEMM |\n|---|---|---|---|\n";
   for (auto it = ctx.begin(); it != ctx.end(); ++it) {
     if (it.key().rfind("device:", 0) != 0) continue;
     const std::string dev = it.key().substr(7);
@@ -58,11 +58,13 @@ int main(int argc, char** argv) {
   }
   if (ctx.contains("cuda")) std::cout << "\nCUDA: " << ctx["cuda"].get<std::string>() << "\n";
   std::cout
-      << "\n`roofline` is the fraction of the same-run copy bandwidth (bandwidth-bound "
+      << "\n`roofline` is the fraction of the same-run memory bandwidth (bandwidth-bound "
          "kernels, counting the bytes each must read and write) or of the same-run large "
-         "GEMM (GEMMs). The copy is measured at the footprint nearest to the kernel's (listed "
-         "above by footprint), so a kernel running from cache is compared with a copy "
-         "running from cache. Timings are wall clock per iteration, waiting for the "
+         "GEMM (GEMMs). The bandwidth is the best of six streaming kernels on the CPU (memcpy, "
+         "a copy loop, triad, an in-place update, an in-place axpy, a read-only sum; one thread "
+         "and all) or a device-to-device copy on a GPU, measured at the footprint nearest to "
+         "the kernel's (listed above by footprint), so a kernel running from cache is compared "
+         "with kernels running from cache. Timings are wall clock per iteration, waiting for the "
          "device.\n\n";
   bool has_aggregates = false;
   int repetitions = 1;
