@@ -67,22 +67,28 @@ optim::ResolvedBatch resolve_config_batch(const Config& c) {
 
 namespace {
 
-// A CLI11 check: a finite number in [low, high], or in (low, high] when low is excluded. The
+// Which ends of a finite_in interval are excluded.
+enum class Open { kNeither, kLow, kHigh };
+
+// A CLI11 check: a finite number in [low, high], with one end excluded when `open` says so. The
 // message is one short line naming the value (never DBL_MAX in 309 digits).
-CLI::Validator finite_in(double low, double high, bool low_excluded = false) {
+CLI::Validator finite_in(double low, double high, Open open = Open::kNeither) {
   return CLI::Validator(
       [=](std::string& text) -> std::string {
         double v = 0;
         if (!CLI::detail::lexical_cast(text, v)) return "'" + text + "' is not a number";
         if (!std::isfinite(v)) return "'" + text + "' is not a finite number";
-        const bool ok = (low_excluded ? v > low : v >= low) && v <= high;
-        if (ok) return "";
+        const bool above = open == Open::kLow ? v > low : v >= low;
+        const bool below = open == Open::kHigh ? v < high : v <= high;
+        if (above && below) return "";
+        const char* from = open == Open::kLow ? "(" : "[";
         if (high == std::numeric_limits<double>::max()) {
-          return str_cat("'", text, "' must be ", low_excluded ? "> " : ">= ", low);
+          return str_cat("'", text, "' must be ", open == Open::kLow ? "> " : ">= ", low);
         }
-        return str_cat("'", text, "' must be in ", low_excluded ? "(" : "[", low, ", ", high, "]");
+        return str_cat("'", text, "' must be in ", from, low, ", ", high,
+                       open == Open::kHigh ? ")" : "]");
       },
-      low_excluded ? "> " + std::to_string(low) : "");
+      "");
 }
 
 // A CLI11 check: an integer in [low, high].
@@ -126,7 +132,8 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
       ->check(int_in(0, INT64_MAX));
   app.add_option("--train-limit", c.train_limit, "Use the first N training samples (0: all)")
       ->check(int_in(0, INT32_MAX));
-  app.add_option("--lr", c.lr, "Learning rate at --base-batch")->check(finite_in(0, kHuge, true));
+  app.add_option("--lr", c.lr, "Learning rate at --base-batch")
+      ->check(finite_in(0, kHuge, Open::kLow));
   app.add_option("--lr-scaling", c.lr_scaling, "Scale lr with the batch: none, linear, sqrt")
       ->check(CLI::IsMember({"none", "linear", "sqrt"}));
   app.add_option("--base-batch", c.base_batch, "Batch size --lr was tuned for")
@@ -141,13 +148,7 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
   app.add_option("--weight-decay", c.weight_decay,
                  "Weight decay (default: 0 for adam and sgd, 0.01 for adamw)")
       ->check(finite_in(0, kHuge));
-  app.add_option("--momentum", c.momentum, "SGD momentum")
-      ->check(finite_in(0, 1))
-      ->check(CLI::Validator(
-          [](std::string& text) -> std::string {
-            return std::stod(text) < 1 ? "" : "'" + text + "' must be < 1";
-          },
-          ""));
+  app.add_option("--momentum", c.momentum, "SGD momentum")->check(finite_in(0, 1, Open::kHigh));
   app.add_option("--seed", c.seed, "Seed for initialisation and shuffling");
   app.add_flag("--no-shuffle", no_shuffle, "Keep the file order of the samples");
   app.add_option("--threads", c.threads, "CPU threads (0: every core)")->check(int_in(0, 4096));

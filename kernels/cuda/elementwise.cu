@@ -49,19 +49,6 @@ struct LaunchUnary {  // x [n] -> y [n]
 };
 
 template <typename T>
-struct LaunchUnaryBackward {  // saved [n], dy [n] -> dx [n]
-  int64_t n;
-  const T* saved;
-  const T* dy;
-  T* dx;
-  cudaStream_t stream;
-  template <typename F>
-  void operator()(F) const {
-    map2(n, saved, dy, dx, typename F::Backward{}, stream);
-  }
-};
-
-template <typename T>
 struct LaunchBinary {  // a [n], b [n] -> out [n]
   int64_t n;
   const T* a;
@@ -71,6 +58,15 @@ struct LaunchBinary {  // a [n], b [n] -> out [n]
   template <typename F>
   void operator()(F f) const {
     map2(n, a, b, out, f, stream);
+  }
+};
+
+template <typename T>
+struct LaunchUnaryBackward {  // saved [n], dy [n] -> dx [n]: the op's backward functor, binary
+  LaunchBinary<T> launch;
+  template <typename F>
+  void operator()(F) const {
+    launch(typename F::Backward{});
   }
 };
 
@@ -84,8 +80,8 @@ void CudaBackend::unary(UnaryOp op, const Tensor& x, Tensor& y) {
 
 void CudaBackend::unary_backward(UnaryOp op, const Tensor& saved, const Tensor& dy, Tensor& dx) {
   ACCRUE_DISPATCH_FLOATING(dy.dtype(), op_name(op), [&] {
-    visit(op, LaunchUnaryBackward<T>{dy.numel(), saved.data<T>(), dy.data<T>(), dx.data<T>(),
-                                     stream_of(dy)});
+    visit(op, LaunchUnaryBackward<T>{
+                  {dy.numel(), saved.data<T>(), dy.data<T>(), dx.data<T>(), stream_of(dy)}});
   });
 }
 

@@ -39,8 +39,11 @@ const Discovery& discovery() {
 // nullptr only when the device is out of memory: the caching allocator then frees its pool and
 // retries once, then throws naming the sizes. Any other error (a sticky one left by a faulting
 // kernel, say) is not an out-of-memory and throws at once with its own string and file:line.
+// Only the device is made current here, not its context: creating a context may itself release
+// the allocator's pool (context_malloc), so the allocator (whose lock is held here) must never
+// wait on the context's lock.
 void* device_allocate(size_t nbytes, int device) {
-  cuda::context(device);
+  ACCRUE_CUDA_CHECK(cudaSetDevice(device));
   void* ptr = nullptr;
   const cudaError_t status = cudaMalloc(&ptr, nbytes);
   if (status == cudaErrorMemoryAllocation) {
