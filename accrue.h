@@ -7,6 +7,7 @@
 #include "core/file.h"
 #include "core/ops.h"
 #include "core/tensor.h"
+#include "core/threads.h"
 #include "nn/activation.h"
 #include "nn/init.h"
 #include "nn/linear.h"

@@ -151,7 +151,7 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
   app.add_option("--momentum", c.momentum, "SGD momentum")->check(finite_in(0, 1, Open::kHigh));
   app.add_option("--seed", c.seed, "Seed for initialisation and shuffling");
   app.add_flag("--no-shuffle", no_shuffle, "Keep the file order of the samples");
-  app.add_option("--threads", c.threads, "CPU threads (0: every core)")->check(int_in(0, 4096));
+  app.add_option("--threads", c.threads, "CPU threads (0: tuned while training among 1, 2, 4, ..., every core)")->check(int_in(0, 4096));
   app.add_option("--metrics", c.metrics, "Write JSON Lines metrics to this file");
   app.add_option("--save", c.save, "Save the final weights (safetensors)");
   app.add_option("--init", c.init, "Start from these weights (safetensors)");

@@ -1,7 +1,6 @@
 // The training loop of accrue-mnist (see trainer.h).
 #include "trainer.h"
 
-#include <omp.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -13,6 +12,7 @@
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <ostream>
 
 #include "accrue.h"
@@ -122,7 +122,14 @@ class Progress {
 }  // namespace
 
 Summary train(const Config& c, std::ostream& out) {
-  if (c.threads > 0) omp_set_num_threads(c.threads);
+  // --threads N fixes the team; 0 lets the tuner pick among 1, 2, 4, ..., every core by timing
+  // windows as they run (core/threads.h). Either way the weights are the same to the bit.
+  std::optional<ThreadTuner> tuner;
+  if (c.threads > 0) {
+    set_cpu_threads(c.threads);
+  } else {
+    tuner.emplace(ThreadTuner::default_candidates(cpu_cores()));
+  }
   const auto log = [&](const std::string& line) {
     if (!c.quiet) out << line << "\n";
   };
@@ -176,11 +183,14 @@ Summary train(const Config& c, std::ostream& out) {
     double epoch_loss = 0;
     int64_t epoch_samples = 0;
     for (const optim::Window& w : windows) {
+      if (tuner) set_cpu_threads(tuner->next());
+      const auto window_start = Clock::now();
       const optim::StepResult r = acc.run_window(w, [&](const optim::MicroBatch& mb) {
         const Tensor index = order.narrow(mb.start, mb.count);
         return cross_entropy(model(gather_rows(train_set.images, index)),
                              gather_rows(train_set.labels, index));
       });
+      if (tuner) tuner->record(seconds_since(window_start) / static_cast<double>(r.samples));
       samples_seen += r.samples;
       epoch_samples += r.samples;
       epoch_loss += r.loss * static_cast<double>(r.samples);
@@ -193,7 +203,8 @@ Summary train(const Config& c, std::ostream& out) {
                      {"loss", number(r.loss)},
                      {"grad_norm", number(r.grad_norm)},
                      {"lr", r.lr},
-                     {"skipped", r.skipped}});
+                     {"skipped", r.skipped},
+                     {"threads", cpu_threads()}});
       const double elapsed = summary.train_seconds + seconds_since(epoch_start);
       progress.update(epoch, step_in_epoch, r, samples_seen / std::max(elapsed, 1e-9));
       if (acc.steps() >= total_steps) break;
@@ -224,7 +235,8 @@ Summary train(const Config& c, std::ostream& out) {
        << summary.train_seconds << " s, " << std::setprecision(0) << summary.samples_per_second
        << " samples/s | " << batch.str() << " | device " << c.device.str() << " | peak "
        << mib(mem.peak_bytes) << ", activations " << mib(mem.peak_activation_bytes)
-       << " | skipped steps " << acc.skipped_steps();
+       << " | skipped steps " << acc.skipped_steps() << " | "
+       << (tuner ? tuner->describe() : std::to_string(c.threads) + " threads (fixed)");
   log(line.str());
   emit(metrics, {{"event", "summary"},
                  {"test_accuracy", summary.test_accuracy},
@@ -238,7 +250,9 @@ Summary train(const Config& c, std::ostream& out) {
                  {"micro_batch", batch.micro_batch},
                  {"accum_steps", batch.accum_steps},
                  {"device", c.device.str()},
-                 {"precision", c.precision}});
+                 {"precision", c.precision},
+                 {"threads", cpu_threads()},
+                 {"thread_switches", tuner ? tuner->switches() : 0}});
   if (metrics) metrics->commit();
   if (summary.steps > 0 && summary.skipped_steps == summary.steps) {
     throw std::runtime_error(str_cat("no update was applied: all ", summary.steps,

@@ -34,7 +34,7 @@ struct Config {
   double momentum = 0.9;     // sgd
   uint64_t seed = 0;
   bool shuffle = true;
-  int threads = 0;  // 0: every core
+  int threads = 0;  // 0: tuned while training (core/threads.h)
   std::string metrics, save, init;
   bool quiet = false;  // no progress output (tests)
 };

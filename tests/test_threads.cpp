@@ -1,0 +1,160 @@
+// The thread policy: results never depend on the thread count (the GEMM cut is fixed by the
+// shape, the reductions' order too), so the tuner may switch counts mid-run; and the tuner,
+// driven by synthetic timings, picks the faster count, leaves it when it slows down, and checks
+// again at growing intervals.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+
+#include "core/threads.h"
+#include "kernels/backend.h"
+#include "mnist_fixture.h"
+#include "test_util.h"
+
+namespace accrue {
+namespace {
+
+struct ThreadsGuard {  // restores the team size a test changes
+  int saved = cpu_threads();
+  ~ThreadsGuard() { set_cpu_threads(saved); }
+};
+
+// op(a) [M, K] op(b) [K, N] at every layout and the micro-batch and large shapes the cut treats
+// differently (m <= 32, m <= 64, k <= 32, the large cut), with beta = 1 as the arena uses it.
+TEST(Threads, GemmIsBitwiseTheSameOnOneTwoAndThreeThreads) {
+  ThreadsGuard guard;
+  const int shapes[][3] = {{32, 512, 784}, {32, 784, 512}, {512, 784, 32},  {64, 256, 128},
+                           {10, 128, 32},  {128, 10, 128}, {300, 200, 100}, {7, 5, 3}};
+  for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
+    for (const auto& s : shapes) {
+      for (int trans = 0; trans < 4; ++trans) {
+        const bool ta = trans & 1, tb = trans & 2;
+        const int64_t m = s[0], n = s[1], k = s[2];
+        const Tensor a = ta ? testing::random({k, m}, 1, dtype) : testing::random({m, k}, 1, dtype);
+        const Tensor b = tb ? testing::random({n, k}, 2, dtype) : testing::random({k, n}, 2, dtype);
+        const Tensor c0 = testing::random({m, n}, 3, dtype);
+        std::vector<Tensor> results;
+        for (int threads : {1, 2, 3}) {
+          set_cpu_threads(threads);
+          Tensor c = c0.clone();
+          backend_for(Device::cpu()).gemm(ta, tb, 0.5, a, b, 1.0, c);
+          results.push_back(c);
+        }
+        for (size_t i = 1; i < results.size(); ++i) {
+          EXPECT_EQ(0, std::memcmp(results[0].raw(), results[i].raw(),
+                                   static_cast<size_t>(results[0].nbytes())))
+              << dtype_name(dtype) << " " << m << "x" << n << "x" << k << " ta " << ta << " tb "
+              << tb << ": " << i + 1 << " threads differ from 1";
+        }
+      }
+    }
+  }
+}
+
+std::string file_bytes(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// The whole trainer: --threads 1, 2 and 0 (tuned, switching between 1 and 2 as it probes)
+// write the same weights to the byte.
+TEST(Threads, TrainingWritesTheSameWeightsWhateverTheThreadCount) {
+  ThreadsGuard guard;
+  const auto dir = testing::make_dataset("threads", 1024, 64);
+  std::vector<std::string> weights;
+  for (const char* threads : {"1", "2", "0"}) {
+    const auto save = dir / (std::string("w") + threads + ".safetensors");
+    const auto r =
+        testing::cli({"--data", dir.string(), "--epochs", "3", "--hidden", "96,64", "--threads",
+                      threads, "--seed", "3", "--quiet", "--save", save.string()});
+    ASSERT_EQ(r.status, 0) << r.err;
+    weights.push_back(file_bytes(save));
+  }
+  EXPECT_EQ(weights[0], weights[1]) << "--threads 2 differs from --threads 1";
+  EXPECT_EQ(weights[0], weights[2]) << "--threads 0 differs from --threads 1";
+}
+
+// Feeds the tuner the seconds per sample each count "takes" and returns the counts it ran.
+std::vector<int> drive(ThreadTuner& tuner, int windows, const std::function<double(int)>& cost) {
+  std::vector<int> ran;
+  for (int w = 0; w < windows; ++w) {
+    const int t = tuner.next();
+    ran.push_back(t);
+    tuner.record(cost(t));
+  }
+  return ran;
+}
+
+TEST(ThreadTuner, PicksTheFasterCountAndHoldsIt) {
+  ThreadTunerOptions o;
+  o.first_hold = 10;
+  o.max_hold = 40;
+  ThreadTuner tuner({1, 2}, o);
+  drive(tuner, 8, [](int t) { return t == 2 ? 0.6 : 1.0; });  // 1 + 3 windows each
+  EXPECT_EQ(tuner.chosen(), 2);
+  EXPECT_EQ(tuner.checks(), 1);
+  // While the choice stands the interval doubles: 10, 20, 40, 40 windows between checks.
+  const auto ran = drive(tuner, 200, [](int t) { return t == 2 ? 0.6 : 1.0; });
+  EXPECT_EQ(tuner.chosen(), 2);
+  EXPECT_EQ(tuner.switches(), 0);
+  const auto ones = std::count(ran.begin(), ran.end(), 1);
+  EXPECT_LE(ones, 6 * 4) << "probing one thread should cost at most 4 windows a check";
+  EXPECT_GE(tuner.checks(), 4);
+  EXPECT_LE(tuner.checks(), 8);
+}
+
+TEST(ThreadTuner, PrefersFewerThreadsOnATie) {
+  ThreadTuner tuner({1, 2, 4});
+  drive(tuner, 12, [](int t) { return t == 1 ? 1.0 : 0.99; });
+  EXPECT_EQ(tuner.chosen(), 1);
+}
+
+TEST(ThreadTuner, LeavesACountThatSlowsDownAndComesBackWhenTheLoadGoes) {
+  ThreadTunerOptions o;
+  o.first_hold = 20;
+  o.max_hold = 80;
+  ThreadTuner tuner({1, 2}, o);
+  bool busy = false;  // another process on the second core: two threads take 5x longer
+  const auto cost = [&](int t) { return t == 2 ? (busy ? 3.0 : 0.6) : 1.0; };
+  drive(tuner, 30, cost);
+  ASSERT_EQ(tuner.chosen(), 2);
+  busy = true;
+  // Five slow windows fill the watch; the next check then moves to one thread.
+  const auto ran = drive(tuner, 15, cost);
+  EXPECT_EQ(tuner.chosen(), 1);
+  EXPECT_LE(std::count(ran.begin(), ran.end(), 2), 7) << "too many slow windows before leaving";
+  drive(tuner, 300, cost);
+  EXPECT_EQ(tuner.chosen(), 1);
+  busy = false;
+  drive(tuner, 200, cost);  // within one interval (at most 80 windows) plus a probe
+  EXPECT_EQ(tuner.chosen(), 2);
+  EXPECT_GE(tuner.switches(), 2);
+}
+
+TEST(ThreadTuner, UnderLoadAProbeOfTheSlowCountIsCutShort) {
+  ThreadTuner tuner({1, 2});
+  const auto ran = drive(tuner, 6, [](int t) { return t == 2 ? 5.0 : 1.0; });
+  // 1 warm-up + 3 timed windows on one thread, then 1 warm-up + 1 hopeless window on two.
+  EXPECT_EQ(tuner.chosen(), 1);
+  EXPECT_EQ(std::count(ran.begin(), ran.end(), 2), 2);
+  EXPECT_EQ(tuner.next(), 1);
+}
+
+TEST(ThreadTuner, RejectsBadSettings) {
+  EXPECT_THROW(ThreadTuner({}), ValueError);
+  EXPECT_THROW(ThreadTuner({2, 1}), ValueError);
+  EXPECT_THROW(ThreadTuner({0, 1}), ValueError);
+  ThreadTunerOptions o;
+  o.slowdown = 1.0;
+  EXPECT_THROW(ThreadTuner({1, 2}, o), ValueError);
+  EXPECT_THROW(set_cpu_threads(0), ValueError);
+  EXPECT_EQ(ThreadTuner::default_candidates(1), std::vector<int>({1}));
+  EXPECT_EQ(ThreadTuner::default_candidates(2), std::vector<int>({1, 2}));
+  EXPECT_EQ(ThreadTuner::default_candidates(12), std::vector<int>({1, 2, 4, 8, 12}));
+}
+
+}  // namespace
+}  // namespace accrue
