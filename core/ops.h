@@ -25,6 +25,10 @@ Tensor bias_add(const Tensor& x, const Tensor& bias);
 // x [N, in] @ weight[out, in]^T + bias [out] -> [N, out]. bias may be undefined. The weight and
 // bias gradients are accumulated straight into their grad buffers (GEMM beta = 1).
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+// relu(linear(x, weight, bias)) as one op: the bias and ReLU are applied to each GEMM block while
+// it is in cache (CPU), the backward masks dy and sums the bias gradient in one pass, and only
+// the output is kept for backward. Bitwise the same results as the two ops.
+Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias);
 
 // Reductions (core/ops/reduce.cpp): every element -> a 0-d tensor.
 Tensor sum(const Tensor& x);

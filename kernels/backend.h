@@ -27,72 +27,79 @@ struct SgdParams {
 // decorator (kernels/trace.cpp, ACCRUE_TRACE=1) and into the names the backend test table must
 // cover (kBackendPrimitives), so a primitive added here without a test row fails
 // tests/test_backend.cpp. All 2-D tensors are row-major.
-#define ACCRUE_BACKEND_PRIMITIVES(X)                                                             \
-  /* Memory. fill: out = value. copy: same device, same bytes. cast: between float32, float64    \
-     and int32, element by element, same device. */                                              \
-  X(fill, (Tensor & out, double value), (out, value))                                            \
-  X(copy, (const Tensor& src, Tensor& dst), (src, dst))                                          \
-  X(cast, (const Tensor& src, Tensor& dst), (src, dst))                                          \
-  /* out [M, ...] = src[index[m], ...] for int32 index [M] (rows of any dtype; data loading). */ \
-  X(gather_rows, (const Tensor& src, const Tensor& index, Tensor& out), (src, index, out))       \
-  /* Element-wise, for the ops of kernels/functors.h: y = op(x); dx = op'(saved) * dy, saved     \
-     being x or y as the functor says; out = a op b; y = alpha * x; y += alpha * x (the          \
-     accumulation primitive). */                                                                 \
-  X(unary, (UnaryOp op, const Tensor& x, Tensor& y), (op, x, y))                                 \
-  X(unary_backward, (UnaryOp op, const Tensor& saved, const Tensor& dy, Tensor& dx),             \
-    (op, saved, dy, dx))                                                                         \
-  X(binary, (BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out), (op, a, b, out))       \
-  X(scale, (double alpha, const Tensor& x, Tensor& y), (alpha, x, y))                            \
-  X(axpy, (double alpha, const Tensor& x, Tensor& y), (alpha, x, y))                             \
-  /* x [N, C] + b [C] -> y [N, C] (y may alias x). out [C] = beta * out + alpha * sum over rows  \
-     of x [N, C]. out [1] = sum of all of x in a fixed order (deterministic for any thread       \
-     count). out [any] = alpha * s[0] for a one-element s on the same device. */                 \
-  X(bias_add, (const Tensor& x, const Tensor& b, Tensor& y), (x, b, y))                          \
-  X(sum_rows, (const Tensor& x, double alpha, double beta, Tensor& out), (x, alpha, beta, out))  \
-  X(sum_all, (const Tensor& x, Tensor& out), (x, out))                                           \
-  X(expand_scalar, (const Tensor& s, double alpha, Tensor& out), (s, alpha, out))                \
-  /* c = alpha * op(a) @ op(b) + beta * c, op = transpose when the flag is set: op(a) [M, K],    \
-     op(b) [K, N], c [M, N]. The Linear forward: y [N, out] = x [N, in] @ w [out, in]^T + bias   \
-     [out] (bias may be undefined): GEMM + in-place bias on the CPU, one cuBLASLt call with a    \
-     bias epilogue on CUDA. */                                                                   \
-  X(gemm,                                                                                        \
-    (bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b, double beta,    \
-     Tensor& c),                                                                                 \
-    (trans_a, trans_b, alpha, a, b, beta, c))                                                    \
-  X(linear_forward, (const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y),           \
-    (x, w, bias, y))                                                                             \
-  /* Row-wise over x [N, C]: y = log_softmax(x); dx = dy - exp(y) * rowsum(dy). Fused softmax    \
-     cross-entropy, sum over rows: logits [N, C], labels int32 [N] -> loss [1] = sum_n -log      \
-     softmax(logits)[n, label_n], probs [N, C] = softmax(logits); backward dlogits [N, C] =      \
-     dloss[0] * (probs - onehot(labels)). argmax: x [N, C] -> int32 index [N] (first of ties).   \
-     count_equal: int32 [N] each -> int32 [1] rows where a == b. */                              \
-  X(log_softmax, (const Tensor& x, Tensor& y), (x, y))                                           \
-  X(log_softmax_backward, (const Tensor& y, const Tensor& dy, Tensor& dx), (y, dy, dx))          \
-  X(cross_entropy, (const Tensor& logits, const Tensor& labels, Tensor& loss, Tensor& probs),    \
-    (logits, labels, loss, probs))                                                               \
-  X(cross_entropy_backward,                                                                      \
-    (const Tensor& probs, const Tensor& labels, const Tensor& dloss, Tensor& dlogits),           \
-    (probs, labels, dloss, dlogits))                                                             \
-  X(argmax, (const Tensor& x, Tensor& index), (x, index))                                        \
-  X(count_equal, (const Tensor& a, const Tensor& b, Tensor& out), (a, b, out))                   \
-  /* The optimizer step, once per effective batch, over the flat arenas. norm_sq: out [2] =      \
-     {sum of g^2, number of non-finite entries}, in a fixed order. boundary: out [3] = {norm,    \
-     coef, skip} with norm = normalize * sqrt(sum g^2) (the pre-clip norm of the normalised      \
-     gradient), coef = normalize * min(1, max_norm / (norm + 1e-6)) (no clip when max_norm <=    \
-     0), skip = 1 when any entry was non-finite; steps (int32 [1], applied updates) += 1 unless  \
-     skipped. The fused updates: g' = g * coef, the update, g = 0; with skip != 0 only g = 0.    \
-     coef, skip and the step count are read on the device: nothing waits for the host. */        \
-  X(norm_sq, (const Tensor& g, Tensor& out), (g, out))                                           \
-  X(boundary,                                                                                    \
-    (const Tensor& norm_sq, double normalize, double max_norm, Tensor& out, Tensor& steps),      \
-    (norm_sq, normalize, max_norm, out, steps))                                                  \
-  X(adam_step,                                                                                   \
-    (const AdamParams& hp, const Tensor& boundary, const Tensor& steps, Tensor& param,           \
-     Tensor& grad, Tensor& m, Tensor& v),                                                        \
-    (hp, boundary, steps, param, grad, m, v))                                                    \
-  X(sgd_step,                                                                                    \
-    (const SgdParams& hp, const Tensor& boundary, const Tensor& steps, Tensor& param,            \
-     Tensor& grad, Tensor& momentum),                                                            \
+#define ACCRUE_BACKEND_PRIMITIVES(X)                                                              \
+  /* Memory. fill: out = value. copy: same device, same bytes. cast: between float32, float64     \
+     and int32, element by element, same device. */                                               \
+  X(fill, (Tensor & out, double value), (out, value))                                             \
+  X(copy, (const Tensor& src, Tensor& dst), (src, dst))                                           \
+  X(cast, (const Tensor& src, Tensor& dst), (src, dst))                                           \
+  /* out [M, ...] = src[index[m], ...] for int32 index [M] (rows of any dtype; data loading). */  \
+  X(gather_rows, (const Tensor& src, const Tensor& index, Tensor& out), (src, index, out))        \
+  /* Element-wise, for the ops of kernels/functors.h: y = op(x); dx = op'(saved) * dy, saved      \
+     being x or y as the functor says; out = a op b; y = alpha * x; y += alpha * x (the           \
+     accumulation primitive). */                                                                  \
+  X(unary, (UnaryOp op, const Tensor& x, Tensor& y), (op, x, y))                                  \
+  X(unary_backward, (UnaryOp op, const Tensor& saved, const Tensor& dy, Tensor& dx),              \
+    (op, saved, dy, dx))                                                                          \
+  X(binary, (BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out), (op, a, b, out))        \
+  X(scale, (double alpha, const Tensor& x, Tensor& y), (alpha, x, y))                             \
+  X(axpy, (double alpha, const Tensor& x, Tensor& y), (alpha, x, y))                              \
+  /* x [N, C] + b [C] -> y [N, C] (y may alias x). out [C] = beta * out + alpha * sum over rows   \
+     of x [N, C]. out [1] = sum of all of x in a fixed order (deterministic for any thread        \
+     count). out [any] = alpha * s[0] for a one-element s on the same device. */                  \
+  X(bias_add, (const Tensor& x, const Tensor& b, Tensor& y), (x, b, y))                           \
+  X(sum_rows, (const Tensor& x, double alpha, double beta, Tensor& out), (x, alpha, beta, out))   \
+  /* The elementwise half of a fused linear + ReLU's backward, y [N, C] being the ReLU's output:  \
+     dz = dy where y > 0, else 0; dbias [C] = beta * dbias + rowsum(dz) when dbias is defined,    \
+     in the same pass on the CPU. */                                                              \
+  X(relu_bias_backward,                                                                           \
+    (const Tensor& y, const Tensor& dy, Tensor& dz, double beta, Tensor& dbias),                  \
+    (y, dy, dz, beta, dbias))                                                                     \
+  X(sum_all, (const Tensor& x, Tensor& out), (x, out))                                            \
+  X(expand_scalar, (const Tensor& s, double alpha, Tensor& out), (s, alpha, out))                 \
+  /* c = alpha * op(a) @ op(b) + beta * c, op = transpose when the flag is set: op(a) [M, K],     \
+     op(b) [K, N], c [M, N]. The Linear forward: y [N, out] = x [N, in] @ w [out, in]^T + bias    \
+     [out] (bias may be undefined), then max(y, 0) when relu is set (NaN kept): on the CPU the    \
+     bias and ReLU are applied to each GEMM block while it is in cache, on CUDA the bias is a     \
+     cuBLASLt epilogue. */                                                                        \
+  X(gemm,                                                                                         \
+    (bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b, double beta,     \
+     Tensor& c),                                                                                  \
+    (trans_a, trans_b, alpha, a, b, beta, c))                                                     \
+  X(linear_forward, (const Tensor& x, const Tensor& w, const Tensor& bias, bool relu, Tensor& y), \
+    (x, w, bias, relu, y))                                                                        \
+  /* Row-wise over x [N, C]: y = log_softmax(x); dx = dy - exp(y) * rowsum(dy). Fused softmax     \
+     cross-entropy, sum over rows: logits [N, C], labels int32 [N] -> loss [1] = sum_n -log       \
+     softmax(logits)[n, label_n], probs [N, C] = softmax(logits); backward dlogits [N, C] =       \
+     dloss[0] * (probs - onehot(labels)). argmax: x [N, C] -> int32 index [N] (first of ties).    \
+     count_equal: int32 [N] each -> int32 [1] rows where a == b. */                               \
+  X(log_softmax, (const Tensor& x, Tensor& y), (x, y))                                            \
+  X(log_softmax_backward, (const Tensor& y, const Tensor& dy, Tensor& dx), (y, dy, dx))           \
+  X(cross_entropy, (const Tensor& logits, const Tensor& labels, Tensor& loss, Tensor& probs),     \
+    (logits, labels, loss, probs))                                                                \
+  X(cross_entropy_backward,                                                                       \
+    (const Tensor& probs, const Tensor& labels, const Tensor& dloss, Tensor& dlogits),            \
+    (probs, labels, dloss, dlogits))                                                              \
+  X(argmax, (const Tensor& x, Tensor& index), (x, index))                                         \
+  X(count_equal, (const Tensor& a, const Tensor& b, Tensor& out), (a, b, out))                    \
+  /* The optimizer step, once per effective batch, over the flat arenas. norm_sq: out [2] =       \
+     {sum of g^2, number of non-finite entries}, in a fixed order. boundary: out [3] = {norm,     \
+     coef, skip} with norm = normalize * sqrt(sum g^2) (the pre-clip norm of the normalised       \
+     gradient), coef = normalize * min(1, max_norm / (norm + 1e-6)) (no clip when max_norm <=     \
+     0), skip = 1 when any entry was non-finite; steps (int32 [1], applied updates) += 1 unless   \
+     skipped. The fused updates: g' = g * coef, the update, g = 0; with skip != 0 only g = 0.     \
+     coef, skip and the step count are read on the device: nothing waits for the host. */         \
+  X(norm_sq, (const Tensor& g, Tensor& out), (g, out))                                            \
+  X(boundary,                                                                                     \
+    (const Tensor& norm_sq, double normalize, double max_norm, Tensor& out, Tensor& steps),       \
+    (norm_sq, normalize, max_norm, out, steps))                                                   \
+  X(adam_step,                                                                                    \
+    (const AdamParams& hp, const Tensor& boundary, const Tensor& steps, Tensor& param,            \
+     Tensor& grad, Tensor& m, Tensor& v),                                                         \
+    (hp, boundary, steps, param, grad, m, v))                                                     \
+  X(sgd_step,                                                                                     \
+    (const SgdParams& hp, const Tensor& boundary, const Tensor& steps, Tensor& param,             \
+     Tensor& grad, Tensor& momentum),                                                             \
     (hp, boundary, steps, param, grad, momentum))
 
 #define ACCRUE_BACKEND_PURE_VIRTUAL(name, params, args) virtual void name params = 0;

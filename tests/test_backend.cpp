@@ -113,6 +113,27 @@ std::vector<Row> rows() {
          m.be().sum_rows(m.uniform({kRows, kCols}, 8), 1.0, 1.0, out);
          return Outputs{out};
        }},
+      {"relu_bias_backward/write",
+       [](const Maker& m) {
+         Tensor dz = m.empty({kRows, kCols}), dbias = m.empty({kCols});
+         m.be().relu_bias_backward(m.uniform({kRows, kCols}, 8), m.uniform({kRows, kCols}, 9), dz,
+                                   0.0, dbias);
+         return Outputs{dz, dbias};
+       }},
+      {"relu_bias_backward/accumulate",
+       [](const Maker& m) {
+         Tensor dz = m.empty({kRows, kCols}), dbias = m.uniform({kCols}, 10);
+         m.be().relu_bias_backward(m.uniform({kRows, kCols}, 8), m.uniform({kRows, kCols}, 9), dz,
+                                   1.0, dbias);
+         return Outputs{dz, dbias};
+       }},
+      {"relu_bias_backward/no_bias",
+       [](const Maker& m) {
+         Tensor dz = m.empty({kRows, kCols}), none;
+         m.be().relu_bias_backward(m.uniform({kRows, kCols}, 8), m.uniform({kRows, kCols}, 9), dz,
+                                   0.0, none);
+         return Outputs{dz};
+       }},
       {"sum_all",
        [](const Maker& m) {
          Tensor out = m.empty({1});
@@ -129,14 +150,28 @@ std::vector<Row> rows() {
        [](const Maker& m) {
          Tensor y = m.empty({kRows, 40});
          m.be().linear_forward(m.uniform({kRows, kCols}, 11), m.uniform({40, kCols}, 12),
-                               m.uniform({40}, 13), y);
+                               m.uniform({40}, 13), false, y);
+         return Outputs{y};
+       }},
+      {"linear_forward/bias_relu",
+       [](const Maker& m) {
+         Tensor y = m.empty({kRows, 40});
+         m.be().linear_forward(m.uniform({kRows, kCols}, 11), m.uniform({40, kCols}, 12),
+                               m.uniform({40}, 13), true, y);
+         return Outputs{y};
+       }},
+      {"linear_forward/relu_no_bias",
+       [](const Maker& m) {
+         Tensor y = m.empty({kRows, 40});
+         m.be().linear_forward(m.uniform({kRows, kCols}, 11), m.uniform({40, kCols}, 12), Tensor(),
+                               true, y);
          return Outputs{y};
        }},
       {"linear_forward/no_bias",
        [](const Maker& m) {
          Tensor y = m.empty({kRows, 40});
          m.be().linear_forward(m.uniform({kRows, kCols}, 11), m.uniform({40, kCols}, 12), Tensor(),
-                               y);
+                               false, y);
          return Outputs{y};
        }},
       {"log_softmax",
@@ -291,12 +326,12 @@ TEST(Backend, TracingDecoratorPrintsAndForwards) {
   const auto tracer = make_tracing_backend(backend_for(Device::cpu()), log);
   Tensor x = Tensor::full({2, 3}, 1.0), w = Tensor::full({4, 3}, 0.5), b = Tensor::full({4}, 1.0);
   Tensor y = Tensor::empty({2, 4});
-  tracer->linear_forward(x, w, b, y);
+  tracer->linear_forward(x, w, b, false, y);
   tracer->unary(UnaryOp::kRelu, y, y);
   EXPECT_EQ(y.to_vector<float>(), std::vector<float>(8, 2.5f));
   EXPECT_EQ(log.str(),
             "[trace] linear_forward(float32[2, 3] on cpu, float32[4, 3] on cpu, float32[4] on cpu, "
-            "float32[2, 4] on cpu)\n"
+            "false, float32[2, 4] on cpu)\n"
             "[trace] unary(relu, float32[2, 4] on cpu, float32[2, 4] on cpu)\n");
 }
 

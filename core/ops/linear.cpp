@@ -1,8 +1,8 @@
-// matmul, bias_add and linear, with backward nodes that accumulate the parameter gradients in
-// place: when an input is a leaf (a parameter), its gradient GEMM writes into the leaf's grad
-// buffer with beta = 1, and its bias gradient is a row-sum added into the buffer. No temporary
-// gradient tensor and no separate "add into .grad" pass exist for parameters.
-// Read next: kernels/backend.h.
+// matmul, bias_add, linear and linear_relu, with backward nodes that accumulate the parameter
+// gradients in place: when an input is a leaf (a parameter), its gradient GEMM writes into the
+// leaf's grad buffer with beta = 1, and its bias gradient is a row-sum added into the buffer. No
+// temporary gradient tensor and no separate "add into .grad" pass exist for parameters. Read next:
+// kernels/backend.h.
 #include <memory>
 
 #include "core/autograd.h"
@@ -75,6 +75,55 @@ struct LinearBackward : Node {
   }
 };
 
+// y = relu(x @ w^T + bias), one node. dz = dy * (y > 0) with dbias += rowsum(dz) in the same
+// pass, then dx = dz @ w and dw += dz^T @ x. It saves y, which the next layer saves as its
+// input anyway, where linear + relu would also keep the pre-activation.
+struct LinearReluBackward : Node {
+  Tensor x;  // [N, in]
+  Tensor w;  // [out, in]
+  Tensor y;  // [N, out], the output
+  const char* name() const override { return "linear_relu"; }
+  void backward(const Tensor& dy, GradSink& sink) override {  // dy [N, out]
+    Backend& be = backend_for(dy.device());
+    Tensor dz = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
+    Tensor dbias = sink.needs(2) ? sink.accumulator(2) : Tensor();
+    if (sink.needs(2) && !dbias.defined()) {
+      Tensor g = Tensor::empty({dy.size(1)}, dy.dtype(), dy.device());
+      be.relu_bias_backward(y, dy, dz, 0.0, g);
+      sink.add(2, g);
+    } else {
+      be.relu_bias_backward(y, dy, dz, 1.0, dbias);
+    }
+    add_gemm(sink, 0, false, false, dz, w, x.size(0), x.size(1));
+    add_gemm(sink, 1, true, false, dz, x, w.size(0), w.size(1));
+  }
+};
+
+// The checks and the forward shared by linear and linear_relu.
+Tensor linear_forward(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                      bool relu) {
+  check::compatible(op, x, weight);
+  check::rank(op, "weight", weight, 2);
+  if (x.dim() != 2) {
+    throw ShapeError(str_cat("[", op, "] input must be 2-D [batch, in_features], got shape ",
+                             shape_str(x.shape())));
+  }
+  if (x.size(1) != weight.size(1)) {
+    throw ShapeError(str_cat("[", op, "] input has shape ", shape_str(x.shape()),
+                             " but weight expects in_features = ", weight.size(1)));
+  }
+  if (bias.defined()) {
+    check::compatible(op, x, bias);
+    if (bias.dim() != 1 || bias.size(0) != weight.size(0)) {
+      throw ShapeError(str_cat("[", op, "] bias has shape ", shape_str(bias.shape()),
+                               " but weight has out_features = ", weight.size(0)));
+    }
+  }
+  Tensor out = Tensor::empty({x.size(0), weight.size(0)}, x.dtype(), x.device());
+  backend_for(x.device()).linear_forward(x, weight, bias, relu, out);
+  return out;
+}
+
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
@@ -111,29 +160,23 @@ Tensor bias_add(const Tensor& x, const Tensor& bias) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  check::compatible("linear", x, weight);
-  check::rank("linear", "weight", weight, 2);
-  if (x.dim() != 2) {
-    throw ShapeError(str_cat("[linear] input must be 2-D [batch, in_features], got shape ",
-                             shape_str(x.shape())));
-  }
-  if (x.size(1) != weight.size(1)) {
-    throw ShapeError(str_cat("[linear] input has shape ", shape_str(x.shape()),
-                             " but weight expects in_features = ", weight.size(1)));
-  }
-  if (bias.defined()) {
-    check::compatible("linear", x, bias);
-    if (bias.dim() != 1 || bias.size(0) != weight.size(0)) {
-      throw ShapeError(str_cat("[linear] bias has shape ", shape_str(bias.shape()),
-                               " but weight has out_features = ", weight.size(0)));
-    }
-  }
-  Tensor out = Tensor::empty({x.size(0), weight.size(0)}, x.dtype(), x.device());
-  backend_for(x.device()).linear_forward(x, weight, bias, out);
+  Tensor out = linear_forward("linear", x, weight, bias, false);
   if (should_record({&x, &weight, &bias})) {
     auto node = std::make_unique<LinearBackward>();
     node->x = node->save(x);
     node->w = node->save(weight);
+    record(std::move(node), {&x, &weight, &bias}, out);
+  }
+  return out;
+}
+
+Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  Tensor out = linear_forward("linear_relu", x, weight, bias, true);
+  if (should_record({&x, &weight, &bias})) {
+    auto node = std::make_unique<LinearReluBackward>();
+    node->x = node->save(x);
+    node->w = node->save(weight);
+    node->y = node->save(out.view(out.shape()));  // a view: the node must not own its output
     record(std::move(node), {&x, &weight, &bias}, out);
   }
   return out;

@@ -4,21 +4,11 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/rows.h"
 #include "kernels/dispatch.h"
 #include "kernels/functors.h"
 
 namespace accrue::cpu {
-
-namespace {
-
-// out [C] = in [C] + bias [C]; out may alias in.
-template <typename T>
-void add_row(const T* in, const T* bias, T* out, int64_t cols) {
-#pragma omp simd
-  for (int64_t c = 0; c < cols; ++c) out[c] = in[c] + bias[c];
-}
-
-}  // namespace
 
 void CpuBackend::fill(Tensor& out, double value) {
   ACCRUE_DISPATCH_ALL(out.dtype(), "fill", [&] {

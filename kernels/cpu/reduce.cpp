@@ -7,6 +7,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/rows.h"
 #include "kernels/dispatch.h"
 #include "kernels/functors.h"
 
@@ -48,13 +49,6 @@ double sum_of_squares(const T* p, int64_t len) {
   return acc;
 }
 
-// acc [len] += row [len]
-template <typename T>
-void add_into(T* acc, const T* row, int64_t len) {
-#pragma omp simd
-  for (int64_t c = 0; c < len; ++c) acc[c] += row[c];
-}
-
 // sum_rows works on blocks of columns, each block's partial sums in registers.
 constexpr int64_t kColumnBlock = 256;
 
@@ -67,20 +61,52 @@ double count_nonfinite(const T* p, int64_t len) {
 
 }  // namespace
 
+namespace {
+
+// For each block of columns [c0, c1) of an [rows, cols] matrix, in parallel: row(r, c0, c1, acc)
+// adds row r's contribution to acc [c1 - c0] (rows in order), then out = blend(out, acc). The
+// shared skeleton of sum_rows and the fused ReLU + bias backward, so both sum in one order.
+template <typename T, typename Row>
+void column_sums(int64_t rows, int64_t cols, fn::Blend blend, T* out, Row row) {
+  const int64_t blocks = (cols + kColumnBlock - 1) / kColumnBlock;
+  for_range(blocks, rows * cols, [=](int64_t blk) {
+    const int64_t c0 = blk * kColumnBlock, c1 = std::min(cols, c0 + kColumnBlock);
+    T acc[kColumnBlock] = {};
+    for (int64_t r = 0; r < rows; ++r) row(r, c0, c1, acc);
+    if (out != nullptr) {
+      for (int64_t c = c0; c < c1; ++c) out[c] = blend(out[c], acc[c - c0]);
+    }
+  });
+}
+
+}  // namespace
+
 void CpuBackend::sum_rows(const Tensor& x, double alpha, double beta, Tensor& out) {
   // x [N, C] -> out [C] = beta * out + alpha * sum_n x[n, :]
   ACCRUE_DISPATCH_FLOATING(x.dtype(), "sum_rows", [&] {
-    const int64_t rows = x.size(0), cols = x.size(1);
+    const int64_t cols = x.size(1);
     const T* in = x.data<T>();
-    T* o = out.data<T>();
-    const int64_t blocks = (cols + kColumnBlock - 1) / kColumnBlock;
-    const fn::Blend blend{alpha, beta};
-    for_range(blocks, rows * cols, [=](int64_t blk) {
-      const int64_t c0 = blk * kColumnBlock, c1 = std::min(cols, c0 + kColumnBlock);
-      T acc[kColumnBlock] = {};
-      for (int64_t r = 0; r < rows; ++r) add_into(acc, in + r * cols + c0, c1 - c0);
-      for (int64_t c = c0; c < c1; ++c) o[c] = blend(o[c], acc[c - c0]);
-    });
+    column_sums<T>(x.size(0), cols, fn::Blend{alpha, beta}, out.data<T>(),
+                   [=](int64_t r, int64_t c0, int64_t c1, T* acc) {
+                     add_into(acc, in + r * cols + c0, c1 - c0);
+                   });
+  });
+}
+
+void CpuBackend::relu_bias_backward(const Tensor& y, const Tensor& dy, Tensor& dz, double beta,
+                                    Tensor& dbias) {
+  // y, dy [N, C] -> dz [N, C] = dy * (y > 0); dbias [C] = beta * dbias + sum_n dz[n, :]
+  ACCRUE_DISPATCH_FLOATING(y.dtype(), "relu_bias_backward", [&] {
+    const int64_t cols = y.size(1);
+    const T *out = y.data<T>(), *grad = dy.data<T>();
+    T* dpre = dz.data<T>();
+    const bool with_bias = dbias.defined();
+    column_sums<T>(y.size(0), cols, fn::Blend{1.0, beta}, with_bias ? dbias.data<T>() : nullptr,
+                   [=](int64_t r, int64_t c0, int64_t c1, T* acc) {
+                     const int64_t at = r * cols + c0;
+                     relu_mask_row(out + at, grad + at, dpre + at, c1 - c0);
+                     if (with_bias) add_into(acc, dpre + at, c1 - c0);
+                   });
   });
 }
 

@@ -1,7 +1,8 @@
 // CUDA GEMM through cuBLAS. accrue is row-major and cuBLAS column-major: a row-major C = op(A)
 // op(B) is the column-major C^T = op(B)^T op(A)^T, so the operands are passed swapped. beta = 1
 // is how the weight-gradient GEMM accumulates into the gradient arena in place. The Linear
-// forward goes through cuBLASLt so the bias add is fused into the GEMM as an epilogue.
+// forward goes through cuBLASLt so the bias add is fused into the GEMM as an epilogue; the fused
+// Linear + ReLU's backward half lives here too.
 #include <cublasLt.h>
 
 #include "kernels/cuda/cuda_backend.h"
@@ -57,9 +58,9 @@ void set_preference(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAtt
   ACCRUE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)));
 }
 
-}  // namespace
-
-void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) {
+// y = x @ w^T + bias through one cuBLASLt call with a bias epilogue (or GEMM + bias add when no
+// algorithm fits the operands' alignments).
+void linear_bias(CudaBackend& be, const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) {
   // Row-major y [N, out] = x [N, in] @ w [out, in]^T + bias is, column-major,
   // y^T [out, N] = w [out, in] @ x^T [in, N] + bias broadcast over columns: w is stored as a
   // column-major [in, out] matrix used transposed, x as a column-major [in, N] matrix.
@@ -129,8 +130,8 @@ void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor&
   }
   if (!plan.found) {
     // No cuBLASLt kernel for these alignments: the same result as a GEMM and a bias add.
-    gemm(false, true, 1.0, x, w, 0.0, y);
-    if (bias.defined()) bias_add(y, bias, y);
+    be.gemm(false, true, 1.0, x, w, 0.0, y);
+    if (bias.defined()) be.bias_add(y, bias, y);
     return;
   }
   const float alpha32 = 1.0f, beta32 = 0.0f;
@@ -142,6 +143,23 @@ void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor&
   ACCRUE_CUBLAS_CHECK(cublasLtMatmul(
       ctx.cublas_lt, desc.op, alpha, w.raw(), desc.a, x.raw(), desc.b, beta, y.raw(), desc.d,
       y.raw(), desc.d, &plan.algo, ctx.lt_workspace, DeviceContext::kLtWorkspaceBytes, ctx.stream));
+}
+
+}  // namespace
+
+void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, bool relu,
+                                 Tensor& y) {
+  linear_bias(*this, x, w, bias, y);
+  // cuBLASLt's RELU_BIAS epilogue is not documented to keep NaN, and accrue's ReLU does (as
+  // PyTorch's): the activation is the shared functor, in place, one more pass over y.
+  if (relu) unary(UnaryOp::kRelu, y, y);
+}
+
+void CudaBackend::relu_bias_backward(const Tensor& y, const Tensor& dy, Tensor& dz, double beta,
+                                     Tensor& dbias) {
+  // Two launches on the GPU (the CPU fuses them): the shared ReLU mask, then the row sum.
+  unary_backward(UnaryOp::kRelu, y, dy, dz);
+  if (dbias.defined()) sum_rows(dz, 1.0, beta, dbias);
 }
 
 }  // namespace accrue::cuda

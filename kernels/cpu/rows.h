@@ -1,0 +1,34 @@
+// Row loops shared by the CPU kernels that work on one row of a row-major matrix at a time: the
+// bias add (elementwise.cpp, and the Linear epilogue in gemm.cpp), the running column sums of
+// the row reductions and the ReLU mask of the fused Linear + ReLU backward (reduce.cpp).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/functors.h"
+
+namespace accrue::cpu {
+
+// out [C] = in [C] + bias [C]; out may alias in.
+template <typename T>
+void add_row(const T* in, const T* bias, T* out, int64_t cols) {
+#pragma omp simd
+  for (int64_t c = 0; c < cols; ++c) out[c] = in[c] + bias[c];
+}
+
+// acc [len] += row [len]
+template <typename T>
+void add_into(T* acc, const T* row, int64_t len) {
+#pragma omp simd
+  for (int64_t c = 0; c < len; ++c) acc[c] += row[c];
+}
+
+// dz [len] = dy where y > 0, else 0 (the ReLU's backward, y being its output)
+template <typename T>
+void relu_mask_row(const T* y, const T* dy, T* dz, int64_t len) {
+  const fn::ReluBackward mask;
+#pragma omp simd
+  for (int64_t c = 0; c < len; ++c) dz[c] = mask(y[c], dy[c]);
+}
+
+}  // namespace accrue::cpu
