@@ -21,9 +21,9 @@ namespace accrue::cpu {
 // Large products are cut into a power-of-two number of blocks (so 2, 4 or 8 threads share
 // them evenly), each at least this many multiply-adds (about 40 us on one core) and this wide.
 constexpr int64_t kBlockMacs = int64_t{1} << 21;
-constexpr int kMinBlockWidth = 256;
-// Below this many multiply-adds in all (about 5 us on one core) the blocks run on the calling
-// thread: waking a second thread costs more than it saves.
+constexpr int kMinBlockWidth = 512;
+// Below this many multiply-adds in all (about 5 us on one core) the product is one call on the
+// calling thread: waking a second thread, or a second call, costs more than it saves.
 constexpr int64_t kParallelMacs = int64_t{1} << 18;
 
 struct GemmCut {
@@ -44,6 +44,7 @@ inline GemmCut cut_gemm(int m, int n, int k) {
     const int extent = along_rows ? m : n;
     return GemmCut{along_rows, width, (extent + width - 1) / width, macs >= kParallelMacs};
   };
+  if (macs < kParallelMacs) return blocks(false, std::max(n, 1));  // one call: blocks only add cost
   if (m <= 32) return blocks(false, 32);
   if (m <= 64) return blocks(false, 16);
   if (k <= 32) return blocks(true, 32);

@@ -1,0 +1,112 @@
+// The libtorch peer of accrue-mnist's default recipe, for bench/run's speed ratio: the same MLP
+// (784-512-256-128-10, ReLU), the same normalisation, Adam (lr 1e-3), micro-batch 32 x 4
+// accumulation steps with the loss scaled by 1 / (samples in the window), the gradient norm
+// clipped to 1 once per window, one epoch over a shuffled order. Written the way a PyTorch user
+// writes it (zero_grad after the step, clip_grad_norm_, the optimizer's own step). Prints one
+// line: "train_seconds <s> threads <n> test_accuracy <a>".
+// Usage: accrue-torch-mnist <mnist dir> [threads (0: libtorch's default)] [epochs]
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+uint32_t big_endian(std::ifstream& in) {
+  unsigned char b[4];
+  in.read(reinterpret_cast<char*>(b), 4);
+  return (uint32_t(b[0]) << 24) | (uint32_t(b[1]) << 16) | (uint32_t(b[2]) << 8) | b[3];
+}
+
+// IDX images [N, 784] normalised as accrue does, and labels [N] int64.
+std::pair<torch::Tensor, torch::Tensor> load(const std::string& dir, const std::string& split) {
+  std::ifstream images(dir + "/" + split + "-images-idx3-ubyte", std::ios::binary);
+  std::ifstream labels(dir + "/" + split + "-labels-idx1-ubyte", std::ios::binary);
+  if (!images || !labels) throw std::runtime_error("cannot open the MNIST files in " + dir);
+  if (big_endian(images) != 0x803 || big_endian(labels) != 0x801) {
+    throw std::runtime_error("not MNIST IDX files in " + dir);
+  }
+  const int64_t n = big_endian(images), rows = big_endian(images), cols = big_endian(images);
+  if (big_endian(labels) != uint32_t(n) || rows * cols != 784) {
+    throw std::runtime_error("unexpected MNIST shapes in " + dir);
+  }
+  std::vector<uint8_t> pixels(static_cast<size_t>(n) * 784);
+  std::vector<uint8_t> classes(static_cast<size_t>(n));
+  images.read(reinterpret_cast<char*>(pixels.data()), std::streamsize(pixels.size()));
+  labels.read(reinterpret_cast<char*>(classes.data()), std::streamsize(classes.size()));
+  if (!images || !labels) throw std::runtime_error("truncated MNIST files in " + dir);
+  auto x = torch::from_blob(pixels.data(), {n, 784}, torch::kUInt8).to(torch::kFloat32);
+  x = (x / 255.0 - 0.1307) / 0.3081;
+  auto y = torch::from_blob(classes.data(), {n}, torch::kUInt8).to(torch::kInt64);
+  return {x, y};
+}
+
+struct Mlp : torch::nn::Module {
+  torch::nn::Linear l0{784, 512}, l1{512, 256}, l2{256, 128}, l3{128, 10};
+  Mlp() {
+    register_module("l0", l0);
+    register_module("l1", l1);
+    register_module("l2", l2);
+    register_module("l3", l3);
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::relu(l0(x));
+    x = torch::relu(l1(x));
+    x = torch::relu(l2(x));
+    return l3(x);
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::cerr << "usage: accrue-torch-mnist <mnist dir> [threads] [epochs]\n";
+    return 2;
+  }
+  const int threads = argc > 2 ? std::stoi(argv[2]) : 0;
+  const int epochs = argc > 3 ? std::stoi(argv[3]) : 1;
+  if (threads > 0) {
+    torch::set_num_threads(threads);
+    torch::set_num_interop_threads(1);
+  }
+  torch::manual_seed(0);
+  const auto [train_x, train_y] = load(argv[1], "train");
+  const auto [test_x, test_y] = load(argv[1], "t10k");
+  Mlp model;
+  torch::optim::Adam optimizer(model.parameters(), torch::optim::AdamOptions(1e-3));
+  const int64_t micro = 32, k = 4, n = train_x.size(0);
+  double seconds = 0;
+  for (int epoch = 0; epoch < epochs; ++epoch) {
+    const auto order = torch::randperm(n, torch::kInt64);
+    const auto start = std::chrono::steady_clock::now();
+    for (int64_t window = 0; window < n; window += micro * k) {
+      const int64_t window_samples = std::min(micro * k, n - window);
+      for (int64_t s = window; s < window + window_samples; s += micro) {
+        const auto index = order.slice(0, s, std::min(s + micro, window + window_samples));
+        const auto logits = model.forward(train_x.index_select(0, index));
+        const auto loss =
+            torch::nn::functional::cross_entropy(
+                logits, train_y.index_select(0, index),
+                torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum)) /
+            double(window_samples);
+        loss.backward();
+      }
+      torch::nn::utils::clip_grad_norm_(model.parameters(), 1.0);
+      optimizer.step();
+      optimizer.zero_grad();
+    }
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  torch::NoGradGuard no_grad;
+  const double accuracy =
+      model.forward(test_x).argmax(1).eq(test_y).sum().item<double>() / double(test_x.size(0));
+  std::printf("train_seconds %.4f threads %d test_accuracy %.4f\n", seconds,
+              torch::get_num_threads(), accuracy);
+  return 0;
+}
