@@ -1,7 +1,10 @@
 // The CPU thread policy (see threads.h): the OpenMP team size, and the tuner that picks it by
-// timing the program's own windows. A round probes every candidate (one warm-up window, then
-// probe_windows timed ones, cut short when the first timing is already far behind the best),
-// keeps the fastest median, and holds it for an interval that doubles while the choice stands.
+// timing the program's own windows. A round measures every candidate: the count in use by its
+// last probe_windows windows, each other one by probe_windows timed windows, cut short when it
+// is plainly behind the best so far. It keeps the fastest median (leaving the current choice only
+// for a clear margin) and holds it for an interval that doubles while the choice stands,
+// re-checking at once when the windows slow down. On a busy machine a re-check of the slow count
+// costs one window; on an idle one, two.
 #include "core/threads.h"
 
 #include <omp.h>
@@ -47,10 +50,11 @@ ThreadTuner::ThreadTuner(std::vector<int> candidates, ThreadTunerOptions options
   }
   if (options_.probe_windows < 1 || options_.first_hold < 1 ||
       options_.max_hold < options_.first_hold || !(options_.slowdown > 1) ||
-      !(options_.prefer_fewer >= 1)) {
+      !(options_.hopeless >= options_.slowdown) || !(options_.prefer_fewer >= 1) ||
+      !(options_.switch_margin >= 1)) {
     throw ValueError(
-        "ThreadTuner: probe_windows and first_hold must be >= 1, max_hold >= "
-        "first_hold, slowdown > 1 and prefer_fewer >= 1");
+        "ThreadTuner: probe_windows and first_hold must be >= 1, max_hold >= first_hold, "
+        "slowdown > 1, hopeless >= slowdown, prefer_fewer and switch_margin >= 1");
   }
   chosen_ = current_ = candidates_.front();
   hold_ = options_.first_hold;
@@ -61,30 +65,42 @@ void ThreadTuner::start_probe() {
   probing_ = true;
   timings_.assign(candidates_.size(), {});
   medians_.assign(candidates_.size(), 0.0);
-  begin_candidate(0);
-}
-
-void ThreadTuner::begin_candidate(size_t index) {
-  probe_index_ = index;
-  // Staying on the count the last window ran with needs no warm-up.
-  warmed_up_ = candidates_[index] == current_ && checks_ > 0;
-  current_ = candidates_[index];
+  // The count in use first: its last windows are its measurement when there are enough of them,
+  // and it is the yardstick that cuts the others short. Then the rest from the fewest threads
+  // up, so that on a busy machine the slow counts come after a yardstick and stop early.
+  order_.clear();
+  const size_t in_use = static_cast<size_t>(
+      std::find(candidates_.begin(), candidates_.end(), chosen_) - candidates_.begin());
+  order_.push_back(in_use);
+  for (size_t i = 0; i < candidates_.size(); ++i) {
+    if (i != in_use) order_.push_back(i);
+  }
+  order_pos_ = 0;
+  if (static_cast<int>(recent_.size()) >= options_.probe_windows) {
+    timings_[in_use] = recent_;
+    medians_[in_use] = median(recent_);
+    order_pos_ = 1;
+  }
+  probe_index_ = order_[order_pos_];
+  current_ = candidates_[probe_index_];
 }
 
 void ThreadTuner::record(double seconds_per_sample) {
+  if (!warmed_up_) {
+    warmed_up_ = true;
+    return;
+  }
   if (!probing_) {
     if (candidates_.size() == 1) return;
     recent_.push_back(seconds_per_sample);
-    if (recent_.size() > 5) recent_.erase(recent_.begin());
-    const bool slowed = recent_.size() == 5 && median(recent_) > options_.slowdown * chosen_median_;
+    const size_t keep = static_cast<size_t>(options_.probe_windows);
+    if (recent_.size() > keep) recent_.erase(recent_.begin());
+    const bool slowed =
+        recent_.size() == keep && median(recent_) > options_.slowdown * chosen_median_;
     if (--hold_left_ <= 0 || slowed) {
       if (slowed) hold_ = options_.first_hold;
       start_probe();
     }
-    return;
-  }
-  if (!warmed_up_) {  // the first window on a new count pays for waking its threads
-    warmed_up_ = true;
     return;
   }
   std::vector<double>& t = timings_[probe_index_];
@@ -93,11 +109,17 @@ void ThreadTuner::record(double seconds_per_sample) {
   for (double m : medians_) {
     if (m > 0 && (best == 0 || m < best)) best = m;
   }
-  const bool hopeless = best > 0 && seconds_per_sample > options_.slowdown * best;
-  if (static_cast<int>(t.size()) < options_.probe_windows && !hopeless) return;
+  // Cut short when one timing is hopelessly behind the best median so far, or when not even the
+  // faster of two beats it (the median of five would then not win by switch_margin either): a
+  // single noisy window decides on its own only when the gap is that wide.
+  const double fastest = *std::min_element(t.begin(), t.end());
+  const bool behind = best > 0 && ((t.size() == 1 && fastest > options_.hopeless * best) ||
+                                   (t.size() >= 2 && fastest > best));
+  if (static_cast<int>(t.size()) < options_.probe_windows && !behind) return;
   medians_[probe_index_] = median(t);
-  if (probe_index_ + 1 < candidates_.size()) {
-    begin_candidate(probe_index_ + 1);
+  if (++order_pos_ < order_.size()) {
+    probe_index_ = order_[order_pos_];
+    current_ = candidates_[probe_index_];
   } else {
     finish_probe();
   }
@@ -110,6 +132,12 @@ void ThreadTuner::finish_probe() {
     if (medians_[i] * options_.prefer_fewer < medians_[best]) best = i;
   }
   const int previous = chosen_;
+  // Hysteresis: leaving the current choice takes a clear margin, so noise does not flip it.
+  const auto held = std::find(candidates_.begin(), candidates_.end(), previous);
+  if (checks_ > 0 && held != candidates_.end()) {
+    const size_t i = static_cast<size_t>(held - candidates_.begin());
+    if (medians_[i] > 0 && !(medians_[best] * options_.switch_margin < medians_[i])) best = i;
+  }
   chosen_ = current_ = candidates_[best];
   chosen_median_ = medians_[best];
   ++checks_;

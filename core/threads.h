@@ -22,11 +22,13 @@ int cpu_threads();            // the team size set now
 void set_cpu_threads(int n);  // n >= 1
 
 struct ThreadTunerOptions {
-  int probe_windows = 3;       // timed windows per candidate (after one warm-up window)
-  int64_t first_hold = 50;     // windows before the first re-check
-  int64_t max_hold = 1600;     // the interval doubles while the choice stands, up to this
-  double slowdown = 1.5;       // re-check at once when the chosen count gets this much slower
-  double prefer_fewer = 1.03;  // more threads must be at least this much faster to be chosen
+  int probe_windows = 5;        // timed windows per candidate
+  int64_t first_hold = 200;     // windows before the first re-check
+  int64_t max_hold = 6400;      // the interval doubles while the choice stands, up to this
+  double slowdown = 1.5;        // re-check at once when the chosen count gets this much slower
+  double hopeless = 3.0;        // a probe stops after one timing this much behind the best
+  double prefer_fewer = 1.03;   // more threads must be at least this much faster to be chosen
+  double switch_margin = 1.05;  // and any other count this much faster than the current choice
 };
 
 class ThreadTuner {
@@ -47,18 +49,19 @@ class ThreadTuner {
  private:
   void start_probe();
   void finish_probe();
-  void begin_candidate(size_t index);
 
   std::vector<int> candidates_;
   ThreadTunerOptions options_;
   bool probing_ = false;
+  std::vector<size_t> order_;  // candidate indices in probing order
+  size_t order_pos_ = 0;
   size_t probe_index_ = 0;
-  bool warmed_up_ = false;
+  bool warmed_up_ = false;  // the run's first window (first-touch allocations) is not timed
   std::vector<std::vector<double>> timings_;  // per candidate, this round
   std::vector<double> medians_;               // per candidate, this round (0: not measured)
   int current_ = 1, chosen_ = 1;
   double chosen_median_ = 0;
-  std::vector<double> recent_;  // the chosen count's last timings while holding
+  std::vector<double> recent_;  // the chosen count's last probe_windows timings while holding
   int64_t hold_ = 0, hold_left_ = 0;
   int64_t checks_ = 0, switches_ = 0;
 };
