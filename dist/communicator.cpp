@@ -1,0 +1,137 @@
+// The launcher's environment, the world of one process, and the choice of backend (see
+// communicator.h).
+#include "dist/communicator.h"
+
+#include <cstdlib>
+#include <mutex>
+
+#include "core/error.h"
+#include "kernels/backend.h"
+
+namespace accrue::dist {
+
+#ifdef ACCRUE_WITH_MPI
+std::unique_ptr<Communicator> make_mpi(const LaunchInfo& info);  // dist/mpi.cpp
+#endif
+#ifdef ACCRUE_WITH_NCCL
+std::unique_ptr<Communicator> make_nccl(Communicator& bootstrap, int device);  // dist/nccl.cu
+#endif
+
+namespace {
+
+// The integer in environment variable `name`, or `fallback` when unset; throws when it is set
+// to something that is not a non-negative integer (a launcher never does that).
+int env_int(const char* name, int fallback) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return fallback;
+  char* end = nullptr;
+  const long value = std::strtol(text, &end, 10);
+  if (*end != '\0' || value < 0 || value > (1 << 24)) {
+    throw ValueError(str_cat("[dist] environment variable ", name, "='", text,
+                             "' is not a rank or a rank count"));
+  }
+  return static_cast<int>(value);
+}
+
+class SingleProcess final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  int local_rank() const override { return 0; }
+  const char* backend() const override { return "single"; }
+  void all_reduce_sum(Tensor&) override {}
+  void broadcast(Tensor&, int root) override {
+    if (root != 0) throw ValueError(str_cat("[broadcast] root ", root, " in a world of 1 rank"));
+  }
+  void all_gather(const Tensor& in, Tensor& out) override {
+    check_gather("all_gather", in, out, 1);
+    backend_for(in.device()).copy(in, out);
+  }
+  void reduce_scatter(const Tensor& in, Tensor& out) override {
+    check_gather("reduce_scatter", out, in, 1);
+    backend_for(in.device()).copy(in, out);
+  }
+  void barrier() override {}
+  [[noreturn]] void abort(int code) override { std::_Exit(code); }
+};
+
+}  // namespace
+
+LaunchInfo launch_info() {
+  LaunchInfo info;
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr) {
+    info.launcher = "mpirun";
+    info.world_size = env_int("OMPI_COMM_WORLD_SIZE", 1);
+    info.rank = env_int("OMPI_COMM_WORLD_RANK", 0);
+    info.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0);
+  } else if (std::getenv("SLURM_NTASKS") != nullptr && std::getenv("SLURM_PROCID") != nullptr) {
+    info.launcher = "slurm";
+    info.world_size = env_int("SLURM_NTASKS", 1);
+    info.rank = env_int("SLURM_PROCID", 0);
+    info.local_rank = env_int("SLURM_LOCALID", 0);
+  }
+  if (info.world_size < 1 || info.rank >= info.world_size) {
+    throw ValueError(str_cat("[dist] the ", info.launcher, " environment says rank ", info.rank,
+                             " of ", info.world_size, " ranks"));
+  }
+  return info;
+}
+
+std::unique_ptr<Communicator> make_single_process() { return std::make_unique<SingleProcess>(); }
+
+Communicator& world() {
+  static std::once_flag once;
+  static std::unique_ptr<Communicator> comm;
+  std::call_once(once, [] {
+    const LaunchInfo info = launch_info();
+    if (info.world_size == 1) {
+      comm = make_single_process();
+      return;
+    }
+#ifdef ACCRUE_WITH_MPI
+    comm = make_mpi(info);
+#else
+    throw BackendError(str_cat("[dist] ", info.launcher, " started ", info.world_size,
+                               " ranks but this accrue was built without MPI: install Open MPI "
+                               "(apt-get install openmpi-bin libopenmpi-dev) and rebuild"));
+#endif
+  });
+  return *comm;
+}
+
+Communicator& world_for(Device device) {
+  Communicator& cpu = world();
+  if (device.is_cpu() || cpu.world_size() == 1) return cpu;
+#ifdef ACCRUE_WITH_NCCL
+  static std::mutex mutex;
+  static std::unique_ptr<Communicator> nccl;
+  static int nccl_device = -1;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!nccl) {
+    nccl = make_nccl(cpu, device.index);
+    nccl_device = device.index;
+  }
+  if (device.index != nccl_device) {
+    throw DeviceError(str_cat("[dist] this rank communicates on cuda:", nccl_device, ", not ",
+                              device.str(), " (one GPU per rank)"));
+  }
+  return *nccl;
+#else
+  throw BackendError(str_cat("[dist] ", cpu.world_size(), " ranks train on ", device.str(),
+                             " but this accrue was built without NCCL (it comes with the CUDA "
+                             "toolkit's NCCL package); CPU tensors work over MPI"));
+#endif
+}
+
+void check_gather(const char* op, const Tensor& in, const Tensor& out, int world_size) {
+  if (in.dtype() != out.dtype() || in.device() != out.device()) {
+    throw DTypeError(str_cat("[", op, "] input ", in.describe(), " and output ", out.describe(),
+                             " differ in dtype or device"));
+  }
+  if (out.numel() != in.numel() * world_size) {
+    throw ShapeError(str_cat("[", op, "] the larger tensor must hold ", world_size,
+                             " x the smaller: ", in.describe(), " and ", out.describe()));
+  }
+}
+
+}  // namespace accrue::dist

@@ -1,0 +1,65 @@
+// Data-parallel communication: who this process is among the ranks of a job, and the collectives
+// the boundary step needs. Three backends behind one interface: the world of one process (no
+// library, every collective a no-op or a copy), MPI for CPU tensors (dist/mpi.cpp, Open MPI),
+// NCCL for CUDA tensors (dist/nccl.cu, its unique id bootstrapped over MPI). world() picks one
+// from the launcher's environment: `mpirun -np N` (OMPI_COMM_WORLD_*) or `srun` (SLURM_*).
+//
+// Collectives work in place on contiguous tensors of one dtype and are called by every rank in
+// the same order. A failure on one rank must not leave the others waiting in a collective:
+// abort() ends every rank of the job (MPI_Abort / ncclCommAbort), and the trainers call it from
+// their error handler. Read next: optim/accumulator.h, which all-reduces once per window.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace accrue::dist {
+
+// What the launcher says about this process (environment variables only: no library needed).
+struct LaunchInfo {
+  int rank = 0, world_size = 1, local_rank = 0;
+  std::string launcher = "none";  // "mpirun", "slurm" or "none"
+};
+LaunchInfo launch_info();
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  virtual int local_rank() const = 0;
+  virtual const char* backend() const = 0;  // "single", "mpi", "nccl"
+
+  // t = sum over ranks of t
+  virtual void all_reduce_sum(Tensor& t) = 0;
+  // t = root's t
+  virtual void broadcast(Tensor& t, int root) = 0;
+  // out [world * n] = concatenation of every rank's in [n], rank order
+  virtual void all_gather(const Tensor& in, Tensor& out) = 0;
+  // out [n] = this rank's slice [rank * n, (rank + 1) * n) of the sum over ranks of in [world * n]
+  virtual void reduce_scatter(const Tensor& in, Tensor& out) = 0;
+  virtual void barrier() = 0;
+  // Ends every rank of the job with this exit code; does not return.
+  [[noreturn]] virtual void abort(int code) = 0;
+};
+
+// The process-wide communicator, made on first use from launch_info(): the world of one when the
+// job has one rank, else MPI (CPU tensors). Throws when the launcher started several ranks and
+// this build has no MPI, naming what to install.
+Communicator& world();
+
+// The communicator for tensors on `device`: world() for the CPU; for CUDA, NCCL on this rank's
+// GPU (made once, bootstrapped over world()) when the job has several ranks. Throws when the
+// job has several ranks and this build has no NCCL.
+Communicator& world_for(Device device);
+
+// The world of one process: collectives are identities (all_gather and reduce_scatter copy).
+std::unique_ptr<Communicator> make_single_process();
+
+// Checks shared by the backends: contiguous, one dtype, the sizes the collective needs.
+void check_gather(const char* op, const Tensor& in, const Tensor& out, int world_size);
+
+}  // namespace accrue::dist

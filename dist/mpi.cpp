@@ -1,0 +1,119 @@
+// The MPI communicator for CPU tensors (Open MPI). MPI is initialised on first use with
+// MPI_THREAD_FUNNELED (only the main thread calls MPI; OpenMP threads never do) and finalised at
+// exit. Errors return instead of aborting (MPI_ERRORS_RETURN) and are thrown with MPI's own
+// message and file:line, so the trainer's handler can report them and abort every rank.
+#include <mpi.h>
+
+#include <cstdlib>
+
+#include "core/error.h"
+#include "dist/communicator.h"
+
+#define ACCRUE_MPI_CHECK(call)                                                       \
+  do {                                                                               \
+    const int accrue_mpi_status = (call);                                            \
+    if (accrue_mpi_status != MPI_SUCCESS) {                                          \
+      ::accrue::dist::throw_mpi_error(accrue_mpi_status, #call, __FILE__, __LINE__); \
+    }                                                                                \
+  } while (0)
+
+namespace accrue::dist {
+
+[[noreturn]] void throw_mpi_error(int status, const char* call, const char* file, int line) {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  if (MPI_Error_string(status, text, &length) != MPI_SUCCESS) length = 0;
+  throw BackendError(str_cat("MPI error ", status, " (", std::string(text, length), ") in ", call,
+                             " at ", file, ":", line));
+}
+
+namespace {
+
+MPI_Datatype mpi_type(const Tensor& t, const char* op) {
+  if (!t.device().is_cpu()) {
+    throw DeviceError(str_cat("[", op, "] the MPI communicator takes CPU tensors, got ",
+                              t.describe(), " (CUDA tensors go through NCCL)"));
+  }
+  switch (t.dtype()) {
+    case DType::kFloat32: return MPI_FLOAT;
+    case DType::kFloat64: return MPI_DOUBLE;
+    case DType::kInt32: return MPI_INT;
+    default: break;
+  }
+  throw DTypeError(str_cat("[", op, "] no MPI type for ", t.describe()));
+}
+
+int mpi_count(const Tensor& t, const char* op) {
+  if (t.numel() > INT32_MAX) {
+    throw ShapeError(str_cat("[", op, "] ", t.describe(), " has more than 2^31 - 1 elements"));
+  }
+  return static_cast<int>(t.numel());
+}
+
+class Mpi final : public Communicator {
+ public:
+  explicit Mpi(const LaunchInfo& info) : local_rank_(info.local_rank) {
+    int initialised = 0;
+    ACCRUE_MPI_CHECK(MPI_Initialized(&initialised));
+    if (!initialised) {
+      int provided = 0;
+      ACCRUE_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided));
+      std::atexit([] {
+        int finalized = 0;
+        if (MPI_Finalized(&finalized) == MPI_SUCCESS && !finalized) MPI_Finalize();
+      });
+    }
+    ACCRUE_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+    ACCRUE_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
+    ACCRUE_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size_));
+    if (size_ != info.world_size || rank_ != info.rank) {
+      throw BackendError(str_cat("[dist] MPI says rank ", rank_, " of ", size_, " but ",
+                                 info.launcher, " said rank ", info.rank, " of ", info.world_size));
+    }
+  }
+  int rank() const override { return rank_; }
+  int world_size() const override { return size_; }
+  int local_rank() const override { return local_rank_; }
+  const char* backend() const override { return "mpi"; }
+
+  void all_reduce_sum(Tensor& t) override {
+    ACCRUE_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, t.raw(), mpi_count(t, "all_reduce_sum"),
+                                   mpi_type(t, "all_reduce_sum"), MPI_SUM, MPI_COMM_WORLD));
+  }
+  void broadcast(Tensor& t, int root) override {
+    if (root < 0 || root >= size_) {
+      throw ValueError(str_cat("[broadcast] root ", root, " in a world of ", size_, " ranks"));
+    }
+    ACCRUE_MPI_CHECK(MPI_Bcast(t.raw(), mpi_count(t, "broadcast"), mpi_type(t, "broadcast"), root,
+                               MPI_COMM_WORLD));
+  }
+  void all_gather(const Tensor& in, Tensor& out) override {
+    check_gather("all_gather", in, out, size_);
+    ACCRUE_MPI_CHECK(MPI_Allgather(in.raw(), mpi_count(in, "all_gather"),
+                                   mpi_type(in, "all_gather"), out.raw(), mpi_count(in, "all_gather"),
+                                   mpi_type(out, "all_gather"), MPI_COMM_WORLD));
+  }
+  void reduce_scatter(const Tensor& in, Tensor& out) override {
+    check_gather("reduce_scatter", out, in, size_);
+    ACCRUE_MPI_CHECK(MPI_Reduce_scatter_block(in.raw(), out.raw(),
+                                              mpi_count(out, "reduce_scatter"),
+                                              mpi_type(in, "reduce_scatter"), MPI_SUM,
+                                              MPI_COMM_WORLD));
+  }
+  void barrier() override { ACCRUE_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD)); }
+  [[noreturn]] void abort(int code) override {
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::_Exit(code);  // MPI_Abort should not return; if it does, this rank still ends
+  }
+
+ private:
+  int rank_ = 0, size_ = 1, local_rank_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_mpi(const LaunchInfo& info) {
+  return std::make_unique<Mpi>(info);
+}
+
+}  // namespace accrue::dist

@@ -1,0 +1,120 @@
+// The NCCL communicator for CUDA tensors: one communicator per process on cuda:<local rank>, its
+// unique id made by rank 0 and broadcast over MPI (the bootstrap the NCCL documentation
+// describes). Collectives run on the device's accrue stream, so they are ordered after the
+// kernels that produced their input and before the ones that read their output, with no host
+// synchronisation. Errors throw with ncclGetErrorString and file:line; abort() calls
+// ncclCommAbort, which does not wait for the other ranks, then MPI_Abort.
+#include <nccl.h>
+
+#include <cstring>
+
+#include "core/error.h"
+#include "dist/communicator.h"
+#include "kernels/cuda/context.h"
+
+#define ACCRUE_NCCL_CHECK(call)                                                         \
+  do {                                                                                  \
+    const ncclResult_t accrue_nccl_status = (call);                                     \
+    if (accrue_nccl_status != ncclSuccess) {                                            \
+      throw ::accrue::BackendError(::accrue::str_cat(                                   \
+          "NCCL error ", static_cast<int>(accrue_nccl_status), " (",                    \
+          ncclGetErrorString(accrue_nccl_status), ") in ", #call, " at ", __FILE__, ":", \
+          __LINE__));                                                                   \
+    }                                                                                   \
+  } while (0)
+
+namespace accrue::dist {
+namespace {
+
+ncclDataType_t nccl_type(const Tensor& t, const char* op) {
+  if (!t.device().is_cuda()) {
+    throw DeviceError(str_cat("[", op, "] the NCCL communicator takes CUDA tensors, got ",
+                              t.describe()));
+  }
+  switch (t.dtype()) {
+    case DType::kFloat32: return ncclFloat32;
+    case DType::kFloat64: return ncclFloat64;
+    case DType::kInt32: return ncclInt32;
+    default: break;
+  }
+  throw DTypeError(str_cat("[", op, "] no NCCL type for ", t.describe()));
+}
+
+class Nccl final : public Communicator {
+ public:
+  Nccl(Communicator& bootstrap, int device) : mpi_(bootstrap), device_(device) {
+    static_assert(sizeof(ncclUniqueId) % sizeof(int32_t) == 0, "unique id size");
+    ncclUniqueId id;
+    if (mpi_.rank() == 0) ACCRUE_NCCL_CHECK(ncclGetUniqueId(&id));
+    Tensor bytes = Tensor::empty({int64_t(sizeof(id) / sizeof(int32_t))}, DType::kInt32);
+    std::memcpy(bytes.raw(), &id, sizeof(id));
+    mpi_.broadcast(bytes, 0);
+    std::memcpy(&id, bytes.raw(), sizeof(id));
+    cuda::context(device_);  // makes the device current
+    ACCRUE_NCCL_CHECK(ncclCommInitRank(&comm_, mpi_.world_size(), id, mpi_.rank()));
+  }
+  ~Nccl() override {
+    if (comm_ != nullptr) ncclCommDestroy(comm_);
+  }
+  int rank() const override { return mpi_.rank(); }
+  int world_size() const override { return mpi_.world_size(); }
+  int local_rank() const override { return mpi_.local_rank(); }
+  const char* backend() const override { return "nccl"; }
+
+  void all_reduce_sum(Tensor& t) override {
+    ACCRUE_NCCL_CHECK(ncclAllReduce(t.raw(), t.raw(), size_t(t.numel()),
+                                    nccl_type(t, "all_reduce_sum"), ncclSum, comm_, stream(t)));
+  }
+  void broadcast(Tensor& t, int root) override {
+    if (root < 0 || root >= world_size()) {
+      throw ValueError(str_cat("[broadcast] root ", root, " in a world of ", world_size(), " ranks"));
+    }
+    ACCRUE_NCCL_CHECK(ncclBroadcast(t.raw(), t.raw(), size_t(t.numel()), nccl_type(t, "broadcast"),
+                                    root, comm_, stream(t)));
+  }
+  void all_gather(const Tensor& in, Tensor& out) override {
+    check_gather("all_gather", in, out, world_size());
+    ACCRUE_NCCL_CHECK(ncclAllGather(in.raw(), out.raw(), size_t(in.numel()),
+                                    nccl_type(in, "all_gather"), comm_, stream(in)));
+  }
+  void reduce_scatter(const Tensor& in, Tensor& out) override {
+    check_gather("reduce_scatter", out, in, world_size());
+    ACCRUE_NCCL_CHECK(ncclReduceScatter(in.raw(), out.raw(), size_t(out.numel()),
+                                        nccl_type(in, "reduce_scatter"), ncclSum, comm_,
+                                        stream(in)));
+  }
+  void barrier() override {
+    const cudaError_t status = cudaStreamSynchronize(cuda::context(device_).stream);
+    if (status != cudaSuccess) {
+      throw BackendError(str_cat("CUDA error (", cudaGetErrorString(status),
+                                 ") in cudaStreamSynchronize at ", __FILE__, ":", __LINE__));
+    }
+    mpi_.barrier();
+  }
+  [[noreturn]] void abort(int code) override {
+    if (comm_ != nullptr) ncclCommAbort(comm_);
+    comm_ = nullptr;
+    mpi_.abort(code);
+  }
+
+ private:
+  cudaStream_t stream(const Tensor& t) {
+    if (t.device().index != device_) {
+      throw DeviceError(str_cat("[nccl] this rank's communicator is on cuda:", device_, ", got ",
+                                t.describe()));
+    }
+    return cuda::context(device_).stream;
+  }
+
+  Communicator& mpi_;
+  int device_;
+  ncclComm_t comm_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl(Communicator& bootstrap, int device) {
+  return std::make_unique<Nccl>(bootstrap, device);
+}
+
+}  // namespace accrue::dist
