@@ -11,8 +11,12 @@ get_filename_component(accrue_blas_dir "${accrue_blas_real}" DIRECTORY)
 get_filename_component(accrue_blas_variant "${accrue_blas_dir}" NAME)  # e.g. openblas-openmp
 # <prefix>/lib/<multiarch>/<variant>/libopenblas.so -> <prefix>/include/<multiarch>/<variant>
 get_filename_component(accrue_blas_prefix "${accrue_blas_dir}/../../.." ABSOLUTE)
+# The variant's own folder first and alone: the generic include/<multiarch>/cblas.h is a Debian
+# alternative that may belong to another BLAS (BLIS installs one too).
 find_path(ACCRUE_CBLAS_INCLUDE_DIR cblas.h
-  HINTS ${accrue_blas_prefix}/include/${CMAKE_LIBRARY_ARCHITECTURE}/${accrue_blas_variant}
+  PATHS ${accrue_blas_prefix}/include/${CMAKE_LIBRARY_ARCHITECTURE}/${accrue_blas_variant}
+  NO_DEFAULT_PATH)
+find_path(ACCRUE_CBLAS_INCLUDE_DIR cblas.h
   PATH_SUFFIXES ${CMAKE_LIBRARY_ARCHITECTURE}/${accrue_blas_variant} ${CMAKE_LIBRARY_ARCHITECTURE}
                 openblas REQUIRED)
 add_library(accrue_cblas INTERFACE IMPORTED)

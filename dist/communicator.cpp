@@ -77,7 +77,9 @@ LaunchInfo launch_info() {
   return info;
 }
 
-std::unique_ptr<Communicator> make_single_process() { return std::make_unique<SingleProcess>(); }
+std::unique_ptr<Communicator> make_single_process() {
+  return std::make_unique<SingleProcess>();
+}
 
 Communicator& world() {
   static std::once_flag once;

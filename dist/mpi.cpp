@@ -35,10 +35,14 @@ MPI_Datatype mpi_type(const Tensor& t, const char* op) {
                               t.describe(), " (CUDA tensors go through NCCL)"));
   }
   switch (t.dtype()) {
-    case DType::kFloat32: return MPI_FLOAT;
-    case DType::kFloat64: return MPI_DOUBLE;
-    case DType::kInt32: return MPI_INT;
-    default: break;
+    case DType::kFloat32:
+      return MPI_FLOAT;
+    case DType::kFloat64:
+      return MPI_DOUBLE;
+    case DType::kInt32:
+      return MPI_INT;
+    default:
+      break;
   }
   throw DTypeError(str_cat("[", op, "] no MPI type for ", t.describe()));
 }
@@ -89,14 +93,13 @@ class Mpi final : public Communicator {
   }
   void all_gather(const Tensor& in, Tensor& out) override {
     check_gather("all_gather", in, out, size_);
-    ACCRUE_MPI_CHECK(MPI_Allgather(in.raw(), mpi_count(in, "all_gather"),
-                                   mpi_type(in, "all_gather"), out.raw(), mpi_count(in, "all_gather"),
-                                   mpi_type(out, "all_gather"), MPI_COMM_WORLD));
+    ACCRUE_MPI_CHECK(
+        MPI_Allgather(in.raw(), mpi_count(in, "all_gather"), mpi_type(in, "all_gather"), out.raw(),
+                      mpi_count(in, "all_gather"), mpi_type(out, "all_gather"), MPI_COMM_WORLD));
   }
   void reduce_scatter(const Tensor& in, Tensor& out) override {
     check_gather("reduce_scatter", out, in, size_);
-    ACCRUE_MPI_CHECK(MPI_Reduce_scatter_block(in.raw(), out.raw(),
-                                              mpi_count(out, "reduce_scatter"),
+    ACCRUE_MPI_CHECK(MPI_Reduce_scatter_block(in.raw(), out.raw(), mpi_count(out, "reduce_scatter"),
                                               mpi_type(in, "reduce_scatter"), MPI_SUM,
                                               MPI_COMM_WORLD));
   }

@@ -6,21 +6,22 @@
 // ncclCommAbort, which does not wait for the other ranks, then MPI_Abort.
 #include <nccl.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "core/error.h"
 #include "dist/communicator.h"
 #include "kernels/cuda/context.h"
 
-#define ACCRUE_NCCL_CHECK(call)                                                         \
-  do {                                                                                  \
-    const ncclResult_t accrue_nccl_status = (call);                                     \
-    if (accrue_nccl_status != ncclSuccess) {                                            \
-      throw ::accrue::BackendError(::accrue::str_cat(                                   \
-          "NCCL error ", static_cast<int>(accrue_nccl_status), " (",                    \
-          ncclGetErrorString(accrue_nccl_status), ") in ", #call, " at ", __FILE__, ":", \
-          __LINE__));                                                                   \
-    }                                                                                   \
+#define ACCRUE_NCCL_CHECK(call)                                                             \
+  do {                                                                                      \
+    const ncclResult_t accrue_nccl_status = (call);                                         \
+    if (accrue_nccl_status != ncclSuccess) {                                                \
+      throw ::accrue::BackendError(                                                         \
+          ::accrue::str_cat("NCCL error ", static_cast<int>(accrue_nccl_status), " (",      \
+                            ncclGetErrorString(accrue_nccl_status), ") in ", #call, " at ", \
+                            __FILE__, ":", __LINE__));                                      \
+    }                                                                                       \
   } while (0)
 
 namespace accrue::dist {
@@ -28,14 +29,18 @@ namespace {
 
 ncclDataType_t nccl_type(const Tensor& t, const char* op) {
   if (!t.device().is_cuda()) {
-    throw DeviceError(str_cat("[", op, "] the NCCL communicator takes CUDA tensors, got ",
-                              t.describe()));
+    throw DeviceError(
+        str_cat("[", op, "] the NCCL communicator takes CUDA tensors, got ", t.describe()));
   }
   switch (t.dtype()) {
-    case DType::kFloat32: return ncclFloat32;
-    case DType::kFloat64: return ncclFloat64;
-    case DType::kInt32: return ncclInt32;
-    default: break;
+    case DType::kFloat32:
+      return ncclFloat32;
+    case DType::kFloat64:
+      return ncclFloat64;
+    case DType::kInt32:
+      return ncclInt32;
+    default:
+      break;
   }
   throw DTypeError(str_cat("[", op, "] no NCCL type for ", t.describe()));
 }
@@ -67,7 +72,8 @@ class Nccl final : public Communicator {
   }
   void broadcast(Tensor& t, int root) override {
     if (root < 0 || root >= world_size()) {
-      throw ValueError(str_cat("[broadcast] root ", root, " in a world of ", world_size(), " ranks"));
+      throw ValueError(
+          str_cat("[broadcast] root ", root, " in a world of ", world_size(), " ranks"));
     }
     ACCRUE_NCCL_CHECK(ncclBroadcast(t.raw(), t.raw(), size_t(t.numel()), nccl_type(t, "broadcast"),
                                     root, comm_, stream(t)));
@@ -94,14 +100,15 @@ class Nccl final : public Communicator {
   [[noreturn]] void abort(int code) override {
     if (comm_ != nullptr) ncclCommAbort(comm_);
     comm_ = nullptr;
-    mpi_.abort(code);
+    mpi_.abort(code);  // [[noreturn]]; nvcc does not see through the virtual call
+    std::_Exit(code);
   }
 
  private:
   cudaStream_t stream(const Tensor& t) {
     if (t.device().index != device_) {
-      throw DeviceError(str_cat("[nccl] this rank's communicator is on cuda:", device_, ", got ",
-                                t.describe()));
+      throw DeviceError(
+          str_cat("[nccl] this rank's communicator is on cuda:", device_, ", got ", t.describe()));
     }
     return cuda::context(device_).stream;
   }

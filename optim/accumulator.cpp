@@ -20,22 +20,27 @@ double Accumulator::current_lr() const {
   return options_.base_lr * options_.schedule.factor(steps_);
 }
 
-void Accumulator::begin_window(int64_t samples) {
-  if (samples <= 0)
-    throw ValueError(str_cat("[accumulator] a window needs samples, got ", samples));
-  if (seen_samples_ > 0) {
+void Accumulator::begin_window(int64_t samples, int64_t local_samples) {
+  if (local_samples < 0) local_samples = samples;
+  if (samples <= 0 || local_samples > samples) {
+    throw ValueError(str_cat("[accumulator] a window needs samples, got ", samples, " (",
+                             local_samples, " on this rank)"));
+  }
+  if (window_open_) {
     throw ValueError(str_cat("[accumulator] begin_window(", samples, ") while the open window has ",
-                             seen_samples_, " of ", window_samples_,
+                             seen_samples_, " of ", local_samples_,
                              " samples accumulated; call step() first"));
   }
   window_samples_ = samples;
+  local_samples_ = local_samples;
+  window_open_ = true;
 }
 
 void Accumulator::micro_step(int64_t samples, const std::function<Tensor()>& forward) {
-  if (window_samples_ == 0) throw ValueError("[accumulator] micro_step() before begin_window()");
-  if (samples <= 0 || seen_samples_ + samples > window_samples_) {
+  if (!window_open_) throw ValueError("[accumulator] micro_step() before begin_window()");
+  if (samples <= 0 || seen_samples_ + samples > local_samples_) {
     throw ValueError(str_cat("[accumulator] micro-batch of ", samples, " samples overflows the ",
-                             "window: ", seen_samples_, " of ", window_samples_, " already seen"));
+                             "window: ", seen_samples_, " of ", local_samples_, " already seen"));
   }
   CachingAllocator& alloc = allocator_for(optimizer_.arena().device());
   const size_t before = alloc.stats().live_bytes;
@@ -65,8 +70,8 @@ void Accumulator::micro_step(int64_t samples, const std::function<Tensor()>& for
 }
 
 StepResult Accumulator::step() {
-  if (seen_samples_ != window_samples_ || window_samples_ == 0) {
-    throw ValueError(str_cat("[accumulator] step() after ", seen_samples_, " of ", window_samples_,
+  if (!window_open_ || seen_samples_ != local_samples_) {
+    throw ValueError(str_cat("[accumulator] step() after ", seen_samples_, " of ", local_samples_,
                              " window samples; every sample must be seen once"));
   }
   StepResult r;
@@ -74,6 +79,11 @@ StepResult Accumulator::step() {
   r.samples = window_samples_;
   StepReport report;
   try {
+    if (options_.comm != nullptr && options_.comm->world_size() > 1) {
+      // The one exchange of the window: every rank's share of the window gradient, summed.
+      options_.comm->all_reduce_sum(optimizer_.arena().grads());
+      options_.comm->all_reduce_sum(loss_sum_);
+    }
     optimizer_.set_lr(r.lr);
     optimizer_.step(options_.max_norm, 1.0);
     // Reading the report waits for the device, after the whole step has been enqueued; it is
@@ -90,7 +100,8 @@ StepResult Accumulator::step() {
   if (r.skipped) ++skipped_;
   r.loss = loss_sum_.item() / static_cast<double>(window_samples_);
   loss_sum_.zero_();
-  window_samples_ = 0;
+  window_samples_ = local_samples_ = 0;
+  window_open_ = false;
   seen_samples_ = 0;
   return r;
 }
@@ -99,13 +110,14 @@ void Accumulator::abandon_window() {
   clear_tape();
   optimizer_.arena().zero_grad();
   loss_sum_.zero_();
-  window_samples_ = 0;
+  window_samples_ = local_samples_ = 0;
+  window_open_ = false;
   seen_samples_ = 0;
 }
 
 StepResult Accumulator::run_window(const Window& window,
                                    const std::function<Tensor(const MicroBatch&)>& forward) {
-  begin_window(window.samples);
+  begin_window(window.samples, window.local_samples());
   for (const MicroBatch& mb : window.micro) micro_step(mb.count, [&] { return forward(mb); });
   return step();
 }

@@ -3,8 +3,11 @@
 //      sum-reduced loss), then backward seeded with 1 / N_window, so each micro-batch adds
 //      exactly its share of the window's mean-loss gradient into the arena, whatever the
 //      micro-batch sizes (this seed is the only place in accrue that normalises);
-//   2. at the boundary, sets the learning rate from the optimizer-step counter (the one clock)
-//      and runs the optimizer's fused step: norm -> clip -> update -> zero.
+//   2. at the boundary, with several data-parallel ranks, all-reduces the gradient arena and the
+//      loss sum once (never during micro-steps: N_window counts the samples of every rank, so
+//      the sum of the ranks' arenas is exactly the window's gradient); then sets the learning
+//      rate from the optimizer-step counter (the one clock) and runs the optimizer's fused step
+//      (norm -> clip -> update -> zero), the same on every rank on the same gradient.
 // It also measures what accumulation is for: the activation memory of one micro-step above
 // the baseline of parameters, gradients, optimizer state and data. Read next:
 // examples/mnist/trainer.cpp.
@@ -12,6 +15,7 @@
 
 #include <functional>
 
+#include "dist/communicator.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
 #include "optim/window.h"
@@ -22,6 +26,8 @@ struct AccumulatorOptions {
   double max_norm = 0.0;  // clip the window's gradient norm; <= 0: no clipping
   double base_lr = 1e-3;  // after batch scaling; the schedule multiplies it
   Schedule schedule;
+  // The data-parallel ranks to all-reduce with at each boundary; null: this process alone.
+  dist::Communicator* comm = nullptr;
 };
 
 // What one optimizer step did (read back from the device after the step).
@@ -45,8 +51,9 @@ class Accumulator {
  public:
   Accumulator(Optimizer& optimizer, AccumulatorOptions options);
 
-  // Opens a window of `samples` samples (the sum of its micro-batch sizes).
-  void begin_window(int64_t samples);
+  // Opens a window of `samples` samples over every rank, `local_samples` of them on this rank
+  // (the sum of its micro-batch sizes; -1: all of them, one rank).
+  void begin_window(int64_t samples, int64_t local_samples = -1);
   // One micro-step of `samples` samples: forward() returns their sum-reduced loss (0-d). If
   // forward or backward throws, the window is abandoned (abandon_window()) before rethrowing.
   void micro_step(int64_t samples, const std::function<Tensor()>& forward);
@@ -70,7 +77,9 @@ class Accumulator {
   Optimizer& optimizer_;
   AccumulatorOptions options_;
   int64_t steps_ = 0, skipped_ = 0;
-  int64_t window_samples_ = 0;  // N of the open window; 0: none open
+  int64_t window_samples_ = 0;  // N of the open window over every rank; 0: none open
+  int64_t local_samples_ = 0;   // of which this rank's
+  bool window_open_ = false;
   int64_t seen_samples_ = 0;
   Tensor loss_sum_;  // 0-d, on the arena's device: sum of micro-batch losses of the window
   MemoryStats memory_;

@@ -6,9 +6,9 @@
 namespace accrue::optim {
 
 std::string ResolvedBatch::str() const {
-  return str_cat("effective batch ", batch, " = micro-batch ", micro_batch, " x ", accum_steps,
-                 " accumulation step", accum_steps == 1 ? "" : "s", " x ", world_size,
-                 world_size == 1 ? " rank" : " ranks");
+  return str_cat("effective batch ", batch, " = ", world_size, world_size == 1 ? " rank" : " ranks",
+                 " x micro-batch ", micro_batch, " x ", accum_steps, " accumulation step",
+                 accum_steps == 1 ? "" : "s");
 }
 
 ResolvedBatch resolve_batch(const BatchConfig& c) {
@@ -56,26 +56,41 @@ ResolvedBatch resolve_batch(const BatchConfig& c) {
   return r;
 }
 
-std::vector<Window> plan_windows(int64_t num_samples, const ResolvedBatch& batch, LastWindow last) {
+int64_t Window::local_samples() const {
+  int64_t n = 0;
+  for (const MicroBatch& m : micro) n += m.count;
+  return n;
+}
+
+std::vector<Window> plan_windows(int64_t num_samples, const ResolvedBatch& batch, LastWindow last,
+                                 int rank) {
   if (num_samples < 0) throw ValueError(str_cat("[plan_windows] num_samples = ", num_samples));
-  if (batch.micro_batch <= 0 || batch.accum_steps <= 0) {
-    throw ValueError(str_cat("[plan_windows] micro_batch = ", batch.micro_batch,
-                             " and accum_steps = ", batch.accum_steps,
-                             " must be positive (use resolve_batch)"));
+  if (batch.micro_batch <= 0 || batch.accum_steps <= 0 || batch.world_size <= 0) {
+    throw ValueError(str_cat(
+        "[plan_windows] micro_batch = ", batch.micro_batch, ", accum_steps = ", batch.accum_steps,
+        " and world_size = ", batch.world_size, " must be positive (use resolve_batch)"));
   }
-  // Per rank: this process sees batch / world_size samples per window.
+  if (rank < 0 || rank >= batch.world_size) {
+    throw ValueError(str_cat("[plan_windows] rank ", rank, " of ", batch.world_size, " ranks"));
+  }
   int64_t per_window = 0;
-  if (__builtin_mul_overflow(batch.micro_batch, batch.accum_steps, &per_window)) {
+  if (__builtin_mul_overflow(batch.micro_batch, batch.accum_steps, &per_window) ||
+      __builtin_mul_overflow(per_window, batch.world_size, &per_window)) {
     throw ValueError(str_cat("[plan_windows] micro_batch ", batch.micro_batch, " x accum_steps ",
-                             batch.accum_steps, " overflows int64"));
+                             batch.accum_steps, " x world_size ", batch.world_size,
+                             " overflows int64"));
   }
   std::vector<Window> windows;
   for (int64_t start = 0; start < num_samples; start += per_window) {
     const int64_t samples = std::min(per_window, num_samples - start);
     if (samples < per_window && last == LastWindow::kDrop) break;
+    // Rank r's share: [start + r * base + min(r, extra), ...) of base (+1 for r < extra).
+    const int64_t base = samples / batch.world_size, extra = samples % batch.world_size;
+    const int64_t share_start = start + rank * base + std::min<int64_t>(rank, extra);
+    const int64_t share = base + (rank < extra ? 1 : 0);
     Window w{start, samples, {}};
-    for (int64_t m = start; m < start + samples; m += batch.micro_batch) {
-      w.micro.push_back({m, std::min(batch.micro_batch, start + samples - m)});
+    for (int64_t m = share_start; m < share_start + share; m += batch.micro_batch) {
+      w.micro.push_back({m, std::min(batch.micro_batch, share_start + share - m)});
     }
     windows.push_back(std::move(w));
   }

@@ -1,7 +1,8 @@
-// The window plan of gradient accumulation. An effective batch B is split into k micro-batches
-// of b samples (B = b * k * world_size); the user gives any two of B, b, k and resolve_batch()
-// derives the third. plan_windows() lays an epoch of N samples out as windows of micro-batches;
-// a last window shorter than B is flushed (and normalised by its own size) or dropped.
+// The window plan of gradient accumulation. An effective batch B is split over the data-parallel
+// ranks and into k micro-batches of b samples on each (B = world_size * k * b); the user gives
+// any two of B, b, k and resolve_batch() derives the third. plan_windows() lays an epoch of N
+// samples out as windows of micro-batches, each rank taking its contiguous share; a last window
+// shorter than B is flushed (and normalised by its own size) or dropped.
 // Read next: accumulator.h, which runs the windows.
 #pragma once
 
@@ -20,7 +21,7 @@ struct BatchConfig {
 
 struct ResolvedBatch {
   int64_t batch, micro_batch, accum_steps, world_size;
-  // "effective batch 128 = micro-batch 32 x 4 accumulation steps x 1 rank"
+  // "effective batch 3072 = 8 ranks x micro-batch 32 x 12 accumulation steps"
   std::string str() const;
 };
 
@@ -37,13 +38,17 @@ struct MicroBatch {
 
 struct Window {
   int64_t start;    // first position
-  int64_t samples;  // N of this window: the sum of its micro-batch counts
-  std::vector<MicroBatch> micro;
+  int64_t samples;  // N of this window over every rank: what its gradient is normalised by
+  std::vector<MicroBatch> micro;  // this rank's micro-batches: its contiguous share, in order
+  int64_t local_samples() const;  // the sum of micro's counts
 };
 
-// Windows covering positions [0, num_samples) in order. Full windows hold k micro-batches of b;
-// a shorter last window holds ceil(rest / b) micro-batches, the last one possibly smaller.
+// Windows covering positions [0, num_samples) in order, as rank `rank` of batch.world_size sees
+// them. A full window holds B = world x k x b positions, and rank r takes the r-th contiguous
+// share of world x k x b / world, cut into k micro-batches of b. A shorter last window is shared
+// as evenly as it goes (the first N mod world ranks take one more) and each share is cut into
+// micro-batches of at most b; a rank may get none. With one rank this is k micro-batches of b.
 std::vector<Window> plan_windows(int64_t num_samples, const ResolvedBatch& batch,
-                                 LastWindow last = LastWindow::kFlush);
+                                 LastWindow last = LastWindow::kFlush, int rank = 0);
 
 }  // namespace accrue::optim

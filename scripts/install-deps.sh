@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(cmake ninja-build g++ pkg-config libopenblas-openmp-dev libgtest-dev libgmock-dev
-          libbenchmark-dev libcli11-dev nlohmann-json3-dev)
+          libbenchmark-dev libcli11-dev nlohmann-json3-dev openmpi-bin libopenmpi-dev)
 [ "${1:-}" = "--with-fetch" ] && packages+=(npm ca-certificates)
 [ "${1:-}" = "--with-plot" ] && packages+=(gnuplot-nox)
 

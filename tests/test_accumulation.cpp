@@ -241,7 +241,7 @@ TEST(Batch, ResolvesAnyTwoOfThree) {
   EXPECT_EQ(optim::resolve_batch({128, 0, 4, 1}).micro_batch, 32);
   EXPECT_EQ(optim::resolve_batch({0, 32, 4, 1}).batch, 128);
   EXPECT_EQ(optim::resolve_batch({128, 32, 4, 1}).str(),
-            "effective batch 128 = micro-batch 32 x 4 accumulation steps x 1 rank");
+            "effective batch 128 = 1 rank x micro-batch 32 x 4 accumulation steps");
   expect_error<ValueError>(
       [] {
         optim::resolve_batch({128, 32, 3, 1});

@@ -288,7 +288,7 @@ TEST(BadInput, CommandLineMistakesExitTwoBeforeReadingData) {
       {{"--micro-batch", "4611686018427387905", "--accum-steps", "4"}, {"--micro-batch"}},
       {{"--micro-batch", "2147483647", "--accum-steps", "4"}, {"--batch", "exceeds 2147483647"}},
       {{"--accum-steps", "-4"}, {"--accum-steps"}},
-      {{"--batch", "100", "--micro-batch", "32"}, {"batch 100", "not divisible"}},
+      {{"--batch", "100", "--micro-batch", "32"}, {"batch 100", "not a multiple of 1 rank x micro-batch 32", "96 (k = 3", "128 (k = 4"}},
       {{"--train-limit", "-5"}, {"--train-limit"}},
       {{"--warmup", "-3"}, {"--warmup"}},
       {{"--threads", "-1"}, {"--threads"}},

@@ -48,6 +48,39 @@ TEST(Idx, RejectsBadFilesNamingThem) {
                           {"missing", "cannot open"});
 }
 
+// The articles' cluster: 30 nodes x 8 GPUs at micro-batch 10 cannot make an effective batch of
+// 3072 (k would be 1.28); the one-line error names the nearest valid batches and their rates.
+TEST(Cli, ABatchTheRanksDoNotDivideNamesTheNearestValidOnes) {
+  mnist::Config c;
+  c.batch = 3072;
+  c.micro_batch = 10;
+  c.lr = 1e-3;
+  c.base_batch = 2400;
+  c.lr_scaling = "linear";
+  try {
+    mnist::resolve_config_batch(c, 240);
+    FAIL() << "no throw";
+  } catch (const ValueError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "--batch 3072 is not a multiple of 240 ranks x micro-batch 10 = 2400; nearest valid "
+              "effective batches: 2400 (k = 1, lr 0.001) and 4800 (k = 2, lr 0.002) with "
+              "--lr-scaling linear");
+  }
+  c.micro_batch = 0;
+  c.accum_steps = 12;
+  c.batch = 3072;  // 8 ranks x 12 steps = 96 divides 3072: micro-batch 32
+  EXPECT_EQ(mnist::resolve_config_batch(c, 8).str(),
+            "effective batch 3072 = 8 ranks x micro-batch 32 x 12 accumulation steps");
+  c.batch = 3000;
+  try {
+    mnist::resolve_config_batch(c, 8);
+    FAIL() << "no throw";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("2976 (micro-batch 31"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("3072 (micro-batch 32"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Cli, MistakesPrintOneLineAndExitTwo) {
   const std::vector<std::vector<std::string>> mistakes{
       {"--bogus"},

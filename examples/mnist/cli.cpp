@@ -47,16 +47,46 @@ std::vector<int64_t> parse_sizes(const std::string& text) {
 
 }  // namespace
 
-optim::ResolvedBatch resolve_config_batch(const Config& c) {
+namespace {
+
+// One line for a --batch that the world and the fixed size do not divide: the nearest valid
+// effective batches below and above, with the k (or micro-batch) and the learning rate of each.
+[[noreturn]] void throw_not_divisible(const Config& c, const optim::BatchConfig& b) {
+  const bool k_derived = b.accum_steps == 0;
+  const int64_t fixed = k_derived ? b.micro_batch : b.accum_steps;
+  const int64_t unit = fixed * b.world_size;  // both checked to be small before
+  const auto option = [&](int64_t batch) {
+    const double lr =
+        optim::scale_lr(c.lr, batch, c.base_batch, optim::parse_lr_scaling(c.lr_scaling));
+    return str_cat(batch, " (", k_derived ? "k = " : "micro-batch ", batch / unit, ", lr ", lr,
+                   ")");
+  };
+  const int64_t below = b.batch / unit * unit, above = below + unit;
+  throw ValueError(str_cat(
+      "--batch ", b.batch, " is not a multiple of ", b.world_size, " rank",
+      b.world_size == 1 ? "" : "s", " x ", k_derived ? "micro-batch " : "accumulation steps ",
+      fixed, " = ", unit,
+      "; nearest valid effective batches: ", below > 0 ? option(below) + " and " : std::string(),
+      option(above), " with --lr-scaling ", c.lr_scaling));
+}
+
+}  // namespace
+
+optim::ResolvedBatch resolve_config_batch(const Config& c, int64_t world_size) {
   if (c.micro_batch < 0 || c.accum_steps < 0 || c.batch < 0) {
     throw ValueError(str_cat("--micro-batch, --accum-steps and --batch must be positive, got ",
                              c.micro_batch, ", ", c.accum_steps, ", ", c.batch));
   }
   // Fewer than two given: the default recipe's 32 x 4 fills in, micro-batch first.
-  optim::BatchConfig b{c.batch, c.micro_batch, c.accum_steps, 1};
+  optim::BatchConfig b{c.batch, c.micro_batch, c.accum_steps, world_size};
   const int given = (b.batch > 0) + (b.micro_batch > 0) + (b.accum_steps > 0);
   if (given < 2 && b.micro_batch == 0) b.micro_batch = 32;
   if (given == 0 || (given == 1 && b.batch == 0 && b.accum_steps == 0)) b.accum_steps = 4;
+  const int64_t fixed = b.accum_steps == 0 ? b.micro_batch : b.accum_steps;
+  if (b.batch > 0 && (b.micro_batch == 0) != (b.accum_steps == 0) && fixed <= kMaxBatch &&
+      world_size <= kMaxBatch && b.batch % (fixed * world_size) != 0) {
+    throw_not_divisible(c, b);
+  }
   const optim::ResolvedBatch r = optim::resolve_batch(b);
   if (r.batch > kMaxBatch) {
     throw ValueError(str_cat("--batch: ", r.str(), " exceeds ", kMaxBatch,
@@ -151,7 +181,9 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
   app.add_option("--momentum", c.momentum, "SGD momentum")->check(finite_in(0, 1, Open::kHigh));
   app.add_option("--seed", c.seed, "Seed for initialisation and shuffling");
   app.add_flag("--no-shuffle", no_shuffle, "Keep the file order of the samples");
-  app.add_option("--threads", c.threads, "CPU threads (0: tuned while training among 1, 2, 4, ..., every core)")->check(int_in(0, 4096));
+  app.add_option("--threads", c.threads,
+                 "CPU threads (0: tuned while training among 1, 2, 4, ..., every core)")
+      ->check(int_in(0, 4096));
   app.add_option("--metrics", c.metrics, "Write JSON Lines metrics to this file");
   app.add_option("--save", c.save, "Save the final weights (safetensors)");
   app.add_option("--init", c.init, "Start from these weights (safetensors)");
@@ -168,7 +200,9 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
     }
     c.hidden = parse_sizes(hidden);
     c.shuffle = !no_shuffle;
-    const optim::ResolvedBatch batch = resolve_config_batch(c);
+    // The world size comes from the launcher's environment: no MPI call before the data is read.
+    const dist::LaunchInfo launch = dist::launch_info();
+    const optim::ResolvedBatch batch = resolve_config_batch(c, launch.world_size);
     const double lr =
         optim::scale_lr(c.lr, batch.batch, c.base_batch, optim::parse_lr_scaling(c.lr_scaling));
     if (!std::isfinite(lr) || !(lr > 0)) {
@@ -176,8 +210,10 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
                                c.base_batch, " to batch ", batch.batch, " gives ", lr,
                                ", not a usable learning rate"));
     }
-    if (!c.metrics.empty()) check_writable(c.metrics, "--metrics");
-    if (!c.save.empty()) check_writable(c.save, "--save");
+    if (launch.rank == 0) {  // rank 0 alone writes them
+      if (!c.metrics.empty()) check_writable(c.metrics, "--metrics");
+      if (!c.save.empty()) check_writable(c.save, "--save");
+    }
     if (!c.init.empty() && !std::filesystem::is_regular_file(c.init)) {
       throw ValueError("--init " + c.init + ": no such file");
     }

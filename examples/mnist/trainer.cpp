@@ -119,9 +119,29 @@ class Progress {
   Clock::time_point last_ = Clock::now();
 };
 
+// FNV-1a over the bytes of every parameter, in order (read back to the host).
+uint64_t parameter_hash(nn::Module& model) {
+  uint64_t h = 1469598103934665603ull;
+  for (auto& [name, p] : model.named_parameters()) {
+    const Tensor host = p.to(Device::cpu());
+    const auto* bytes = static_cast<const unsigned char*>(host.raw());
+    for (size_t i = 0; i < host.nbytes(); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+  }
+  return h;
+}
+
 }  // namespace
 
-Summary train(const Config& c, std::ostream& out) {
+Summary train(const Config& config, std::ostream& out) {
+  Config c = config;
+  // Data parallel: every rank trains; rank 0 alone prints, writes metrics and saves. Each rank
+  // takes the GPU of its local rank when the device is CUDA.
+  if (c.device.is_cuda() && c.comm == nullptr && dist::launch_info().world_size > 1) {
+    c.device = Device::cuda(dist::launch_info().local_rank);
+  }
+  dist::Communicator& comm = c.comm != nullptr ? *c.comm : dist::world_for(c.device);
+  const bool lead = comm.rank() == 0;
+  if (!lead) c.quiet = true;
   // --threads N fixes the team; 0 lets the tuner pick among 1, 2, 4, ..., every core by timing
   // windows as they run (core/threads.h). Either way the weights are the same to the bit.
   std::optional<ThreadTuner> tuner;
@@ -151,11 +171,12 @@ Summary train(const Config& c, std::ostream& out) {
   model.to(c.device);
   optim::ParameterArena arena(model);
 
-  const optim::ResolvedBatch batch = resolve_config_batch(c);
+  const optim::ResolvedBatch batch = resolve_config_batch(c, comm.world_size());
   const double lr =
       optim::scale_lr(c.lr, batch.batch, c.base_batch, optim::parse_lr_scaling(c.lr_scaling));
   auto optimizer = make_optimizer(c, arena, lr);
-  const auto windows = optim::plan_windows(train_set.size(), batch);
+  const auto windows =
+      optim::plan_windows(train_set.size(), batch, optim::LastWindow::kFlush, comm.rank());
   const int64_t steps_per_epoch = static_cast<int64_t>(windows.size());
   int64_t total_steps = 0;
   if (__builtin_mul_overflow(steps_per_epoch, c.epochs, &total_steps)) total_steps = INT64_MAX;
@@ -164,10 +185,11 @@ Summary train(const Config& c, std::ostream& out) {
   options.max_norm = c.clip;
   options.base_lr = lr;
   options.schedule = {optim::Schedule::parse(c.schedule), c.warmup, total_steps, 0.0};
+  options.comm = &comm;
   optim::Accumulator acc(*optimizer, options);
 
   std::unique_ptr<AtomicFile> metrics;
-  if (!c.metrics.empty()) metrics = std::make_unique<AtomicFile>(c.metrics);
+  if (!c.metrics.empty() && lead) metrics = std::make_unique<AtomicFile>(c.metrics);
   log("accrue-mnist: " + batch.str() + ", lr " + std::to_string(lr) + " (" + c.lr_scaling +
       " scaling), " + std::to_string(model.num_parameters()) + " parameters, device " +
       c.device.str() + ", " + std::to_string(train_set.size()) + " training samples");
@@ -259,12 +281,37 @@ Summary train(const Config& c, std::ostream& out) {
                                      " steps were skipped (non-finite gradients)",
                                      c.save.empty() ? "" : "; nothing saved"));
   }
-  if (!c.save.empty()) {
+  summary.parameter_hash = parameter_hash(model);
+  if (!c.save.empty() && lead) {
     optim::save_safetensors(c.save, model.named_parameters(), {{"format", "pt"}});
     log("saved weights to " + c.save);
   }
   return summary;
 }
+
+namespace {
+
+// With several ranks, a failure on one must end them all, at once, rather than leave the others
+// waiting in the next all-reduce: the message names the rank, then the communicator aborts.
+int fail(std::ostream& err, const std::string& message, int code) {
+  dist::LaunchInfo info;
+  try {
+    info = dist::launch_info();
+  } catch (const std::exception&) {
+  }
+  err << "accrue-mnist: " << (info.world_size > 1 ? str_cat("rank ", info.rank, ": ") : "")
+      << message << "\n"
+      << std::flush;
+  if (info.world_size > 1) {
+    try {
+      dist::world().abort(code);
+    } catch (const std::exception&) {
+    }
+  }
+  return code;
+}
+
+}  // namespace
 
 int run_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
   Config config;
@@ -273,14 +320,13 @@ int run_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& 
   try {
     train(config, out);
   } catch (const FileError& e) {
-    err << "accrue-mnist: " << e.what() << "\n";
+    std::string message = e.what();
     if (!std::filesystem::exists(config.data + "/train-images-idx3-ubyte")) {
-      err << "accrue-mnist: fetch the data with scripts/fetch-mnist.sh " << config.data << "\n";
+      message += "\naccrue-mnist: fetch the data with scripts/fetch-mnist.sh " + config.data;
     }
-    return 1;
+    return fail(err, message, 1);
   } catch (const std::exception& e) {
-    err << "accrue-mnist: " << e.what() << "\n";
-    return 1;
+    return fail(err, e.what(), 1);
   }
   return 0;
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/device.h"
+#include "dist/communicator.h"
 #include "optim/window.h"
 
 namespace accrue::mnist {
@@ -37,6 +38,8 @@ struct Config {
   int threads = 0;  // 0: tuned while training (core/threads.h)
   std::string metrics, save, init;
   bool quiet = false;  // no progress output (tests)
+  // The data-parallel ranks; null: dist::world_for(device), from the launcher's environment.
+  dist::Communicator* comm = nullptr;
 };
 
 struct Summary {
@@ -47,11 +50,14 @@ struct Summary {
   int64_t skipped_steps = 0;  // of which skipped (non-finite gradient): no update
   std::vector<double> step_losses;
   std::vector<double> step_grad_norms;
+  uint64_t parameter_hash = 0;  // FNV-1a of the final parameters' bytes: equal on every rank
 };
 
 // The batch arithmetic of a config: any two of --batch, --micro-batch, --accum-steps; with
 // fewer, the default recipe's micro-batch 32 and then 4 accumulation steps fill in.
-optim::ResolvedBatch resolve_config_batch(const Config& config);
+// world_size: the data-parallel ranks; a --batch they and the fixed size do not divide is an
+// error naming the nearest valid effective batches and the learning rate of each.
+optim::ResolvedBatch resolve_config_batch(const Config& config, int64_t world_size = 1);
 // Parses argv into config. Returns -1 to go on, else the exit status main() should return
 // (0 after --help, 2 after a mistake, with one line on err saying what is wrong).
 int parse_args(int argc, const char* const* argv, Config& config, std::ostream& out,

@@ -1,0 +1,18 @@
+// A job in which one rank fails: run under `mpiexec -n 2` by tests/dist/abort.sh. Rank 1 is
+// given a data folder without MNIST files, so accrue-mnist's loader throws there while rank 0
+// loads its data and goes on to the first window's all-reduce, where it would wait forever.
+// The trainer's handler must print rank 1's message and end both ranks within seconds.
+#include <iostream>
+
+#include "dist/communicator.h"
+#include "mnist_fixture.h"
+
+int main() {
+  using namespace accrue;
+  const dist::LaunchInfo info = dist::launch_info();
+  const auto data = info.rank == 0 ? accrue::testing::make_dataset("abort", 512, 64)
+                                   : accrue::testing::temp_dir("abort-empty");
+  const std::string folder = data.string();
+  const char* argv[] = {"accrue-mnist", "--data", folder.c_str(), "--threads", "1", "--quiet"};
+  return mnist::run_cli(6, argv, std::cout, std::cerr);
+}

@@ -1,0 +1,155 @@
+// Data parallel across processes: CTest runs this under `mpiexec -n 2` (tests/CMakeLists.txt),
+// so every test runs on both ranks, in the same order, and the collectives meet. The
+// collectives against values worked out by hand; training on 2 ranks x micro 32 x k 2 against
+// one process with micro 32 x k 4, the same windows, including a short last window shared
+// unevenly (1001 samples: 7 windows of 128, then 105 = 53 + 52); the parameters bitwise equal
+// on every rank.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <iostream>
+
+#include "dist/communicator.h"
+#include "mnist_fixture.h"
+#include "optim/checkpoint.h"
+#include "test_util.h"
+
+namespace accrue {
+namespace {
+
+dist::Communicator& comm() {
+  return dist::world();
+}
+
+TEST(Dist, TheLauncherStartedTwoRanks) {
+  ASSERT_EQ(comm().world_size(), 2) << "run under mpiexec -n 2";
+  EXPECT_STREQ(comm().backend(), "mpi");
+  EXPECT_EQ(dist::launch_info().rank, comm().rank());
+}
+
+TEST(Dist, CollectivesOnCpuTensors) {
+  const int r = comm().rank();
+  for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kInt32}) {
+    // all_reduce_sum: rank r holds {r + 1, 10 (r + 1)} -> {3, 30}
+    Tensor t = Tensor::from_vector<double>({2}, {r + 1.0, 10.0 * (r + 1)}).to(dtype);
+    comm().all_reduce_sum(t);
+    EXPECT_EQ(t.to(DType::kFloat64).to_vector<double>(), (std::vector<double>{3, 30}))
+        << dtype_name(dtype);
+    // broadcast from rank 1
+    Tensor b = Tensor::from_vector<double>({3}, {double(r), 7, double(-r)}).to(dtype);
+    comm().broadcast(b, 1);
+    EXPECT_EQ(b.to(DType::kFloat64).to_vector<double>(), (std::vector<double>{1, 7, -1}));
+    // all_gather: [2] per rank -> [4] in rank order
+    const Tensor mine = Tensor::from_vector<double>({2}, {10.0 * r, 10.0 * r + 1}).to(dtype);
+    Tensor all = Tensor::zeros({4}, dtype);
+    comm().all_gather(mine, all);
+    EXPECT_EQ(all.to(DType::kFloat64).to_vector<double>(), (std::vector<double>{0, 1, 10, 11}));
+    // reduce_scatter: [4] per rank, summed, rank r keeps elements [2r, 2r + 2)
+    const Tensor whole = Tensor::from_vector<double>({4}, {1, 2, 3, 4}).to(dtype);
+    Tensor part = Tensor::zeros({2}, dtype);
+    comm().reduce_scatter(whole, part);
+    EXPECT_EQ(part.to(DType::kFloat64).to_vector<double>(),
+              r == 0 ? (std::vector<double>{2, 4}) : (std::vector<double>{6, 8}));
+  }
+  comm().barrier();
+}
+
+TEST(Dist, BadCollectiveArgumentsNameTheOpAndTheTensors) {
+  Tensor small = Tensor::zeros({3}), wrong = Tensor::zeros({5});
+  try {
+    comm().all_gather(small, wrong);
+    FAIL() << "no throw";
+  } catch (const ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("all_gather"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("[5]"), std::string::npos) << e.what();
+  }
+  Tensor f64 = Tensor::zeros({6}, DType::kFloat64);
+  EXPECT_THROW(comm().reduce_scatter(f64, small), DTypeError);
+  EXPECT_THROW(comm().broadcast(small, 2), ValueError);
+}
+
+mnist::Config dp_config(const std::filesystem::path& data, const std::string& precision) {
+  mnist::Config c;
+  c.data = data.string();
+  c.hidden = {48, 24};
+  c.quiet = true;
+  c.seed = 5;
+  c.epochs = 2;
+  c.threads = 1;
+  c.precision = precision;
+  c.micro_batch = 32;
+  return c;
+}
+
+// {world summary, single-process summary, max relative difference of the final weights (rank 0)}
+struct Compared {
+  mnist::Summary dp, single;
+  double weights = 0;
+};
+Compared train_both(const std::string& precision, const std::string& name) {
+  const auto data = testing::make_dataset("dist-" + name, 1001, 64);
+  Compared out;
+  mnist::Config c = dp_config(data, precision);
+  c.accum_steps = 2;
+  c.save = (data / "dp.safetensors").string();  // written by rank 0
+  out.dp = mnist::train(c, std::cout);
+  const auto single = dist::make_single_process();
+  c.comm = single.get();
+  c.accum_steps = 4;
+  c.save = (data / "single.safetensors").string();
+  out.single = mnist::train(c, std::cout);
+  if (comm().rank() == 0) {
+    const auto a = optim::read_safetensors((data / "dp.safetensors").string());
+    const auto b = optim::read_safetensors((data / "single.safetensors").string());
+    for (const auto& [key, t] : a)
+      out.weights = std::max(out.weights, testing::max_rel_error(t, b.at(key)));
+  }
+  return out;
+}
+
+TEST(Dist, TwoRanksTimesKTwoEqualOneRankTimesKFourInFloat64) {
+  const Compared r = train_both("fp64", "fp64");
+  ASSERT_EQ(r.dp.step_losses.size(), 16u);  // 2 epochs x 8 windows, the last one short
+  ASSERT_EQ(r.single.step_losses.size(), 16u);
+  for (size_t i = 0; i < 16; ++i) {
+    EXPECT_NEAR(r.dp.step_losses[i], r.single.step_losses[i], 1e-12 * r.single.step_losses[i])
+        << "step " << i + 1;
+    EXPECT_NEAR(r.dp.step_grad_norms[i], r.single.step_grad_norms[i],
+                1e-12 * r.single.step_grad_norms[i])
+        << "step " << i + 1;
+  }
+  if (comm().rank() == 0) {
+    EXPECT_LT(r.weights, 1e-12);
+  }
+}
+
+TEST(Dist, TwoRanksTimesKTwoEqualOneRankTimesKFourInFloat32) {
+  const Compared r = train_both("fp32", "fp32");
+  ASSERT_EQ(r.dp.step_losses.size(), r.single.step_losses.size());
+  for (size_t i = 0; i < 8; ++i) {  // the first epoch
+    EXPECT_NEAR(r.dp.step_losses[i], r.single.step_losses[i], 1e-5 * r.single.step_losses[i])
+        << "step " << i + 1;
+    EXPECT_NEAR(r.dp.step_grad_norms[i], r.single.step_grad_norms[i],
+                1e-5 * r.single.step_grad_norms[i])
+        << "step " << i + 1;
+  }
+}
+
+// After training, every rank holds the same parameters to the bit.
+TEST(Dist, ParametersAreBitwiseEqualOnEveryRank) {
+  const auto data = testing::make_dataset("dist-hash", 1001, 64);
+  mnist::Config c = dp_config(data, "fp32");
+  c.accum_steps = 2;
+  const mnist::Summary s = mnist::train(c, std::cout);
+  const uint64_t h = s.parameter_hash;
+  const Tensor mine = Tensor::from_vector<int32_t>(
+      {2}, {static_cast<int32_t>(h >> 32), static_cast<int32_t>(h & 0xffffffffu)});
+  Tensor all = Tensor::zeros({4}, DType::kInt32);
+  comm().all_gather(mine, all);
+  const auto v = all.to_vector<int32_t>();
+  EXPECT_EQ(v[0], v[2]);
+  EXPECT_EQ(v[1], v[3]);
+}
+
+}  // namespace
+}  // namespace accrue
