@@ -64,11 +64,18 @@ LaunchInfo launch_info() {
     info.world_size = env_int("OMPI_COMM_WORLD_SIZE", 1);
     info.rank = env_int("OMPI_COMM_WORLD_RANK", 0);
     info.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0);
-  } else if (std::getenv("SLURM_NTASKS") != nullptr && std::getenv("SLURM_PROCID") != nullptr) {
-    info.launcher = "slurm";
-    info.world_size = env_int("SLURM_NTASKS", 1);
+  } else if (std::getenv("SLURM_STEP_NUM_TASKS") != nullptr) {
+    // An srun step. (A batch script's own environment has SLURM_NTASKS and SLURM_PROCID = 0
+    // too, but no step: a program run there directly is one process.)
+    info.launcher = "srun";
+    info.world_size = env_int("SLURM_STEP_NUM_TASKS", 1);
     info.rank = env_int("SLURM_PROCID", 0);
     info.local_rank = env_int("SLURM_LOCALID", 0);
+  } else if (std::getenv("PMI_SIZE") != nullptr) {  // MPICH's and Intel MPI's mpiexec
+    info.launcher = "mpiexec (PMI)";
+    info.world_size = env_int("PMI_SIZE", 1);
+    info.rank = env_int("PMI_RANK", 0);
+    info.local_rank = env_int("MPI_LOCALRANKID", 0);
   }
   if (info.world_size < 1 || info.rank >= info.world_size) {
     throw ValueError(str_cat("[dist] the ", info.launcher, " environment says rank ", info.rank,
@@ -106,11 +113,11 @@ Communicator& world_for(Device device) {
   if (device.is_cpu() || cpu.world_size() == 1) return cpu;
 #ifdef ACCRUE_WITH_NCCL
   static std::mutex mutex;
-  static std::unique_ptr<Communicator> nccl;
+  static Communicator* nccl = nullptr;  // never destroyed: see dist/nccl.cu
   static int nccl_device = -1;
   std::lock_guard<std::mutex> lock(mutex);
-  if (!nccl) {
-    nccl = make_nccl(cpu, device.index);
+  if (nccl == nullptr) {
+    nccl = make_nccl(cpu, device.index).release();
     nccl_device = device.index;
   }
   if (device.index != nccl_device) {

@@ -2,12 +2,15 @@
 // the boundary step needs. Three backends behind one interface: the world of one process (no
 // library, every collective a no-op or a copy), MPI for CPU tensors (dist/mpi.cpp, Open MPI),
 // NCCL for CUDA tensors (dist/nccl.cu, its unique id bootstrapped over MPI). world() picks one
-// from the launcher's environment: `mpirun -np N` (OMPI_COMM_WORLD_*) or `srun` (SLURM_*).
+// from the launcher's environment: `mpirun -np N` (Open MPI: OMPI_COMM_WORLD_*), `srun`
+// (SLURM_STEP_NUM_TASKS, SLURM_PROCID, SLURM_LOCALID) or MPICH's mpiexec (PMI_SIZE, PMI_RANK).
 //
 // Collectives work in place on contiguous tensors of one dtype and are called by every rank in
 // the same order. A failure on one rank must not leave the others waiting in a collective:
-// abort() ends every rank of the job (MPI_Abort / ncclCommAbort), and the trainers call it from
-// their error handler. Read next: optim/accumulator.h, which all-reduces once per window.
+// abort() ends every rank of the job (MPI_Abort), and the trainers call it from their error
+// handler. world_for(cuda) is itself collective the first time (NCCL's bootstrap): every rank
+// makes that first call at the same point. Read next: optim/accumulator.h, which all-reduces once
+// per window.
 #pragma once
 
 #include <cstdint>
@@ -21,7 +24,7 @@ namespace accrue::dist {
 // What the launcher says about this process (environment variables only: no library needed).
 struct LaunchInfo {
   int rank = 0, world_size = 1, local_rank = 0;
-  std::string launcher = "none";  // "mpirun", "slurm" or "none"
+  std::string launcher = "none";  // "mpirun", "srun", "mpiexec (PMI)" or "none"
 };
 LaunchInfo launch_info();
 
@@ -59,7 +62,8 @@ Communicator& world_for(Device device);
 // The world of one process: collectives are identities (all_gather and reduce_scatter copy).
 std::unique_ptr<Communicator> make_single_process();
 
-// Checks shared by the backends: contiguous, one dtype, the sizes the collective needs.
+// Checks shared by the backends: one dtype and device, the sizes the collective needs (every
+// accrue tensor is contiguous).
 void check_gather(const char* op, const Tensor& in, const Tensor& out, int world_size);
 
 }  // namespace accrue::dist

@@ -1,7 +1,8 @@
 // The MPI communicator for CPU tensors (Open MPI). MPI is initialised on first use with
-// MPI_THREAD_FUNNELED (only the main thread calls MPI; OpenMP threads never do) and finalised at
-// exit. Errors return instead of aborting (MPI_ERRORS_RETURN) and are thrown with MPI's own
-// message and file:line, so the trainer's handler can report them and abort every rank.
+// MPI_THREAD_FUNNELED (only the thread that first calls dist::world(), the main thread in
+// practice, calls MPI; OpenMP threads never do) and finalised at exit. Errors return instead of
+// aborting (MPI_ERRORS_RETURN) and are thrown with MPI's own message and file:line, so the
+// trainer's handler can report them and abort every rank.
 #include <mpi.h>
 
 #include <cstdlib>
@@ -62,6 +63,11 @@ class Mpi final : public Communicator {
     if (!initialised) {
       int provided = 0;
       ACCRUE_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided));
+      if (provided < MPI_THREAD_FUNNELED) {
+        MPI_Finalize();
+        throw BackendError(str_cat("[dist] MPI provides thread level ", provided,
+                                   ", below MPI_THREAD_FUNNELED, which accrue needs"));
+      }
       std::atexit([] {
         int finalized = 0;
         if (MPI_Finalized(&finalized) == MPI_SUCCESS && !finalized) MPI_Finalize();

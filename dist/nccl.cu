@@ -2,8 +2,9 @@
 // unique id made by rank 0 and broadcast over MPI (the bootstrap the NCCL documentation
 // describes). Collectives run on the device's accrue stream, so they are ordered after the
 // kernels that produced their input and before the ones that read their output, with no host
-// synchronisation. Errors throw with ncclGetErrorString and file:line; abort() calls
-// ncclCommAbort, which does not wait for the other ranks, then MPI_Abort.
+// synchronisation. Errors throw with ncclGetErrorString and file:line; abort() is MPI_Abort.
+// The communicator is never destroyed: ncclCommDestroy is collective (a rank leaving alone would
+// hang in it) and at exit the CUDA runtime may already be gone; the process's end frees it.
 #include <nccl.h>
 
 #include <cstdlib>
@@ -58,9 +59,6 @@ class Nccl final : public Communicator {
     cuda::context(device_);  // makes the device current
     ACCRUE_NCCL_CHECK(ncclCommInitRank(&comm_, mpi_.world_size(), id, mpi_.rank()));
   }
-  ~Nccl() override {
-    if (comm_ != nullptr) ncclCommDestroy(comm_);
-  }
   int rank() const override { return mpi_.rank(); }
   int world_size() const override { return mpi_.world_size(); }
   int local_rank() const override { return mpi_.local_rank(); }
@@ -90,16 +88,25 @@ class Nccl final : public Communicator {
                                         stream(in)));
   }
   void barrier() override {
-    const cudaError_t status = cudaStreamSynchronize(cuda::context(device_).stream);
-    if (status != cudaSuccess) {
-      throw BackendError(str_cat("CUDA error (", cudaGetErrorString(status),
-                                 ") in cudaStreamSynchronize at ", __FILE__, ":", __LINE__));
+    // Waits for the stream while watching for an asynchronous NCCL error (a peer or the network
+    // failing), which a plain cudaStreamSynchronize would wait on forever.
+    const cudaStream_t s = cuda::context(device_).stream;
+    for (;;) {
+      const cudaError_t status = cudaStreamQuery(s);
+      if (status == cudaSuccess) break;
+      if (status != cudaErrorNotReady) {
+        throw BackendError(str_cat("CUDA error (", cudaGetErrorString(status),
+                                   ") in cudaStreamQuery at ", __FILE__, ":", __LINE__));
+      }
+      ncclResult_t async = ncclSuccess;
+      ACCRUE_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
+      ACCRUE_NCCL_CHECK(async);
     }
     mpi_.barrier();
   }
+  // MPI_Abort ends every process of the job; ncclCommAbort is not called because NCCL requires
+  // every rank to call it, and here one rank is failing alone.
   [[noreturn]] void abort(int code) override {
-    if (comm_ != nullptr) ncclCommAbort(comm_);
-    comm_ = nullptr;
     mpi_.abort(code);  // [[noreturn]]; nvcc does not see through the virtual call
     std::_Exit(code);
   }

@@ -1,6 +1,7 @@
 // The MNIST trainer on generated fixtures (no network): IDX validation, command-line errors,
 // safetensors round trip and rejection, the same samples per window across micro-batch splits,
 // and a short training run.
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -79,6 +80,64 @@ TEST(Cli, ABatchTheRanksDoNotDivideNamesTheNearestValidOnes) {
     EXPECT_NE(std::string(e.what()).find("2976 (micro-batch 31"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("3072 (micro-batch 32"), std::string::npos) << e.what();
   }
+}
+
+// Who this process is, read from the launcher's environment (no MPI call): one row per launcher,
+// and the environments that must not start data parallelism or must be refused.
+TEST(Launch, ReadsTheLaunchersEnvironment) {
+  const char* vars[] = {"OMPI_COMM_WORLD_SIZE",
+                        "OMPI_COMM_WORLD_RANK",
+                        "OMPI_COMM_WORLD_LOCAL_RANK",
+                        "SLURM_STEP_NUM_TASKS",
+                        "SLURM_NTASKS",
+                        "SLURM_PROCID",
+                        "SLURM_LOCALID",
+                        "PMI_SIZE",
+                        "PMI_RANK",
+                        "MPI_LOCALRANKID"};
+  struct Row {
+    std::vector<std::pair<const char*, const char*>> env;
+    const char* launcher;
+    int rank, world, local;
+  };
+  const std::vector<Row> rows{
+      {{}, "none", 0, 1, 0},
+      {{{"OMPI_COMM_WORLD_SIZE", "4"},
+        {"OMPI_COMM_WORLD_RANK", "2"},
+        {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}},
+       "mpirun",
+       2,
+       4,
+       0},
+      {{{"SLURM_STEP_NUM_TASKS", "16"}, {"SLURM_PROCID", "9"}, {"SLURM_LOCALID", "1"}},
+       "srun",
+       9,
+       16,
+       1},
+      // A batch script's own environment: the job has 4 tasks, but this is one process.
+      {{{"SLURM_NTASKS", "4"}, {"SLURM_PROCID", "0"}, {"SLURM_LOCALID", "0"}}, "none", 0, 1, 0},
+      {{{"PMI_SIZE", "3"}, {"PMI_RANK", "1"}, {"MPI_LOCALRANKID", "1"}}, "mpiexec (PMI)", 1, 3, 1},
+  };
+  for (const Row& row : rows) {
+    for (const char* v : vars) unsetenv(v);
+    for (const auto& [k, v] : row.env) setenv(k, v, 1);
+    const dist::LaunchInfo info = dist::launch_info();
+    EXPECT_EQ(info.launcher, row.launcher);
+    EXPECT_EQ(info.rank, row.rank) << row.launcher;
+    EXPECT_EQ(info.world_size, row.world) << row.launcher;
+    EXPECT_EQ(info.local_rank, row.local) << row.launcher;
+  }
+  const std::vector<std::vector<std::pair<const char*, const char*>>> refused{
+      {{"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "5"}},
+      {{"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "one"}},
+      {{"SLURM_STEP_NUM_TASKS", "-3"}, {"SLURM_PROCID", "0"}},
+  };
+  for (const auto& env : refused) {
+    for (const char* v : vars) unsetenv(v);
+    for (const auto& [k, v] : env) setenv(k, v, 1);
+    EXPECT_THROW(dist::launch_info(), ValueError) << env[0].first << "=" << env[0].second;
+  }
+  for (const char* v : vars) unsetenv(v);
 }
 
 TEST(Cli, MistakesPrintOneLineAndExitTwo) {

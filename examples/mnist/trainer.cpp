@@ -136,8 +136,15 @@ Summary train(const Config& config, std::ostream& out) {
   Config c = config;
   // Data parallel: every rank trains; rank 0 alone prints, writes metrics and saves. Each rank
   // takes the GPU of its local rank when the device is CUDA.
-  if (c.device.is_cuda() && c.comm == nullptr && dist::launch_info().world_size > 1) {
-    c.device = Device::cuda(dist::launch_info().local_rank);
+  const dist::LaunchInfo launch = dist::launch_info();
+  if (c.device.is_cuda() && c.comm == nullptr && launch.world_size > 1) {
+    // One GPU per rank. Under srun --gpus-per-task each rank sees one GPU: its cuda:0.
+    const int visible = cuda_device_count();
+    if (visible > 1 && launch.local_rank >= visible) {
+      throw DeviceError(str_cat("rank ", launch.rank, " has local rank ", launch.local_rank,
+                                " but this node shows ", visible, " GPUs: one GPU per rank"));
+    }
+    c.device = Device::cuda(visible == 1 ? 0 : launch.local_rank);
   }
   dist::Communicator& comm = c.comm != nullptr ? *c.comm : dist::world_for(c.device);
   const bool lead = comm.rank() == 0;
