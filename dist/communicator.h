@@ -40,7 +40,8 @@ class Communicator {
   virtual void all_reduce_sum(Tensor& t) = 0;
   // t = root's t
   virtual void broadcast(Tensor& t, int root) = 0;
-  // out [world * n] = concatenation of every rank's in [n], rank order
+  // out [world * n] = concatenation of every rank's in [n], rank order; in may be this rank's
+  // slice of out (in place)
   virtual void all_gather(const Tensor& in, Tensor& out) = 0;
   // out [n] = this rank's slice [rank * n, (rank + 1) * n) of the sum over ranks of in [world * n]
   virtual void reduce_scatter(const Tensor& in, Tensor& out) = 0;

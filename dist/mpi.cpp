@@ -99,9 +99,13 @@ class Mpi final : public Communicator {
   }
   void all_gather(const Tensor& in, Tensor& out) override {
     check_gather("all_gather", in, out, size_);
-    ACCRUE_MPI_CHECK(
-        MPI_Allgather(in.raw(), mpi_count(in, "all_gather"), mpi_type(in, "all_gather"), out.raw(),
-                      mpi_count(in, "all_gather"), mpi_type(out, "all_gather"), MPI_COMM_WORLD));
+    const int n = mpi_count(in, "all_gather");
+    const MPI_Datatype type = mpi_type(in, "all_gather");
+    // In place when in is this rank's slice of out (MPI forbids other aliasing).
+    const bool in_place = static_cast<const char*>(in.raw()) ==
+                          static_cast<const char*>(out.raw()) + rank_ * in.nbytes();
+    ACCRUE_MPI_CHECK(MPI_Allgather(in_place ? MPI_IN_PLACE : in.raw(), n, type, out.raw(), n, type,
+                                   MPI_COMM_WORLD));
   }
   void reduce_scatter(const Tensor& in, Tensor& out) override {
     check_gather("reduce_scatter", out, in, size_);

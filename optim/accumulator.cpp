@@ -80,8 +80,9 @@ StepResult Accumulator::step() {
   StepReport report;
   try {
     if (options_.comm != nullptr && options_.comm->world_size() > 1) {
-      // The one exchange of the window: every rank's share of the window gradient, summed.
-      options_.comm->all_reduce_sum(optimizer_.arena().grads());
+      // The one exchange of the window: every rank's share of the window gradient, summed (a
+      // sharded optimizer reduce-scatters it itself).
+      if (!optimizer_.sharded()) options_.comm->all_reduce_sum(optimizer_.arena().grads());
       options_.comm->all_reduce_sum(loss_sum_);
     }
     optimizer_.set_lr(r.lr);

@@ -22,8 +22,12 @@ Adam::Adam(ParameterArena& arena, AdamOptions options, bool decoupled)
 void Adam::update() {
   const AdamParams hp{lr_,          options_.beta1,        options_.beta2,
                       options_.eps, options_.weight_decay, decoupled_};
-  backend_for(arena_.device())
-      .adam_step(hp, boundary_, steps_, arena_.params(), arena_.grads(), m_, v_);
+  backend_for(arena_.device()).adam_step(hp, boundary_, steps_, params_, grads_, m_, v_);
+}
+
+void Adam::resize_state(int64_t elements) {
+  m_ = Tensor::zeros({elements}, arena_.dtype(), arena_.device());
+  v_ = Tensor::zeros({elements}, arena_.dtype(), arena_.device());
 }
 
 }  // namespace accrue::optim

@@ -18,11 +18,13 @@ struct AdamOptions {
 class Adam : public Optimizer {
  public:
   Adam(ParameterArena& arena, AdamOptions options = {}, bool decoupled = false);
-  const Tensor& exp_avg() const { return m_; }     // [arena size]
-  const Tensor& exp_avg_sq() const { return v_; }  // [arena size]
+  const Tensor& exp_avg() const { return m_; }     // [arena size, or this rank's shard]
+  const Tensor& exp_avg_sq() const { return v_; }  // [arena size, or this rank's shard]
+  size_t state_bytes() const override { return m_.nbytes() + v_.nbytes(); }
 
  protected:
   void update() override;
+  void resize_state(int64_t elements) override;
 
  private:
   AdamOptions options_;

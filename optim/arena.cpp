@@ -5,8 +5,11 @@
 
 namespace accrue::optim {
 
-ParameterArena::ParameterArena(const std::vector<nn::NamedTensor>& params) {
+ParameterArena::ParameterArena(const std::vector<nn::NamedTensor>& params, int64_t shards) {
   if (params.empty()) throw ValueError("[ParameterArena] the model has no parameters");
+  if (shards < 1 || shards > (int64_t{1} << 24)) {
+    throw ValueError(str_cat("[ParameterArena] shards = ", shards, "; give 1 or more"));
+  }
   const Tensor& first = params.front().second;
   int64_t total = 0;
   std::vector<int64_t> offsets;
@@ -26,6 +29,8 @@ ParameterArena::ParameterArena(const std::vector<nn::NamedTensor>& params) {
     offsets.push_back(total);
     total += (p.numel() + kAlign - 1) / kAlign * kAlign;
   }
+  const int64_t quantum = kAlign * shards;
+  total = (total + quantum - 1) / quantum * quantum;
   params_ = Tensor::zeros({total}, first.dtype(), first.device());
   grads_ = Tensor::zeros({total}, first.dtype(), first.device());
   for (size_t i = 0; i < params.size(); ++i) {

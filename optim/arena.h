@@ -25,8 +25,11 @@ class ParameterArena {
 
   // Gathers the parameters (all of one floating dtype and one device): their values are copied
   // into the arena and every handle to them now sees the arena's memory.
-  explicit ParameterArena(const std::vector<nn::NamedTensor>& params);
-  explicit ParameterArena(const nn::Module& module) : ParameterArena(module.named_parameters()) {}
+  // shards: the arena's size is padded (with zeros) to a multiple of kAlign x shards, so a
+  // sharded optimizer (Optimizer::shard) splits it into equal, aligned slices.
+  explicit ParameterArena(const std::vector<nn::NamedTensor>& params, int64_t shards = 1);
+  explicit ParameterArena(const nn::Module& module, int64_t shards = 1)
+      : ParameterArena(module.named_parameters(), shards) {}
   // Releases the parameters, which may then join another arena (they keep the arena's memory).
   ~ParameterArena();
   ParameterArena(const ParameterArena&) = delete;

@@ -12,8 +12,25 @@ Optimizer::Optimizer(ParameterArena& arena, double lr)
       lr_(lr),
       norm_sq_(Tensor::zeros({2}, arena.dtype(), arena.device())),
       boundary_(Tensor::zeros({3}, arena.dtype(), arena.device())),
-      steps_(Tensor::zeros({1}, DType::kInt32, arena.device())) {
+      steps_(Tensor::zeros({1}, DType::kInt32, arena.device())),
+      params_(arena.params()),
+      grads_(arena.grads()) {
   set_lr(lr);
+}
+
+void Optimizer::shard(dist::Communicator& comm) {
+  if (stepped_) throw ValueError("[optimizer] shard() after the first step");
+  const int64_t world = comm.world_size();
+  if (arena_.size() % world != 0) {
+    throw ValueError(str_cat("[optimizer] an arena of ", arena_.size(), " elements does not split ",
+                             "into ", world, " equal shards; build it with ParameterArena(module, ",
+                             world, ")"));
+  }
+  const int64_t n = arena_.size() / world;
+  comm_ = &comm;
+  params_ = arena_.params().narrow(comm.rank() * n, n);
+  grads_ = Tensor::zeros({n}, arena_.dtype(), arena_.device());
+  resize_state(n);
 }
 
 void Optimizer::set_lr(double lr) {
@@ -31,9 +48,20 @@ void require_finite_at_least(const char* op, const char* name, double value, dou
 
 void Optimizer::step(double max_norm, double normalize) {
   Backend& be = backend_for(arena_.device());
-  be.norm_sq(arena_.grads(), norm_sq_);
+  stepped_ = true;
+  if (comm_ != nullptr) {
+    // This rank's slice of the window gradient summed over ranks; the norm from every slice's
+    // {sum of squares, non-finite count}, summed, so every rank decides clip and skip alike.
+    comm_->reduce_scatter(arena_.grads(), grads_);
+    arena_.zero_grad();
+    be.norm_sq(grads_, norm_sq_);
+    comm_->all_reduce_sum(norm_sq_);
+  } else {
+    be.norm_sq(grads_, norm_sq_);
+  }
   be.boundary(norm_sq_, normalize, max_norm, boundary_, steps_);
   update();
+  if (comm_ != nullptr) comm_->all_gather(params_, arena_.params());  // in place
   arena_.params().mark_modified();  // a forward's saved weights are stale now
   arena_.grads().mark_modified();
 }

@@ -3,9 +3,15 @@
 //   -> boundary scalars {norm, clip coefficient, skip} and the applied-step counter, on device
 //   -> one fused update pass that scales, applies and zeroes the gradient.
 // No host synchronisation happens inside step(); report() reads the scalars back afterwards.
-// Subclasses (adam.h, sgd.h) supply only the fused pass. Read next: accumulator.h.
+// Subclasses (adam.h, sgd.h) supply only the fused pass and their state.
+//
+// Sharded (ZeRO stage 1, shard()): each of the ranks keeps the optimizer state of one slice of
+// the arena only. The step then reduce-scatters the gradient (this rank's slice of the sum over
+// ranks), takes the global norm from the all-reduced partial sums of squares, updates its slice
+// of the parameters and state, and all-gathers the parameters. Read next: accumulator.h.
 #pragma once
 
+#include "dist/communicator.h"
 #include "optim/arena.h"
 
 namespace accrue::optim {
@@ -32,19 +38,36 @@ class Optimizer {
   // Updates applied so far (skipped steps do not count; reads the device).
   int64_t applied_steps() const;
 
+  // Shards the optimizer state over comm's ranks (before the first step; the arena's size must
+  // be a multiple of the world size: ParameterArena(module, world_size)). Afterwards step()
+  // takes the arena's unreduced gradient: do not all-reduce it first.
+  void shard(dist::Communicator& comm);
+  bool sharded() const { return comm_ != nullptr; }
+  // Bytes of optimizer state this rank holds (moments, momentum).
+  virtual size_t state_bytes() const = 0;
+
   double lr() const { return lr_; }
   void set_lr(double lr);  // throws ValueError unless finite and >= 0
   ParameterArena& arena() { return arena_; }
 
  protected:
-  // The fused pass over the arena; reads boundary_ and steps_ on the device.
+  // The fused pass over params_ and grads_ below; reads boundary_ and steps_ on the device.
   virtual void update() = 0;
+  // Reallocates the state for `elements` elements (zeros): shard() calls it.
+  virtual void resize_state(int64_t elements) = 0;
 
   ParameterArena& arena_;
   double lr_;
   Tensor norm_sq_;   // [2] {sum g^2, non-finite count}
   Tensor boundary_;  // [3] {norm, coef, skip}
   Tensor steps_;     // int32 [1] applied updates
+  // What update() works on: the whole arena, or this rank's slice of the parameters and its
+  // slice of the reduced gradient when sharded.
+  Tensor params_, grads_;
+
+ private:
+  dist::Communicator* comm_ = nullptr;
+  bool stepped_ = false;
 };
 
 }  // namespace accrue::optim

@@ -17,13 +17,15 @@ struct SgdOptions {
 class SGD : public Optimizer {
  public:
   SGD(ParameterArena& arena, SgdOptions options);
+  size_t state_bytes() const override { return momentum_.nbytes(); }
 
  protected:
   void update() override;
+  void resize_state(int64_t elements) override;
 
  private:
   SgdOptions options_;
-  Tensor momentum_;  // [arena size]
+  Tensor momentum_;  // [arena size, or this rank's shard]
 };
 
 }  // namespace accrue::optim

@@ -211,5 +211,41 @@ TEST(Misuse, OptimizerHyperParametersMustBeFinite) {
       {"[batch]", "overflows"});
 }
 
+// A world of three ranks that never communicates: enough to shard an optimizer in one process.
+struct ThreeRanks final : dist::Communicator {
+  int rank() const override { return 1; }
+  int world_size() const override { return 3; }
+  int local_rank() const override { return 1; }
+  const char* backend() const override { return "fake"; }
+  void all_reduce_sum(Tensor&) override {}
+  void broadcast(Tensor&, int) override {}
+  void all_gather(const Tensor&, Tensor&) override {}
+  void reduce_scatter(const Tensor&, Tensor&) override {}
+  void barrier() override {}
+  [[noreturn]] void abort(int code) override { std::_Exit(code); }
+};
+
+TEST(Misuse, ShardingNeedsEqualShardsAndComesBeforeTheFirstStep) {
+  ThreeRanks world;
+  nn::Linear layer(3, 5);  // 15 + 5 elements, each padded to 16: 32, not a multiple of 3
+  {
+    optim::ParameterArena arena(layer);
+    optim::Adam adam(arena);
+    expect_error<ValueError>([&] { adam.shard(world); },
+                             {"32 elements", "3 equal shards", "ParameterArena(module, 3)"});
+  }
+  optim::ParameterArena arena(layer, 3);  // padded to 48: shards of 16
+  EXPECT_EQ(arena.size(), 48);
+  optim::Adam adam(arena);
+  const size_t full = adam.state_bytes();
+  adam.shard(world);
+  EXPECT_EQ(adam.state_bytes(), full / 3);
+  optim::SGD sgd(arena, {});
+  sgd.step();
+  expect_error<ValueError>([&] { sgd.shard(world); }, {"after the first step"});
+  expect_error<ValueError>(
+      [&] { optim::ParameterArena bad(nn::Linear(2, 2).named_parameters(), 0); }, {"shards = 0"});
+}
+
 }  // namespace
 }  // namespace accrue::testing

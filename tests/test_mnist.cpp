@@ -237,6 +237,24 @@ mnist::Config small_config(const fs::path& data) {
   return c;
 }
 
+// In one process the sharded step (reduce-scatter, shard norm, all-gather) is the plain step:
+// the same weights to the byte, for Adam and for SGD.
+TEST(Trainer, ZeroOneInOneProcessWritesTheSameWeights) {
+  const fs::path data = make_dataset("zero-one", 512, 64);
+  for (const char* optimizer : {"adam", "sgd"}) {
+    std::vector<std::string> files;
+    for (const char* zero : {"0", "1"}) {
+      const fs::path save = data / (std::string("w") + optimizer + zero + ".safetensors");
+      const auto r = cli({"--data", data.string(), "--epochs", "2", "--hidden", "32", "--quiet",
+                          "--optimizer", optimizer, "--zero", zero, "--save", save.string()});
+      ASSERT_EQ(r.status, 0) << r.err;
+      std::ifstream in(save, std::ios::binary);
+      files.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    EXPECT_EQ(files[0], files[1]) << optimizer;
+  }
+}
+
 TEST(Trainer, SplitsOfOneWindowGiveTheSameLosses) {
   const fs::path data = make_dataset("same-samples", 512, 64);
   mnist::Config c = small_config(data);

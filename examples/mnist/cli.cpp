@@ -184,6 +184,9 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
   app.add_option("--threads", c.threads,
                  "CPU threads (0: tuned while training among 1, 2, 4, ..., every core)")
       ->check(int_in(0, 4096));
+  app.add_option("--zero", c.zero,
+                 "1: shard the optimizer state over the data-parallel ranks (ZeRO stage 1)")
+      ->check(int_in(0, 1));
   app.add_option("--metrics", c.metrics, "Write JSON Lines metrics to this file");
   app.add_option("--save", c.save, "Save the final weights (safetensors)");
   app.add_option("--init", c.init, "Start from these weights (safetensors)");

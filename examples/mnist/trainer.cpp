@@ -176,12 +176,14 @@ Summary train(const Config& config, std::ostream& out) {
   nn::MLP model(sizes, nn::activation<nn::ReLU>(), dtype);
   if (!c.init.empty()) optim::load_parameters(model, c.init);
   model.to(c.device);
-  optim::ParameterArena arena(model);
+  // --zero 1 pads the arena to equal shards and keeps this rank's shard of the state only.
+  optim::ParameterArena arena(model, c.zero ? comm.world_size() : 1);
 
   const optim::ResolvedBatch batch = resolve_config_batch(c, comm.world_size());
   const double lr =
       optim::scale_lr(c.lr, batch.batch, c.base_batch, optim::parse_lr_scaling(c.lr_scaling));
   auto optimizer = make_optimizer(c, arena, lr);
+  if (c.zero) optimizer->shard(comm);
   const auto windows =
       optim::plan_windows(train_set.size(), batch, optim::LastWindow::kFlush, comm.rank());
   const int64_t steps_per_epoch = static_cast<int64_t>(windows.size());
@@ -264,8 +266,9 @@ Summary train(const Config& config, std::ostream& out) {
        << summary.train_seconds << " s, " << std::setprecision(0) << summary.samples_per_second
        << " samples/s | " << batch.str() << " | device " << c.device.str() << " | peak "
        << mib(mem.peak_bytes) << ", activations " << mib(mem.peak_activation_bytes)
-       << " | skipped steps " << acc.skipped_steps() << " | "
-       << (tuner ? tuner->describe() : std::to_string(c.threads) + " threads (fixed)");
+       << ", optimizer state " << mib(optimizer->state_bytes())
+       << (comm.world_size() > 1 ? " per rank" : "") << " | skipped steps " << acc.skipped_steps()
+       << " | " << (tuner ? tuner->describe() : std::to_string(c.threads) + " threads (fixed)");
   log(line.str());
   emit(metrics, {{"event", "summary"},
                  {"test_accuracy", summary.test_accuracy},
@@ -275,6 +278,9 @@ Summary train(const Config& config, std::ostream& out) {
                  {"skipped_steps", acc.skipped_steps()},
                  {"peak_bytes", mem.peak_bytes},
                  {"peak_activation_bytes", mem.peak_activation_bytes},
+                 {"optimizer_state_bytes", optimizer->state_bytes()},
+                 {"ranks", comm.world_size()},
+                 {"zero", c.zero},
                  {"batch", batch.batch},
                  {"micro_batch", batch.micro_batch},
                  {"accum_steps", batch.accum_steps},

@@ -35,6 +35,7 @@ struct Config {
   double momentum = 0.9;     // sgd
   uint64_t seed = 0;
   bool shuffle = true;
+  int zero = 0;     // 1: shard the optimizer state over the ranks (ZeRO stage 1)
   int threads = 0;  // 0: tuned while training (core/threads.h)
   std::string metrics, save, init;
   bool quiet = false;  // no progress output (tests)
