@@ -189,20 +189,26 @@ TEST(Dist, TwoRanksTimesKTwoEqualOneRankTimesKFourInFloat32) {
   }
 }
 
+// Gathers a 64-bit value (a parameter hash) from every rank and expects them all equal.
+void expect_same_on_every_rank(uint64_t h) {
+  const Tensor mine = Tensor::from_vector<int32_t>(
+      {2}, {static_cast<int32_t>(h >> 32), static_cast<int32_t>(h & 0xffffffffu)});
+  Tensor all = Tensor::zeros({2 * comm().world_size()}, DType::kInt32);
+  comm().all_gather(mine, all);
+  const auto v = all.to_vector<int32_t>();
+  for (int r = 1; r < comm().world_size(); ++r) {
+    EXPECT_EQ(v[2 * r], v[0]) << "rank " << r;
+    EXPECT_EQ(v[2 * r + 1], v[1]) << "rank " << r;
+  }
+}
+
 // After training, every rank holds the same parameters to the bit.
 TEST(Dist, ParametersAreBitwiseEqualOnEveryRank) {
   const auto data = testing::make_dataset("dist-hash", 1001, 64);
   mnist::Config c = dp_config(data, "fp32");
   c.accum_steps = 2;
   const mnist::Summary s = mnist::train(c, std::cout);
-  const uint64_t h = s.parameter_hash;
-  const Tensor mine = Tensor::from_vector<int32_t>(
-      {2}, {static_cast<int32_t>(h >> 32), static_cast<int32_t>(h & 0xffffffffu)});
-  Tensor all = Tensor::zeros({4}, DType::kInt32);
-  comm().all_gather(mine, all);
-  const auto v = all.to_vector<int32_t>();
-  EXPECT_EQ(v[0], v[2]);
-  EXPECT_EQ(v[1], v[3]);
+  expect_same_on_every_rank(s.parameter_hash);
 }
 
 // ZeRO stage 1: the same training within float64 rounding, every rank's parameters bitwise
@@ -223,14 +229,7 @@ TEST(Dist, ShardedOptimizerStateTrainsTheSameWithHalfTheMemory) {
                 1e-12 * plain.step_grad_norms[i])
         << i;
   }
-  const uint64_t h = sharded.parameter_hash;
-  const Tensor mine = Tensor::from_vector<int32_t>(
-      {2}, {static_cast<int32_t>(h >> 32), static_cast<int32_t>(h & 0xffffffffu)});
-  Tensor all = Tensor::zeros({4}, DType::kInt32);
-  comm().all_gather(mine, all);
-  const auto v = all.to_vector<int32_t>();
-  EXPECT_EQ(v[0], v[2]);
-  EXPECT_EQ(v[1], v[3]);
+  expect_same_on_every_rank(sharded.parameter_hash);
   if (comm().rank() == 0) {  // the summary records the state each rank holds
     const auto state = [](const std::filesystem::path& metrics) {
       std::ifstream in(metrics);
