@@ -2,10 +2,15 @@
 #include "core/autograd.h"
 
 #include <atomic>
+#include <unordered_map>
 
 #include "kernels/backend.h"
 
 namespace accrue {
+
+namespace {
+thread_local LeafReadyHook* leaf_ready_hook = nullptr;
+}  // namespace
 
 namespace {
 
@@ -198,6 +203,15 @@ void run_backward(const Tensor& root, const Tensor& seed) {
   std::vector<Tensor> slots(t.nodes.size());
   slots[static_cast<size_t>(root.impl()->tape_slot)] = grad;
   grad = Tensor();
+  // With a leaf-ready hook: how many nodes still to run feed each leaf.
+  std::unordered_map<const TensorImpl*, int> pending;
+  if (leaf_ready_hook != nullptr) {
+    for (const auto& node : t.nodes) {
+      for (const Edge& e : node->inputs) {
+        if (e.leaf) ++pending[e.leaf.get()];
+      }
+    }
+  }
   for (size_t i = t.nodes.size(); i-- > 0;) {
     std::unique_ptr<Node> node = std::move(t.nodes[i]);
     Tensor grad_out = std::move(slots[i]);
@@ -206,8 +220,22 @@ void run_backward(const Tensor& root, const Tensor& seed) {
       GradSink sink(*node, slots);
       node->backward(grad_out, sink);
     }
+    if (leaf_ready_hook != nullptr) {
+      for (const Edge& e : node->inputs) {
+        if (e.leaf && --pending[e.leaf.get()] == 0) (*leaf_ready_hook)(*e.leaf);
+      }
+    }
     // node (and its saved tensors) and grad_out are released here.
   }
+}
+
+ScopedLeafReadyHook::ScopedLeafReadyHook(LeafReadyHook hook)
+    : hook_(std::move(hook)), previous_(leaf_ready_hook) {
+  leaf_ready_hook = &hook_;
+}
+
+ScopedLeafReadyHook::~ScopedLeafReadyHook() {
+  leaf_ready_hook = previous_;
 }
 
 }  // namespace accrue

@@ -10,6 +10,7 @@
 // nodes hand a fresh tensor to GradSink::add(). Read next: core/ops/linear.cpp.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -98,5 +99,22 @@ void clear_tape();
 
 // Runs backward from `root` seeded with `seed` (undefined: 1, allowed only for one element).
 void run_backward(const Tensor& root, const Tensor& seed);
+
+// Called during backward, on this thread, as soon as a leaf's gradient is final: no node left on
+// the tape will add to it. Data parallelism starts the all-reduce of a bucket of the gradient
+// arena from here while backward goes on with the earlier layers.
+using LeafReadyHook = std::function<void(const TensorImpl& leaf)>;
+// Installs a hook for this thread's backward passes for its lifetime (nested: the inner wins).
+class ScopedLeafReadyHook {
+ public:
+  explicit ScopedLeafReadyHook(LeafReadyHook hook);
+  ~ScopedLeafReadyHook();
+  ScopedLeafReadyHook(const ScopedLeafReadyHook&) = delete;
+  ScopedLeafReadyHook& operator=(const ScopedLeafReadyHook&) = delete;
+
+ private:
+  LeafReadyHook hook_;
+  LeafReadyHook* previous_;
+};
 
 }  // namespace accrue

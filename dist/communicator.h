@@ -46,6 +46,11 @@ class Communicator {
   // out [n] = this rank's slice [rank * n, (rank + 1) * n) of the sum over ranks of in [world * n]
   virtual void reduce_scatter(const Tensor& in, Tensor& out) = 0;
   virtual void barrier() = 0;
+  // Starts t = sum over ranks of t without waiting; wait_all() completes every started one, in
+  // the order started. Every rank starts the same collectives in the same order; t must stay
+  // untouched until wait_all() returns. (The overlap of the boundary all-reduce with backward.)
+  virtual void start_all_reduce_sum(Tensor& t) { all_reduce_sum(t); }
+  virtual void wait_all() {}
   // Ends every rank of the job with this exit code; does not return.
   [[noreturn]] virtual void abort(int code) = 0;
 };

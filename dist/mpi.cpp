@@ -6,6 +6,7 @@
 #include <mpi.h>
 
 #include <cstdlib>
+#include <vector>
 
 #include "core/error.h"
 #include "dist/communicator.h"
@@ -114,6 +115,18 @@ class Mpi final : public Communicator {
                                               MPI_COMM_WORLD));
   }
   void barrier() override { ACCRUE_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD)); }
+  void start_all_reduce_sum(Tensor& t) override {
+    requests_.push_back(MPI_REQUEST_NULL);
+    ACCRUE_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.raw(), mpi_count(t, "all_reduce_sum"),
+                                    mpi_type(t, "all_reduce_sum"), MPI_SUM, MPI_COMM_WORLD,
+                                    &requests_.back()));
+  }
+  void wait_all() override {
+    std::vector<MPI_Request> pending;
+    pending.swap(requests_);
+    ACCRUE_MPI_CHECK(
+        MPI_Waitall(static_cast<int>(pending.size()), pending.data(), MPI_STATUSES_IGNORE));
+  }
   [[noreturn]] void abort(int code) override {
     MPI_Abort(MPI_COMM_WORLD, code);
     std::_Exit(code);  // MPI_Abort should not return; if it does, this rank still ends
@@ -121,6 +134,7 @@ class Mpi final : public Communicator {
 
  private:
   int rank_ = 0, size_ = 1, local_rank_ = 0;
+  std::vector<MPI_Request> requests_;  // started, not yet waited for
 };
 
 }  // namespace

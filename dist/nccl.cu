@@ -58,6 +58,9 @@ class Nccl final : public Communicator {
     std::memcpy(&id, bytes.raw(), sizeof(id));
     cuda::context(device_);  // makes the device current
     ACCRUE_NCCL_CHECK(ncclCommInitRank(&comm_, mpi_.world_size(), id, mpi_.rank()));
+    check_cuda(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking), "cudaStreamCreate");
+    check_cuda(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
+    check_cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
   }
   int rank() const override { return mpi_.rank(); }
   int world_size() const override { return mpi_.world_size(); }
@@ -88,6 +91,21 @@ class Nccl final : public Communicator {
                                         nccl_type(in, "reduce_scatter"), ncclSum, comm_,
                                         stream(in)));
   }
+  // On a side stream, after what the main stream has enqueued so far (the gradients of this
+  // bucket), so the reduction runs while the main stream goes on with backward; wait_all()
+  // makes the main stream wait for the side stream.
+  void start_all_reduce_sum(Tensor& t) override {
+    const cudaStream_t main = stream(t);
+    check_cuda(cudaEventRecord(ready_, main), "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(side_, ready_, 0), "cudaStreamWaitEvent");
+    ACCRUE_NCCL_CHECK(ncclAllReduce(t.raw(), t.raw(), size_t(t.numel()),
+                                    nccl_type(t, "all_reduce_sum"), ncclSum, comm_, side_));
+  }
+  void wait_all() override {
+    check_cuda(cudaEventRecord(done_, side_), "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(cuda::context(device_).stream, done_, 0), "cudaStreamWaitEvent");
+  }
+
   void barrier() override {
     // Waits for the stream while watching for an asynchronous NCCL error (a peer or the network
     // failing), which a plain cudaStreamSynchronize would wait on forever.
@@ -113,6 +131,12 @@ class Nccl final : public Communicator {
   }
 
  private:
+  static void check_cuda(cudaError_t status, const char* call) {
+    if (status != cudaSuccess) {
+      throw BackendError(
+          str_cat("CUDA error (", cudaGetErrorString(status), ") in ", call, " (dist/nccl.cu)"));
+    }
+  }
   cudaStream_t stream(const Tensor& t) {
     if (t.device().index != device_) {
       throw DeviceError(
@@ -124,6 +148,8 @@ class Nccl final : public Communicator {
   Communicator& mpi_;
   int device_;
   ncclComm_t comm_ = nullptr;
+  cudaStream_t side_ = nullptr;  // the overlapped all-reduces
+  cudaEvent_t ready_ = nullptr, done_ = nullptr;
 };
 
 }  // namespace

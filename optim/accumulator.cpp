@@ -14,6 +14,59 @@ Accumulator::Accumulator(Optimizer& optimizer, AccumulatorOptions options)
       options_(options),
       loss_sum_(Tensor::zeros({}, optimizer.arena().dtype(), optimizer.arena().device())) {
   if (std::isnan(options.max_norm)) throw ValueError("[accumulator] max_norm is NaN");
+  if (options_.bucket_bytes > 0 && options_.comm != nullptr && options_.comm->world_size() > 1) {
+    if (optimizer_.sharded()) {
+      throw ValueError(
+          "[accumulator] overlapped all-reduce buckets and a sharded optimizer "
+          "(--zero 1, which reduce-scatters) do not combine");
+    }
+    plan_buckets();
+  }
+}
+
+void Accumulator::plan_buckets() {
+  // Reverse registration order is reverse layer order: the order backward finishes them.
+  ParameterArena& arena = optimizer_.arena();
+  const auto& entries = arena.entries();
+  const size_t element = dtype_size(arena.dtype());
+  int64_t end = arena.size();  // the first bucket takes the arena's padded tail too
+  bool open = false;
+  for (size_t i = entries.size(); i-- > 0;) {
+    if (!open) {
+      buckets_.push_back({end, end, 0});
+      open = true;
+    }
+    Bucket& b = buckets_.back();
+    b.begin = i == 0 ? 0 : entries[i].offset;
+    ++b.pending;
+    bucket_of_[entries[i].param.impl().get()] = buckets_.size() - 1;
+    if (static_cast<size_t>(b.end - b.begin) * element >= options_.bucket_bytes) {
+      open = false;
+      end = b.begin;
+    }
+  }
+}
+
+void Accumulator::reset_buckets() {
+  for (Bucket& b : buckets_) b.pending = 0;
+  for (const auto& [leaf, i] : bucket_of_) ++buckets_[i].pending;
+  started_ = 0;
+}
+
+void Accumulator::leaf_ready(const TensorImpl& leaf) {
+  const auto it = bucket_of_.find(&leaf);
+  if (it == bucket_of_.end()) return;
+  --buckets_[it->second].pending;
+  start_ready_buckets();
+}
+
+void Accumulator::start_ready_buckets() {
+  while (started_ < buckets_.size() && buckets_[started_].pending == 0) {
+    const Bucket& b = buckets_[started_++];
+    ++(in_step_ ? at_step_ : overlapped_);
+    Tensor range = optimizer_.arena().grads().narrow(b.begin, b.end - b.begin);
+    options_.comm->start_all_reduce_sum(range);
+  }
 }
 
 double Accumulator::current_lr() const {
@@ -55,7 +108,14 @@ void Accumulator::micro_step(int64_t samples, const std::function<Tensor()>& for
     }
     backend_for(loss.device()).axpy(1.0, loss, loss_sum_);
     // The single normalisation: d(window mean loss) / d(micro-batch sum loss) = 1 / N.
-    loss.backward(1.0 / static_cast<double>(window_samples_));
+    const bool overlap = !buckets_.empty() && seen_samples_ + samples == local_samples_;
+    if (overlap) {
+      // The window's last backward: each bucket's all-reduce starts when its gradients are done.
+      ScopedLeafReadyHook hook([this](const TensorImpl& leaf) { leaf_ready(leaf); });
+      loss.backward(1.0 / static_cast<double>(window_samples_));
+    } else {
+      loss.backward(1.0 / static_cast<double>(window_samples_));
+    }
   } catch (...) {
     abandon_window();
     throw;
@@ -82,7 +142,18 @@ StepResult Accumulator::step() {
     if (options_.comm != nullptr && options_.comm->world_size() > 1) {
       // The one exchange of the window: every rank's share of the window gradient, summed (a
       // sharded optimizer reduce-scatters it itself).
-      if (!optimizer_.sharded()) options_.comm->all_reduce_sum(optimizer_.arena().grads());
+      if (!buckets_.empty()) {
+        // Buckets no backward finished (a rank with no samples in a short window, a parameter
+        // without gradient) start now, in order; then wait for every one.
+        for (Bucket& b : buckets_) b.pending = 0;
+        in_step_ = true;
+        start_ready_buckets();
+        in_step_ = false;
+        options_.comm->wait_all();
+        reset_buckets();
+      } else if (!optimizer_.sharded()) {
+        options_.comm->all_reduce_sum(optimizer_.arena().grads());
+      }
       options_.comm->all_reduce_sum(loss_sum_);
     }
     optimizer_.set_lr(r.lr);
@@ -108,6 +179,13 @@ StepResult Accumulator::step() {
 }
 
 void Accumulator::abandon_window() {
+  if (started_ > 0) {  // all-reduces in flight write into the arena: let them finish first
+    try {
+      options_.comm->wait_all();
+    } catch (const std::exception&) {
+    }
+  }
+  if (!buckets_.empty()) reset_buckets();
   clear_tape();
   optimizer_.arena().zero_grad();
   loss_sum_.zero_();

@@ -14,6 +14,8 @@
 #pragma once
 
 #include <functional>
+#include <unordered_map>
+#include <vector>
 
 #include "dist/communicator.h"
 #include "optim/optimizer.h"
@@ -28,6 +30,10 @@ struct AccumulatorOptions {
   Schedule schedule;
   // The data-parallel ranks to all-reduce with at each boundary; null: this process alone.
   dist::Communicator* comm = nullptr;
+  // > 0: overlap the all-reduce with the window's last backward. The arena is cut into buckets
+  // of about this many bytes in reverse layer order, and each bucket's all-reduce starts as soon
+  // as backward has finished its gradients; step() waits for all. 0: one all-reduce in step().
+  size_t bucket_bytes = 0;
 };
 
 // What one optimizer step did (read back from the device after the step).
@@ -72,6 +78,9 @@ class Accumulator {
   const MemoryStats& memory() const { return memory_; }
   size_t last_micro_live_bytes() const { return last_live_; }  // live bytes after a micro-step
   int64_t skipped_steps() const { return skipped_; }
+  // Buckets whose all-reduce started during a backward (overlapped), and in step(), so far.
+  int64_t buckets_overlapped() const { return overlapped_; }
+  int64_t buckets_at_step() const { return at_step_; }
 
  private:
   Optimizer& optimizer_;
@@ -84,6 +93,23 @@ class Accumulator {
   Tensor loss_sum_;  // 0-d, on the arena's device: sum of micro-batch losses of the window
   MemoryStats memory_;
   size_t last_live_ = 0;
+
+  // Overlapped all-reduce (bucket_bytes > 0): arena ranges in reverse layer order, the number of
+  // parameters of each still to finish, and how many have been started (always a prefix, so
+  // every rank starts them in the same order).
+  struct Bucket {
+    int64_t begin, end;  // in arena elements
+    int pending;
+  };
+  void plan_buckets();
+  void leaf_ready(const TensorImpl& leaf);
+  void start_ready_buckets();
+  void reset_buckets();
+  std::vector<Bucket> buckets_;
+  std::unordered_map<const TensorImpl*, size_t> bucket_of_;
+  size_t started_ = 0;
+  bool in_step_ = false;
+  int64_t overlapped_ = 0, at_step_ = 0;
 };
 
 }  // namespace accrue::optim

@@ -91,3 +91,36 @@ TEST(Autograd, UnusedBranchesGetNoGradient) {
 
 }  // namespace
 }  // namespace accrue::testing
+
+namespace accrue {
+namespace {
+
+// The leaf-ready hook fires once per leaf, after the last node that feeds it: w is used by two
+// matmuls and reported only after the second (the earlier on the tape) has run; b after its one
+// use; x needs no gradient and is never reported.
+TEST(Autograd, LeafReadyHookFiresOnceAfterTheLastContribution) {
+  Tensor x = Tensor::from_vector<double>({1, 2}, {1, 2});
+  Tensor w = Tensor::from_vector<double>({2, 2}, {1, 0, 0, 1});
+  Tensor b = Tensor::from_vector<double>({1, 2}, {3, 4});
+  w.set_requires_grad(true);
+  b.set_requires_grad(true);
+  const Tensor h = matmul(x, w);          // node 0: reads w
+  const Tensor y = matmul(add(h, b), w);  // node 1: add reads b; node 2: reads w again
+  std::vector<std::string> order;
+  std::vector<double> w_grad_when_ready;
+  {
+    ScopedLeafReadyHook hook([&](const TensorImpl& leaf) {
+      if (&leaf == w.impl().get()) {
+        order.push_back("w");
+        w_grad_when_ready = w.grad().to_vector<double>();
+      }
+      if (&leaf == b.impl().get()) order.push_back("b");
+    });
+    sum(y).backward();
+  }
+  EXPECT_EQ(order, (std::vector<std::string>{"b", "w"}));
+  EXPECT_EQ(w_grad_when_ready, w.grad().to_vector<double>()) << "reported before it was final";
+}
+
+}  // namespace
+}  // namespace accrue

@@ -187,6 +187,10 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
   app.add_option("--zero", c.zero,
                  "1: shard the optimizer state over the data-parallel ranks (ZeRO stage 1)")
       ->check(int_in(0, 1));
+  app.add_option("--bucket-kib", c.bucket_kib,
+                 "With several ranks: overlap the gradient all-reduce with the last backward, in "
+                 "buckets of this many KiB (0: one all-reduce at the boundary)")
+      ->check(int_in(0, 1 << 20));
   app.add_option("--metrics", c.metrics, "Write JSON Lines metrics to this file");
   app.add_option("--save", c.save, "Save the final weights (safetensors)");
   app.add_option("--init", c.init, "Start from these weights (safetensors)");

@@ -195,6 +195,7 @@ Summary train(const Config& config, std::ostream& out) {
   options.base_lr = lr;
   options.schedule = {optim::Schedule::parse(c.schedule), c.warmup, total_steps, 0.0};
   options.comm = &comm;
+  options.bucket_bytes = static_cast<size_t>(c.bucket_kib) * 1024;
   optim::Accumulator acc(*optimizer, options);
 
   std::unique_ptr<AtomicFile> metrics;
@@ -295,6 +296,8 @@ Summary train(const Config& config, std::ostream& out) {
                                      c.save.empty() ? "" : "; nothing saved"));
   }
   summary.parameter_hash = parameter_hash(model);
+  summary.buckets_overlapped = acc.buckets_overlapped();
+  summary.buckets_at_step = acc.buckets_at_step();
   if (!c.save.empty() && lead) {
     optim::save_safetensors(c.save, model.named_parameters(), {{"format", "pt"}});
     log("saved weights to " + c.save);

@@ -35,8 +35,9 @@ struct Config {
   double momentum = 0.9;     // sgd
   uint64_t seed = 0;
   bool shuffle = true;
-  int zero = 0;     // 1: shard the optimizer state over the ranks (ZeRO stage 1)
-  int threads = 0;  // 0: tuned while training (core/threads.h)
+  int zero = 0;            // 1: shard the optimizer state over the ranks (ZeRO stage 1)
+  int64_t bucket_kib = 0;  // > 0: overlap the all-reduce with backward, buckets of this size
+  int threads = 0;         // 0: tuned while training (core/threads.h)
   std::string metrics, save, init;
   bool quiet = false;  // no progress output (tests)
   // The data-parallel ranks; null: dist::world_for(device), from the launcher's environment.
@@ -51,7 +52,9 @@ struct Summary {
   int64_t skipped_steps = 0;  // of which skipped (non-finite gradient): no update
   std::vector<double> step_losses;
   std::vector<double> step_grad_norms;
-  uint64_t parameter_hash = 0;  // FNV-1a of the final parameters' bytes: equal on every rank
+  int64_t buckets_overlapped = 0;  // all-reduce buckets started during backward (--bucket-kib)
+  int64_t buckets_at_step = 0;     // and at the boundary
+  uint64_t parameter_hash = 0;     // FNV-1a of the final parameters' bytes: equal on every rank
 };
 
 // The batch arithmetic of a config: any two of --batch, --micro-batch, --accum-steps; with
