@@ -57,6 +57,35 @@ TEST(Dist, CollectivesOnCpuTensors) {
   comm().barrier();
 }
 
+// The NCCL communicator on CUDA tensors: one GPU per rank, so it needs as many GPUs as ranks.
+TEST(Dist, NcclCollectivesOnCudaTensors) {
+  const int gpus = cuda_device_count();
+  if (gpus < comm().world_size()) {
+    GTEST_SKIP() << "NCCL needs one GPU per rank: " << comm().world_size() << " ranks, " << gpus
+                 << " GPUs"
+                 << (cuda_unavailable_reason().empty() ? "" : " (" + cuda_unavailable_reason() + ")");
+  }
+  const Device gpu = Device::cuda(dist::launch_info().local_rank);
+  dist::Communicator& nccl = dist::world_for(gpu);
+  EXPECT_STREQ(nccl.backend(), "nccl");
+  const int r = comm().rank();
+  Tensor t = Tensor::from_vector<double>({2}, {r + 1.0, 10.0 * (r + 1)}).to(gpu);
+  nccl.all_reduce_sum(t);
+  EXPECT_EQ(t.to(Device::cpu()).to_vector<double>(), (std::vector<double>{3, 30}));
+  Tensor all = Tensor::zeros({4}, DType::kFloat32, gpu);
+  nccl.all_gather(Tensor::from_vector<float>({2}, {10.0f * r, 10.0f * r + 1}).to(gpu), all);
+  EXPECT_EQ(all.to(Device::cpu()).to_vector<float>(), (std::vector<float>{0, 1, 10, 11}));
+  Tensor part = Tensor::zeros({2}, DType::kFloat32, gpu);
+  nccl.reduce_scatter(Tensor::from_vector<float>({4}, {1, 2, 3, 4}).to(gpu), part);
+  EXPECT_EQ(part.to(Device::cpu()).to_vector<float>(),
+            r == 0 ? (std::vector<float>{2, 4}) : (std::vector<float>{6, 8}));
+  Tensor started = Tensor::full({3}, 1.0, DType::kFloat32, gpu);
+  nccl.start_all_reduce_sum(started);
+  nccl.wait_all();
+  EXPECT_EQ(started.to(Device::cpu()).to_vector<float>(), (std::vector<float>(3, 2.0f)));
+  nccl.barrier();
+}
+
 TEST(Dist, BadCollectiveArgumentsNameTheOpAndTheTensors) {
   Tensor small = Tensor::zeros({3}), wrong = Tensor::zeros({5});
   try {
