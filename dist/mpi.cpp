@@ -116,16 +116,17 @@ class Mpi final : public Communicator {
   }
   void barrier() override { ACCRUE_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD)); }
   void start_all_reduce_sum(Tensor& t) override {
-    requests_.push_back(MPI_REQUEST_NULL);
+    MPI_Request request = MPI_REQUEST_NULL;
     ACCRUE_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.raw(), mpi_count(t, "all_reduce_sum"),
                                     mpi_type(t, "all_reduce_sum"), MPI_SUM, MPI_COMM_WORLD,
-                                    &requests_.back()));
+                                    &request));
+    requests_.push_back(request);  // only a request that was started
   }
   void wait_all() override {
-    std::vector<MPI_Request> pending;
-    pending.swap(requests_);
+    // Completed requests become MPI_REQUEST_NULL; on an error the rest stay for a later wait.
     ACCRUE_MPI_CHECK(
-        MPI_Waitall(static_cast<int>(pending.size()), pending.data(), MPI_STATUSES_IGNORE));
+        MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE));
+    requests_.clear();
   }
   [[noreturn]] void abort(int code) override {
     MPI_Abort(MPI_COMM_WORLD, code);

@@ -62,10 +62,11 @@ void Accumulator::leaf_ready(const TensorImpl& leaf) {
 
 void Accumulator::start_ready_buckets() {
   while (started_ < buckets_.size() && buckets_[started_].pending == 0) {
-    const Bucket& b = buckets_[started_++];
-    ++(in_step_ ? at_step_ : overlapped_);
+    const Bucket& b = buckets_[started_];
     Tensor range = optimizer_.arena().grads().narrow(b.begin, b.end - b.begin);
     options_.comm->start_all_reduce_sum(range);
+    ++started_;
+    ++(in_step_ ? at_step_ : overlapped_);
   }
 }
 
@@ -145,10 +146,18 @@ StepResult Accumulator::step() {
       if (!buckets_.empty()) {
         // Buckets no backward finished (a rank with no samples in a short window, a parameter
         // without gradient) start now, in order; then wait for every one.
+        if (optimizer_.sharded()) {
+          throw ValueError(
+              "[accumulator] the optimizer was sharded after the accumulator was "
+              "built with all-reduce buckets: the gradient would be summed twice");
+        }
         for (Bucket& b : buckets_) b.pending = 0;
-        in_step_ = true;
+        in_step_ = true;  // counts the starts below as at the boundary, until this scope ends
+        struct ResetInStep {
+          bool& flag;
+          ~ResetInStep() { flag = false; }
+        } reset_in_step{in_step_};
         start_ready_buckets();
-        in_step_ = false;
         options_.comm->wait_all();
         reset_buckets();
       } else if (!optimizer_.sharded()) {
@@ -178,16 +187,29 @@ StepResult Accumulator::step() {
   return r;
 }
 
-void Accumulator::abandon_window() {
-  if (started_ > 0) {  // all-reduces in flight write into the arena: let them finish first
+Accumulator::~Accumulator() {
+  if (started_ > 0) {  // all-reduces in flight write into the arena, which may go next
     try {
       options_.comm->wait_all();
-    } catch (const std::exception&) {
+    } catch (...) {
+    }
+  }
+}
+
+void Accumulator::abandon_window() {
+  // All-reduces in flight write into the arena: they finish before it is zeroed. If waiting
+  // fails, the arena is left alone (the job is lost: the trainer aborts every rank).
+  bool arena_free = true;
+  if (started_ > 0) {
+    try {
+      options_.comm->wait_all();
+    } catch (...) {
+      arena_free = false;
     }
   }
   if (!buckets_.empty()) reset_buckets();
   clear_tape();
-  optimizer_.arena().zero_grad();
+  if (arena_free) optimizer_.arena().zero_grad();
   loss_sum_.zero_();
   window_samples_ = local_samples_ = 0;
   window_open_ = false;

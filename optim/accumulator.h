@@ -56,6 +56,9 @@ struct MemoryStats {
 class Accumulator {
  public:
   Accumulator(Optimizer& optimizer, AccumulatorOptions options);
+  ~Accumulator();  // waits for all-reduces still in flight
+  Accumulator(const Accumulator&) = delete;
+  Accumulator& operator=(const Accumulator&) = delete;
 
   // Opens a window of `samples` samples over every rank, `local_samples` of them on this rank
   // (the sum of its micro-batch sizes; -1: all of them, one rank).

@@ -217,6 +217,11 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
                                c.base_batch, " to batch ", batch.batch, " gives ", lr,
                                ", not a usable learning rate"));
     }
+    if (c.zero == 1 && c.bucket_kib > 0) {
+      throw ValueError(
+          "--zero 1 reduce-scatters the gradient at the boundary; it does not "
+          "combine with --bucket-kib (overlapped all-reduce)");
+    }
     if (launch.rank == 0) {  // rank 0 alone writes them
       if (!c.metrics.empty()) check_writable(c.metrics, "--metrics");
       if (!c.save.empty()) check_writable(c.save, "--save");
