@@ -10,7 +10,12 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "core/error.h"
 
@@ -26,6 +31,48 @@ double median(std::vector<double> v) {
 
 int cpu_cores() {
   return omp_get_num_procs();
+}
+
+namespace {
+
+// The number after `key` on its line of a /proc file, or -1.
+int proc_count(const char* path, const std::string& key) {
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.compare(0, key.size(), key) == 0) return std::atoi(line.c_str() + key.size());
+  }
+  return -1;
+}
+
+// This process's threads that are running now (state R in /proc/self/task/*/stat).
+int own_running_threads() {
+  int running = 0;
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    std::ifstream stat(task.path() / "stat");
+    std::string text;
+    std::getline(stat, text);
+    const size_t close = text.rfind(')');  // the name may hold spaces and parentheses
+    if (close != std::string::npos && close + 2 < text.size() && text[close + 2] == 'R') {
+      ++running;
+    }
+  }
+  return running;
+}
+
+}  // namespace
+
+int busy_cores() {
+  int least = -1;
+  for (int look = 0; look < 3; ++look) {
+    if (look > 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    const int all = proc_count("/proc/stat", "procs_running ");
+    if (all < 0) return 0;
+    const int others = std::max(0, all - own_running_threads());
+    least = least < 0 ? others : std::min(least, others);
+  }
+  return least;
 }
 int cpu_threads() {
   return omp_get_max_threads();
@@ -72,8 +119,11 @@ void ThreadTuner::start_probe() {
   const size_t in_use = static_cast<size_t>(
       std::find(candidates_.begin(), candidates_.end(), chosen_) - candidates_.begin());
   order_.push_back(in_use);
+  // Counts that would not fit beside the other processes' busy cores are not probed now.
+  const int busy = options_.busy_cores ? options_.busy_cores() : 0;
+  const int room = std::max(1, candidates_.back() - busy);
   for (size_t i = 0; i < candidates_.size(); ++i) {
-    if (i != in_use) order_.push_back(i);
+    if (i != in_use && (i == 0 || candidates_[i] <= room)) order_.push_back(i);
   }
   order_pos_ = 0;
   if (static_cast<int>(recent_.size()) >= options_.probe_windows) {
@@ -126,10 +176,11 @@ void ThreadTuner::record(double seconds_per_sample) {
 }
 
 void ThreadTuner::finish_probe() {
-  // Fewest threads first: a larger count replaces the choice only when clearly faster.
+  // Fewest threads first: a larger count replaces the choice only when clearly faster (counts
+  // not measured this round, for want of room, have no median and are passed over).
   size_t best = 0;
   for (size_t i = 1; i < candidates_.size(); ++i) {
-    if (medians_[i] * options_.prefer_fewer < medians_[best]) best = i;
+    if (medians_[i] > 0 && medians_[i] * options_.prefer_fewer < medians_[best]) best = i;
   }
   const int previous = chosen_;
   // Hysteresis: leaving the current choice takes a clear margin, so noise does not flip it.

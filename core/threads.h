@@ -12,12 +12,16 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 namespace accrue {
 
-int cpu_cores();              // cores this process may run on
+int cpu_cores();  // cores this process may run on
+// Runnable threads of other processes (Linux: /proc/stat procs_running, less this process's
+// own running threads; the least of three looks 2 ms apart); 0 where it cannot be read.
+int busy_cores();
 int cpu_threads();            // the team size set now
 void set_cpu_threads(int n);  // n >= 1
 
@@ -29,6 +33,10 @@ struct ThreadTunerOptions {
   double hopeless = 3.0;        // a probe stops after one timing this much behind the best
   double prefer_fewer = 1.03;   // more threads must be at least this much faster to be chosen
   double switch_margin = 1.05;  // and any other count this much faster than the current choice
+  // Cores busy with other processes right now (busy_cores() by default); a round does not probe
+  // counts that would not fit beside them (1 and the count in use are always measured). Null:
+  // probe every count.
+  std::function<int()> busy_cores = accrue::busy_cores;
 };
 
 class ThreadTuner {

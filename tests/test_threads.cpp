@@ -77,6 +77,14 @@ TEST(Threads, TrainingWritesTheSameWeightsWhateverTheThreadCount) {
   EXPECT_EQ(weights[0], weights[2]) << "--threads 0 differs from --threads 1";
 }
 
+// Options for an idle machine: the tuner's look at other processes' load (busy_cores) is
+// replaced so the tests do not depend on what else runs beside them.
+ThreadTunerOptions idle_machine() {
+  ThreadTunerOptions o;
+  o.busy_cores = [] { return 0; };
+  return o;
+}
+
 // Feeds the tuner the seconds per sample each count "takes" and returns the counts it ran.
 std::vector<int> drive(ThreadTuner& tuner, int windows, const std::function<double(int)>& cost) {
   std::vector<int> ran;
@@ -89,7 +97,7 @@ std::vector<int> drive(ThreadTuner& tuner, int windows, const std::function<doub
 }
 
 TEST(ThreadTuner, PicksTheFasterCountAndHoldsIt) {
-  ThreadTunerOptions o;
+  ThreadTunerOptions o = idle_machine();
   o.first_hold = 10;
   o.max_hold = 40;
   ThreadTuner tuner({1, 2}, o);
@@ -109,14 +117,14 @@ TEST(ThreadTuner, PicksTheFasterCountAndHoldsIt) {
 }
 
 TEST(ThreadTuner, PrefersFewerThreadsOnATie) {
-  ThreadTuner tuner({1, 2, 4});
+  ThreadTuner tuner({1, 2, 4}, idle_machine());
   drive(tuner, 16, [](int t) { return t == 1 ? 1.0 : 0.99; });
   EXPECT_EQ(tuner.checks(), 1);
   EXPECT_EQ(tuner.chosen(), 1);
 }
 
 TEST(ThreadTuner, LeavesACountThatSlowsDownAndComesBackWhenTheLoadGoes) {
-  ThreadTunerOptions o;
+  ThreadTunerOptions o = idle_machine();
   o.first_hold = 20;
   o.max_hold = 80;
   ThreadTuner tuner({1, 2}, o);
@@ -140,7 +148,7 @@ TEST(ThreadTuner, LeavesACountThatSlowsDownAndComesBackWhenTheLoadGoes) {
 
 // On a busy machine a check of the slow count costs one window.
 TEST(ThreadTuner, UnderLoadACheckOfTheSlowCountStopsAfterOneWindow) {
-  ThreadTunerOptions o;
+  ThreadTunerOptions o = idle_machine();
   o.first_hold = 10;
   ThreadTuner tuner({1, 2}, o);
   const auto cost = [](int t) { return t == 2 ? 5.0 : 1.0; };
@@ -156,7 +164,7 @@ TEST(ThreadTuner, UnderLoadACheckOfTheSlowCountStopsAfterOneWindow) {
 
 // One window 2.5x slow (an interrupt, a page fault) does not cut a probe short.
 TEST(ThreadTuner, OneNoisyWindowDoesNotCutAProbeShort) {
-  ThreadTuner tuner({1, 2});
+  ThreadTuner tuner({1, 2}, idle_machine());
   int window = 0;
   drive(tuner, 11, [&](int t) {
     ++window;  // windows 1-6 on one thread, 7 is the first on two
@@ -168,7 +176,7 @@ TEST(ThreadTuner, OneNoisyWindowDoesNotCutAProbeShort) {
 
 // A small difference does not move the choice away from the count in use.
 TEST(ThreadTuner, ASmallDifferenceDoesNotFlipTheChoice) {
-  ThreadTunerOptions o;
+  ThreadTunerOptions o = idle_machine();
   o.first_hold = 10;
   ThreadTuner tuner({1, 2}, o);
   drive(tuner, 11, [](int t) { return t == 2 ? 0.6 : 1.0; });
@@ -179,11 +187,33 @@ TEST(ThreadTuner, ASmallDifferenceDoesNotFlipTheChoice) {
   EXPECT_GE(tuner.checks(), 4);
 }
 
+// Another process busy on one of two cores: two threads are not even tried until it is gone.
+TEST(ThreadTuner, DoesNotProbeCountsTheOtherProcessesLeaveNoRoomFor) {
+  ThreadTunerOptions o = idle_machine();
+  o.first_hold = 10;
+  int busy = 1;
+  o.busy_cores = [&] { return busy; };
+  ThreadTuner tuner({1, 2}, o);
+  const auto cost = [](int t) { return t == 2 ? 0.6 : 1.0; };
+  const auto loaded = drive(tuner, 40, cost);
+  EXPECT_EQ(std::count(loaded.begin(), loaded.end(), 2), 0);
+  EXPECT_EQ(tuner.chosen(), 1);
+  busy = 0;
+  drive(tuner, 60, cost);  // the next check has room for two threads again
+  EXPECT_EQ(tuner.chosen(), 2);
+}
+
+TEST(ThreadTuner, BusyCoresReadsThisMachine) {
+  const int busy = busy_cores();  // this test's own threads are not counted
+  EXPECT_GE(busy, 0);
+  EXPECT_LE(busy, 4096);
+}
+
 TEST(ThreadTuner, RejectsBadSettings) {
   EXPECT_THROW(ThreadTuner({}), ValueError);
   EXPECT_THROW(ThreadTuner({2, 1}), ValueError);
   EXPECT_THROW(ThreadTuner({0, 1}), ValueError);
-  ThreadTunerOptions o;
+  ThreadTunerOptions o = idle_machine();
   o.slowdown = 1.0;
   EXPECT_THROW(ThreadTuner({1, 2}, o), ValueError);
   o = ThreadTunerOptions{};
