@@ -131,6 +131,11 @@ void ThreadTuner::start_probe() {
     medians_[in_use] = median(recent_);
     order_pos_ = 1;
   }
+  if (order_pos_ == order_.size()) {  // measured already, and no room to try another count
+    probe_index_ = in_use;
+    finish_probe();
+    return;
+  }
   probe_index_ = order_[order_pos_];
   current_ = candidates_[probe_index_];
 }
