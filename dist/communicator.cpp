@@ -44,7 +44,7 @@ class SingleProcess final : public Communicator {
     if (root != 0) throw ValueError(str_cat("[broadcast] root ", root, " in a world of 1 rank"));
   }
   void all_gather(const Tensor& in, Tensor& out) override {
-    check_gather("all_gather", in, out, 1);
+    check_gather("all_gather", in, out, 1, 0);
     if (in.raw() != out.raw()) backend_for(in.device()).copy(in, out);
   }
   void reduce_scatter(const Tensor& in, Tensor& out) override {
@@ -132,7 +132,8 @@ Communicator& world_for(Device device) {
 #endif
 }
 
-void check_gather(const char* op, const Tensor& in, const Tensor& out, int world_size) {
+void check_gather(const char* op, const Tensor& in, const Tensor& out, int world_size,
+                  int in_place_rank) {
   if (in.dtype() != out.dtype() || in.device() != out.device()) {
     throw DTypeError(str_cat("[", op, "] input ", in.describe(), " and output ", out.describe(),
                              " differ in dtype or device"));
@@ -140,6 +141,17 @@ void check_gather(const char* op, const Tensor& in, const Tensor& out, int world
   if (out.numel() != in.numel() * world_size) {
     throw ShapeError(str_cat("[", op, "] the larger tensor must hold ", world_size,
                              " x the smaller: ", in.describe(), " and ", out.describe()));
+  }
+  // The libraries allow one aliasing only: the smaller tensor as this rank's slice of the larger.
+  const auto* small = static_cast<const char*>(in.raw());
+  const auto* large = static_cast<const char*>(out.raw());
+  const bool overlap = small < large + out.nbytes() && large < small + in.nbytes();
+  const bool own_slice =
+      in_place_rank >= 0 && small == large + static_cast<size_t>(in_place_rank) * in.nbytes();
+  if (overlap && !own_slice) {
+    throw ValueError(str_cat("[", op, "] input and output overlap",
+                             in_place_rank >= 0 ? " other than as this rank's slice" : "", ": ",
+                             in.describe(), " and ", out.describe()));
   }
 }
 

@@ -70,6 +70,9 @@ std::unique_ptr<Communicator> make_single_process();
 
 // Checks shared by the backends: one dtype and device, the sizes the collective needs (every
 // accrue tensor is contiguous).
-void check_gather(const char* op, const Tensor& in, const Tensor& out, int world_size);
+// `in` is the smaller tensor; in_place_rank >= 0 lets it be exactly that rank's slice of `out`
+// (all_gather in place); any other overlap of the two throws.
+void check_gather(const char* op, const Tensor& in, const Tensor& out, int world_size,
+                  int in_place_rank = -1);
 
 }  // namespace accrue::dist

@@ -99,7 +99,7 @@ class Mpi final : public Communicator {
                                MPI_COMM_WORLD));
   }
   void all_gather(const Tensor& in, Tensor& out) override {
-    check_gather("all_gather", in, out, size_);
+    check_gather("all_gather", in, out, size_, rank_);
     const int n = mpi_count(in, "all_gather");
     const MPI_Datatype type = mpi_type(in, "all_gather");
     // In place when in is this rank's slice of out (MPI forbids other aliasing).

@@ -81,7 +81,7 @@ class Nccl final : public Communicator {
   }
   void all_gather(const Tensor& in, Tensor& out) override {
     // In place when in is this rank's slice of out: NCCL's own in-place layout.
-    check_gather("all_gather", in, out, world_size());
+    check_gather("all_gather", in, out, world_size(), rank());
     ACCRUE_NCCL_CHECK(ncclAllGather(in.raw(), out.raw(), size_t(in.numel()),
                                     nccl_type(in, "all_gather"), comm_, stream(in)));
   }

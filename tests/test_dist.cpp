@@ -63,7 +63,8 @@ TEST(Dist, NcclCollectivesOnCudaTensors) {
   if (gpus < comm().world_size()) {
     GTEST_SKIP() << "NCCL needs one GPU per rank: " << comm().world_size() << " ranks, " << gpus
                  << " GPUs"
-                 << (cuda_unavailable_reason().empty() ? "" : " (" + cuda_unavailable_reason() + ")");
+                 << (cuda_unavailable_reason().empty() ? ""
+                                                       : " (" + cuda_unavailable_reason() + ")");
   }
   const Device gpu = Device::cuda(dist::launch_info().local_rank);
   dist::Communicator& nccl = dist::world_for(gpu);
@@ -98,6 +99,16 @@ TEST(Dist, BadCollectiveArgumentsNameTheOpAndTheTensors) {
   Tensor f64 = Tensor::zeros({6}, DType::kFloat64);
   EXPECT_THROW(comm().reduce_scatter(f64, small), DTypeError);
   EXPECT_THROW(comm().broadcast(small, 2), ValueError);
+  // Aliasing: all_gather in place from this rank's own slice works; any other overlap throws.
+  Tensor whole = Tensor::from_vector<float>({4}, {0, 0, 0, 0});
+  Tensor own = whole.narrow(2 * comm().rank(), 2);
+  own.fill_(float(comm().rank() + 1));
+  comm().all_gather(own, whole);
+  EXPECT_EQ(whole.to_vector<float>(), (std::vector<float>{1, 1, 2, 2}));
+  Tensor other = whole.narrow(2 * (1 - comm().rank()), 2);
+  EXPECT_THROW(comm().all_gather(other, whole), ValueError);
+  Tensor shard = whole.narrow(2 * comm().rank(), 2);
+  EXPECT_THROW(comm().reduce_scatter(whole, shard), ValueError);
 }
 
 // The gradient of L = sum over ranks of L_r against central differences in float64, where
