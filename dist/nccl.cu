@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "dist/communicator.h"
+#include "kernels/cuda/check.h"
 #include "kernels/cuda/context.h"
 
 #define ACCRUE_NCCL_CHECK(call)                                                             \
@@ -58,9 +59,9 @@ class Nccl final : public Communicator {
     std::memcpy(&id, bytes.raw(), sizeof(id));
     cuda::context(device_);  // makes the device current
     ACCRUE_NCCL_CHECK(ncclCommInitRank(&comm_, mpi_.world_size(), id, mpi_.rank()));
-    check_cuda(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking), "cudaStreamCreate");
-    check_cuda(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
-    check_cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
+    ACCRUE_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+    ACCRUE_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+    ACCRUE_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
   }
   int rank() const override { return mpi_.rank(); }
   int world_size() const override { return mpi_.world_size(); }
@@ -96,14 +97,14 @@ class Nccl final : public Communicator {
   // makes the main stream wait for the side stream.
   void start_all_reduce_sum(Tensor& t) override {
     const cudaStream_t main = stream(t);
-    check_cuda(cudaEventRecord(ready_, main), "cudaEventRecord");
-    check_cuda(cudaStreamWaitEvent(side_, ready_, 0), "cudaStreamWaitEvent");
+    ACCRUE_CUDA_CHECK(cudaEventRecord(ready_, main));
+    ACCRUE_CUDA_CHECK(cudaStreamWaitEvent(side_, ready_, 0));
     ACCRUE_NCCL_CHECK(ncclAllReduce(t.raw(), t.raw(), size_t(t.numel()),
                                     nccl_type(t, "all_reduce_sum"), ncclSum, comm_, side_));
   }
   void wait_all() override {
-    check_cuda(cudaEventRecord(done_, side_), "cudaEventRecord");
-    check_cuda(cudaStreamWaitEvent(cuda::context(device_).stream, done_, 0), "cudaStreamWaitEvent");
+    ACCRUE_CUDA_CHECK(cudaEventRecord(done_, side_));
+    ACCRUE_CUDA_CHECK(cudaStreamWaitEvent(cuda::context(device_).stream, done_, 0));
   }
 
   void barrier() override {
@@ -114,8 +115,7 @@ class Nccl final : public Communicator {
       const cudaError_t status = cudaStreamQuery(s);
       if (status == cudaSuccess) break;
       if (status != cudaErrorNotReady) {
-        throw BackendError(str_cat("CUDA error (", cudaGetErrorString(status),
-                                   ") in cudaStreamQuery at ", __FILE__, ":", __LINE__));
+        cuda::throw_cuda(status, "cudaStreamQuery", __FILE__, __LINE__);
       }
       ncclResult_t async = ncclSuccess;
       ACCRUE_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
@@ -131,12 +131,6 @@ class Nccl final : public Communicator {
   }
 
  private:
-  static void check_cuda(cudaError_t status, const char* call) {
-    if (status != cudaSuccess) {
-      throw BackendError(
-          str_cat("CUDA error (", cudaGetErrorString(status), ") in ", call, " (dist/nccl.cu)"));
-    }
-  }
   cudaStream_t stream(const Tensor& t) {
     if (t.device().index != device_) {
       throw DeviceError(

@@ -33,12 +33,13 @@ void Accumulator::plan_buckets() {
   bool open = false;
   for (size_t i = entries.size(); i-- > 0;) {
     if (!open) {
-      buckets_.push_back({end, end, 0});
+      buckets_.push_back({end, end, 0, 0});
       open = true;
     }
     Bucket& b = buckets_.back();
     b.begin = i == 0 ? 0 : entries[i].offset;
-    ++b.pending;
+    ++b.params;
+    b.pending = b.params;
     bucket_of_[entries[i].param.impl().get()] = buckets_.size() - 1;
     if (static_cast<size_t>(b.end - b.begin) * element >= options_.bucket_bytes) {
       open = false;
@@ -48,8 +49,7 @@ void Accumulator::plan_buckets() {
 }
 
 void Accumulator::reset_buckets() {
-  for (Bucket& b : buckets_) b.pending = 0;
-  for (const auto& [leaf, i] : bucket_of_) ++buckets_[i].pending;
+  for (Bucket& b : buckets_) b.pending = b.params;
   started_ = 0;
 }
 

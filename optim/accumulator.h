@@ -102,7 +102,8 @@ class Accumulator {
   // every rank starts them in the same order).
   struct Bucket {
     int64_t begin, end;  // in arena elements
-    int pending;
+    int params;          // parameters in the bucket
+    int pending;         // of which backward has not finished yet
   };
   void plan_buckets();
   void leaf_ready(const TensorImpl& leaf);

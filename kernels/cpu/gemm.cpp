@@ -28,10 +28,7 @@ void bias_relu_block(T* c, int rows, int cols, int ldc, const T* bias, bool relu
   for (int r = 0; r < rows; ++r) {
     T* row = c + int64_t{r} * ldc;
     if (bias != nullptr) add_row(row, bias, row, cols);
-    if (relu) {
-#pragma omp simd
-      for (int j = 0; j < cols; ++j) row[j] = fn::Relu{}(row[j]);
-    }
+    if (relu) relu_row(row, cols);
   }
 }
 

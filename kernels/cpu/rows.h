@@ -1,6 +1,6 @@
 // Row loops shared by the CPU kernels that work on one row of a row-major matrix at a time: the
-// bias add (elementwise.cpp, and the Linear epilogue in gemm.cpp), the running column sums of
-// the row reductions and the ReLU mask of the fused Linear + ReLU backward (reduce.cpp).
+// bias add and ReLU (elementwise.cpp, and the Linear epilogue in gemm.cpp), the running column
+// sums of the row reductions and the ReLU mask of the fused Linear + ReLU backward (reduce.cpp).
 #pragma once
 
 #include <cstdint>
@@ -21,6 +21,14 @@ template <typename T>
 void add_into(T* acc, const T* row, int64_t len) {
 #pragma omp simd
   for (int64_t c = 0; c < len; ++c) acc[c] += row[c];
+}
+
+// row [len] = relu(row [len]) in place (NaN kept)
+template <typename T>
+void relu_row(T* row, int64_t len) {
+  const fn::Relu relu;
+#pragma omp simd
+  for (int64_t c = 0; c < len; ++c) row[c] = relu(row[c]);
 }
 
 // dz [len] = dy where y > 0, else 0 (the ReLU's backward, y being its output)
