@@ -1,7 +1,9 @@
 // Kernel benchmarks on every device present, each reporting bytes/s (or FLOP/s) and `roofline`,
 // the fraction of the same-run limit (limits.cpp): for bandwidth-bound kernels a copy touching
 // the same memory footprint. The bytes a kernel must move per element are stated at each
-// benchmark (the footprint is the distinct memory it touches); float32 throughout.
+// benchmark (the footprint is the distinct memory it touches); float32 unless a name says bf16
+// (mixed precision: the GEMMs on bfloat16 operands beside their float32 twins, the Adam pass
+// that also writes the bfloat16 working copy).
 #include "common.h"
 #include "kernels/backend.h"
 
@@ -38,24 +40,28 @@ void global_norm(State& state, Device d) {
 }
 
 struct AdamState {
-  Tensor p, g, m, v, norm_sq, boundary, steps;
-  AdamState(int64_t n, Device d)
+  Tensor p, g, m, v, norm_sq, boundary, steps, scaler, working;
+  AdamState(int64_t n, Device d, bool with_working = false)
       : p(filled({n}, d, 1)),
         g(filled({n}, d, 2)),
         m(Tensor::zeros({n}, DType::kFloat32, d)),
         v(Tensor::zeros({n}, DType::kFloat32, d)),
         norm_sq(Tensor::zeros({2}, DType::kFloat32, d)),
-        boundary(Tensor::from_vector<float>({3}, {1.0f, 1.0f, 0.0f}, d)),
-        steps(Tensor::from_vector<int32_t>({1}, {1}, d)) {}
+        boundary(Tensor::from_vector<float>({4}, {1.0f, 1.0f, 0.0f, 1.0f}, d)),
+        steps(Tensor::from_vector<int32_t>({1}, {1}, d)),
+        working(with_working ? Tensor::zeros({n}, DType::kBFloat16, d) : Tensor()) {}
 };
 
-// Fused Adam / AdamW: read p, g, m, v and write p, g (zeroed), m, v = 32 bytes per element.
-void adam(State& state, Device d, bool decoupled) {
-  AdamState s(state.range(0), d);
+// Fused Adam / AdamW: read p, g, m, v and write p, g (zeroed), m, v = 32 bytes per element; with
+// the bfloat16 working copy of mixed precision also write w = 34 bytes.
+void adam(State& state, Device d, bool decoupled, bool with_working = false) {
+  AdamState s(state.range(0), d, with_working);
   const AdamParams hp{1e-3, 0.9, 0.999, 1e-8, decoupled ? 1e-2 : 0.0, decoupled};
-  const double seconds = run_timed(
-      state, d, [&] { backend_for(d).adam_step(hp, s.boundary, s.steps, s.p, s.g, s.m, s.v); });
-  report_bytes(state, d, seconds, 32.0 * state.range(0), 16.0 * state.range(0));
+  const double seconds = run_timed(state, d, [&] {
+    backend_for(d).adam_step(hp, s.boundary, s.steps, s.p, s.g, s.m, s.v, s.working);
+  });
+  const double bytes = with_working ? 34.0 : 32.0, footprint = with_working ? 18.0 : 16.0;
+  report_bytes(state, d, seconds, bytes * state.range(0), footprint * state.range(0));
 }
 
 // The whole boundary step: norm (4 B) + boundary scalars + fused Adam (32 B) = 36 bytes/element.
@@ -65,8 +71,8 @@ void boundary_step(State& state, Device d) {
   Backend& be = backend_for(d);
   const double seconds = run_timed(state, d, [&] {
     be.norm_sq(s.g, s.norm_sq);
-    be.boundary(s.norm_sq, 1.0, 1.0, s.boundary, s.steps);
-    be.adam_step(hp, s.boundary, s.steps, s.p, s.g, s.m, s.v);
+    be.boundary(s.norm_sq, 1.0, 1.0, {}, s.scaler, s.boundary, s.steps);
+    be.adam_step(hp, s.boundary, s.steps, s.p, s.g, s.m, s.v, s.working);
   });
   report_bytes(state, d, seconds, 36.0 * state.range(0), 16.0 * state.range(0));
 }
@@ -107,20 +113,22 @@ void relu_backward(State& state, Device d) {
   report_bytes(state, d, seconds, 12.0 * n, 12.0 * n);
 }
 
-// Linear forward GEMM: y [b, out] = x [b, in] @ W [out, in]^T; 2 * b * in * out FLOP.
-void gemm_forward(State& state, Device d) {
+// Linear forward GEMM: y [b, out] = x [b, in] @ W [out, in]^T; 2 * b * in * out FLOP. In
+// `dtype` throughout (bf16: float32 accumulation, y rounded to bf16).
+void gemm_forward(State& state, Device d, DType dtype = DType::kFloat32) {
   const int64_t b = state.range(0), in = state.range(1), out = state.range(2);
-  Tensor x = filled({b, in}, d, 1), w = filled({out, in}, d, 2),
-         y = Tensor::empty({b, out}, DType::kFloat32, d);
+  Tensor x = filled({b, in}, d, 1).to(dtype), w = filled({out, in}, d, 2).to(dtype),
+         y = Tensor::empty({b, out}, dtype, d);
   const double seconds =
       run_timed(state, d, [&] { backend_for(d).gemm(false, true, 1.0, x, w, 0.0, y); });
   report_flops(state, d, seconds, 2.0 * b * in * out);
 }
 
 // Weight-gradient GEMM into the arena: dW [out, in] += dy [b, out]^T @ x [b, in], beta = 1.
-void gemm_weight_grad(State& state, Device d) {
+// dW is float32 whatever `dtype` the operands are in (mixed precision's arena).
+void gemm_weight_grad(State& state, Device d, DType dtype = DType::kFloat32) {
   const int64_t b = state.range(0), in = state.range(1), out = state.range(2);
-  Tensor x = filled({b, in}, d, 1), dy = filled({b, out}, d, 2),
+  Tensor x = filled({b, in}, d, 1).to(dtype), dy = filled({b, out}, d, 2).to(dtype),
          dw = Tensor::zeros({out, in}, DType::kFloat32, d);
   const double seconds =
       run_timed(state, d, [&] { backend_for(d).gemm(true, false, 1.0, dy, x, 1.0, dw); });
@@ -148,6 +156,8 @@ void register_kernel_benchmarks() {
     }
     if (!smoke()) {
       add("adam", [](State& s, Device dd) { adam(s, dd, false); })->Arg(567434);  // the MNIST MLP
+      add("adam_bf16_copy", [](State& s, Device dd) { adam(s, dd, false, true); })->Arg(567434);
+      add("adam_bf16_copy", [](State& s, Device dd) { adam(s, dd, false, true); })->Arg(10000000);
       add("boundary_step", boundary_step)->Arg(567434);
     }
     add("softmax_ce", softmax_ce)->Args({32, 10});  // MNIST micro-batch
@@ -155,12 +165,19 @@ void register_kernel_benchmarks() {
     // The MNIST MLP's layers at micro-batch 32: {batch, in, out}.
     const std::vector<std::vector<int64_t>> layers{
         {32, 784, 512}, {32, 512, 256}, {32, 256, 128}, {32, 128, 10}};
+    const auto bf16 = [](auto fn) {
+      return [fn](State& s, Device dd) { fn(s, dd, DType::kBFloat16); };
+    };
+    const auto f32 = [](auto fn) { return [fn](State& s, Device dd) { fn(s, dd, DType::kFloat32); }; };
     for (const auto& l : layers) {
-      add("gemm_forward", gemm_forward)->Args(l);
-      add("gemm_weight_grad", gemm_weight_grad)->Args(l);
+      add("gemm_forward", f32(gemm_forward))->Args(l);
+      add("gemm_forward_bf16", bf16(gemm_forward))->Args(l);
+      add("gemm_weight_grad", f32(gemm_weight_grad))->Args(l);
+      add("gemm_weight_grad_bf16", bf16(gemm_weight_grad))->Args(l);
     }
     const int64_t big = smoke() ? 128 : (d.is_cpu() ? 1024 : 4096);
-    add("gemm_forward", gemm_forward)->Args({big, big, big});
+    add("gemm_forward", f32(gemm_forward))->Args({big, big, big});
+    add("gemm_forward_bf16", bf16(gemm_forward))->Args({big, big, big});
   }
 }
 

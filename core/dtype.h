@@ -1,15 +1,18 @@
 // Element types a tensor can hold. float32 is the training type; float64 exists so gradients can
-// be checked against finite differences; int32 holds class labels and argmax results. Half types
-// (bf16/f16) slot in here later. Read next: device.h, tensor.h.
+// be checked against finite differences; bfloat16 and float16 hold the activations and the
+// working copy of the weights of mixed-precision training (core/half.h; arithmetic on them is
+// done in float); int32 holds class labels and argmax results. Read next: device.h, tensor.h.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
+#include "core/half.h"
+
 namespace accrue {
 
-enum class DType { kFloat32, kFloat64, kInt32 };
+enum class DType { kFloat32, kFloat64, kInt32, kBFloat16, kFloat16 };
 
 inline size_t dtype_size(DType t) {
   switch (t) {
@@ -19,6 +22,9 @@ inline size_t dtype_size(DType t) {
       return 8;
     case DType::kInt32:
       return 4;
+    case DType::kBFloat16:
+    case DType::kFloat16:
+      return 2;
   }
   return 0;
 }
@@ -31,12 +37,21 @@ inline const char* dtype_name(DType t) {
       return "float64";
     case DType::kInt32:
       return "int32";
+    case DType::kBFloat16:
+      return "bfloat16";
+    case DType::kFloat16:
+      return "float16";
   }
   return "?";
 }
 
+// The 16-bit floating types.
+inline bool is_half(DType t) {
+  return t == DType::kBFloat16 || t == DType::kFloat16;
+}
+
 inline bool is_floating(DType t) {
-  return t == DType::kFloat32 || t == DType::kFloat64;
+  return t == DType::kFloat32 || t == DType::kFloat64 || is_half(t);
 }
 
 // Maps a C++ type to its DType tag: dtype_of<float>() == DType::kFloat32.
@@ -53,6 +68,14 @@ constexpr DType dtype_of<double>() {
 template <>
 constexpr DType dtype_of<int32_t>() {
   return DType::kInt32;
+}
+template <>
+constexpr DType dtype_of<bf16>() {
+  return DType::kBFloat16;
+}
+template <>
+constexpr DType dtype_of<f16>() {
+  return DType::kFloat16;
 }
 
 }  // namespace accrue

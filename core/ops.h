@@ -46,7 +46,10 @@ Tensor argmax(const Tensor& x);
 // Number of equal entries of two int32 [N] tensors, as an int64 on the host.
 int64_t count_equal(const Tensor& a, const Tensor& b);
 
-// Shape and indexing (core/ops/shape.cpp).
+// Shape, dtype and indexing (core/ops/shape.cpp).
+// x converted to dtype (round to nearest even into 16 bits), recorded: the gradient comes back
+// converted to x's dtype. The same tensor when the dtype is x's already.
+Tensor cast(const Tensor& x, DType dtype);
 // A recorded view with a new shape of the same element count.
 Tensor reshape(const Tensor& x, const Shape& shape);
 // Rows of src [N, ...] picked by int32 index [M] -> [M, ...]. For data loading: not recorded.

@@ -103,6 +103,10 @@ template Tensor Tensor::from_vector<int32_t>(const Shape&, const std::vector<int
 template std::vector<float> Tensor::to_vector<float>() const;
 template std::vector<double> Tensor::to_vector<double>() const;
 template std::vector<int32_t> Tensor::to_vector<int32_t>() const;
+template Tensor Tensor::from_vector<bf16>(const Shape&, const std::vector<bf16>&, Device);
+template Tensor Tensor::from_vector<f16>(const Shape&, const std::vector<f16>&, Device);
+template std::vector<bf16> Tensor::to_vector<bf16>() const;
+template std::vector<f16> Tensor::to_vector<f16>() const;
 
 namespace {
 
@@ -158,6 +162,8 @@ T* Tensor::data() const {
 template float* Tensor::data<float>() const;
 template double* Tensor::data<double>() const;
 template int32_t* Tensor::data<int32_t>() const;
+template bf16* Tensor::data<bf16>() const;
+template f16* Tensor::data<f16>() const;
 
 double Tensor::item() const {
   if (numel() != 1) {
@@ -170,6 +176,10 @@ double Tensor::item() const {
       return to_vector<double>()[0];
     case DType::kInt32:
       return to_vector<int32_t>()[0];
+    case DType::kBFloat16:
+      return to_vector<bf16>()[0];
+    case DType::kFloat16:
+      return to_vector<f16>()[0];
   }
   return 0;
 }
@@ -300,6 +310,12 @@ std::ostream& operator<<(std::ostream& out, const Tensor& t) {
         break;
       case DType::kInt32:
         out << host.data<int32_t>()[i];
+        break;
+      case DType::kBFloat16:
+        out << static_cast<float>(host.data<bf16>()[i]);
+        break;
+      case DType::kFloat16:
+        out << static_cast<float>(host.data<f16>()[i]);
         break;
     }
   }

@@ -3,6 +3,7 @@
 // practice, calls MPI; OpenMP threads never do) and finalised at exit. Errors return instead of
 // aborting (MPI_ERRORS_RETURN) and are thrown with MPI's own message and file:line, so the
 // trainer's handler can report them and abort every rank.
+#include <cstring>
 #include <mpi.h>
 
 #include <cstdlib>
@@ -43,6 +44,13 @@ MPI_Datatype mpi_type(const Tensor& t, const char* op) {
       return MPI_DOUBLE;
     case DType::kInt32:
       return MPI_INT;
+    case DType::kBFloat16:
+    case DType::kFloat16:
+      // Moved, never summed (gradients are float32): gathers and broadcasts of the bits.
+      if (std::strcmp(op, "all_gather") == 0 || std::strcmp(op, "broadcast") == 0) {
+        return MPI_UINT16_T;
+      }
+      break;
     default:
       break;
   }

@@ -41,6 +41,10 @@ ncclDataType_t nccl_type(const Tensor& t, const char* op) {
       return ncclFloat64;
     case DType::kInt32:
       return ncclInt32;
+    case DType::kBFloat16:
+      return ncclBfloat16;
+    case DType::kFloat16:
+      return ncclFloat16;
     default:
       break;
   }

@@ -21,6 +21,14 @@ struct SgdParams {
   double lr, momentum, dampening, weight_decay;
   bool nesterov;
 };
+// Dynamic loss scaling (PyTorch's GradScaler semantics, once per window): after an overflowing
+// window the scale is multiplied by backoff, after growth_interval clean windows in a row by
+// growth. dynamic = false keeps the scale fixed (it still divides the gradient).
+struct LossScaling {
+  bool dynamic = false;
+  double growth = 2.0, backoff = 0.5;
+  int growth_interval = 2000;
+};
 
 // Every primitive, once: X(name, (parameters), (arguments)). The list expands into the abstract
 // interface below, into each backend's overrides (ACCRUE_BACKEND_OVERRIDES), into the tracing
@@ -83,24 +91,29 @@ struct SgdParams {
   X(argmax, (const Tensor& x, Tensor& index), (x, index))                                         \
   X(count_equal, (const Tensor& a, const Tensor& b, Tensor& out), (a, b, out))                    \
   /* The optimizer step, once per effective batch, over the flat arenas. norm_sq: out [2] =       \
-     {sum of g^2, number of non-finite entries}, in a fixed order. boundary: out [3] = {norm,     \
-     coef, skip} with norm = normalize * sqrt(sum g^2) (the pre-clip norm of the normalised       \
-     gradient), coef = normalize * min(1, max_norm / (norm + 1e-6)) (no clip when max_norm <=     \
-     0), skip = 1 when any entry was non-finite; steps (int32 [1], applied updates) += 1 unless   \
-     skipped. The fused updates: g' = g * coef, the update, g = 0; with skip != 0 only g = 0.     \
-     coef, skip and the step count are read on the device: nothing waits for the host. */         \
+     {sum of g^2, number of non-finite entries}, in a fixed order. boundary: out [4] = {norm,     \
+     coef, skip, scale}; scale = scaler[0], the loss scale the window's backward was seeded with  \
+     (1 when scaler is undefined); norm = normalize / scale * sqrt(sum g^2) (the pre-clip norm of \
+     the normalised, unscaled gradient); coef = normalize / scale * min(1, max_norm / (norm +     \
+     1e-6)) (no clip when max_norm <= 0); skip = 1 when any entry was non-finite; steps (int32    \
+     [1], applied updates) += 1 unless skipped; scaler [2] = {scale, clean windows in a row} is   \
+     updated as LossScaling says. The fused updates: g' = g * coef, the update, g = 0, and the    \
+     16-bit working copy (undefined: none) = the new parameter rounded; with skip != 0 only g =   \
+     0. coef, skip, the scale and the step count stay on the device: nothing waits for the host. \
+   */                                                                                             \
   X(norm_sq, (const Tensor& g, Tensor& out), (g, out))                                            \
   X(boundary,                                                                                     \
-    (const Tensor& norm_sq, double normalize, double max_norm, Tensor& out, Tensor& steps),       \
-    (norm_sq, normalize, max_norm, out, steps))                                                   \
+    (const Tensor& norm_sq, double normalize, double max_norm, const LossScaling& scaling,        \
+     Tensor& scaler, Tensor& out, Tensor& steps),                                                 \
+    (norm_sq, normalize, max_norm, scaling, scaler, out, steps))                                  \
   X(adam_step,                                                                                    \
     (const AdamParams& hp, const Tensor& boundary, const Tensor& steps, Tensor& param,            \
-     Tensor& grad, Tensor& m, Tensor& v),                                                         \
-    (hp, boundary, steps, param, grad, m, v))                                                     \
+     Tensor& grad, Tensor& m, Tensor& v, Tensor& working),                                        \
+    (hp, boundary, steps, param, grad, m, v, working))                                            \
   X(sgd_step,                                                                                     \
     (const SgdParams& hp, const Tensor& boundary, const Tensor& steps, Tensor& param,             \
-     Tensor& grad, Tensor& momentum),                                                             \
-    (hp, boundary, steps, param, grad, momentum))
+     Tensor& grad, Tensor& momentum, Tensor& working),                                            \
+    (hp, boundary, steps, param, grad, momentum, working))
 
 #define ACCRUE_BACKEND_PURE_VIRTUAL(name, params, args) virtual void name params = 0;
 #define ACCRUE_BACKEND_OVERRIDE(name, params, args) void name params override;

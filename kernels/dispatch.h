@@ -2,13 +2,17 @@
 // both backends: ACCRUE_DISPATCH_FLOATING(dtype, "relu", [&] { ... T ... }). The body is a plain
 // lambda (nvcc takes no device lambdas inside generic lambdas), and on the CPU it holds no OpenMP
 // pragma (a macro argument cannot): the loops live in kernels/cpu/parallel.h. The _AS forms name
-// the alias (casts dispatch twice, as S and D).
+// the alias (casts dispatch twice, as S and D). The _AND_HALF forms add bfloat16 and float16
+// for the kernels that handle them (loading into compute_t<T>, core/half.h); the others keep
+// the plain forms, which name the dtypes they take in their error.
 #pragma once
 
 #include <cstdint>
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/tensor.h"
+#include "kernels/functors.h"
 
 namespace accrue {
 
@@ -16,9 +20,43 @@ namespace accrue {
   throw DTypeError(str_cat("[", op, "] expects ", expected, ", got ", dtype_name(dtype)));
 }
 
+// The output an accumulating kernel over T inputs may write: T, or float32 when T is a 16-bit
+// type (gradients of 16-bit activations summed into the float32 arena). Throws otherwise.
+template <typename T>
+bool accumulates_in_float(const char* op, DType out) {
+  if (out == dtype_of<T>()) return false;
+  if (is_half_v<T> && out == DType::kFloat32) return true;
+  throw DTypeError(str_cat("[", op, "] cannot write a ", dtype_name(dtype_of<T>()),
+                           " result into a ", dtype_name(out), " tensor"));
+}
+
+// f(pointer to out's elements), typed T or float as accumulates_in_float says (host loops).
+template <typename T, typename F>
+void with_accumulator(Tensor& out, const char* op, F f) {
+  if constexpr (is_half_v<T>) {
+    if (accumulates_in_float<T>(op, out.dtype())) return f(out.data<float>());
+  } else {
+    accumulates_in_float<T>(op, out.dtype());
+  }
+  f(out.data<T>());
+}
+
+// f(pointer to the working copy's elements): bf16*, f16*, or a null fn::NoWorkingCopy* when
+// working is undefined (Backend::adam_step, sgd_step).
+template <typename F>
+void with_working_copy(Tensor& working, const char* op, F f) {
+  if (!working.defined()) return f(static_cast<fn::NoWorkingCopy*>(nullptr));
+  if (working.dtype() == DType::kBFloat16) return f(working.data<bf16>());
+  if (working.dtype() == DType::kFloat16) return f(working.data<f16>());
+  dispatch_error(op, working.dtype(), "a bfloat16 or float16 working copy");
+}
+
 }  // namespace accrue
 
-#define ACCRUE_DISPATCH_FLOATING_AS(T, dtype, op, ...)             \
+#define ACCRUE_DISPATCH_FLOATING_AS(T, dtype, op, ...) \
+  ACCRUE_DISPATCH_FLOAT_CASES_(T, dtype, op, "float32 or float64", __VA_ARGS__)
+
+#define ACCRUE_DISPATCH_FLOAT_CASES_(T, dtype, op, expected, ...)  \
   [&] {                                                            \
     switch (dtype) {                                               \
       case ::accrue::DType::kFloat32: {                            \
@@ -30,19 +68,34 @@ namespace accrue {
         return __VA_ARGS__();                                      \
       }                                                            \
       default:                                                     \
-        ::accrue::dispatch_error(op, dtype, "float32 or float64"); \
+        ::accrue::dispatch_error(op, dtype, expected);             \
     }                                                              \
   }()
 
-#define ACCRUE_DISPATCH_ALL_AS(T, dtype, op, ...)                  \
+#define ACCRUE_DISPATCH_FLOATING_AND_HALF_AS(T, dtype, op, ...)    \
   [&] {                                                            \
-    if ((dtype) == ::accrue::DType::kInt32) {                      \
-      using T = int32_t;                                           \
+    if ((dtype) == ::accrue::DType::kBFloat16) {                   \
+      using T = ::accrue::bf16;                                    \
       return __VA_ARGS__();                                        \
     }                                                              \
-    return ACCRUE_DISPATCH_FLOATING_AS(T, dtype, op, __VA_ARGS__); \
+    if ((dtype) == ::accrue::DType::kFloat16) {                    \
+      using T = ::accrue::f16;                                     \
+      return __VA_ARGS__();                                        \
+    }                                                              \
+    return ACCRUE_DISPATCH_FLOAT_CASES_(T, dtype, op, "a floating dtype", __VA_ARGS__); \
+  }()
+
+#define ACCRUE_DISPATCH_ALL_AS(T, dtype, op, ...)                           \
+  [&] {                                                                     \
+    if ((dtype) == ::accrue::DType::kInt32) {                               \
+      using T = int32_t;                                                    \
+      return __VA_ARGS__();                                                 \
+    }                                                                       \
+    return ACCRUE_DISPATCH_FLOATING_AND_HALF_AS(T, dtype, op, __VA_ARGS__); \
   }()
 
 #define ACCRUE_DISPATCH_FLOATING(dtype, op, ...) \
   ACCRUE_DISPATCH_FLOATING_AS(T, dtype, op, __VA_ARGS__)
+#define ACCRUE_DISPATCH_FLOATING_AND_HALF(dtype, op, ...) \
+  ACCRUE_DISPATCH_FLOATING_AND_HALF_AS(T, dtype, op, __VA_ARGS__)
 #define ACCRUE_DISPATCH_ALL(dtype, op, ...) ACCRUE_DISPATCH_ALL_AS(T, dtype, op, __VA_ARGS__)

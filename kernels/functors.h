@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/half.h"
+
 #if defined(__CUDACC__)
 #define ACCRUE_HD __host__ __device__ __forceinline__
 #else
@@ -161,19 +163,46 @@ struct CrossEntropyGrad {
 };
 
 // Boundary scalars from the global sum of squares and the non-finite count: out = {norm, coef,
-// skip}; steps[0] counts applied updates. See Backend::boundary. Runs on one thread.
-template <typename T>
-ACCRUE_HD void boundary_scalars(T sum_sq, T nonfinite, double normalize, double max_norm, T* out,
-                                int32_t* steps) {
-  const T norm = T(normalize) * std::sqrt(sum_sq);
+// skip, scale}; steps[0] counts applied updates; scaler = {scale, clean windows} or null. See
+// Backend::boundary. Runs on one thread. The loss scale costs nothing here: the overflow check
+// is the non-finite count the norm needs anyway, unscaling is folded into coef, and the scale
+// moves once per window, never per micro-step.
+template <typename T, typename Scaling>
+ACCRUE_HD void boundary_scalars(T sum_sq, T nonfinite, double normalize, double max_norm,
+                                const Scaling& scaling, T* scaler, T* out, int32_t* steps) {
+  const T scale = scaler != nullptr ? scaler[0] : T(1);
+  const T unscale = T(normalize) / scale;
+  const T norm = unscale * std::sqrt(sum_sq);
   const bool skip = nonfinite > T(0) || !(norm <= T(3.4e38));  // NaN or inf
-  T coef = T(normalize);
-  if (max_norm > 0 && norm > T(max_norm)) coef = T(normalize) * T(max_norm) / (norm + T(1e-6));
+  T coef = unscale;
+  if (max_norm > 0 && norm > T(max_norm)) coef = unscale * T(max_norm) / (norm + T(1e-6));
   out[0] = norm;
   out[1] = coef;
   out[2] = skip ? T(1) : T(0);
+  out[3] = scale;
   if (!skip) steps[0] += 1;
+  if (scaler != nullptr && scaling.dynamic) {
+    if (skip) {
+      scaler[0] = scale * T(scaling.backoff);
+      scaler[1] = T(0);
+    } else if (scaler[1] + T(1) >= T(scaling.growth_interval)) {
+      scaler[0] = scale * T(scaling.growth);
+      scaler[1] = T(0);
+    } else {
+      scaler[1] = scaler[1] + T(1);
+    }
+  }
 }
+
+// The 16-bit working copy of mixed precision: the fused update passes write w[i] = p[i] rounded
+// right after updating p[i]. NoWorkingCopy (a null pointer of it) is the one-precision case.
+struct NoWorkingCopy {};
+template <typename W, typename T>
+ACCRUE_HD void write_working(W* w, int64_t i, T p) {
+  w[i] = static_cast<W>(p);
+}
+template <typename T>
+ACCRUE_HD void write_working(NoWorkingCopy*, int64_t, T) {}
 
 // One element of Adam / AdamW with PyTorch's semantics: eps outside the square root, bias
 // correction, L2 decay into the gradient (Adam) or decoupled decay of the parameter (AdamW).

@@ -32,6 +32,9 @@ void print(std::ostream& out, const AdamParams& hp) {
 void print(std::ostream& out, const SgdParams& hp) {
   out << "sgd{lr " << hp.lr << ", momentum " << hp.momentum << "}";
 }
+void print(std::ostream& out, const LossScaling& s) {
+  out << (s.dynamic ? "dynamic" : "fixed") << " loss scale";
+}
 
 class TracingBackend final : public Backend {
  public:

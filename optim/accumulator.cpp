@@ -108,14 +108,24 @@ void Accumulator::micro_step(int64_t samples, const std::function<Tensor()>& for
                   loss.describe()));
     }
     backend_for(loss.device()).axpy(1.0, loss, loss_sum_);
-    // The single normalisation: d(window mean loss) / d(micro-batch sum loss) = 1 / N.
+    // The single normalisation: d(window mean loss) / d(micro-batch sum loss) = 1 / N, times
+    // the loss scale S when there is one (read on the device: S / N).
+    const double inv_n = 1.0 / static_cast<double>(window_samples_);
+    Tensor seed;
+    if (optimizer_.loss_scaled()) {
+      seed = Tensor::empty(loss.shape(), loss.dtype(), loss.device());
+      backend_for(loss.device()).expand_scalar(optimizer_.loss_scale().to(loss.dtype()), inv_n,
+                                               seed);
+    } else {
+      seed = Tensor::full(loss.shape(), inv_n, loss.dtype(), loss.device());
+    }
     const bool overlap = !buckets_.empty() && seen_samples_ + samples == local_samples_;
     if (overlap) {
       // The window's last backward: each bucket's all-reduce starts when its gradients are done.
       ScopedLeafReadyHook hook([this](const TensorImpl& leaf) { leaf_ready(leaf); });
-      loss.backward(1.0 / static_cast<double>(window_samples_));
+      loss.backward(seed);
     } else {
-      loss.backward(1.0 / static_cast<double>(window_samples_));
+      loss.backward(seed);
     }
   } catch (...) {
     abandon_window();
@@ -178,6 +188,7 @@ StepResult Accumulator::step() {
   r.step = steps_;
   r.grad_norm = report.grad_norm;
   r.skipped = report.skipped;
+  r.loss_scale = report.loss_scale;
   if (r.skipped) ++skipped_;
   r.loss = loss_sum_.item() / static_cast<double>(window_samples_);
   loss_sum_.zero_();

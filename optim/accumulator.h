@@ -2,7 +2,9 @@
 //   1. runs every micro-step: forward (the caller's function returns the micro-batch's
 //      sum-reduced loss), then backward seeded with 1 / N_window, so each micro-batch adds
 //      exactly its share of the window's mean-loss gradient into the arena, whatever the
-//      micro-batch sizes (this seed is the only place in accrue that normalises);
+//      micro-batch sizes (this seed is the only place in accrue that normalises); with a loss
+//      scale S (Optimizer::set_loss_scaling) the seed is S / N_window, read on the device, and
+//      the optimizer's boundary step unscales, checks and moves S once for the whole window;
 //   2. at the boundary, with several data-parallel ranks, all-reduces the gradient arena and the
 //      loss sum once (never during micro-steps: N_window counts the samples of every rank, so
 //      the sum of the ranks' arenas is exactly the window's gradient); then sets the learning
@@ -44,6 +46,7 @@ struct StepResult {
   double grad_norm = 0;  // of the window's mean-loss gradient, before clipping
   double lr = 0;         // used by this step
   bool skipped = false;  // non-finite gradient: no update
+  double loss_scale = 1;  // the loss scale of the window (mixed precision), before its update
 };
 
 struct MemoryStats {

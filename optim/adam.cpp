@@ -22,7 +22,7 @@ Adam::Adam(ParameterArena& arena, AdamOptions options, bool decoupled)
 void Adam::update() {
   const AdamParams hp{lr_,          options_.beta1,        options_.beta2,
                       options_.eps, options_.weight_decay, decoupled_};
-  backend_for(arena_.device()).adam_step(hp, boundary_, steps_, params_, grads_, m_, v_);
+  backend_for(arena_.device()).adam_step(hp, boundary_, steps_, params_, grads_, m_, v_, working_);
 }
 
 void Adam::resize_state(int64_t elements) {

@@ -41,8 +41,36 @@ ParameterArena::ParameterArena(const std::vector<nn::NamedTensor>& params, int64
     p.set_data(value);
     p.set_grad(grads_.narrow(offsets[i], n).view(p.shape()));
     p.impl()->in_arena = true;
-    entries_.push_back({params[i].first, p, offsets[i]});
+    entries_.push_back({params[i].first, p, value, offsets[i]});
   }
+}
+
+void ParameterArena::use_working_copy(DType dtype) {
+  if (!is_half(dtype)) {
+    throw DTypeError(str_cat("[ParameterArena] a working copy is bfloat16 or float16, got ",
+                             dtype_name(dtype)));
+  }
+  if (working_.defined()) throw ValueError("[ParameterArena] the arena has a working copy already");
+  if (params_.dtype() != DType::kFloat32) {
+    throw DTypeError(str_cat("[ParameterArena] a 16-bit working copy needs float32 master values, ",
+                             "the parameters are ", dtype_name(params_.dtype())));
+  }
+  working_ = params_.to(dtype);  // the padding stays zero
+  for (Entry& e : entries_) {
+    // Every handle of the parameter now sees its slot of the working copy; its grad stays the
+    // float32 view of the gradient arena.
+    const Tensor w = working_.narrow(e.offset, e.param.numel());
+    TensorImpl& impl = *e.param.impl();
+    impl.storage = w.impl()->storage;
+    impl.offset = w.impl()->offset;
+    impl.dtype = dtype;
+  }
+}
+
+std::vector<nn::NamedTensor> ParameterArena::named_masters() const {
+  std::vector<nn::NamedTensor> out;
+  for (const Entry& e : entries_) out.emplace_back(e.name, e.master);
+  return out;
 }
 
 ParameterArena::~ParameterArena() {

@@ -2,6 +2,12 @@
 // buffer; their gradients live in a parallel buffer with the same offsets, and each parameter's
 // `grad` is a view of it. Backward accumulates into those views in place, so the optimizer step
 // and the global norm are single flat passes, and zeroing every gradient is one memset.
+//
+// Mixed precision (use_working_copy): the arena keeps the float32 master values, and a third
+// buffer with the same offsets holds their 16-bit working copy. The model's parameter handles
+// then see the working copy (forward and backward run in 16 bits) while their `grad` stays a
+// float32 view of the gradient arena, so the weight-gradient GEMMs accumulate in float32. The
+// optimizer's fused pass updates the master and rewrites the working copy in the same loop.
 // Read next: optimizer.h.
 #pragma once
 
@@ -16,7 +22,9 @@ class ParameterArena {
  public:
   struct Entry {
     std::string name;
-    Tensor param;    // a view of params()
+    Tensor param;    // the model's handle: a view of params(), or of working() when there is one
+    Tensor master;   // its float master value: a view of params() (the same as param without a
+                     // working copy)
     int64_t offset;  // in elements, a multiple of kAlign
   };
   // Each parameter starts at a multiple of kAlign elements (64 bytes for float32), so kernels
@@ -35,8 +43,15 @@ class ParameterArena {
   ParameterArena(const ParameterArena&) = delete;
   ParameterArena& operator=(const ParameterArena&) = delete;
 
-  Tensor& params() { return params_; }  // [size()]
-  Tensor& grads() { return grads_; }    // [size()]
+  // Gives the model a 16-bit working copy (DType::kBFloat16 or kFloat16) of the float32 master
+  // values: see the top of this file. Once, before an optimizer is built on the arena.
+  void use_working_copy(DType dtype);
+
+  Tensor& params() { return params_; }    // [size()] the master values
+  Tensor& grads() { return grads_; }      // [size()]
+  Tensor& working() { return working_; }  // [size()] 16-bit, or undefined
+  // The master values under the parameters' names: what is saved and hashed.
+  std::vector<nn::NamedTensor> named_masters() const;
   const std::vector<Entry>& entries() const { return entries_; }
   int64_t size() const { return params_.numel(); }
   DType dtype() const { return params_.dtype(); }
@@ -45,7 +60,7 @@ class ParameterArena {
   void zero_grad() { grads_.zero_(); }
 
  private:
-  Tensor params_, grads_;
+  Tensor params_, grads_, working_;
   std::vector<Entry> entries_;
 };
 

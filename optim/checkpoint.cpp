@@ -24,6 +24,10 @@ const char* st_dtype(DType t) {
       return "F64";
     case DType::kInt32:
       return "I32";
+    case DType::kBFloat16:
+      return "BF16";
+    case DType::kFloat16:
+      return "F16";
   }
   return "?";
 }
@@ -35,6 +39,10 @@ bool parse_st_dtype(const std::string& s, DType* out) {
     *out = DType::kFloat64;
   else if (s == "I32")
     *out = DType::kInt32;
+  else if (s == "BF16")
+    *out = DType::kBFloat16;
+  else if (s == "F16")
+    *out = DType::kFloat16;
   else
     return false;
   return true;
@@ -58,7 +66,7 @@ Entry parse_entry(const std::string& name, const nlohmann::json& e, uint64_t dat
   const auto dtype = e.find("dtype");
   if (dtype == e.end() || !dtype->is_string() ||
       !parse_st_dtype(dtype->get<std::string>(), &out.dtype)) {
-    throw bad("has a missing or unsupported dtype (F32, F64, I32)");
+    throw bad("has a missing or unsupported dtype (F32, F64, BF16, F16, I32)");
   }
   const auto shape = e.find("shape");
   const auto offsets = e.find("data_offsets");

@@ -11,10 +11,11 @@ Optimizer::Optimizer(ParameterArena& arena, double lr)
     : arena_(arena),
       lr_(lr),
       norm_sq_(Tensor::zeros({2}, arena.dtype(), arena.device())),
-      boundary_(Tensor::zeros({3}, arena.dtype(), arena.device())),
+      boundary_(Tensor::zeros({4}, arena.dtype(), arena.device())),
       steps_(Tensor::zeros({1}, DType::kInt32, arena.device())),
       params_(arena.params()),
-      grads_(arena.grads()) {
+      grads_(arena.grads()),
+      working_(arena.working()) {
   set_lr(lr);
 }
 
@@ -30,7 +31,31 @@ void Optimizer::shard(dist::Communicator& comm) {
   comm_ = &comm;
   params_ = arena_.params().narrow(comm.rank() * n, n);
   grads_ = Tensor::zeros({n}, arena_.dtype(), arena_.device());
+  if (working_.defined()) working_ = arena_.working().narrow(comm.rank() * n, n);
   resize_state(n);
+}
+
+void Optimizer::set_loss_scaling(const LossScaling& scaling, double initial_scale) {
+  require_finite_at_least("optimizer", "loss scale", initial_scale, 0);
+  if (initial_scale == 0) throw ValueError("[optimizer] loss scale must be > 0, got 0");
+  if (scaling.dynamic) {
+    require_finite_at_least("optimizer", "loss scale growth factor", scaling.growth, 1);
+    require_finite_at_least("optimizer", "loss scale backoff factor", scaling.backoff, 0);
+    if (!(scaling.backoff < 1) || scaling.backoff == 0 || scaling.growth_interval < 1) {
+      throw ValueError(str_cat("[optimizer] loss scaling needs 0 < backoff < 1 and an interval ",
+                               ">= 1, got backoff ", scaling.backoff, ", interval ",
+                               scaling.growth_interval));
+    }
+  }
+  scaling_ = scaling;
+  scaler_ = Tensor::from_vector<double>({2}, {initial_scale, 0.0}, arena_.device())
+                .to(arena_.dtype());
+}
+
+std::pair<double, double> Optimizer::scaler_state() const {
+  if (!loss_scaled()) return {1.0, 0.0};
+  const std::vector<double> s = scaler_.to(DType::kFloat64).to_vector<double>();
+  return {s[0], s[1]};
 }
 
 void Optimizer::set_lr(double lr) {
@@ -59,17 +84,21 @@ void Optimizer::step(double max_norm, double normalize) {
   } else {
     be.norm_sq(grads_, norm_sq_);
   }
-  be.boundary(norm_sq_, normalize, max_norm, boundary_, steps_);
+  be.boundary(norm_sq_, normalize, max_norm, scaling_, scaler_, boundary_, steps_);
   update();
-  if (comm_ != nullptr) comm_->all_gather(params_, arena_.params());  // in place
+  if (comm_ != nullptr) {
+    comm_->all_gather(params_, arena_.params());  // in place
+    if (working_.defined()) comm_->all_gather(working_, arena_.working());
+  }
   arena_.params().mark_modified();  // a forward's saved weights are stale now
   arena_.grads().mark_modified();
+  if (working_.defined()) arena_.working().mark_modified();
 }
 
 StepReport Optimizer::report() const {
   const Tensor host = boundary_.to(Device::cpu()).to(DType::kFloat64);
   const double* s = host.data<double>();
-  return {s[0], s[1], s[2] != 0.0};
+  return {s[0], s[1], s[2] != 0.0, s[3]};
 }
 
 int64_t Optimizer::applied_steps() const {

@@ -3,6 +3,8 @@
 //   -> boundary scalars {norm, clip coefficient, skip} and the applied-step counter, on device
 //   -> one fused update pass that scales, applies and zeroes the gradient.
 // No host synchronisation happens inside step(); report() reads the scalars back afterwards.
+// With a loss scale (set_loss_scaling: mixed precision) the boundary scalars also unscale the
+// gradient through the clip coefficient and move the scale, once per step, on the device.
 // Subclasses (adam.h, sgd.h) supply only the fused pass and their state.
 //
 // Sharded (ZeRO stage 1, shard()): each of the ranks keeps the optimizer state of one slice of
@@ -11,15 +13,19 @@
 // of the parameters and state, and all-gathers the parameters. Read next: accumulator.h.
 #pragma once
 
+#include <utility>
+
 #include "dist/communicator.h"
+#include "kernels/backend.h"
 #include "optim/arena.h"
 
 namespace accrue::optim {
 
 struct StepReport {
-  double grad_norm = 0;  // of the normalised gradient, before clipping
-  double clip_coef = 1;  // the factor the raw gradient was multiplied by
-  bool skipped = false;  // a non-finite gradient: nothing was updated
+  double grad_norm = 0;   // of the normalised gradient, before clipping
+  double clip_coef = 1;   // the factor the raw gradient was multiplied by
+  bool skipped = false;   // a non-finite gradient: nothing was updated
+  double loss_scale = 1;  // the scale the step's backward was seeded with
 };
 
 // Throws ValueError "[op] name must be finite and >= low, got value" (NaN fails too).
@@ -46,6 +52,15 @@ class Optimizer {
   // Bytes of optimizer state this rank holds (moments, momentum).
   virtual size_t state_bytes() const = 0;
 
+  // Dynamic or fixed loss scaling from now on, starting at initial_scale (a power of two keeps
+  // the scaling exact). The backward seed reads loss_scale() on the device.
+  void set_loss_scaling(const LossScaling& scaling, double initial_scale);
+  bool loss_scaled() const { return scaler_.defined(); }
+  // [1] on the arena's device: the current loss scale (undefined without loss scaling).
+  Tensor loss_scale() const { return loss_scaled() ? scaler_.narrow(0, 1) : Tensor(); }
+  // {scale, clean windows in a row} read back (checkpoints); {1, 0} without loss scaling.
+  std::pair<double, double> scaler_state() const;
+
   double lr() const { return lr_; }
   void set_lr(double lr);  // throws ValueError unless finite and >= 0
   ParameterArena& arena() { return arena_; }
@@ -59,11 +74,14 @@ class Optimizer {
   ParameterArena& arena_;
   double lr_;
   Tensor norm_sq_;   // [2] {sum g^2, non-finite count}
-  Tensor boundary_;  // [3] {norm, coef, skip}
+  Tensor boundary_;  // [4] {norm, coef, skip, scale}
   Tensor steps_;     // int32 [1] applied updates
+  Tensor scaler_;    // [2] {loss scale, clean windows}, or undefined: no loss scaling
+  LossScaling scaling_;
   // What update() works on: the whole arena, or this rank's slice of the parameters and its
-  // slice of the reduced gradient when sharded.
-  Tensor params_, grads_;
+  // slice of the reduced gradient when sharded; and the 16-bit working copy (or its slice) that
+  // the pass rewrites, undefined without one.
+  Tensor params_, grads_, working_;
 
  private:
   dist::Communicator* comm_ = nullptr;

@@ -1,5 +1,6 @@
 // reshape: a view with a new shape, recorded so gradients flow back in the input's shape.
 // gather_rows: row selection for building micro-batches from a shuffled dataset.
+// cast: a recorded dtype conversion (mixed precision: 16-bit logits to float32 for the loss).
 #include <memory>
 
 #include "core/autograd.h"
@@ -17,7 +18,29 @@ struct ReshapeBackward : Node {
   void backward(const Tensor& dy, GradSink& sink) override { sink.add(0, dy.view(input_shape)); }
 };
 
+// y = x in another dtype. dx = dy in x's dtype.
+struct CastBackward : Node {
+  DType input_dtype;
+  const char* name() const override { return "cast"; }
+  void backward(const Tensor& dy, GradSink& sink) override { sink.add(0, dy.to(input_dtype)); }
+};
+
 }  // namespace
+
+Tensor cast(const Tensor& x, DType dtype) {
+  check::defined("cast", "input", x);
+  if (should_record({&x}) && !is_floating(dtype)) {
+    throw DTypeError(str_cat("[cast] ", x.describe(), " requires grad; casting it to ",
+                             dtype_name(dtype), " would cut the gradient"));
+  }
+  Tensor out = x.to(dtype);
+  if (dtype != x.dtype() && should_record({&x})) {
+    auto node = std::make_unique<CastBackward>();
+    node->input_dtype = x.dtype();
+    record(std::move(node), {&x}, out);
+  }
+  return out;
+}
 
 Tensor reshape(const Tensor& x, const Shape& shape) {
   check::defined("reshape", "input", x);

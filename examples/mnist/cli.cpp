@@ -147,8 +147,11 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
   app.add_option("--data", c.data, "Folder with the four MNIST IDX files");
   app.add_option("--device", device, "cpu or cuda[:N] (default: cuda when present)");
   app.add_option("--precision", c.precision,
-                 "fp32, or fp64 (model, data and optimizer in float64, for exactness studies)")
-      ->check(CLI::IsMember({"fp32", "fp64"}));
+                 "fp32; fp64 (everything in float64, for exactness studies); bf16 or fp16 (mixed: "
+                 "16-bit activations, float32 master weights, gradients and optimizer state)")
+      ->check(CLI::IsMember({"fp32", "fp64", "bf16", "fp16"}));
+  app.add_option("--loss-scale", c.loss_scale,
+                 "auto (dynamic for fp16, none otherwise), none, dynamic, or a fixed scale");
   app.add_option("--hidden", hidden, "Hidden layer sizes, comma-separated");
   app.add_option("--micro-batch", c.micro_batch, "Samples per micro-step b (default 32)")
       ->check(int_in(0, kMaxBatch));
@@ -206,6 +209,7 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
                        ")");
     }
     c.hidden = parse_sizes(hidden);
+    resolve_loss_scale(c.loss_scale, c.precision);
     c.shuffle = !no_shuffle;
     // The world size comes from the launcher's environment: no MPI call before the data is read.
     const dist::LaunchInfo launch = dist::launch_info();

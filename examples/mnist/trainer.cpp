@@ -64,10 +64,17 @@ void emit(const std::unique_ptr<AtomicFile>& metrics, const nlohmann::json& reco
   if (metrics) metrics->write(record.dump() + "\n");
 }
 
-DType dtype_of_precision(const std::string& precision) {
+// The dtype of the activations and of the weights the GEMMs read.
+DType compute_dtype(const std::string& precision) {
   if (precision == "fp32") return DType::kFloat32;
   if (precision == "fp64") return DType::kFloat64;
-  throw ValueError("--precision " + precision + ": expected fp32 or fp64");
+  if (precision == "bf16") return DType::kBFloat16;
+  if (precision == "fp16") return DType::kFloat16;
+  throw ValueError("--precision " + precision + ": expected fp32, fp64, bf16 or fp16");
+}
+// The dtype of the master weights, the gradients and the optimizer state.
+DType master_dtype(const std::string& precision) {
+  return precision == "fp64" ? DType::kFloat64 : DType::kFloat32;
 }
 
 double evaluate(nn::Module& model, const Split& test) {
@@ -120,9 +127,9 @@ class Progress {
 };
 
 // FNV-1a over the bytes of every parameter, in order (read back to the host).
-uint64_t parameter_hash(nn::Module& model) {
+uint64_t parameter_hash(const std::vector<nn::NamedTensor>& params) {
   uint64_t h = 1469598103934665603ull;
-  for (auto& [name, p] : model.named_parameters()) {
+  for (auto& [name, p] : params) {
     const Tensor host = p.to(Device::cpu());
     const auto* bytes = static_cast<const unsigned char*>(host.raw());
     for (size_t i = 0; i < host.nbytes(); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
@@ -131,6 +138,25 @@ uint64_t parameter_hash(nn::Module& model) {
 }
 
 }  // namespace
+
+LossScaleChoice resolve_loss_scale(const std::string& loss_scale, const std::string& precision) {
+  LossScaleChoice out;
+  if (loss_scale == "none" || (loss_scale == "auto" && precision != "fp16")) return out;
+  out.on = true;
+  if (loss_scale == "dynamic" || loss_scale == "auto") {
+    out.dynamic = true;
+    out.initial = 65536.0;  // 2^16, as torch.amp.GradScaler
+    return out;
+  }
+  char* end = nullptr;
+  out.initial = std::strtod(loss_scale.c_str(), &end);
+  if (loss_scale.empty() || end != loss_scale.c_str() + loss_scale.size() ||
+      !std::isfinite(out.initial) || !(out.initial > 0)) {
+    throw ValueError("--loss-scale " + loss_scale +
+                     ": expected auto, none, dynamic or a positive number");
+  }
+  return out;
+}
 
 Summary train(const Config& config, std::ostream& out) {
   Config c = config;
@@ -160,7 +186,9 @@ Summary train(const Config& config, std::ostream& out) {
   const auto log = [&](const std::string& line) {
     if (!c.quiet) out << line << "\n";
   };
-  const DType dtype = dtype_of_precision(c.precision);
+  const DType dtype = compute_dtype(c.precision);
+  const DType master = master_dtype(c.precision);
+  const LossScaleChoice scaling = resolve_loss_scale(c.loss_scale, c.precision);
   const Split train_set = load_split(c.data, "train", c.train_limit, c.device, dtype);
   const Split test_set = load_split(c.data, "t10k", 0, c.device, dtype);
   if (test_set.images.size(1) != train_set.images.size(1)) {
@@ -173,17 +201,23 @@ Summary train(const Config& config, std::ostream& out) {
   std::vector<int64_t> sizes{train_set.images.size(1)};
   sizes.insert(sizes.end(), c.hidden.begin(), c.hidden.end());
   sizes.push_back(10);
-  nn::MLP model(sizes, nn::activation<nn::ReLU>(), dtype);
+  nn::MLP model(sizes, nn::activation<nn::ReLU>(), master);
   if (!c.init.empty()) optim::load_parameters(model, c.init);
   model.to(c.device);
   // --zero 1 pads the arena to equal shards and keeps this rank's shard of the state only.
   optim::ParameterArena arena(model, c.zero ? comm.world_size() : 1);
+  if (dtype != master) arena.use_working_copy(dtype);
 
   const optim::ResolvedBatch batch = resolve_config_batch(c, comm.world_size());
   const double lr =
       optim::scale_lr(c.lr, batch.batch, c.base_batch, optim::parse_lr_scaling(c.lr_scaling));
   auto optimizer = make_optimizer(c, arena, lr);
   if (c.zero) optimizer->shard(comm);
+  if (scaling.on) {
+    LossScaling ls;
+    ls.dynamic = scaling.dynamic;
+    optimizer->set_loss_scaling(ls, scaling.initial);
+  }
   const auto windows =
       optim::plan_windows(train_set.size(), batch, optim::LastWindow::kFlush, comm.rank());
   const int64_t steps_per_epoch = static_cast<int64_t>(windows.size());
@@ -219,8 +253,9 @@ Summary train(const Config& config, std::ostream& out) {
       const auto window_start = Clock::now();
       const optim::StepResult r = acc.run_window(w, [&](const optim::MicroBatch& mb) {
         const Tensor index = order.narrow(mb.start, mb.count);
-        return cross_entropy(model(gather_rows(train_set.images, index)),
-                             gather_rows(train_set.labels, index));
+        // The softmax and the loss in float32 (or float64), whatever the activations are in.
+        const Tensor logits = cast(model(gather_rows(train_set.images, index)), master);
+        return cross_entropy(logits, gather_rows(train_set.labels, index));
       });
       if (tuner) tuner->record(seconds_since(window_start) / static_cast<double>(r.samples));
       samples_seen += r.samples;
@@ -228,7 +263,14 @@ Summary train(const Config& config, std::ostream& out) {
       epoch_loss += r.loss * static_cast<double>(r.samples);
       summary.step_losses.push_back(r.loss);
       summary.step_grad_norms.push_back(r.grad_norm);
+      summary.step_loss_scales.push_back(r.loss_scale);
       ++step_in_epoch;
+      if (r.skipped) {
+        log(str_cat("step ", r.step, ": non-finite gradient, update skipped",
+                    scaling.dynamic ? str_cat(" (loss scale ", r.loss_scale, " -> ",
+                                              r.loss_scale * LossScaling{}.backoff, ")")
+                                    : ""));
+      }
       emit(metrics, {{"step", r.step},
                      {"epoch", epoch + 1},
                      {"samples", samples_seen},
@@ -236,6 +278,7 @@ Summary train(const Config& config, std::ostream& out) {
                      {"grad_norm", number(r.grad_norm)},
                      {"lr", r.lr},
                      {"skipped", r.skipped},
+                     {"loss_scale", r.loss_scale},
                      {"threads", cpu_threads()}});
       const double elapsed = summary.train_seconds + seconds_since(epoch_start);
       progress.update(epoch, step_in_epoch, r, samples_seen / std::max(elapsed, 1e-9));
@@ -259,6 +302,7 @@ Summary train(const Config& config, std::ostream& out) {
   }
   summary.steps = acc.steps();
   summary.skipped_steps = acc.skipped_steps();
+  summary.final_loss_scale = optimizer->scaler_state().first;
   summary.samples_per_second = samples_seen / std::max(summary.train_seconds, 1e-9);
   const optim::MemoryStats& mem = acc.memory();
   std::ostringstream line;
@@ -268,7 +312,9 @@ Summary train(const Config& config, std::ostream& out) {
        << " samples/s | " << batch.str() << " | device " << c.device.str() << " | peak "
        << mib(mem.peak_bytes) << ", activations " << mib(mem.peak_activation_bytes)
        << ", optimizer state " << mib(optimizer->state_bytes())
-       << (comm.world_size() > 1 ? " per rank" : "") << " | skipped steps " << acc.skipped_steps()
+       << (comm.world_size() > 1 ? " per rank" : "") << " | " << c.precision
+       << (scaling.on ? str_cat(", loss scale ", optimizer->scaler_state().first) : "")
+       << " | skipped steps " << acc.skipped_steps()
        << " | " << (tuner ? tuner->describe() : std::to_string(c.threads) + " threads (fixed)");
   log(line.str());
   emit(metrics, {{"event", "summary"},
@@ -287,6 +333,7 @@ Summary train(const Config& config, std::ostream& out) {
                  {"accum_steps", batch.accum_steps},
                  {"device", c.device.str()},
                  {"precision", c.precision},
+                 {"loss_scale", summary.final_loss_scale},
                  {"threads", cpu_threads()},
                  {"thread_switches", tuner ? tuner->switches() : 0}});
   if (metrics) metrics->commit();
@@ -295,11 +342,11 @@ Summary train(const Config& config, std::ostream& out) {
                                      " steps were skipped (non-finite gradients)",
                                      c.save.empty() ? "" : "; nothing saved"));
   }
-  summary.parameter_hash = parameter_hash(model);
+  summary.parameter_hash = parameter_hash(arena.named_masters());
   summary.buckets_overlapped = acc.buckets_overlapped();
   summary.buckets_at_step = acc.buckets_at_step();
   if (!c.save.empty() && lead) {
-    optim::save_safetensors(c.save, model.named_parameters(), {{"format", "pt"}});
+    optim::save_safetensors(c.save, arena.named_masters(), {{"format", "pt"}});
     log("saved weights to " + c.save);
   }
   return summary;

@@ -18,7 +18,12 @@ namespace accrue::mnist {
 struct Config {
   std::string data = "data/mnist";
   Device device = Device::cpu();
-  std::string precision = "fp32";  // or "fp64": model, data and optimizer in float64
+  // fp32; fp64 (model, data and optimizer in float64); bf16 or fp16: mixed precision, with
+  // float32 master weights, gradients and optimizer state and 16-bit activations and weights
+  // in the GEMMs (optim::ParameterArena::use_working_copy).
+  std::string precision = "fp32";
+  // auto (dynamic for fp16, none otherwise), none, dynamic, or a fixed scale.
+  std::string loss_scale = "auto";
   std::vector<int64_t> hidden{512, 256, 128};
   int64_t micro_batch = 0, accum_steps = 0, batch = 0;  // any two; defaults 32 x 4
   int64_t epochs = 5;
@@ -50,6 +55,8 @@ struct Summary {
   double samples_per_second = 0;
   int64_t steps = 0;          // optimizer steps taken
   int64_t skipped_steps = 0;  // of which skipped (non-finite gradient): no update
+  double final_loss_scale = 1;  // after the last step (1 without loss scaling)
+  std::vector<double> step_loss_scales;
   std::vector<double> step_losses;
   std::vector<double> step_grad_norms;
   int64_t buckets_overlapped = 0;  // all-reduce buckets started during backward (--bucket-kib)
@@ -62,6 +69,13 @@ struct Summary {
 // world_size: the data-parallel ranks; a --batch they and the fixed size do not divide is an
 // error naming the nearest valid effective batches and the learning rate of each.
 optim::ResolvedBatch resolve_config_batch(const Config& config, int64_t world_size = 1);
+// What --loss-scale resolves to for a precision: off, fixed at `initial`, or dynamic from
+// `initial` (2^16, GradScaler's default). Throws ValueError for a bad value.
+struct LossScaleChoice {
+  bool on = false, dynamic = false;
+  double initial = 1;
+};
+LossScaleChoice resolve_loss_scale(const std::string& loss_scale, const std::string& precision);
 // Parses argv into config. Returns -1 to go on, else the exit status main() should return
 // (0 after --help, 2 after a mistake, with one line on err saying what is wrong).
 int parse_args(int argc, const char* const* argv, Config& config, std::ostream& out,

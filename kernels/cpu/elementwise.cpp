@@ -27,19 +27,19 @@ void CpuBackend::cast(const Tensor& src, Tensor& dst) {
     ACCRUE_DISPATCH_ALL_AS(D, dst.dtype(), "cast", [&] {
       const S* s = src.data<S>();
       D* d = dst.data<D>();
-      for_each(src.numel(), [=](int64_t i) { d[i] = static_cast<D>(s[i]); });
+      for_each(src.numel(), [=](int64_t i) { d[i] = static_cast<D>(load(s[i])); });
     });
   });
 }
 
 void CpuBackend::unary(UnaryOp op, const Tensor& x, Tensor& y) {
-  ACCRUE_DISPATCH_FLOATING(x.dtype(), op_name(op), [&] {
+  ACCRUE_DISPATCH_FLOATING_AND_HALF(x.dtype(), op_name(op), [&] {
     visit(op, [&](auto f) { map1(x.numel(), x.data<T>(), y.data<T>(), f); });
   });
 }
 
 void CpuBackend::unary_backward(UnaryOp op, const Tensor& saved, const Tensor& dy, Tensor& dx) {
-  ACCRUE_DISPATCH_FLOATING(dy.dtype(), op_name(op), [&] {
+  ACCRUE_DISPATCH_FLOATING_AND_HALF(dy.dtype(), op_name(op), [&] {
     visit(op, [&](auto f) {
       using Backward = typename decltype(f)::Backward;
       map2(dy.numel(), saved.data<T>(), dy.data<T>(), dx.data<T>(), Backward{});
@@ -48,25 +48,28 @@ void CpuBackend::unary_backward(UnaryOp op, const Tensor& saved, const Tensor& d
 }
 
 void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
-  ACCRUE_DISPATCH_FLOATING(a.dtype(), op_name(op), [&] {
+  ACCRUE_DISPATCH_FLOATING_AND_HALF(a.dtype(), op_name(op), [&] {
     visit(op, [&](auto f) { map2(a.numel(), a.data<T>(), b.data<T>(), out.data<T>(), f); });
   });
 }
 
 void CpuBackend::scale(double alpha, const Tensor& x, Tensor& y) {
-  ACCRUE_DISPATCH_FLOATING(x.dtype(), "scale",
+  ACCRUE_DISPATCH_FLOATING_AND_HALF(x.dtype(), "scale",
                            [&] { map1(x.numel(), x.data<T>(), y.data<T>(), fn::Scale{alpha}); });
 }
 
 void CpuBackend::axpy(double alpha, const Tensor& x, Tensor& y) {
-  ACCRUE_DISPATCH_FLOATING(x.dtype(), "axpy", [&] {
-    map2(x.numel(), x.data<T>(), y.data<T>(), y.data<T>(), fn::Axpy{alpha});
+  // y may be float32 under a 16-bit x: a gradient added into the float32 arena.
+  ACCRUE_DISPATCH_FLOATING_AND_HALF(x.dtype(), "axpy", [&] {
+    with_accumulator<T>(y, "axpy", [&](auto* out) {
+      map2(x.numel(), x.data<T>(), out, out, fn::Axpy{alpha});
+    });
   });
 }
 
 void CpuBackend::bias_add(const Tensor& x, const Tensor& b, Tensor& y) {
   // x [N, C] + b [C] -> y [N, C]; y may alias x.
-  ACCRUE_DISPATCH_FLOATING(x.dtype(), "bias_add", [&] {
+  ACCRUE_DISPATCH_FLOATING_AND_HALF(x.dtype(), "bias_add", [&] {
     const int64_t rows = x.size(0), cols = x.size(1);
     const T* in = x.data<T>();
     const T* bias = b.data<T>();
@@ -76,8 +79,8 @@ void CpuBackend::bias_add(const Tensor& x, const Tensor& b, Tensor& y) {
 }
 
 void CpuBackend::expand_scalar(const Tensor& s, double alpha, Tensor& out) {
-  ACCRUE_DISPATCH_FLOATING(out.dtype(), "expand_scalar",
-                           [&] { fill(out, static_cast<double>(s.data<T>()[0]) * alpha); });
+  ACCRUE_DISPATCH_FLOATING_AND_HALF(out.dtype(), "expand_scalar",
+                           [&] { fill(out, static_cast<double>(load(s.data<T>()[0])) * alpha); });
 }
 
 }  // namespace accrue::cpu

@@ -13,9 +13,10 @@ namespace accrue::cpu {
 namespace {
 
 // Runs update(coef, i) over every element, or only zeroes g when the step is skipped.
+// boundary [4] = {norm, coef, skip, scale}.
 template <typename T, typename F>
 void fused_pass(const Tensor& boundary, Tensor& grad, F update) {
-  const T* s = boundary.data<T>();  // {norm, coef, skip}
+  const T* s = boundary.data<T>();  // {norm, coef, skip, scale}
   T* g = grad.data<T>();
   const int64_t n = grad.numel();
   if (s[2] != T(0)) {
@@ -28,36 +29,46 @@ void fused_pass(const Tensor& boundary, Tensor& grad, F update) {
 
 }  // namespace
 
-void CpuBackend::boundary(const Tensor& norm_sq, double normalize, double max_norm, Tensor& out,
-                          Tensor& steps) {
+void CpuBackend::boundary(const Tensor& norm_sq, double normalize, double max_norm,
+                          const LossScaling& scaling, Tensor& scaler, Tensor& out, Tensor& steps) {
   ACCRUE_DISPATCH_FLOATING(norm_sq.dtype(), "boundary", [&] {
     const T* in = norm_sq.data<T>();
-    fn::boundary_scalars<T>(in[0], in[1], normalize, max_norm, out.data<T>(),
+    fn::boundary_scalars<T>(in[0], in[1], normalize, max_norm, scaling,
+                            scaler.defined() ? scaler.data<T>() : nullptr, out.data<T>(),
                             steps.data<int32_t>());
   });
 }
 
 void CpuBackend::adam_step(const AdamParams& hp, const Tensor& boundary, const Tensor& steps,
-                           Tensor& param, Tensor& grad, Tensor& m, Tensor& v) {
+                           Tensor& param, Tensor& grad, Tensor& m, Tensor& v, Tensor& working) {
   const fn::AdamUpdate update = fn::AdamUpdate::at_step(hp, steps.data<int32_t>()[0]);
   ACCRUE_DISPATCH_FLOATING(param.dtype(), "adam_step", [&] {
     T* p = param.data<T>();
     T* g = grad.data<T>();
     T* pm = m.data<T>();
     T* pv = v.data<T>();
-    fused_pass<T>(boundary, grad,
-                  [&](T coef, int64_t i) { update(coef, p[i], g[i], pm[i], pv[i]); });
+    with_working_copy(working, "adam_step", [&](auto* w) {
+      fused_pass<T>(boundary, grad, [&](T coef, int64_t i) {
+        update(coef, p[i], g[i], pm[i], pv[i]);
+        fn::write_working(w, i, p[i]);
+      });
+    });
   });
 }
 
 void CpuBackend::sgd_step(const SgdParams& hp, const Tensor& boundary, const Tensor& steps,
-                          Tensor& param, Tensor& grad, Tensor& momentum) {
+                          Tensor& param, Tensor& grad, Tensor& momentum, Tensor& working) {
   const fn::SgdUpdate update = fn::SgdUpdate::at_step(hp, steps.data<int32_t>()[0]);
   ACCRUE_DISPATCH_FLOATING(param.dtype(), "sgd_step", [&] {
     T* p = param.data<T>();
     T* g = grad.data<T>();
     T* buf = momentum.data<T>();
-    fused_pass<T>(boundary, grad, [&](T coef, int64_t i) { update(coef, p[i], g[i], buf[i]); });
+    with_working_copy(working, "sgd_step", [&](auto* w) {
+      fused_pass<T>(boundary, grad, [&](T coef, int64_t i) {
+        update(coef, p[i], g[i], buf[i]);
+        fn::write_working(w, i, p[i]);
+      });
+    });
   });
 }
 

@@ -3,10 +3,13 @@
 // element, for_range per row or block, for_chunks per fixed chunk. Each forks OpenMP threads only
 // when the work pays for the fork (kParallelGrain elements in all); smaller micro-batch tensors
 // run on the calling thread. Every OpenMP pragma of the CPU backend lives in this file or in a
-// row helper beside its kernel, never inside a dispatch macro's body.
+// row helper beside its kernel, never inside a dispatch macro's body. The maps load each
+// element into its compute type and round once on the store (float for the 16-bit types).
 #pragma once
 
 #include <cstdint>
+
+#include "core/half.h"
 
 namespace accrue::cpu {
 
@@ -24,14 +27,18 @@ void for_each(int64_t n, F body) {
 template <typename T, typename F>
 void map1(int64_t n, const T* x, T* y, F f) {
 #pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelGrain)
-  for (int64_t i = 0; i < n; ++i) y[i] = f(x[i]);
+  for (int64_t i = 0; i < n; ++i) y[i] = store<T>(f(load(x[i])));
 }
 
-// out[i] = f(a[i], b[i])
-template <typename T, typename F>
-void map2(int64_t n, const T* a, const T* b, T* out, F f) {
+// out[i] = f(a[i], b[i]); out may have another type than the inputs (a float32 accumulator
+// fed by 16-bit values), the arithmetic is in the inputs' compute type.
+template <typename T, typename O, typename F>
+void map2(int64_t n, const T* a, const O* b, O* out, F f) {
+  using C = compute_t<T>;
 #pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelGrain)
-  for (int64_t i = 0; i < n; ++i) out[i] = f(a[i], b[i]);
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = store<O>(f(load(a[i]), static_cast<C>(load(b[i]))));
+  }
 }
 
 // body(i) for i in [0, count): rows or column blocks, each touching work / count elements.

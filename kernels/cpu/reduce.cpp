@@ -63,18 +63,22 @@ double count_nonfinite(const T* p, int64_t len) {
 
 namespace {
 
-// For each block of columns [c0, c1) of an [rows, cols] matrix, in parallel: row(r, c0, c1, acc)
-// adds row r's contribution to acc [c1 - c0] (rows in order), then out = blend(out, acc). The
-// shared skeleton of sum_rows and the fused ReLU + bias backward, so both sum in one order.
-template <typename T, typename Row>
-void column_sums(int64_t rows, int64_t cols, fn::Blend blend, T* out, Row row) {
+// For each block of columns [c0, c1) of an [rows, cols] matrix of T, in parallel: row(r, c0,
+// c1, acc) adds row r's contribution to acc [c1 - c0] (rows in order, in T's compute type), then
+// out = blend(out, acc), out being of T or of float32 (with_accumulator). The shared skeleton of
+// sum_rows and the fused ReLU + bias backward, so both sum in one order.
+template <typename T, typename O, typename Row>
+void column_sums(int64_t rows, int64_t cols, fn::Blend blend, O* out, Row row) {
+  using C = compute_t<T>;
   const int64_t blocks = (cols + kColumnBlock - 1) / kColumnBlock;
   for_range(blocks, rows * cols, [=](int64_t blk) {
     const int64_t c0 = blk * kColumnBlock, c1 = std::min(cols, c0 + kColumnBlock);
-    T acc[kColumnBlock] = {};
+    C acc[kColumnBlock] = {};
     for (int64_t r = 0; r < rows; ++r) row(r, c0, c1, acc);
     if (out != nullptr) {
-      for (int64_t c = c0; c < c1; ++c) out[c] = blend(out[c], acc[c - c0]);
+      for (int64_t c = c0; c < c1; ++c) {
+        out[c] = store<O>(blend(static_cast<C>(load(out[c])), acc[c - c0]));
+      }
     }
   });
 }
@@ -83,35 +87,43 @@ void column_sums(int64_t rows, int64_t cols, fn::Blend blend, T* out, Row row) {
 
 void CpuBackend::sum_rows(const Tensor& x, double alpha, double beta, Tensor& out) {
   // x [N, C] -> out [C] = beta * out + alpha * sum_n x[n, :]
-  ACCRUE_DISPATCH_FLOATING(x.dtype(), "sum_rows", [&] {
+  ACCRUE_DISPATCH_FLOATING_AND_HALF(x.dtype(), "sum_rows", [&] {
     const int64_t cols = x.size(1);
     const T* in = x.data<T>();
-    column_sums<T>(x.size(0), cols, fn::Blend{alpha, beta}, out.data<T>(),
-                   [=](int64_t r, int64_t c0, int64_t c1, T* acc) {
-                     add_into(acc, in + r * cols + c0, c1 - c0);
-                   });
+    with_accumulator<T>(out, "sum_rows", [&](auto* o) {
+      column_sums<T>(x.size(0), cols, fn::Blend{alpha, beta}, o,
+                     [=](int64_t r, int64_t c0, int64_t c1, compute_t<T>* acc) {
+                       add_into(acc, in + r * cols + c0, c1 - c0);
+                     });
+    });
   });
 }
 
 void CpuBackend::relu_bias_backward(const Tensor& y, const Tensor& dy, Tensor& dz, double beta,
                                     Tensor& dbias) {
   // y, dy [N, C] -> dz [N, C] = dy * (y > 0); dbias [C] = beta * dbias + sum_n dz[n, :]
-  ACCRUE_DISPATCH_FLOATING(y.dtype(), "relu_bias_backward", [&] {
+  ACCRUE_DISPATCH_FLOATING_AND_HALF(y.dtype(), "relu_bias_backward", [&] {
     const int64_t cols = y.size(1);
     const T *out = y.data<T>(), *grad = dy.data<T>();
     T* dpre = dz.data<T>();
-    const bool with_bias = dbias.defined();
-    column_sums<T>(y.size(0), cols, fn::Blend{1.0, beta}, with_bias ? dbias.data<T>() : nullptr,
-                   [=](int64_t r, int64_t c0, int64_t c1, T* acc) {
-                     const int64_t at = r * cols + c0;
-                     relu_mask_row(out + at, grad + at, dpre + at, c1 - c0);
-                     if (with_bias) add_into(acc, dpre + at, c1 - c0);
-                   });
+    const auto run = [&](auto* bias_out) {
+      column_sums<T>(y.size(0), cols, fn::Blend{1.0, beta}, bias_out,
+                     [=](int64_t r, int64_t c0, int64_t c1, compute_t<T>* acc) {
+                       const int64_t at = r * cols + c0;
+                       relu_mask_row(out + at, grad + at, dpre + at, c1 - c0);
+                       if (bias_out != nullptr) add_into(acc, dpre + at, c1 - c0);
+                     });
+    };
+    if (dbias.defined()) {
+      with_accumulator<T>(dbias, "relu_bias_backward", run);
+    } else {
+      run(static_cast<T*>(nullptr));
+    }
   });
 }
 
 void CpuBackend::sum_all(const Tensor& x, Tensor& out) {
-  ACCRUE_DISPATCH_FLOATING(x.dtype(), "sum", [&] {
+  ACCRUE_DISPATCH_FLOATING_AND_HALF(x.dtype(), "sum", [&] {
     out.data<T>()[0] = static_cast<T>(chunked(x.data<T>(), x.numel(), sum_of<T>));
   });
 }
@@ -131,7 +143,7 @@ void CpuBackend::norm_sq(const Tensor& g, Tensor& out) {
 
 void CpuBackend::argmax(const Tensor& x, Tensor& index) {
   // x [N, C] -> index [N]
-  ACCRUE_DISPATCH_FLOATING(x.dtype(), "argmax", [&] {
+  ACCRUE_DISPATCH_FLOATING_AND_HALF(x.dtype(), "argmax", [&] {
     const int64_t rows = x.size(0), cols = x.size(1);
     const T* in = x.data<T>();
     int32_t* idx = index.data<int32_t>();

@@ -5,22 +5,23 @@
 
 #include <cstdint>
 
+#include "core/half.h"
 #include "kernels/functors.h"
 
 namespace accrue::cpu {
 
-// out [C] = in [C] + bias [C]; out may alias in.
-template <typename T>
-void add_row(const T* in, const T* bias, T* out, int64_t cols) {
+// out [C] = in [C] + bias [C]; out may alias in; the bias may be 16-bit under a float row.
+template <typename T, typename B>
+void add_row(const T* in, const B* bias, T* out, int64_t cols) {
 #pragma omp simd
-  for (int64_t c = 0; c < cols; ++c) out[c] = in[c] + bias[c];
+  for (int64_t c = 0; c < cols; ++c) out[c] = store<T>(load(in[c]) + load(bias[c]));
 }
 
-// acc [len] += row [len]
+// acc [len] += row [len], acc in the row's compute type
 template <typename T>
-void add_into(T* acc, const T* row, int64_t len) {
+void add_into(compute_t<T>* acc, const T* row, int64_t len) {
 #pragma omp simd
-  for (int64_t c = 0; c < len; ++c) acc[c] += row[c];
+  for (int64_t c = 0; c < len; ++c) acc[c] += load(row[c]);
 }
 
 // row [len] = relu(row [len]) in place (NaN kept)
@@ -28,7 +29,7 @@ template <typename T>
 void relu_row(T* row, int64_t len) {
   const fn::Relu relu;
 #pragma omp simd
-  for (int64_t c = 0; c < len; ++c) row[c] = relu(row[c]);
+  for (int64_t c = 0; c < len; ++c) row[c] = store<T>(relu(load(row[c])));
 }
 
 // dz [len] = dy where y > 0, else 0 (the ReLU's backward, y being its output)
@@ -36,7 +37,7 @@ template <typename T>
 void relu_mask_row(const T* y, const T* dy, T* dz, int64_t len) {
   const fn::ReluBackward mask;
 #pragma omp simd
-  for (int64_t c = 0; c < len; ++c) dz[c] = mask(y[c], dy[c]);
+  for (int64_t c = 0; c < len; ++c) dz[c] = store<T>(mask(load(y[c]), load(dy[c])));
 }
 
 }  // namespace accrue::cpu

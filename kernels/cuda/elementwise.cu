@@ -27,7 +27,7 @@ void CudaBackend::cast(const Tensor& src, Tensor& dst) {
       const S* s = src.data<S>();
       D* d = dst.data<D>();
       for_each(src.numel(), stream_of(dst),
-               [=] __device__(int64_t i) { d[i] = static_cast<D>(s[i]); });
+               [=] __device__(int64_t i) { d[i] = static_cast<D>(load(s[i])); });
     });
   });
 }
@@ -73,56 +73,59 @@ struct LaunchUnaryBackward {  // saved [n], dy [n] -> dx [n]: the op's backward 
 }  // namespace
 
 void CudaBackend::unary(UnaryOp op, const Tensor& x, Tensor& y) {
-  ACCRUE_DISPATCH_FLOATING(x.dtype(), op_name(op), [&] {
+  ACCRUE_DISPATCH_FLOATING_AND_HALF(x.dtype(), op_name(op), [&] {
     visit(op, LaunchUnary<T>{x.numel(), x.data<T>(), y.data<T>(), stream_of(x)});
   });
 }
 
 void CudaBackend::unary_backward(UnaryOp op, const Tensor& saved, const Tensor& dy, Tensor& dx) {
-  ACCRUE_DISPATCH_FLOATING(dy.dtype(), op_name(op), [&] {
+  ACCRUE_DISPATCH_FLOATING_AND_HALF(dy.dtype(), op_name(op), [&] {
     visit(op, LaunchUnaryBackward<T>{
                   {dy.numel(), saved.data<T>(), dy.data<T>(), dx.data<T>(), stream_of(dy)}});
   });
 }
 
 void CudaBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
-  ACCRUE_DISPATCH_FLOATING(a.dtype(), op_name(op), [&] {
+  ACCRUE_DISPATCH_FLOATING_AND_HALF(a.dtype(), op_name(op), [&] {
     visit(op, LaunchBinary<T>{a.numel(), a.data<T>(), b.data<T>(), out.data<T>(), stream_of(a)});
   });
 }
 
 void CudaBackend::scale(double alpha, const Tensor& x, Tensor& y) {
   // x [n] -> y [n] = alpha * x
-  ACCRUE_DISPATCH_FLOATING(x.dtype(), "scale", [&] {
+  ACCRUE_DISPATCH_FLOATING_AND_HALF(x.dtype(), "scale", [&] {
     map1(x.numel(), x.data<T>(), y.data<T>(), fn::Scale{alpha}, stream_of(x));
   });
 }
 
 void CudaBackend::axpy(double alpha, const Tensor& x, Tensor& y) {
-  // y [n] += alpha * x [n]
-  ACCRUE_DISPATCH_FLOATING(x.dtype(), "axpy", [&] {
-    map2(x.numel(), x.data<T>(), y.data<T>(), y.data<T>(), fn::Axpy{alpha}, stream_of(y));
+  // y [n] += alpha * x [n]; y may be float32 under a 16-bit x (a gradient into the arena)
+  ACCRUE_DISPATCH_FLOATING_AND_HALF(x.dtype(), "axpy", [&] {
+    with_accumulator<T>(y, "axpy", [&](auto* out) {
+      map2(x.numel(), x.data<T>(), out, out, fn::Axpy{alpha}, stream_of(y));
+    });
   });
 }
 
 void CudaBackend::bias_add(const Tensor& x, const Tensor& b, Tensor& y) {
   // x [N, C] + b [C] -> y [N, C]; y may alias x
-  ACCRUE_DISPATCH_FLOATING(x.dtype(), "bias_add", [&] {
+  ACCRUE_DISPATCH_FLOATING_AND_HALF(x.dtype(), "bias_add", [&] {
     const T* in = x.data<T>();
     const T* bias = b.data<T>();
     T* out = y.data<T>();
     const int64_t cols = x.size(1);
     for_each(x.numel(), stream_of(x),
-             [=] __device__(int64_t i) { out[i] = in[i] + bias[i % cols]; });
+             [=] __device__(int64_t i) { out[i] = store<T>(load(in[i]) + load(bias[i % cols])); });
   });
 }
 
 void CudaBackend::expand_scalar(const Tensor& s, double alpha, Tensor& out) {
   // s [1] -> out [n] = alpha * s[0]
-  ACCRUE_DISPATCH_FLOATING(out.dtype(), "expand_scalar", [&] {
+  ACCRUE_DISPATCH_FLOATING_AND_HALF(out.dtype(), "expand_scalar", [&] {
     const T* in = s.data<T>();
     T* o = out.data<T>();
-    for_each(out.numel(), stream_of(out), [=] __device__(int64_t i) { o[i] = T(alpha) * in[0]; });
+    for_each(out.numel(), stream_of(out),
+             [=] __device__(int64_t i) { o[i] = store<T>(compute_t<T>(alpha) * load(in[0])); });
   });
 }
 

@@ -2,13 +2,34 @@
 // op(B) is the column-major C^T = op(B)^T op(A)^T, so the operands are passed swapped. beta = 1
 // is how the weight-gradient GEMM accumulates into the gradient arena in place. The Linear
 // forward goes through cuBLASLt so the bias add is fused into the GEMM as an epilogue; the fused
-// Linear + ReLU's backward half lives here too.
+// Linear + ReLU's backward half lives here too. 16-bit operands (bfloat16, float16) multiply
+// with float32 compute into a float32 C (the weight gradient into the arena) or a 16-bit C:
+// cublasGemmEx and cuBLASLt with CUBLAS_COMPUTE_32F and float32 alpha and beta.
 #include <cublasLt.h>
 
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/launch.cuh"
 
 namespace accrue::cuda {
+
+namespace {
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::kFloat32:
+      return CUDA_R_32F;
+    case DType::kFloat64:
+      return CUDA_R_64F;
+    case DType::kBFloat16:
+      return CUDA_R_16BF;
+    case DType::kFloat16:
+      return CUDA_R_16F;
+    default:
+      throw DTypeError(str_cat("[gemm] no cuBLAS type for ", dtype_name(t)));
+  }
+}
+
+}  // namespace
 
 void CudaBackend::gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b,
                        double beta, Tensor& c) {
@@ -18,7 +39,14 @@ void CudaBackend::gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a
   cublasHandle_t handle = context(c.device().index).cublas;
   const cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  if (c.dtype() == DType::kFloat32) {
+  if (is_half(a.dtype())) {
+    // 16-bit A and B, float32 compute, C float32 (beta = 1 into the arena) or 16-bit.
+    const float al = static_cast<float>(alpha), be = static_cast<float>(beta);
+    const cudaDataType_t ab = cuda_type(a.dtype());
+    ACCRUE_CUBLAS_CHECK(cublasGemmEx(handle, tb, ta, n, m, k, &al, b.raw(), ab, ldb, a.raw(), ab,
+                                     lda, &be, c.raw(), cuda_type(c.dtype()), n,
+                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  } else if (c.dtype() == DType::kFloat32) {
     const float al = static_cast<float>(alpha), be = static_cast<float>(beta);
     ACCRUE_CUBLAS_CHECK(cublasSgemm(handle, tb, ta, n, m, k, &al, b.data<float>(), ldb,
                                     a.data<float>(), lda, &be, c.data<float>(), n));
@@ -68,12 +96,14 @@ void linear_bias(CudaBackend& be, const Tensor& x, const Tensor& w, const Tensor
   const uint64_t in = static_cast<uint64_t>(x.size(1));
   const uint64_t out = static_cast<uint64_t>(w.size(0));
   if (rows == 0) return;
-  const bool f32 = x.dtype() == DType::kFloat32;
-  const cudaDataType_t type = f32 ? CUDA_R_32F : CUDA_R_64F;
+  // float32 compute and scale for float32 and the 16-bit types, float64 for float64.
+  const bool f32 = x.dtype() != DType::kFloat64;
+  const cudaDataType_t type = cuda_type(x.dtype());
   DeviceContext& ctx = context(y.device().index);
   LtDescriptors desc;
   ACCRUE_CUBLAS_CHECK(
-      cublasLtMatmulDescCreate(&desc.op, f32 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_64F, type));
+      cublasLtMatmulDescCreate(&desc.op, f32 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_64F,
+                               f32 ? CUDA_R_32F : CUDA_R_64F));
   const cublasOperation_t trans = CUBLAS_OP_T, no_trans = CUBLAS_OP_N;
   ACCRUE_CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSA, &trans, sizeof(trans)));
@@ -97,7 +127,7 @@ void linear_bias(CudaBackend& be, const Tensor& x, const Tensor& w, const Tensor
   const LtKey key{rows,
                   in,
                   out,
-                  f32 ? 32 : 64,
+                  static_cast<int>(x.dtype()),
                   alignment_of(w.raw()),
                   alignment_of(x.raw()),
                   alignment_of(y.raw()),

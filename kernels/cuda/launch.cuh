@@ -1,6 +1,7 @@
 // Launch helpers shared by the CUDA kernels: a grid-stride for_each over n elements, and the
 // element-wise maps that run the __host__ __device__ functors of kernels/functors.h, with a
-// 128-bit (float4) path when every pointer is 16-byte aligned and n is a multiple of 4.
+// 128-bit (float4) path when every pointer is 16-byte aligned and n is a multiple of 4. 16-bit
+// elements are loaded into float and rounded once on the store (core/half.h).
 #pragma once
 
 #include <algorithm>
@@ -57,13 +58,14 @@ void map1(int64_t n, const T* x, T* y, Op op, cudaStream_t stream) {
       return;
     }
   }
-  for_each(n, stream, [=] __device__(int64_t i) { y[i] = op(x[i]); });
+  for_each(n, stream, [=] __device__(int64_t i) { y[i] = store<T>(op(load(x[i]))); });
 }
 
-// out [n] = op(a, b) ; float4 loads and stores when possible
-template <typename T, typename Op>
-void map2(int64_t n, const T* a, const T* b, T* out, Op op, cudaStream_t stream) {
-  if constexpr (std::is_same_v<T, float>) {
+// out [n] = op(a, b) ; float4 loads and stores when possible. out (and b) may be float32 under
+// 16-bit a: a gradient added into the float32 arena; the arithmetic is in a's compute type.
+template <typename T, typename O, typename Op>
+void map2(int64_t n, const T* a, const O* b, O* out, Op op, cudaStream_t stream) {
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<O, float>) {
     if (n % 4 == 0 && aligned16(a) && aligned16(b) && aligned16(out)) {
       const float4* a4 = reinterpret_cast<const float4*>(a);
       const float4* b4 = reinterpret_cast<const float4*>(b);
@@ -75,7 +77,10 @@ void map2(int64_t n, const T* a, const T* b, T* out, Op op, cudaStream_t stream)
       return;
     }
   }
-  for_each(n, stream, [=] __device__(int64_t i) { out[i] = op(a[i], b[i]); });
+  using C = compute_t<T>;
+  for_each(n, stream, [=] __device__(int64_t i) {
+    out[i] = store<O>(op(load(a[i]), static_cast<C>(load(b[i]))));
+  });
 }
 
 }  // namespace accrue::cuda

@@ -11,10 +11,10 @@ namespace accrue::cuda {
 
 namespace {
 
-// p, g, m, v [n]; boundary [3] {norm, coef, skip}; steps [1]
-template <typename T>
+// p, g, m, v [n], w [n] (or no working copy); boundary [4] {norm, coef, skip, scale}; steps [1]
+template <typename T, typename W>
 __global__ void adam_kernel(AdamParams hp, const T* boundary, const int32_t* steps, T* p, T* g,
-                            T* m, T* v, int64_t n) {
+                            T* m, T* v, W* w, int64_t n) {
   __shared__ fn::AdamUpdate update;
   if (threadIdx.x == 0) update = fn::AdamUpdate::at_step(hp, steps[0]);
   __syncthreads();
@@ -36,6 +36,10 @@ __global__ void adam_kernel(AdamParams hp, const T* boundary, const int32_t* ste
         reinterpret_cast<float4*>(p)[j] = pp;
         reinterpret_cast<float4*>(m)[j] = mm;
         reinterpret_cast<float4*>(v)[j] = vv;
+        fn::write_working(w, 4 * j, pp.x);
+        fn::write_working(w, 4 * j + 1, pp.y);
+        fn::write_working(w, 4 * j + 2, pp.z);
+        fn::write_working(w, 4 * j + 3, pp.w);
       }
       reinterpret_cast<float4*>(g)[j] = make_float4(0, 0, 0, 0);
     }
@@ -46,14 +50,15 @@ __global__ void adam_kernel(AdamParams hp, const T* boundary, const int32_t* ste
       g[i] = T(0);
     } else {
       update(coef, p[i], g[i], m[i], v[i]);
+      fn::write_working(w, i, p[i]);
     }
   }
 }
 
-// p, g, buf [n]; boundary [3]; steps [1]
-template <typename T>
+// p, g, buf [n], w [n] (or no working copy); boundary [4]; steps [1]
+template <typename T, typename W>
 __global__ void sgd_kernel(SgdParams hp, const T* boundary, const int32_t* steps, T* p, T* g,
-                           T* buf, int64_t n) {
+                           T* buf, W* w, int64_t n) {
   const fn::SgdUpdate update = fn::SgdUpdate::at_step(hp, steps[0]);
   const bool skip = boundary[2] != T(0);
   const T coef = boundary[1];
@@ -63,16 +68,18 @@ __global__ void sgd_kernel(SgdParams hp, const T* boundary, const int32_t* steps
       g[i] = T(0);
     } else {
       update(coef, p[i], g[i], buf[i]);
+      fn::write_working(w, i, p[i]);
     }
   }
 }
 
 }  // namespace
 
-void CudaBackend::boundary(const Tensor& norm_sq, double normalize, double max_norm, Tensor& out,
-                           Tensor& steps) {
+void CudaBackend::boundary(const Tensor& norm_sq, double normalize, double max_norm,
+                           const LossScaling& scaling, Tensor& scaler, Tensor& out, Tensor& steps) {
   ACCRUE_DISPATCH_FLOATING(norm_sq.dtype(), "boundary", [&] {
     const T* in = norm_sq.data<T>();
+    T* sc = scaler.defined() ? scaler.data<T>() : nullptr;
     T* o = out.data<T>();
     int32_t* st = steps.data<int32_t>();
     // A fault recorded by a kernel of this window (a bad device-resident index or label) counts
@@ -80,30 +87,34 @@ void CudaBackend::boundary(const Tensor& norm_sq, double normalize, double max_n
     const DeviceFault* fault = context(out.device().index).fault;
     for_each(1, stream_of(out), [=] __device__(int64_t) {
       const T nonfinite = in[1] + (fault->op != kNoFault ? T(1) : T(0));
-      fn::boundary_scalars<T>(in[0], nonfinite, normalize, max_norm, o, st);
+      fn::boundary_scalars<T>(in[0], nonfinite, normalize, max_norm, scaling, sc, o, st);
     });
   });
 }
 
 void CudaBackend::adam_step(const AdamParams& hp, const Tensor& boundary, const Tensor& steps,
-                            Tensor& param, Tensor& grad, Tensor& m, Tensor& v) {
+                            Tensor& param, Tensor& grad, Tensor& m, Tensor& v, Tensor& working) {
   ACCRUE_DISPATCH_FLOATING(param.dtype(), "adam_step", [&] {
     const int64_t n = param.numel();
-    adam_kernel<T><<<blocks_for((n + 3) / 4), kThreads, 0, stream_of(param)>>>(
-        hp, boundary.data<T>(), steps.data<int32_t>(), param.data<T>(), grad.data<T>(), m.data<T>(),
-        v.data<T>(), n);
-    ACCRUE_CUDA_LAUNCH_CHECK();
+    with_working_copy(working, "adam_step", [&](auto* w) {
+      adam_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, stream_of(param)>>>(
+          hp, boundary.data<T>(), steps.data<int32_t>(), param.data<T>(), grad.data<T>(),
+          m.data<T>(), v.data<T>(), w, n);
+      ACCRUE_CUDA_LAUNCH_CHECK();
+    });
   });
 }
 
 void CudaBackend::sgd_step(const SgdParams& hp, const Tensor& boundary, const Tensor& steps,
-                           Tensor& param, Tensor& grad, Tensor& momentum) {
+                           Tensor& param, Tensor& grad, Tensor& momentum, Tensor& working) {
   ACCRUE_DISPATCH_FLOATING(param.dtype(), "sgd_step", [&] {
     const int64_t n = param.numel();
-    sgd_kernel<T><<<blocks_for(n), kThreads, 0, stream_of(param)>>>(
-        hp, boundary.data<T>(), steps.data<int32_t>(), param.data<T>(), grad.data<T>(),
-        momentum.data<T>(), n);
-    ACCRUE_CUDA_LAUNCH_CHECK();
+    with_working_copy(working, "sgd_step", [&](auto* w) {
+      sgd_kernel<<<blocks_for(n), kThreads, 0, stream_of(param)>>>(
+          hp, boundary.data<T>(), steps.data<int32_t>(), param.data<T>(), grad.data<T>(),
+          momentum.data<T>(), w, n);
+      ACCRUE_CUDA_LAUNCH_CHECK();
+    });
   });
 }
 

@@ -89,17 +89,24 @@ void reduce_all(const T* x, int64_t n, Device device, F f, W write) {
 
 }  // namespace
 
+// x [N, C] -> out [C] = blend(out, sum_n x[n, :]); one thread per column, rows in order, the sum
+// in x's compute type; out of T or float32 (with_accumulator).
+template <typename T, typename O>
+void column_sums(const T* in, int64_t rows, int64_t cols, fn::Blend blend, O* out,
+                 cudaStream_t stream) {
+  using C = compute_t<T>;
+  for_each(cols, stream, [=] __device__(int64_t c) {
+    C acc = 0;
+    for (int64_t r = 0; r < rows; ++r) acc += load(in[r * cols + c]);
+    out[c] = store<O>(blend(static_cast<C>(load(out[c])), acc));
+  });
+}
+
 void CudaBackend::sum_rows(const Tensor& x, double alpha, double beta, Tensor& out) {
-  // x [N, C] -> out [C] = beta * out + alpha * sum_n x[n, :]; one thread per column, rows in order
-  ACCRUE_DISPATCH_FLOATING(x.dtype(), "sum_rows", [&] {
-    const T* in = x.data<T>();
-    T* o = out.data<T>();
-    const int64_t rows = x.size(0), cols = x.size(1);
-    const fn::Blend blend{alpha, beta};
-    for_each(cols, stream_of(x), [=] __device__(int64_t c) {
-      T acc = 0;
-      for (int64_t r = 0; r < rows; ++r) acc += in[r * cols + c];
-      o[c] = blend(o[c], acc);
+  // x [N, C] -> out [C] = beta * out + alpha * sum_n x[n, :]
+  ACCRUE_DISPATCH_FLOATING_AND_HALF(x.dtype(), "sum_rows", [&] {
+    with_accumulator<T>(out, "sum_rows", [&](auto* o) {
+      column_sums(x.data<T>(), x.size(0), x.size(1), fn::Blend{alpha, beta}, o, stream_of(x));
     });
   });
 }
@@ -119,7 +126,7 @@ template void reduce_sum<double>(const double*, int64_t, Device, double*);
 
 void CudaBackend::sum_all(const Tensor& x, Tensor& out) {
   // x [n] -> out [1]
-  ACCRUE_DISPATCH_FLOATING(x.dtype(), "sum",
+  ACCRUE_DISPATCH_FLOATING_AND_HALF(x.dtype(), "sum",
                            [&] { reduce_sum(x.data<T>(), x.numel(), x.device(), out.data<T>()); });
 }
 
@@ -142,7 +149,7 @@ void CudaBackend::norm_sq(const Tensor& g, Tensor& out) {
 
 void CudaBackend::argmax(const Tensor& x, Tensor& index) {
   // x [N, C] -> index [N]; one thread per row, first maximum wins
-  ACCRUE_DISPATCH_FLOATING(x.dtype(), "argmax", [&] {
+  ACCRUE_DISPATCH_FLOATING_AND_HALF(x.dtype(), "argmax", [&] {
     const T* in = x.data<T>();
     int32_t* idx = index.data<int32_t>();
     const int64_t cols = x.size(1);
@@ -150,7 +157,7 @@ void CudaBackend::argmax(const Tensor& x, Tensor& index) {
       const T* row = in + r * cols;
       int64_t best = 0;
       for (int64_t c = 1; c < cols; ++c) {
-        if (row[c] > row[best]) best = c;
+        if (load(row[c]) > load(row[best])) best = c;
       }
       idx[r] = static_cast<int32_t>(best);
     });
