@@ -1,6 +1,8 @@
 // The op table: every differentiable op, checked against central finite differences in float64
 // on the CPU reference backend, then run in float32 on every other device present and compared
-// with the CPU result (forward values and gradients).
+// with the CPU result (forward values and gradients), and in bfloat16 and float16 on every
+// device, compared with float64 on the same rounded inputs, with a tolerance derived from the
+// format's epsilon.
 #include <memory>
 
 #include "test_util.h"
@@ -192,6 +194,63 @@ TEST_P(OpTable, EveryDeviceMatchesCpu) {
     ++compared;
   }
   if (compared == 0) GTEST_SKIP() << "no device besides the CPU: " << cuda_unavailable_reason();
+}
+
+// The ops mixed precision runs in 16 bits; the softmax family and the loss stay float32 by
+// design (the trainer casts the logits up first) and refuse 16-bit inputs by name.
+bool takes_half(const std::string& op) {
+  return op.rfind("log_softmax", 0) != 0 && op.rfind("cross_entropy", 0) != 0 && op != "mlp";
+}
+
+// Each op's value and gradients in a 16-bit format: every result is a float32 computation
+// rounded once, so against float64 on the same (rounded) inputs and weights each output is off
+// by at most a few units u = eps / 2 of the format, relative above 1 and absolute below
+// (max_rel_error's measure), times how much the op's chain amplifies an input rounding: gelu
+// and sigmoid first scale their input by 3 and 30, so that rounding is 3 and 30 times larger
+// than the result's. The bound: 2 eps, times that gain when there is one.
+TEST_P(OpTable, SixteenBitMatchesFloat64OnTheSameInputs) {
+  const auto& [c, size] = GetParam();
+  const Dims shapes = c.shapes(size.rows, size.cols);
+  if (!takes_half(c.name)) {
+    Inputs inputs;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      inputs.push_back(make_input(shapes[i], 17 + i, DType::kFloat64, size, Device::cpu())
+                           .to(DType::kBFloat16));
+    }
+    EXPECT_THROW(c.f(inputs), DTypeError) << c.name;
+    return;
+  }
+  const double gain = c.name == "sigmoid" ? 30 : c.name == "gelu" ? 3 : 1;
+  for (DType half : {DType::kBFloat16, DType::kFloat16}) {
+    auto run = [&](DType dtype, Device device) {
+      Inputs inputs;
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        Tensor t = make_input(shapes[i], 17 + i, DType::kFloat64, size, Device::cpu())
+                       .to(half)
+                       .to(dtype)
+                       .to(device);
+        t.set_requires_grad(true);
+        inputs.push_back(t);
+      }
+      Tensor out = c.f(inputs);
+      Inputs results{out.clone()};
+      const Tensor w = random(out.shape(), 99, DType::kFloat64).to(half).to(dtype).to(device);
+      (out.numel() == 1 ? reshape(mul(out, w), {}) : sum(mul(out, w))).backward();
+      for (auto& t : inputs) results.push_back(t.grad());
+      return results;
+    };
+    const Inputs reference = run(DType::kFloat64, Device::cpu());
+    const double eps = half == DType::kBFloat16 ? std::ldexp(1.0, -7) : std::ldexp(1.0, -10);
+    for (Device device : devices()) {
+      const Inputs got = run(half, device);
+      for (size_t i = 0; i < got.size(); ++i) {
+        EXPECT_EQ(got[i].dtype(), half);
+        EXPECT_LT(max_rel_error(got[i], reference[i]), 2 * eps * gain)
+            << c.name << " at " << size.name << " in " << dtype_name(half) << " on "
+            << device.str() << (i == 0 ? " forward" : " gradient");
+      }
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Ops, OpTable,
