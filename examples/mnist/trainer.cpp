@@ -303,6 +303,7 @@ Summary train(const Config& config, std::ostream& out) {
   summary.steps = acc.steps();
   summary.skipped_steps = acc.skipped_steps();
   summary.final_loss_scale = optimizer->scaler_state().first;
+  summary.peak_activation_bytes = acc.memory().peak_activation_bytes;
   summary.samples_per_second = samples_seen / std::max(summary.train_seconds, 1e-9);
   const optim::MemoryStats& mem = acc.memory();
   std::ostringstream line;

@@ -56,6 +56,7 @@ struct Summary {
   int64_t steps = 0;          // optimizer steps taken
   int64_t skipped_steps = 0;  // of which skipped (non-finite gradient): no update
   double final_loss_scale = 1;  // after the last step (1 without loss scaling)
+  size_t peak_activation_bytes = 0;  // of a micro-step, above the baseline
   std::vector<double> step_loss_scales;
   std::vector<double> step_losses;
   std::vector<double> step_grad_norms;
