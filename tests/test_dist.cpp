@@ -308,5 +308,29 @@ TEST(Dist, ShardedOptimizerStateTrainsTheSameWithHalfTheMemory) {
   }
 }
 
+// Mixed precision across ranks: the gradient arena that is all-reduced (or reduce-scattered)
+// is float32 whatever the activations are; under ZeRO each rank updates its slice of the masters
+// and of the 16-bit working copy and gathers both; the loss scale moves on every rank alike
+// (it reads the all-reduced non-finite count). Sharded or not, the same training, and every
+// rank ends with the same bits.
+TEST(Dist, MixedPrecisionShardedOrNotTrainsTheSame) {
+  const auto data = testing::make_dataset("dist-mixed", 1001, 64);
+  for (const char* precision : {"bf16", "fp16"}) {
+    mnist::Config c = dp_config(data, precision);
+    c.accum_steps = 2;
+    const mnist::Summary plain = mnist::train(c, std::cout);
+    c.zero = 1;
+    const mnist::Summary sharded = mnist::train(c, std::cout);
+    ASSERT_EQ(plain.step_losses.size(), sharded.step_losses.size());
+    for (size_t i = 0; i < plain.step_losses.size(); ++i) {
+      EXPECT_NEAR(sharded.step_losses[i], plain.step_losses[i], 1e-4 * plain.step_losses[i])
+          << precision << " step " << i;
+    }
+    EXPECT_EQ(sharded.step_loss_scales, plain.step_loss_scales) << precision;
+    expect_same_on_every_rank(plain.parameter_hash);
+    expect_same_on_every_rank(sharded.parameter_hash);
+  }
+}
+
 }  // namespace
 }  // namespace accrue
