@@ -24,3 +24,19 @@ target_include_directories(accrue_cblas INTERFACE ${ACCRUE_CBLAS_INCLUDE_DIR})
 target_link_libraries(accrue_cblas INTERFACE BLAS::BLAS)
 add_library(accrue::cblas ALIAS accrue_cblas)
 message(STATUS "accrue: BLAS ${accrue_blas_real}, cblas.h in ${ACCRUE_CBLAS_INCLUDE_DIR}")
+
+# cblas_sbgemm (bfloat16 operands, float32 C) exists only in an OpenBLAS built with
+# BUILD_BFLOAT16; Debian's 0.3.21 declares it in cblas.h but does not export it, so the check
+# links. Without it the CPU backend converts bfloat16 panels to float32 (kernels/cpu/gemm.cpp).
+include(CheckSymbolExists)
+set(CMAKE_REQUIRED_INCLUDES ${ACCRUE_CBLAS_INCLUDE_DIR})
+set(CMAKE_REQUIRED_LIBRARIES ${BLAS_LIBRARIES})
+set(CMAKE_REQUIRED_QUIET ON)
+check_symbol_exists(cblas_sbgemm "cblas.h" ACCRUE_HAVE_SBGEMM)
+unset(CMAKE_REQUIRED_INCLUDES)
+unset(CMAKE_REQUIRED_LIBRARIES)
+unset(CMAKE_REQUIRED_QUIET)
+if(ACCRUE_HAVE_SBGEMM)
+  target_compile_definitions(accrue_cblas INTERFACE ACCRUE_HAVE_SBGEMM=1)
+endif()
+message(STATUS "accrue: cblas_sbgemm ${ACCRUE_HAVE_SBGEMM}")

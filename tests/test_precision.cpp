@@ -129,6 +129,36 @@ TEST_P(Conversion, TensorCastsAgreeWithTheScalarConversion) {
   }
 }
 
+// The GEMM's own conversions (the CPU converts operand panels, with F16C for float16 where the
+// CPU has it, and rounds C on the store): every pattern times 1 comes back unchanged, and every
+// pattern times 1 + 2^-11 (exact in float32, between 16-bit values) rounds as the scalar code.
+TEST_P(Conversion, GemmConversionsAgreeWithTheScalarOnes) {
+  const Format f = GetParam();
+  const DType half = f.exp_bits == 8 ? DType::kBFloat16 : DType::kFloat16;
+  std::vector<float> finite;
+  for (uint32_t b = 0; b < 65536; ++b) {
+    const float v = f.to_float(static_cast<uint16_t>(b));
+    // -0 is left out: a GEMM's sum starts from +0, so -0 x 1 comes out +0 (as in float32).
+    if (std::isfinite(v) && !(v == 0 && std::signbit(v))) finite.push_back(v);
+  }
+  const int64_t n = static_cast<int64_t>(finite.size());
+  const Tensor a = Tensor::from_vector<float>({n, 1}, finite).to(half);
+  for (double factor : {1.0, 1.0 + std::ldexp(1.0, -11)}) {
+    const Tensor b = Tensor::full({1, 1}, factor, DType::kFloat32).to(half);
+    const float exact_factor = static_cast<float>(b.to(DType::kFloat64).item());
+    for (Device device : devices()) {
+      Tensor c = Tensor::empty({n, 1}, half, device);
+      backend_for(device).gemm(false, false, 1.0, a.to(device), b.to(device), 0.0, c);
+      const Tensor host = c.to(Device::cpu());
+      const uint16_t* bits = static_cast<const uint16_t*>(host.raw());
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(bits[i], f.from_float(finite[i] * exact_factor))
+            << f.name << " " << finite[i] << " x " << exact_factor << " on " << device.str();
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Formats, Conversion, ::testing::ValuesIn(kFormats),
                          [](const auto& info) { return std::string(info.param.name); });
 

@@ -13,6 +13,10 @@
 
 #include <vector>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/gemm_cut.h"
 #include "kernels/cpu/rows.h"
@@ -42,16 +46,67 @@ void bias_relu_block(T* c, int rows, int cols, int ldc, const B* bias, bool relu
   }
 }
 
+// float16 rows through the CPU's F16C conversions where it has them (every x86-64 CPU since
+// 2013): the same round-to-nearest-even results as core/half.h's, eight at a time.
+#if defined(__x86_64__)
+__attribute__((target("avx,f16c"))) void f16c_to_float(const f16* in, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
+  }
+  for (; i < n; ++i) out[i] = load(in[i]);
+}
+__attribute__((target("avx,f16c"))) void f16c_from_float(const float* in, f16* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), h);
+  }
+  for (; i < n; ++i) out[i] = store<f16>(in[i]);
+}
+bool has_f16c() {
+  static const bool yes = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  return yes;
+}
+#else
+void f16c_to_float(const f16*, float*, int64_t) {}
+void f16c_from_float(const float*, f16*, int64_t) {}
+bool has_f16c() {
+  return false;
+}
+#endif
+
+// out [n] = in [n] converted to float32
+template <typename H>
+void row_to_float(const H* in, float* out, int64_t n) {
+  if constexpr (std::is_same_v<H, f16>) {
+    if (has_f16c()) return f16c_to_float(in, out, n);
+  }
+#pragma omp simd
+  for (int64_t c = 0; c < n; ++c) out[c] = load(in[c]);
+}
+
+// out [n] = in [n] rounded to H
+template <typename H>
+void row_from_float(const float* in, H* out, int64_t n) {
+  if constexpr (std::is_same_v<H, f16>) {
+    if (has_f16c()) return f16c_from_float(in, out, n);
+  }
+  for (int64_t c = 0; c < n; ++c) out[c] = store<H>(in[c]);
+}
+
 // dst [rows, cols] (packed) = src [row0 .., col0 ..] of a matrix with leading dimension ld.
 template <typename H>
 void to_float_panel(const H* src, int64_t ld, int64_t row0, int64_t rows, int64_t col0,
                     int64_t cols, float* dst) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const H* in = src + (row0 + r) * ld + col0;
-    float* out = dst + r * cols;
-#pragma omp simd
-    for (int64_t c = 0; c < cols; ++c) out[c] = load(in[c]);
-  }
+  for (int64_t r = 0; r < rows; ++r) row_to_float(src + (row0 + r) * ld + col0, dst + r * cols, cols);
+}
+
+// dst [rows, cols] (leading dimension ld) = src [rows, cols] (packed) rounded to H.
+template <typename H>
+void from_float_panel(const float* src, int64_t rows, int64_t cols, H* dst, int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r) row_from_float(src + r * cols, dst + r * ld, cols);
 }
 
 // A thread's float32 scratch for the panels of one block (kept between calls).
@@ -61,11 +116,61 @@ float* scratch(size_t floats) {
   return buffer.data();
 }
 
+// Whether bfloat16 GEMMs go to cblas_sbgemm: the library exports it and the CPU multiplies
+// bfloat16 natively (AVX512-BF16; AMX CPUs have it too). Decided once.
+bool native_bf16_gemm() {
+#if defined(ACCRUE_HAVE_SBGEMM) && (defined(__x86_64__) || defined(__i386__))
+  static const bool native = __builtin_cpu_supports("avx512bf16");
+  return native;
+#else
+  return false;
+#endif
+}
+
+// C [m, n] = alpha op(A) op(B) + beta C for bfloat16 A and B through cblas_sbgemm under accrue's
+// cut; C float32 or bfloat16 (through a float32 scratch block), epilogue as half_gemm's.
+template <typename O, typename Epilogue>
+void sbgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const bf16* a, int lda,
+            const bf16* b, int ldb, float beta, O* c, Epilogue epilogue) {
+#if defined(ACCRUE_HAVE_SBGEMM)
+  const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
+  const CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
+  cut_gemm_call(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, [&](const GemmBlock<bf16, O>& blk) {
+    const auto* pa = reinterpret_cast<const bfloat16*>(blk.a);  // OpenBLAS's uint16_t bits
+    const auto* pb = reinterpret_cast<const bfloat16*>(blk.b);
+    if constexpr (std::is_same_v<O, float>) {
+      float* pc = blk.c;
+      cblas_sbgemm(CblasRowMajor, ta, tb, blk.rows, blk.cols, k, alpha, pa, lda, pb, ldb, beta,
+                   pc, n);
+      epilogue(pc, blk.rows, blk.cols, n, blk.col0);
+    } else {
+      float* pc = scratch(size_t(blk.rows) * blk.cols);
+      O* cb = blk.c;
+      if (beta != 0) to_float_panel(cb, n, 0, blk.rows, 0, blk.cols, pc);
+      cblas_sbgemm(CblasRowMajor, ta, tb, blk.rows, blk.cols, k, alpha, pa, lda, pb, ldb, beta,
+                   pc, blk.cols);
+      epilogue(pc, blk.rows, blk.cols, blk.cols, blk.col0);
+      from_float_panel(pc, blk.rows, blk.cols, cb, n);
+    }
+  });
+#else
+  (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda;
+  (void)b, (void)ldb, (void)beta, (void)c, (void)epilogue;
+  throw std::logic_error("cblas_sbgemm is not available in this build");
+#endif
+}
+
 // C [m, n] = alpha op(A) op(B) + beta C for 16-bit A and B, C being float32 or H; then
 // epilogue(c_block, rows, cols, ldc, col0) on each float32 block before it is stored.
 template <typename H, typename O, typename Epilogue>
 void half_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const H* a, int lda,
                const H* b, int ldb, float beta, O* c, Epilogue epilogue) {
+  if constexpr (std::is_same_v<H, bf16>) {
+    if (native_bf16_gemm()) {
+      sbgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, epilogue);
+      return;
+    }
+  }
   const GemmCut cut = cut_gemm(m, n, k);
   const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
   const CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
@@ -101,9 +206,7 @@ void half_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, con
       blas(ta, tb, rows, cols, k, alpha, pa, trans_a ? rows : k, pb, trans_b ? k : cols, beta, pc,
            cols);
       epilogue(pc, rows, cols, cols, col0);
-      for (int r = 0; r < rows; ++r) {
-        for (int j = 0; j < cols; ++j) cb[int64_t{r} * n + j] = store<O>(pc[int64_t{r} * cols + j]);
-      }
+      from_float_panel(pc, rows, cols, cb, n);
     }
   });
 }
@@ -111,6 +214,8 @@ void half_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, con
 struct NoEpilogue {
   void operator()(float*, int, int, int, int) const {}
 };
+
+
 
 }  // namespace
 

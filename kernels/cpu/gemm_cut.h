@@ -76,31 +76,32 @@ void for_blocks(const GemmCut& cut, F body) {
 }
 
 // One block of C and the operand pointers that produce it; leading dimensions are the whole's.
-template <typename T>
+// C may have another element type than the operands (bfloat16 products into float32).
+template <typename T, typename C = T>
 struct GemmBlock {
   int rows, cols, col0;  // C [rows, cols] starting at column col0
   const T* a;            // its rows of op(A)
   const T* b;            // its columns of op(B)
-  T* c;
+  C* c;
 };
 
 // C [m, n] = op(A) [m, k] op(B) [k, n], row-major, cut as cut_gemm says: call(GemmBlock) computes
 // one block (and may go on to work on it while it is in cache).
-template <typename T, typename Call>
+template <typename T, typename C, typename Call>
 void cut_gemm_call(bool trans_a, bool trans_b, int m, int n, int k, const T* a, int lda, const T* b,
-                   int ldb, T* c, Call call) {
+                   int ldb, C* c, Call call) {
   const GemmCut cut = cut_gemm(m, n, k);
   for_blocks(cut, [&](int i) {
     const int begin = i * cut.width;
     const int width = std::min(cut.width, (cut.along_rows ? m : n) - begin);
     if (cut.along_rows) {
       // rows [begin, begin + width) of op(a) and of c; a stored [M, K], or [K, M] transposed
-      call(GemmBlock<T>{width, n, 0, a + (trans_a ? begin : int64_t{begin} * lda), b,
-                        c + int64_t{begin} * n});
+      call(GemmBlock<T, C>{width, n, 0, a + (trans_a ? begin : int64_t{begin} * lda), b,
+                           c + int64_t{begin} * n});
     } else {
       // columns [begin, begin + width) of op(b) and of c; b stored [K, N], or [N, K] transposed
-      call(GemmBlock<T>{m, width, begin, a, b + (trans_b ? int64_t{begin} * ldb : begin),
-                        c + begin});
+      call(GemmBlock<T, C>{m, width, begin, a, b + (trans_b ? int64_t{begin} * ldb : begin),
+                           c + begin});
     }
   });
 }
