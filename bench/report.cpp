@@ -81,6 +81,10 @@ int main(int argc, char** argv) {
   std::cout << "| benchmark | time | GB/s | GFLOP/s | samples/s | roofline "
                "|\n|---|---|---|---|---|---|\n";
   std::map<std::string, double> adam_roof, adam_time, boundary_time;
+  // Mixed precision: "gemm_forward cpu 32/784/512" -> {float32 FLOP/s, bfloat16 FLOP/s}; the
+  // Adam pass that writes the bfloat16 working copy, by "cpu 567434" -> fraction of copy.
+  std::map<std::string, std::pair<double, double>> gemm_rates;
+  std::map<std::string, double> adam_copy_roof;
   std::map<std::string, int64_t> largest;
   for (const json& b : doc["benchmarks"]) {
     // With --benchmark_repetitions, report the median of the repetitions.
@@ -97,6 +101,19 @@ int main(int argc, char** argv) {
               << " |\n";
     const auto parts = split(name);
     if (parts.size() < 3) continue;
+    if (parts[0].rfind("gemm_", 0) == 0 && b.contains("FLOP/s")) {
+      const bool bf16 = parts[0].size() > 5 && parts[0].substr(parts[0].size() - 5) == "_bf16";
+      std::string shape;
+      for (size_t i = 2; i < parts.size() && parts[i].find("time") == std::string::npos; ++i) {
+        shape += (shape.empty() ? "" : "x") + parts[i];
+      }
+      const std::string key = (bf16 ? parts[0].substr(0, parts[0].size() - 5) : parts[0]) + " " +
+                              parts[1] + " " + shape;
+      (bf16 ? gemm_rates[key].second : gemm_rates[key].first) = b["FLOP/s"].get<double>();
+    }
+    if (parts[0] == "adam_bf16_copy" && b.contains("roofline")) {
+      adam_copy_roof[parts[1] + " " + parts[2]] = b["roofline"].get<double>();
+    }
     const std::string& dev = parts[1];
     int64_t size = 0;
     try {
@@ -120,6 +137,25 @@ int main(int argc, char** argv) {
               << ") | "
               << (boundary_time.count(dev) ? fixed(boundary_time[dev] / adam_time[dev], 3) : "?")
               << (dev == "cpu" ? "" : " (target <= 1.25)") << " |\n";
+  }
+  std::cout << "\n## Mixed precision\n\nbfloat16 GEMMs (float32 accumulation; the weight "
+               "gradient into a float32 C) against the float32 GEMM of the same shape, same run:\n\n"
+               "| GEMM | device | shape | float32 GFLOP/s | bfloat16 GFLOP/s | bf16 / fp32 "
+               "|\n|---|---|---|---|---|---|\n";
+  for (const auto& [key, rates] : gemm_rates) {
+    if (rates.first <= 0 || rates.second <= 0) continue;
+    std::stringstream k(key);
+    std::string gemm, dev, shape;
+    k >> gemm >> dev >> shape;
+    std::cout << "| " << gemm << " | " << dev << " | " << shape << " | "
+              << fixed(rates.first / 1e9, 1) << " | " << fixed(rates.second / 1e9, 1) << " | "
+              << fixed(rates.second / rates.first, 2) << " |\n";
+  }
+  std::cout << "\nThe fused Adam pass that also writes the bfloat16 working copy (34 bytes per "
+               "parameter), as a fraction of the same-run copy bandwidth:\n\n| device, "
+               "parameters | fraction of copy |\n|---|---|\n";
+  for (const auto& [key, roof] : adam_copy_roof) {
+    std::cout << "| " << key << " | " << fixed(roof, 3) << " |\n";
   }
   return 0;
 }
