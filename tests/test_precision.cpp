@@ -177,7 +177,7 @@ struct Mixed {
 // An MLP with float32 masters on `samples` random samples, a `working` copy (float32: none) and
 // loss scaling when `scale` > 0 (dynamic unless `fixed`).
 Mixed make_mixed(DType working, double scale, int64_t samples = 128, int growth_interval = 2000,
-                 bool fixed = false) {
+                 bool fixed = false, Device device = Device::cpu()) {
   Mixed s;
   nn::manual_seed(21);
   s.model = std::make_shared<nn::Sequential>();
@@ -186,6 +186,7 @@ Mixed make_mixed(DType working, double scale, int64_t samples = 128, int growth_
   s.model->add(std::make_shared<nn::Linear>(32, 16));
   s.model->add(std::make_shared<nn::Tanh>());
   s.model->add(std::make_shared<nn::Linear>(16, 5));
+  s.model->to(device);
   s.arena = std::make_unique<optim::ParameterArena>(*s.model);
   if (working != DType::kFloat32) s.arena->use_working_copy(working);
   s.adam = std::make_unique<optim::Adam>(*s.arena);
@@ -197,10 +198,10 @@ Mixed make_mixed(DType working, double scale, int64_t samples = 128, int growth_
   }
   s.acc = std::make_unique<optim::Accumulator>(*s.adam, optim::AccumulatorOptions{});
   s.working = working;
-  s.x = random({samples, 12}, 3, DType::kFloat32, -2, 2).to(working);
+  s.x = random({samples, 12}, 3, DType::kFloat32, -2, 2).to(working).to(device);
   std::vector<int32_t> labels(static_cast<size_t>(samples));
   for (int64_t i = 0; i < samples; ++i) labels[i] = static_cast<int32_t>((i * 3 + i / 7) % 5);
-  s.y = Tensor::from_vector<int32_t>({samples}, labels);
+  s.y = Tensor::from_vector<int32_t>({samples}, labels, device);
   return s;
 }
 
@@ -355,6 +356,32 @@ TEST(MixedPrecision, ScaleStepsOncePerWindowTheSameForOneAndEightMicroSteps) {
   // Growth: three clean windows in a row double the scale.
   EXPECT_FALSE(sk[8] || sk[9]);
   EXPECT_EQ(sc[10], 2 * sc[7]);
+}
+
+// The whole mixed-precision step on every other device against the CPU: the same skips and
+// scales (from 2^25, so the first windows overflow), masters equal to float32 rounding, and the
+// working copy the masters rounded.
+TEST(MixedPrecision, EveryDeviceTrainsLikeTheCpu) {
+  int compared = 0;
+  for (Device device : devices()) {
+    if (device.is_cpu()) continue;
+    for (DType half : {DType::kBFloat16, DType::kFloat16}) {
+      const double scale = half == DType::kFloat16 ? std::ldexp(1.0, 25) : 0;
+      Mixed cpu = make_mixed(half, scale, 64 * 8, 3);
+      Mixed dev = make_mixed(half, scale, 64 * 8, 3, false, device);
+      for (int64_t w = 0; w < 8; ++w) {
+        const optim::StepResult a = mixed_window(cpu, 64 * w, 64, 16);
+        const optim::StepResult b = mixed_window(dev, 64 * w, 64, 16);
+        EXPECT_EQ(a.skipped, b.skipped) << dtype_name(half) << " window " << w;
+        EXPECT_EQ(a.loss_scale, b.loss_scale) << dtype_name(half) << " window " << w;
+      }
+      EXPECT_LT(max_rel_error(dev.arena->params(), cpu.arena->params()), 1e-3) << device.str();
+      EXPECT_EQ(as_doubles(dev.arena->working()),
+                as_doubles(dev.arena->params().to(Device::cpu()).to(half)));
+    }
+    ++compared;
+  }
+  if (compared == 0) GTEST_SKIP() << "no device besides the CPU: " << cuda_unavailable_reason();
 }
 
 TEST(MixedPrecision, Bf16TrainsWithoutScalingAndCloseToFloat32) {
