@@ -168,7 +168,9 @@ void register_kernel_benchmarks() {
     const auto bf16 = [](auto fn) {
       return [fn](State& s, Device dd) { fn(s, dd, DType::kBFloat16); };
     };
-    const auto f32 = [](auto fn) { return [fn](State& s, Device dd) { fn(s, dd, DType::kFloat32); }; };
+    const auto f32 = [](auto fn) {
+      return [fn](State& s, Device dd) { fn(s, dd, DType::kFloat32); };
+    };
     for (const auto& l : layers) {
       add("gemm_forward", f32(gemm_forward))->Args(l);
       add("gemm_forward_bf16", bf16(gemm_forward))->Args(l);

@@ -62,7 +62,8 @@ int main(int argc, char** argv) {
   for (const Precision& p : precisions) {
     for (int64_t b : micro) {
       md << "| " << p.name << " | b = " << b << " |";
-      for (int64_t k : steps) md << " " << measure(p, b, k).peak_activation_bytes / 1024 << " KiB |";
+      for (int64_t k : steps)
+        md << " " << measure(p, b, k).peak_activation_bytes / 1024 << " KiB |";
       md << "\n";
     }
   }

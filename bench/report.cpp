@@ -138,10 +138,11 @@ int main(int argc, char** argv) {
               << (boundary_time.count(dev) ? fixed(boundary_time[dev] / adam_time[dev], 3) : "?")
               << (dev == "cpu" ? "" : " (target <= 1.25)") << " |\n";
   }
-  std::cout << "\n## Mixed precision\n\nbfloat16 GEMMs (float32 accumulation; the weight "
-               "gradient into a float32 C) against the float32 GEMM of the same shape, same run:\n\n"
-               "| GEMM | device | shape | float32 GFLOP/s | bfloat16 GFLOP/s | bf16 / fp32 "
-               "|\n|---|---|---|---|---|---|\n";
+  std::cout
+      << "\n## Mixed precision\n\nbfloat16 GEMMs (float32 accumulation; the weight "
+         "gradient into a float32 C) against the float32 GEMM of the same shape, same run:\n\n"
+         "| GEMM | device | shape | float32 GFLOP/s | bfloat16 GFLOP/s | bf16 / fp32 "
+         "|\n|---|---|---|---|---|---|\n";
   for (const auto& [key, rates] : gemm_rates) {
     if (rates.first <= 0 || rates.second <= 0) continue;
     std::stringstream k(key);

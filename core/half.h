@@ -104,7 +104,8 @@ struct HalfFloat {
   uint16_t bits;
   HalfFloat() = default;
   template <typename U, typename = std::enable_if_t<std::is_arithmetic_v<U>>>
-  ACCRUE_HALF_HD explicit HalfFloat(U value) : bits(Format::from_float(static_cast<float>(value))) {}
+  ACCRUE_HALF_HD explicit HalfFloat(U value)
+      : bits(Format::from_float(static_cast<float>(value))) {}
   ACCRUE_HALF_HD operator float() const { return Format::to_float(bits); }
   ACCRUE_HALF_HD static HalfFloat from_bits(uint16_t b) {
     HalfFloat h;

@@ -3,8 +3,8 @@
 // practice, calls MPI; OpenMP threads never do) and finalised at exit. Errors return instead of
 // aborting (MPI_ERRORS_RETURN) and are thrown with MPI's own message and file:line, so the
 // trainer's handler can report them and abort every rank.
-#include <cstring>
 #include <mpi.h>
+#include <cstring>
 
 #include <cstdlib>
 #include <vector>

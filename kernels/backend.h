@@ -99,7 +99,7 @@ struct LossScaling {
      [1], applied updates) += 1 unless skipped; scaler [2] = {scale, clean windows in a row} is   \
      updated as LossScaling says. The fused updates: g' = g * coef, the update, g = 0, and the    \
      16-bit working copy (undefined: none) = the new parameter rounded; with skip != 0 only g =   \
-     0. coef, skip, the scale and the step count stay on the device: nothing waits for the host. \
+     0. coef, skip, the scale and the step count stay on the device: nothing waits for the host.  \
    */                                                                                             \
   X(norm_sq, (const Tensor& g, Tensor& out), (g, out))                                            \
   X(boundary,                                                                                     \

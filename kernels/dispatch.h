@@ -56,32 +56,32 @@ void with_working_copy(Tensor& working, const char* op, F f) {
 #define ACCRUE_DISPATCH_FLOATING_AS(T, dtype, op, ...) \
   ACCRUE_DISPATCH_FLOAT_CASES_(T, dtype, op, "float32 or float64", __VA_ARGS__)
 
-#define ACCRUE_DISPATCH_FLOAT_CASES_(T, dtype, op, expected, ...)  \
-  [&] {                                                            \
-    switch (dtype) {                                               \
-      case ::accrue::DType::kFloat32: {                            \
-        using T = float;                                           \
-        return __VA_ARGS__();                                      \
-      }                                                            \
-      case ::accrue::DType::kFloat64: {                            \
-        using T = double;                                          \
-        return __VA_ARGS__();                                      \
-      }                                                            \
-      default:                                                     \
-        ::accrue::dispatch_error(op, dtype, expected);             \
-    }                                                              \
+#define ACCRUE_DISPATCH_FLOAT_CASES_(T, dtype, op, expected, ...) \
+  [&] {                                                           \
+    switch (dtype) {                                              \
+      case ::accrue::DType::kFloat32: {                           \
+        using T = float;                                          \
+        return __VA_ARGS__();                                     \
+      }                                                           \
+      case ::accrue::DType::kFloat64: {                           \
+        using T = double;                                         \
+        return __VA_ARGS__();                                     \
+      }                                                           \
+      default:                                                    \
+        ::accrue::dispatch_error(op, dtype, expected);            \
+    }                                                             \
   }()
 
-#define ACCRUE_DISPATCH_FLOATING_AND_HALF_AS(T, dtype, op, ...)    \
-  [&] {                                                            \
-    if ((dtype) == ::accrue::DType::kBFloat16) {                   \
-      using T = ::accrue::bf16;                                    \
-      return __VA_ARGS__();                                        \
-    }                                                              \
-    if ((dtype) == ::accrue::DType::kFloat16) {                    \
-      using T = ::accrue::f16;                                     \
-      return __VA_ARGS__();                                        \
-    }                                                              \
+#define ACCRUE_DISPATCH_FLOATING_AND_HALF_AS(T, dtype, op, ...)                         \
+  [&] {                                                                                 \
+    if ((dtype) == ::accrue::DType::kBFloat16) {                                        \
+      using T = ::accrue::bf16;                                                         \
+      return __VA_ARGS__();                                                             \
+    }                                                                                   \
+    if ((dtype) == ::accrue::DType::kFloat16) {                                         \
+      using T = ::accrue::f16;                                                          \
+      return __VA_ARGS__();                                                             \
+    }                                                                                   \
     return ACCRUE_DISPATCH_FLOAT_CASES_(T, dtype, op, "a floating dtype", __VA_ARGS__); \
   }()
 

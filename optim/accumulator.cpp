@@ -114,8 +114,8 @@ void Accumulator::micro_step(int64_t samples, const std::function<Tensor()>& for
     Tensor seed;
     if (optimizer_.loss_scaled()) {
       seed = Tensor::empty(loss.shape(), loss.dtype(), loss.device());
-      backend_for(loss.device()).expand_scalar(optimizer_.loss_scale().to(loss.dtype()), inv_n,
-                                               seed);
+      backend_for(loss.device())
+          .expand_scalar(optimizer_.loss_scale().to(loss.dtype()), inv_n, seed);
     } else {
       seed = Tensor::full(loss.shape(), inv_n, loss.dtype(), loss.device());
     }

@@ -40,12 +40,12 @@ struct AccumulatorOptions {
 
 // What one optimizer step did (read back from the device after the step).
 struct StepResult {
-  int64_t step = 0;      // 1-based optimizer step
-  int64_t samples = 0;   // samples in the window
-  double loss = 0;       // mean loss over the window's samples
-  double grad_norm = 0;  // of the window's mean-loss gradient, before clipping
-  double lr = 0;         // used by this step
-  bool skipped = false;  // non-finite gradient: no update
+  int64_t step = 0;       // 1-based optimizer step
+  int64_t samples = 0;    // samples in the window
+  double loss = 0;        // mean loss over the window's samples
+  double grad_norm = 0;   // of the window's mean-loss gradient, before clipping
+  double lr = 0;          // used by this step
+  bool skipped = false;   // non-finite gradient: no update
   double loss_scale = 1;  // the loss scale of the window (mixed precision), before its update
 };
 

@@ -47,8 +47,8 @@ ParameterArena::ParameterArena(const std::vector<nn::NamedTensor>& params, int64
 
 void ParameterArena::use_working_copy(DType dtype) {
   if (!is_half(dtype)) {
-    throw DTypeError(str_cat("[ParameterArena] a working copy is bfloat16 or float16, got ",
-                             dtype_name(dtype)));
+    throw DTypeError(
+        str_cat("[ParameterArena] a working copy is bfloat16 or float16, got ", dtype_name(dtype)));
   }
   if (working_.defined()) throw ValueError("[ParameterArena] the arena has a working copy already");
   if (params_.dtype() != DType::kFloat32) {

@@ -48,8 +48,8 @@ void Optimizer::set_loss_scaling(const LossScaling& scaling, double initial_scal
     }
   }
   scaling_ = scaling;
-  scaler_ = Tensor::from_vector<double>({2}, {initial_scale, 0.0}, arena_.device())
-                .to(arena_.dtype());
+  scaler_ =
+      Tensor::from_vector<double>({2}, {initial_scale, 0.0}, arena_.device()).to(arena_.dtype());
 }
 
 std::pair<double, double> Optimizer::scaler_state() const {

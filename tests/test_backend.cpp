@@ -63,10 +63,23 @@ struct Row {
 
 // The primitives that take bfloat16 and float16 tensors: their rows run in both.
 bool takes_half(const std::string& row) {
-  static const std::set<std::string> primitives{
-      "fill",     "copy",  "cast",          "gather_rows", "axpy",   "bias_add",
-      "sum_rows", "sum_all", "expand_scalar", "linear_forward", "argmax", "unary",
-      "unary_backward", "scale", "binary", "gemm", "relu_bias_backward"};
+  static const std::set<std::string> primitives{"fill",
+                                                "copy",
+                                                "cast",
+                                                "gather_rows",
+                                                "axpy",
+                                                "bias_add",
+                                                "sum_rows",
+                                                "sum_all",
+                                                "expand_scalar",
+                                                "linear_forward",
+                                                "argmax",
+                                                "unary",
+                                                "unary_backward",
+                                                "scale",
+                                                "binary",
+                                                "gemm",
+                                                "relu_bias_backward"};
   return primitives.count(row.substr(0, row.find('/'))) > 0;
 }
 
@@ -314,30 +327,29 @@ std::vector<Row> rows() {
                          m.be().gemm(ta, tb, 0.5, a, b, 1.0, c);
                          return Outputs{c};
                        }});
-      table.push_back({str_cat("gemm/", ta ? "T" : "N", tb ? "T" : "N", "_into_float32"),
-                       [=](const Maker& m) {
-                         // the weight-gradient GEMM of mixed precision: 16-bit operands,
-                         // accumulated into a float32 C with beta = 1
-                         Tensor a = m.uniform(ta ? Shape{kCols, 37} : Shape{37, kCols}, 25);
-                         Tensor b = m.uniform(tb ? Shape{45, kCols} : Shape{kCols, 45}, 26);
-                         Tensor c = random({37, 45}, 27).to(m.accumulator()).to(m.device);
-                         m.be().gemm(ta, tb, 1.0, a, b, 1.0, c);
-                         return Outputs{c};
-                       }});
+      table.push_back(
+          {str_cat("gemm/", ta ? "T" : "N", tb ? "T" : "N", "_into_float32"), [=](const Maker& m) {
+             // the weight-gradient GEMM of mixed precision: 16-bit operands,
+             // accumulated into a float32 C with beta = 1
+             Tensor a = m.uniform(ta ? Shape{kCols, 37} : Shape{37, kCols}, 25);
+             Tensor b = m.uniform(tb ? Shape{45, kCols} : Shape{kCols, 45}, 26);
+             Tensor c = random({37, 45}, 27).to(m.accumulator()).to(m.device);
+             m.be().gemm(ta, tb, 1.0, a, b, 1.0, c);
+             return Outputs{c};
+           }});
     }
   }
   for (double max_norm : {0.0, 1.0, 1e9}) {
     for (bool finite : {true, false}) {
-      table.push_back(
-          {str_cat("boundary/max_norm_", max_norm, finite ? "" : "_non_finite"),
-           [=](const Maker& m) {
-             Tensor out = m.empty({4});
-             Tensor steps = m.ints({4});
-             Tensor no_scaler;
-             m.be().boundary(m.values({2}, {9.0, finite ? 0.0 : 2.0}), 0.5, max_norm, {}, no_scaler,
-                             out, steps);
-             return Outputs{out, steps};
-           }});
+      table.push_back({str_cat("boundary/max_norm_", max_norm, finite ? "" : "_non_finite"),
+                       [=](const Maker& m) {
+                         Tensor out = m.empty({4});
+                         Tensor steps = m.ints({4});
+                         Tensor no_scaler;
+                         m.be().boundary(m.values({2}, {9.0, finite ? 0.0 : 2.0}), 0.5, max_norm,
+                                         {}, no_scaler, out, steps);
+                         return Outputs{out, steps};
+                       }});
       // Loss scaling: unscaled norm and coefficient; the scale grows after the interval's last
       // clean window, backs off after an overflow, and stays put when not dynamic.
       for (bool dynamic : {false, true}) {
@@ -492,7 +504,8 @@ TEST_P(BackendTable, SixteenBitRunsMatchTheReferenceOnTheSameInputs) {
   }
   for (DType half : {DType::kBFloat16, DType::kFloat16}) {
     const Outputs reference = row.run({Device::cpu(), DType::kFloat64, half});
-    for (Device device : devices()) expect_matches(row, row.run({device, half, half}), reference, half, device);
+    for (Device device : devices())
+      expect_matches(row, row.run({device, half, half}), reference, half, device);
   }
 }
 

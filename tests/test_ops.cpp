@@ -214,8 +214,8 @@ TEST_P(OpTable, SixteenBitMatchesFloat64OnTheSameInputs) {
   if (!takes_half(c.name)) {
     Inputs inputs;
     for (size_t i = 0; i < shapes.size(); ++i) {
-      inputs.push_back(make_input(shapes[i], 17 + i, DType::kFloat64, size, Device::cpu())
-                           .to(DType::kBFloat16));
+      inputs.push_back(
+          make_input(shapes[i], 17 + i, DType::kFloat64, size, Device::cpu()).to(DType::kBFloat16));
     }
     EXPECT_THROW(c.f(inputs), DTypeError) << c.name;
     return;
@@ -246,8 +246,8 @@ TEST_P(OpTable, SixteenBitMatchesFloat64OnTheSameInputs) {
       for (size_t i = 0; i < got.size(); ++i) {
         EXPECT_EQ(got[i].dtype(), half);
         EXPECT_LT(max_rel_error(got[i], reference[i]), 2 * eps * gain)
-            << c.name << " at " << size.name << " in " << dtype_name(half) << " on "
-            << device.str() << (i == 0 ? " forward" : " gradient");
+            << c.name << " at " << size.name << " in " << dtype_name(half) << " on " << device.str()
+            << (i == 0 ? " forward" : " gradient");
       }
     }
   }

@@ -75,7 +75,8 @@ TEST_P(Conversion, RoundsToNearestEvenBetweenEveryPairOfNeighbours) {
       const uint16_t hi = lo + 1;
       const double a = reference_value(lo, f.exp_bits, f.frac_bits);
       const double b = reference_value(hi, f.exp_bits, f.frac_bits);
-      const double mid = (a + b) / 2;  // exact in double, and in float (one more bit than the format)
+      const double mid =
+          (a + b) / 2;  // exact in double, and in float (one more bit than the format)
       const double s = sign ? -1.0 : 1.0;
       const uint16_t even = (lo & 1) ? hi : lo;
       ASSERT_EQ(f.from_float(static_cast<float>(s * mid)), even | sign) << f.name << " " << mid;
@@ -277,9 +278,10 @@ TEST(MixedPrecision, Bf16AccumulationMatchesTheFullBatch) {
   const double precision_gap = rel_l2(reference, mixed_gradient(fp32, 128, 128));
   EXPECT_LE(split_error, std::ldexp(1.0, -8));
   EXPECT_GT(precision_gap, 10 * split_error);
-  std::printf("bf16 window gradient: 32 x 4 vs 128 x 1 relative L2 %.3g (bound 2^-8 = %.3g); "
-              "bf16 vs fp32 %.3g\n",
-              split_error, std::ldexp(1.0, -8), precision_gap);
+  std::printf(
+      "bf16 window gradient: 32 x 4 vs 128 x 1 relative L2 %.3g (bound 2^-8 = %.3g); "
+      "bf16 vs fp32 %.3g\n",
+      split_error, std::ldexp(1.0, -8), precision_gap);
 }
 
 // A loss weighted by 1e-6 has gradients around 1e-9 at the logits, below float16's smallest
@@ -338,8 +340,7 @@ TEST(MixedPrecision, ScaleStepsOncePerWindowTheSameForOneAndEightMicroSteps) {
     }
     scales.push_back(scale_of_step);
     skips.push_back(skipped);
-    EXPECT_EQ(s.acc->skipped_steps(),
-              std::count(skipped.begin(), skipped.end(), true));
+    EXPECT_EQ(s.acc->skipped_steps(), std::count(skipped.begin(), skipped.end(), true));
   }
   EXPECT_EQ(scales[0], scales[1]);
   EXPECT_EQ(skips[0], skips[1]);
@@ -453,12 +454,14 @@ TEST(MixedPrecision, MisuseIsRejectedWithTheReason) {
        },
        "backoff"},
       {"softmax in bfloat16",
-       [] { log_softmax(Tensor::zeros({2, 3}, DType::kBFloat16)); },
+       [] {
+         log_softmax(Tensor::zeros({2, 3}, DType::kBFloat16));
+       },
        "[log_softmax] expects float32 or float64, got bfloat16"},
       {"16-bit GEMM into float64",
        [] {
-         Tensor a = Tensor::zeros({2, 3}, DType::kBFloat16), b = Tensor::zeros({3, 2},
-                                                                                DType::kBFloat16);
+         Tensor a = Tensor::zeros({2, 3}, DType::kBFloat16),
+                b = Tensor::zeros({3, 2}, DType::kBFloat16);
          Tensor c = Tensor::zeros({2, 2}, DType::kFloat64);
          backend_for(Device::cpu()).gemm(false, false, 1.0, a, b, 1.0, c);
        },

@@ -315,8 +315,8 @@ Summary train(const Config& config, std::ostream& out) {
        << ", optimizer state " << mib(optimizer->state_bytes())
        << (comm.world_size() > 1 ? " per rank" : "") << " | " << c.precision
        << (scaling.on ? str_cat(", loss scale ", optimizer->scaler_state().first) : "")
-       << " | skipped steps " << acc.skipped_steps()
-       << " | " << (tuner ? tuner->describe() : std::to_string(c.threads) + " threads (fixed)");
+       << " | skipped steps " << acc.skipped_steps() << " | "
+       << (tuner ? tuner->describe() : std::to_string(c.threads) + " threads (fixed)");
   log(line.str());
   emit(metrics, {{"event", "summary"},
                  {"test_accuracy", summary.test_accuracy},

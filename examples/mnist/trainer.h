@@ -53,9 +53,9 @@ struct Summary {
   double test_accuracy = 0;
   double train_seconds = 0;
   double samples_per_second = 0;
-  int64_t steps = 0;          // optimizer steps taken
-  int64_t skipped_steps = 0;  // of which skipped (non-finite gradient): no update
-  double final_loss_scale = 1;  // after the last step (1 without loss scaling)
+  int64_t steps = 0;                 // optimizer steps taken
+  int64_t skipped_steps = 0;         // of which skipped (non-finite gradient): no update
+  double final_loss_scale = 1;       // after the last step (1 without loss scaling)
   size_t peak_activation_bytes = 0;  // of a micro-step, above the baseline
   std::vector<double> step_loss_scales;
   std::vector<double> step_losses;

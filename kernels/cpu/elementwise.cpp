@@ -54,16 +54,15 @@ void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& o
 }
 
 void CpuBackend::scale(double alpha, const Tensor& x, Tensor& y) {
-  ACCRUE_DISPATCH_FLOATING_AND_HALF(x.dtype(), "scale",
-                           [&] { map1(x.numel(), x.data<T>(), y.data<T>(), fn::Scale{alpha}); });
+  ACCRUE_DISPATCH_FLOATING_AND_HALF(
+      x.dtype(), "scale", [&] { map1(x.numel(), x.data<T>(), y.data<T>(), fn::Scale{alpha}); });
 }
 
 void CpuBackend::axpy(double alpha, const Tensor& x, Tensor& y) {
   // y may be float32 under a 16-bit x: a gradient added into the float32 arena.
   ACCRUE_DISPATCH_FLOATING_AND_HALF(x.dtype(), "axpy", [&] {
-    with_accumulator<T>(y, "axpy", [&](auto* out) {
-      map2(x.numel(), x.data<T>(), out, out, fn::Axpy{alpha});
-    });
+    with_accumulator<T>(
+        y, "axpy", [&](auto* out) { map2(x.numel(), x.data<T>(), out, out, fn::Axpy{alpha}); });
   });
 }
 
@@ -79,8 +78,9 @@ void CpuBackend::bias_add(const Tensor& x, const Tensor& b, Tensor& y) {
 }
 
 void CpuBackend::expand_scalar(const Tensor& s, double alpha, Tensor& out) {
-  ACCRUE_DISPATCH_FLOATING_AND_HALF(out.dtype(), "expand_scalar",
-                           [&] { fill(out, static_cast<double>(load(s.data<T>()[0])) * alpha); });
+  ACCRUE_DISPATCH_FLOATING_AND_HALF(out.dtype(), "expand_scalar", [&] {
+    fill(out, static_cast<double>(load(s.data<T>()[0])) * alpha);
+  });
 }
 
 }  // namespace accrue::cpu

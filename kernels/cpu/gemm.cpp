@@ -100,7 +100,8 @@ void row_from_float(const float* in, H* out, int64_t n) {
 template <typename H>
 void to_float_panel(const H* src, int64_t ld, int64_t row0, int64_t rows, int64_t col0,
                     int64_t cols, float* dst) {
-  for (int64_t r = 0; r < rows; ++r) row_to_float(src + (row0 + r) * ld + col0, dst + r * cols, cols);
+  for (int64_t r = 0; r < rows; ++r)
+    row_to_float(src + (row0 + r) * ld + col0, dst + r * cols, cols);
 }
 
 // dst [rows, cols] (leading dimension ld) = src [rows, cols] (packed) rounded to H.
@@ -140,15 +141,15 @@ void sbgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const 
     const auto* pb = reinterpret_cast<const bfloat16*>(blk.b);
     if constexpr (std::is_same_v<O, float>) {
       float* pc = blk.c;
-      cblas_sbgemm(CblasRowMajor, ta, tb, blk.rows, blk.cols, k, alpha, pa, lda, pb, ldb, beta,
-                   pc, n);
+      cblas_sbgemm(CblasRowMajor, ta, tb, blk.rows, blk.cols, k, alpha, pa, lda, pb, ldb, beta, pc,
+                   n);
       epilogue(pc, blk.rows, blk.cols, n, blk.col0);
     } else {
       float* pc = scratch(size_t(blk.rows) * blk.cols);
       O* cb = blk.c;
       if (beta != 0) to_float_panel(cb, n, 0, blk.rows, 0, blk.cols, pc);
-      cblas_sbgemm(CblasRowMajor, ta, tb, blk.rows, blk.cols, k, alpha, pa, lda, pb, ldb, beta,
-                   pc, blk.cols);
+      cblas_sbgemm(CblasRowMajor, ta, tb, blk.rows, blk.cols, k, alpha, pa, lda, pb, ldb, beta, pc,
+                   blk.cols);
       epilogue(pc, blk.rows, blk.cols, blk.cols, blk.col0);
       from_float_panel(pc, blk.rows, blk.cols, cb, n);
     }
@@ -215,8 +216,6 @@ struct NoEpilogue {
   void operator()(float*, int, int, int, int) const {}
 };
 
-
-
 }  // namespace
 
 void CpuBackend::gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b,
@@ -255,8 +254,8 @@ void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& 
     ACCRUE_DISPATCH_FLOATING_AND_HALF(y.dtype(), "linear_forward", [&] {
       if constexpr (is_half_v<T>) {
         const T* b = bias.defined() ? bias.data<T>() : nullptr;
-        half_gemm(false, true, m, n, k, 1.0f, x.data<T>(), lda, w.data<T>(), ldb, 0.0f,
-                  y.data<T>(), [&](float* c, int rows, int cols, int ldc, int col0) {
+        half_gemm(false, true, m, n, k, 1.0f, x.data<T>(), lda, w.data<T>(), ldb, 0.0f, y.data<T>(),
+                  [&](float* c, int rows, int cols, int ldc, int col0) {
                     bias_relu_block(c, rows, cols, ldc, b ? b + col0 : nullptr, relu);
                   });
       }

@@ -82,7 +82,8 @@ void CpuBackend::sgd_step(const SgdParams& hp, const Tensor& boundary, const Ten
     T* g = grad.data<T>();
     T* buf = momentum.data<T>();
     with_working_copy(working, "sgd_step", [&](auto* w) {
-      fused_pass(boundary, grad, p, w, [&](T coef, int64_t i) { update(coef, p[i], g[i], buf[i]); });
+      fused_pass(boundary, grad, p, w,
+                 [&](T coef, int64_t i) { update(coef, p[i], g[i], buf[i]); });
     });
   });
 }

@@ -44,8 +44,8 @@ void CudaBackend::gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a
     const float al = static_cast<float>(alpha), be = static_cast<float>(beta);
     const cudaDataType_t ab = cuda_type(a.dtype());
     ACCRUE_CUBLAS_CHECK(cublasGemmEx(handle, tb, ta, n, m, k, &al, b.raw(), ab, ldb, a.raw(), ab,
-                                     lda, &be, c.raw(), cuda_type(c.dtype()), n,
-                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                                     lda, &be, c.raw(), cuda_type(c.dtype()), n, CUBLAS_COMPUTE_32F,
+                                     CUBLAS_GEMM_DEFAULT));
   } else if (c.dtype() == DType::kFloat32) {
     const float al = static_cast<float>(alpha), be = static_cast<float>(beta);
     ACCRUE_CUBLAS_CHECK(cublasSgemm(handle, tb, ta, n, m, k, &al, b.data<float>(), ldb,
@@ -101,9 +101,8 @@ void linear_bias(CudaBackend& be, const Tensor& x, const Tensor& w, const Tensor
   const cudaDataType_t type = cuda_type(x.dtype());
   DeviceContext& ctx = context(y.device().index);
   LtDescriptors desc;
-  ACCRUE_CUBLAS_CHECK(
-      cublasLtMatmulDescCreate(&desc.op, f32 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_64F,
-                               f32 ? CUDA_R_32F : CUDA_R_64F));
+  ACCRUE_CUBLAS_CHECK(cublasLtMatmulDescCreate(
+      &desc.op, f32 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_64F, f32 ? CUDA_R_32F : CUDA_R_64F));
   const cublasOperation_t trans = CUBLAS_OP_T, no_trans = CUBLAS_OP_N;
   ACCRUE_CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSA, &trans, sizeof(trans)));

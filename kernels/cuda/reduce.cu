@@ -126,8 +126,8 @@ template void reduce_sum<double>(const double*, int64_t, Device, double*);
 
 void CudaBackend::sum_all(const Tensor& x, Tensor& out) {
   // x [n] -> out [1]
-  ACCRUE_DISPATCH_FLOATING_AND_HALF(x.dtype(), "sum",
-                           [&] { reduce_sum(x.data<T>(), x.numel(), x.device(), out.data<T>()); });
+  ACCRUE_DISPATCH_FLOATING_AND_HALF(
+      x.dtype(), "sum", [&] { reduce_sum(x.data<T>(), x.numel(), x.device(), out.data<T>()); });
 }
 
 void CudaBackend::norm_sq(const Tensor& g, Tensor& out) {
