@@ -67,7 +67,11 @@ ACCRUE_HALF_HD uint16_t f16_from_float(float f) {
   if (u < 0x38800000u) {
     // Below 2^-14: a subnormal. Adding 0.5 puts the value's 2^-24 units in the low mantissa bits
     // of a float with exponent -1, and the float adder rounds them to nearest even.
+#if defined(__CUDA_ARCH__)
+    const float shifted = __fadd_rn(to_float(u), 0.5f);  // never fused into a multiply-add
+#else
     const float shifted = to_float(u) + 0.5f;
+#endif
     return static_cast<uint16_t>(sign | (of(shifted) - 0x3f000000u));
   }
   // Normal: rebias the exponent (127 -> 15) and round the 13 dropped bits to nearest even.

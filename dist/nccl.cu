@@ -42,9 +42,14 @@ ncclDataType_t nccl_type(const Tensor& t, const char* op) {
     case DType::kInt32:
       return ncclInt32;
     case DType::kBFloat16:
-      return ncclBfloat16;
     case DType::kFloat16:
-      return ncclFloat16;
+      // Moved, never summed (gradients are float32): a 16-bit sum would round every addition.
+      if (std::strcmp(op, "all_gather") != 0 && std::strcmp(op, "broadcast") != 0) break;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 3)
+      return t.dtype() == DType::kBFloat16 ? ncclBfloat16 : ncclFloat16;
+#else
+      return ncclFloat16;  // the same two bytes per element: all_gather and broadcast move bits
+#endif
     default:
       break;
   }

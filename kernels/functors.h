@@ -186,7 +186,10 @@ ACCRUE_HD void boundary_scalars(T sum_sq, T nonfinite, double normalize, double 
       scaler[0] = scale * T(scaling.backoff);
       scaler[1] = T(0);
     } else if (scaler[1] + T(1) >= T(scaling.growth_interval)) {
-      scaler[0] = scale * T(scaling.growth);
+      // Never past the largest finite value (as GradScaler): an infinite seed would skip every
+      // window from then on.
+      const T grown = scale * T(scaling.growth);
+      if (grown <= T(3.4e38)) scaler[0] = grown;
       scaler[1] = T(0);
     } else {
       scaler[1] = scaler[1] + T(1);

@@ -41,9 +41,11 @@ void Optimizer::set_loss_scaling(const LossScaling& scaling, double initial_scal
   if (scaling.dynamic) {
     require_finite_at_least("optimizer", "loss scale growth factor", scaling.growth, 1);
     require_finite_at_least("optimizer", "loss scale backoff factor", scaling.backoff, 0);
-    if (!(scaling.backoff < 1) || scaling.backoff == 0 || scaling.growth_interval < 1) {
+    // The clean-window count is a float32 on the device: exact up to 2^24.
+    if (!(scaling.backoff < 1) || scaling.backoff == 0 || scaling.growth_interval < 1 ||
+        scaling.growth_interval > (1 << 24)) {
       throw ValueError(str_cat("[optimizer] loss scaling needs 0 < backoff < 1 and an interval ",
-                               ">= 1, got backoff ", scaling.backoff, ", interval ",
+                               "in [1, 2^24], got backoff ", scaling.backoff, ", interval ",
                                scaling.growth_interval));
     }
   }

@@ -385,6 +385,24 @@ TEST(MixedPrecision, EveryDeviceTrainsLikeTheCpu) {
   if (compared == 0) GTEST_SKIP() << "no device besides the CPU: " << cuda_unavailable_reason();
 }
 
+// As GradScaler: growth stops short of infinity (an infinite seed would skip every window after).
+TEST(MixedPrecision, TheScaleNeverGrowsToInfinity) {
+  for (Device device : devices()) {
+    Tensor scaler = Tensor::from_vector<float>({2}, {std::ldexp(1.0f, 127), 0.0f}, device);
+    Tensor out = Tensor::empty({4}, DType::kFloat32, device);
+    Tensor steps = Tensor::zeros({1}, DType::kInt32, device);
+    LossScaling ls;
+    ls.dynamic = true;
+    ls.growth_interval = 1;
+    const Tensor norm_sq = Tensor::from_vector<float>({2}, {1.0f, 0.0f}, device);
+    for (int i = 0; i < 3; ++i) {
+      backend_for(device).boundary(norm_sq, 1.0, 0.0, ls, scaler, out, steps);
+    }
+    EXPECT_EQ(scaler.to_vector<float>()[0], std::ldexp(1.0f, 127)) << device.str();
+    EXPECT_EQ(steps.to_vector<int32_t>()[0], 3);
+  }
+}
+
 TEST(MixedPrecision, Bf16TrainsWithoutScalingAndCloseToFloat32) {
   Mixed bf = make_mixed(DType::kBFloat16, 0), fp = make_mixed(DType::kFloat32, 0);
   double bf_loss = 0, fp_loss = 0;

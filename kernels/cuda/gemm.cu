@@ -41,6 +41,10 @@ void CudaBackend::gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a
   const cublasOperation_t tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   if (is_half(a.dtype())) {
     // 16-bit A and B, float32 compute, C float32 (beta = 1 into the arena) or 16-bit.
+    if (b.dtype() != a.dtype()) {
+      throw DTypeError(
+          str_cat("[gemm] operands are ", dtype_name(a.dtype()), " and ", dtype_name(b.dtype())));
+    }
     const float al = static_cast<float>(alpha), be = static_cast<float>(beta);
     const cudaDataType_t ab = cuda_type(a.dtype());
     ACCRUE_CUBLAS_CHECK(cublasGemmEx(handle, tb, ta, n, m, k, &al, b.raw(), ab, ldb, a.raw(), ab,
@@ -146,6 +150,9 @@ void linear_bias(CudaBackend& be, const Tensor& x, const Tensor& w, const Tensor
       set_preference(desc.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_x);
       set_preference(desc.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_y);
       set_preference(desc.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_y);
+      // Partial sums (split-K) in the compute type, never in a 16-bit output type.
+      set_preference(desc.pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                     CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE);
       cublasLtMatmulHeuristicResult_t result{};
       int found = 0;
       const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
@@ -158,7 +165,17 @@ void linear_bias(CudaBackend& be, const Tensor& x, const Tensor& w, const Tensor
     }
   }
   if (!plan.found) {
-    // No cuBLASLt kernel for these alignments: the same result as a GEMM and a bias add.
+    // No cuBLASLt kernel for these alignments: the same result as a GEMM and a bias add; for
+    // 16-bit y through a float32 block, so y is rounded once, as by the epilogue.
+    if (bias.defined() && is_half(y.dtype())) {
+      Tensor wide = Tensor::empty(y.shape(), DType::kFloat32, y.device());
+      Tensor wide_bias = Tensor::empty(bias.shape(), DType::kFloat32, y.device());
+      be.gemm(false, true, 1.0, x, w, 0.0, wide);
+      be.cast(bias, wide_bias);
+      be.bias_add(wide, wide_bias, wide);
+      be.cast(wide, y);
+      return;
+    }
     be.gemm(false, true, 1.0, x, w, 0.0, y);
     if (bias.defined()) be.bias_add(y, bias, y);
     return;

@@ -198,6 +198,10 @@ DeviceContext& context(int device) {
     ACCRUE_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
     ACCRUE_CUBLAS_CHECK(cublasCreate(&ctx->cublas));
     ACCRUE_CUBLAS_CHECK(cublasSetStream(ctx->cublas, ctx->stream));
+    // A GEMM with a 16-bit C must sum split-K partials in float32, not in the output type.
+    ACCRUE_CUBLAS_CHECK(cublasSetMathMode(
+        ctx->cublas, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                               CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
     ACCRUE_CUBLAS_CHECK(cublasLtCreate(&ctx->cublas_lt));
     ctx->reduce_partials = context_malloc(device, DeviceContext::kReducePartialBytes);
     ctx->lt_workspace = context_malloc(device, DeviceContext::kLtWorkspaceBytes);
