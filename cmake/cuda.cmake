@@ -32,13 +32,28 @@ if(ACCRUE_WITH_CUDA)
   # Listed by hand, like the C++ sources in CMakeLists.txt.
   set(ACCRUE_CUDA_SOURCES
     kernels/cuda/backend.cu
+    kernels/cuda/conv.cu
     kernels/cuda/elementwise.cu
     kernels/cuda/gemm.cu
     kernels/cuda/index.cu
+    kernels/cuda/norm.cu
     kernels/cuda/optim.cu
+    kernels/cuda/pool.cu
     kernels/cuda/reduce.cu
     kernels/cuda/runtime.cu
     kernels/cuda/softmax.cu)
+  # cuDNN 9 (convolutions) sits beside the toolkit in NVIDIA's images and packages; without it
+  # the CUDA convolution primitives throw, saying so.
+  find_path(ACCRUE_CUDNN_INCLUDE_DIR cudnn.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+  find_library(ACCRUE_CUDNN_LIBRARY cudnn HINTS ${CUDAToolkit_LIBRARY_DIR}
+               ${CUDAToolkit_LIBRARY_ROOT}/lib ${CUDAToolkit_LIBRARY_ROOT}/lib64)
+  if(ACCRUE_CUDNN_INCLUDE_DIR AND ACCRUE_CUDNN_LIBRARY)
+    set(ACCRUE_WITH_CUDNN ON)
+    message(STATUS "accrue: cuDNN ${ACCRUE_CUDNN_LIBRARY}")
+  else()
+    set(ACCRUE_WITH_CUDNN OFF)
+    message(STATUS "accrue: no cuDNN found: CUDA convolutions will throw")
+  endif()
 else()
   message(STATUS "accrue: CUDA backend OFF (ACCRUE_CUDA=${ACCRUE_CUDA})")
 endif()
@@ -46,6 +61,11 @@ endif()
 function(accrue_configure_cuda_target target)
   target_link_libraries(${target} PUBLIC CUDA::cudart PRIVATE CUDA::cublas CUDA::cublasLt)
   target_compile_definitions(${target} PUBLIC ACCRUE_WITH_CUDA=1)
+  if(ACCRUE_WITH_CUDNN)
+    target_include_directories(${target} PRIVATE ${ACCRUE_CUDNN_INCLUDE_DIR})
+    target_link_libraries(${target} PRIVATE ${ACCRUE_CUDNN_LIBRARY})
+    target_compile_definitions(${target} PRIVATE ACCRUE_WITH_CUDNN=1)
+  endif()
   target_compile_options(${target} PRIVATE
     $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr --extended-lambda -Xcompiler=-Wall>)
 endfunction()

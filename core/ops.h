@@ -3,6 +3,7 @@
 // tape when an input requires grad. Implementations live in core/ops/, one family per file.
 #pragma once
 
+#include "core/geometry.h"
 #include "core/tensor.h"
 
 namespace accrue {
@@ -45,6 +46,31 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels,
 Tensor argmax(const Tensor& x);
 // Number of equal entries of two int32 [N] tensors, as an int64 on the host.
 int64_t count_equal(const Tensor& a, const Tensor& b);
+
+// Convolution and pooling, NCHW (core/ops/conv.cpp). conv2d: x [N, C, H, W], weight [O, C, KH,
+// KW], bias [O] or undefined -> [N, O, OH, OW] (groups = 1). Pooling windows never cross planes;
+// padding counts in the average (PyTorch's count_include_pad). flatten: [N, ...] -> [N, rest].
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
+              const Conv2dGeometry& geometry = {});
+Tensor max_pool2d(const Tensor& x, const Pool2dGeometry& geometry);
+Tensor avg_pool2d(const Tensor& x, const Pool2dGeometry& geometry);
+Tensor flatten(const Tensor& x);
+
+// Normalisation and dropout (core/ops/norm.cpp), x [N, C, ...]. weight and bias may be
+// undefined (no affine). group_norm: statistics per sample and group of C / groups channels,
+// affine per channel. layer_norm: statistics per sample over everything but the batch
+// dimension, affine per element (weight and bias with x's shape less the batch dimension).
+// batch_norm: statistics per channel over the batch (training: the batch's, and running_mean /
+// running_var, when defined, move by momentum with the unbiased variance, as PyTorch's; not
+// training: the running statistics). dropout: zeroes each element with probability key.p and
+// scales the rest by 1 / (1 - p); the mask is a hash of the key, the row's sample index
+// (samples, int32 [N]) and the element's index in its row.
+Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias,
+                  double eps = 1e-5);
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor running_mean,
+                  Tensor running_var, bool training, double momentum = 0.1, double eps = 1e-5);
+Tensor dropout(const Tensor& x, const DropoutKey& key, const Tensor& samples);
 
 // Shape, dtype and indexing (core/ops/shape.cpp).
 // x converted to dtype (round to nearest even into 16 bits), recorded: the gradient comes back

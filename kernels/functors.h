@@ -197,6 +197,45 @@ ACCRUE_HD void boundary_scalars(T sum_sq, T nonfinite, double normalize, double 
   }
 }
 
+// Normalisation, per element, given the statistics of its group or channel (both backends'
+// group_norm and batch_norm): y = (x - mean) rstd weight + bias; and the backward of that with
+// the statistics taken from the same values, xhat = (x - mean) rstd, g = dy weight:
+// dx = rstd (g - mean(g) - xhat mean(g xhat)), the two means over the normalised set.
+struct NormApply {
+  template <typename T>
+  ACCRUE_HD T operator()(T x, T mean, T rstd, T weight, T bias) const {
+    return (x - mean) * rstd * weight + bias;
+  }
+};
+struct NormGrad {
+  template <typename T>
+  ACCRUE_HD T operator()(T g, T xhat, T rstd, T mean_g, T mean_gx) const {
+    return rstd * (g - mean_g - xhat * mean_gx);
+  }
+};
+
+// The dropout mask: a counter-based hash (splitmix64's finaliser, chained) of the key, the
+// sample and the element, turned into a uniform double in [0, 1); the element is kept when it
+// is >= p. The same on both backends and for any micro-batch split.
+ACCRUE_HD uint64_t mix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+struct DropoutMask {
+  uint64_t seed, step;
+  double p, scale;  // scale = 1 / (1 - p)
+  ACCRUE_HD bool keep(uint64_t sample, uint64_t element) const {
+    const uint64_t h = mix64(mix64(mix64(mix64(seed) ^ step) ^ sample) ^ element);
+    return static_cast<double>(h >> 11) * 0x1.0p-53 >= p;
+  }
+  template <typename T>
+  ACCRUE_HD T operator()(T x, uint64_t sample, uint64_t element) const {
+    return keep(sample, element) ? x * T(scale) : T(0);
+  }
+};
+
 // The 16-bit working copy of mixed precision: the fused update passes write w[i] = p[i] rounded
 // right after updating p[i]. NoWorkingCopy (a null pointer of it) is the one-precision case.
 struct NoWorkingCopy {};

@@ -32,6 +32,20 @@ void print(std::ostream& out, const AdamParams& hp) {
 void print(std::ostream& out, const SgdParams& hp) {
   out << "sgd{lr " << hp.lr << ", momentum " << hp.momentum << "}";
 }
+void print(std::ostream& out, int64_t v) {
+  out << v;
+}
+void print(std::ostream& out, const Conv2dGeometry& g) {
+  out << "conv{stride " << g.stride_h << "x" << g.stride_w << ", pad " << g.pad_h << "x"
+      << g.pad_w << ", dilation " << g.dilation_h << "x" << g.dilation_w << "}";
+}
+void print(std::ostream& out, const Pool2dGeometry& g) {
+  out << "pool{" << g.kernel_h << "x" << g.kernel_w << ", stride " << g.stride_h << "x"
+      << g.stride_w << ", pad " << g.pad_h << "x" << g.pad_w << "}";
+}
+void print(std::ostream& out, const DropoutKey& k) {
+  out << "dropout{p " << k.p << ", seed " << k.seed << ", step " << k.step << "}";
+}
 void print(std::ostream& out, const LossScaling& s) {
   out << (s.dynamic ? "dynamic" : "fixed") << " loss scale";
 }

@@ -14,7 +14,7 @@ inline void floating(const char* op, const char* what, const Tensor& t) {
   defined(op, what, t);
   if (!is_floating(t.dtype())) {
     throw DTypeError(
-        str_cat("[", op, "] ", what, " must be float32 or float64, got ", t.describe()));
+        str_cat("[", op, "] ", what, " must be a floating tensor, got ", t.describe()));
   }
 }
 

@@ -1,7 +1,7 @@
 // The CPU backend: the reference implementation of every primitive in kernels/backend.h.
 // Element-wise math comes from kernels/functors.h through the loops in parallel.h; GEMM is
 // OpenBLAS. Each family has its own file: elementwise.cpp, reduce.cpp, gemm.cpp, softmax.cpp,
-// optim.cpp.
+// optim.cpp, conv.cpp, pool.cpp, norm.cpp, dropout.cpp.
 #pragma once
 
 #include "kernels/backend.h"

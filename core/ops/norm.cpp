@@ -1,0 +1,239 @@
+// batch_norm, group_norm and layer_norm over x [N, C, ...] (viewed as [N, C, S]), and dropout.
+// The normalisations save their input and the statistics they used; their backward nodes
+// accumulate the affine gradients straight into the parameters' gradient buffers when those
+// are leaves. BatchNorm normalises with the statistics of the batch it is given (a micro-batch
+// under accumulation: the caveat tests/test_norm_caveat.cpp measures) and updates the running
+// statistics in place on every training call. Dropout draws a counter-based mask
+// (kernels/functors.h) from the key and each row's sample index. Read next: nn/conv.h.
+#include <memory>
+
+#include "core/autograd.h"
+#include "core/ops.h"
+#include "core/ops/check.h"
+#include "kernels/backend.h"
+
+namespace accrue {
+
+namespace {
+
+// x viewed as [N, C, S].
+Tensor as_ncs(const Tensor& x) {
+  const int64_t n = x.size(0), c = x.size(1);
+  return x.view({n, c, n * c != 0 ? x.numel() / (n * c) : 0});
+}
+
+void check_affine(const char* op, const Tensor& x, const Tensor& t, const char* what,
+                  int64_t channels) {
+  if (!t.defined()) return;
+  check::compatible(op, x, t);
+  if (t.numel() != channels) {
+    throw ShapeError(str_cat("[", op, "] ", what, " has shape ", shape_str(t.shape()), " but ",
+                             channels, " channels are normalised"));
+  }
+}
+
+// Fetches the gradient buffers for the affine inputs (indices 1 and 2, of the given shapes): the
+// leaves' own when they all are leaves (beta = 1), else fresh tensors added to the sink after
+// `run`.
+template <typename Run>
+void affine_backward(GradSink& sink, const Tensor& like, int64_t channels, const Shape& w_shape,
+                     const Shape& b_shape, Run run) {
+  Tensor dw = sink.needs(1) ? sink.accumulator(1) : Tensor();
+  Tensor db = sink.needs(2) ? sink.accumulator(2) : Tensor();
+  if ((!sink.needs(1) || dw.defined()) && (!sink.needs(2) || db.defined())) {
+    run(1.0, dw, db);
+    return;
+  }
+  dw = sink.needs(1) ? Tensor::empty({channels}, like.dtype(), like.device()) : Tensor();
+  db = sink.needs(2) ? Tensor::empty({channels}, like.dtype(), like.device()) : Tensor();
+  run(0.0, dw, db);
+  if (sink.needs(1)) sink.add(1, dw.view(w_shape));
+  if (sink.needs(2)) sink.add(2, db.view(b_shape));
+}
+
+struct GroupNormBackward : Node {
+  Tensor x, mean, rstd, weight;  // x as [N, C, S]
+  int64_t groups = 1;
+  Shape input_shape, weight_shape, bias_shape;
+  const char* name() const override { return "group_norm"; }
+  void backward(const Tensor& dy, GradSink& sink) override {
+    Backend& be = backend_for(dy.device());
+    const Tensor g = dy.view(x.shape());
+    Tensor dx = sink.needs(0) ? Tensor::empty(x.shape(), x.dtype(), x.device()) : Tensor();
+    Tensor none;
+    // dx first, alone; then the affine gradients (each primitive call writes what is defined).
+    if (dx.defined()) be.group_norm_backward(g, x, groups, mean, rstd, weight, dx, 0.0, none, none);
+    affine_backward(sink, x, x.size(1), weight_shape, bias_shape,
+                    [&](double beta, Tensor& dw, Tensor& db) {
+      if (!dw.defined() && !db.defined()) return;
+      Tensor no_dx;
+      be.group_norm_backward(g, x, groups, mean, rstd, weight, no_dx, beta, dw, db);
+    });
+    if (dx.defined()) sink.add(0, dx.view(input_shape));
+  }
+};
+
+struct BatchNormBackward : Node {
+  Tensor x, mean, rstd, weight;  // x as [N, C, S]
+  bool use_running = false;
+  Shape input_shape, weight_shape, bias_shape;
+  const char* name() const override { return "batch_norm"; }
+  void backward(const Tensor& dy, GradSink& sink) override {
+    Backend& be = backend_for(dy.device());
+    const Tensor g = dy.view(x.shape());
+    Tensor dx = sink.needs(0) ? Tensor::empty(x.shape(), x.dtype(), x.device()) : Tensor();
+    Tensor none;
+    if (dx.defined()) be.batch_norm_backward(g, x, use_running, mean, rstd, weight, dx, 0.0, none, none);
+    affine_backward(sink, x, x.size(1), weight_shape, bias_shape,
+                    [&](double beta, Tensor& dw, Tensor& db) {
+      if (!dw.defined() && !db.defined()) return;
+      Tensor no_dx;
+      be.batch_norm_backward(g, x, use_running, mean, rstd, weight, no_dx, beta, dw, db);
+    });
+    if (dx.defined()) sink.add(0, dx.view(input_shape));
+  }
+};
+
+struct DropoutBackward : Node {
+  DropoutKey key;
+  Tensor samples;
+  const char* name() const override { return "dropout"; }
+  void backward(const Tensor& dy, GradSink& sink) override {
+    Tensor dx = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
+    backend_for(dy.device()).dropout(dy, key, samples, dx);
+    sink.add(0, dx);
+  }
+};
+
+void check_batched(const char* op, const Tensor& x, int64_t min_dim) {
+  check::floating(op, "input", x);
+  if (x.dim() < min_dim) {
+    throw ShapeError(str_cat("[", op, "] input must be at least ", min_dim, "-D [N, C, ...], got ",
+                             "shape ", shape_str(x.shape())));
+  }
+}
+
+}  // namespace
+
+Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias,
+                  double eps) {
+  check_batched("group_norm", x, 2);
+  const int64_t channels = x.size(1);
+  if (groups < 1 || channels % groups != 0) {
+    throw ValueError(str_cat("[group_norm] ", channels, " channels do not split into ", groups,
+                             " groups"));
+  }
+  if (!(eps > 0)) throw ValueError(str_cat("[group_norm] eps must be > 0, got ", eps));
+  check_affine("group_norm", x, weight, "weight", channels);
+  check_affine("group_norm", x, bias, "bias", channels);
+  const Tensor xs = as_ncs(x);
+  Tensor out = Tensor::empty(xs.shape(), x.dtype(), x.device());
+  Tensor mean = Tensor::empty({x.size(0), groups}, x.dtype(), x.device());
+  Tensor rstd = Tensor::empty({x.size(0), groups}, x.dtype(), x.device());
+  const Tensor w = weight.defined() ? weight.view({channels}) : Tensor();
+  const Tensor b = bias.defined() ? bias.view({channels}) : Tensor();
+  if (x.numel() > 0) backend_for(x.device()).group_norm(xs, groups, eps, w, b, out, mean, rstd);
+  out = out.view(x.shape());
+  if (should_record({&x, &weight, &bias})) {
+    auto node = std::make_unique<GroupNormBackward>();
+    node->x = node->save(xs);
+    node->mean = mean;
+    node->rstd = rstd;
+    node->weight = w.defined() ? node->save(w) : Tensor();
+    node->groups = groups;
+    node->input_shape = x.shape();
+    node->weight_shape = weight.defined() ? weight.shape() : Shape{};
+    node->bias_shape = bias.defined() ? bias.shape() : Shape{};
+    record(std::move(node), {&x, &weight, &bias}, out);
+  }
+  return out;
+}
+
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  check_batched("layer_norm", x, 2);
+  // Each sample's features as the channels of one group: per-element affine.
+  const int64_t features = x.size(0) ? x.numel() / x.size(0) : 0;
+  for (const Tensor* t : {&weight, &bias}) {
+    if (t->defined() && t->numel() != features) {
+      throw ShapeError(str_cat("[layer_norm] ", t == &weight ? "weight" : "bias", " has shape ",
+                               shape_str(t->shape()), " but each sample has ", features,
+                               " features (shape ", shape_str(x.shape()), ")"));
+    }
+  }
+  return reshape(group_norm(reshape(x, {x.size(0), features, 1}), 1, weight, bias, eps),
+                 x.shape());
+}
+
+Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor running_mean,
+                  Tensor running_var, bool training, double momentum, double eps) {
+  check_batched("batch_norm", x, 2);
+  const int64_t channels = x.size(1);
+  check_affine("batch_norm", x, weight, "weight", channels);
+  check_affine("batch_norm", x, bias, "bias", channels);
+  check_affine("batch_norm", x, running_mean, "running_mean", channels);
+  check_affine("batch_norm", x, running_var, "running_var", channels);
+  if (!(eps > 0) || !(momentum >= 0 && momentum <= 1)) {
+    throw ValueError(str_cat("[batch_norm] needs eps > 0 and momentum in [0, 1], got eps ", eps,
+                             ", momentum ", momentum));
+  }
+  if (!training && !(running_mean.defined() && running_var.defined())) {
+    throw ValueError("[batch_norm] evaluation needs the running mean and variance");
+  }
+  const Tensor xs = as_ncs(x);
+  if (training && xs.size(0) * xs.size(2) < 2) {
+    throw ValueError(str_cat("[batch_norm] training needs more than one value per channel, got ",
+                             "input shape ", shape_str(x.shape())));
+  }
+  Tensor out = Tensor::empty(xs.shape(), x.dtype(), x.device());
+  Tensor mean = Tensor::empty({channels}, x.dtype(), x.device());
+  Tensor rstd = Tensor::empty({channels}, x.dtype(), x.device());
+  const Tensor w = weight.defined() ? weight.view({channels}) : Tensor();
+  const Tensor b = bias.defined() ? bias.view({channels}) : Tensor();
+  Tensor rm = running_mean.defined() ? running_mean.view({channels}) : Tensor();
+  Tensor rv = running_var.defined() ? running_var.view({channels}) : Tensor();
+  const double m = training && rm.defined() ? momentum : -1.0;
+  backend_for(x.device()).batch_norm(xs, eps, m, !training, w, b, rm, rv, out, mean, rstd);
+  if (training && rm.defined()) {
+    running_mean.mark_modified();
+    running_var.mark_modified();
+  }
+  out = out.view(x.shape());
+  if (should_record({&x, &weight, &bias})) {
+    auto node = std::make_unique<BatchNormBackward>();
+    node->x = node->save(xs);
+    node->mean = mean;
+    node->rstd = rstd;
+    node->weight = w.defined() ? node->save(w) : Tensor();
+    node->use_running = !training;
+    node->input_shape = x.shape();
+    node->weight_shape = weight.defined() ? weight.shape() : Shape{};
+    node->bias_shape = bias.defined() ? bias.shape() : Shape{};
+    record(std::move(node), {&x, &weight, &bias}, out);
+  }
+  return out;
+}
+
+Tensor dropout(const Tensor& x, const DropoutKey& key, const Tensor& samples) {
+  check::floating("dropout", "input", x);
+  if (!(key.p >= 0 && key.p < 1)) {
+    throw ValueError(str_cat("[dropout] p must be in [0, 1), got ", key.p));
+  }
+  if (x.dim() < 1 || !samples.defined() || samples.dtype() != DType::kInt32 ||
+      samples.dim() != 1 || samples.size(0) != x.size(0)) {
+    throw ShapeError(str_cat("[dropout] needs one int32 sample index per row of ", x.describe(),
+                             ", got ", samples.describe()));
+  }
+  check::same_device("dropout", x, samples);
+  if (key.p == 0) return x;
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  backend_for(x.device()).dropout(x, key, samples, out);
+  if (should_record({&x})) {
+    auto node = std::make_unique<DropoutBackward>();
+    node->key = key;
+    node->samples = samples;
+    record(std::move(node), {&x}, out);
+  }
+  return out;
+}
+
+}  // namespace accrue

@@ -1,0 +1,212 @@
+// CPU normalisation over x [N, C, S]: group norm (statistics per sample and group of channels;
+// layer norm is one group) and batch norm (statistics per channel over the batch, running
+// statistics with PyTorch's momentum and unbiased variance). Statistics are two passes in
+// double (mean, then the mean square deviation) in a fixed order, so results do not depend on
+// the thread count; the per-element math is kernels/functors.h's NormApply and NormGrad, which
+// the CUDA kernels share.
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/parallel.h"
+#include "kernels/dispatch.h"
+#include "kernels/functors.h"
+
+namespace accrue::cpu {
+
+namespace {
+
+template <typename T>
+const T* optional(const Tensor& t) {
+  return t.defined() ? t.data<T>() : nullptr;
+}
+template <typename T>
+T* optional(Tensor& t) {
+  return t.defined() ? t.data<T>() : nullptr;
+}
+
+// Mean and biased variance of the elements in `segments` runs of `run` elements each `stride`
+// apart; mean and rstd = 1 / sqrt(var + eps) stored as T.
+template <typename T>
+double statistics(const T* x, int64_t segments, int64_t run, int64_t stride, double eps, T* mean,
+                  T* rstd) {
+  double total = 0;
+  for (int64_t s = 0; s < segments; ++s) {
+    for (int64_t i = 0; i < run; ++i) total += static_cast<double>(x[s * stride + i]);
+  }
+  const double count = static_cast<double>(segments * run);
+  const double m = total / count;
+  double squares = 0;
+  for (int64_t s = 0; s < segments; ++s) {
+    for (int64_t i = 0; i < run; ++i) {
+      const double d = static_cast<double>(x[s * stride + i]) - m;
+      squares += d * d;
+    }
+  }
+  *mean = static_cast<T>(m);
+  *rstd = static_cast<T>(1.0 / std::sqrt(squares / count + eps));
+  return squares / count;
+}
+
+// Per-channel sums of dy xhat and dy over N and S, into dweight and dbias (beta blend).
+template <typename T, typename StatsOf>
+void affine_grads(const T* dy, const T* x, int64_t n, int64_t c, int64_t s, StatsOf stats_of,
+                  double beta, T* dweight, T* dbias) {
+  if (dweight == nullptr && dbias == nullptr) return;
+  for_range(c, n * c * s, [=](int64_t ch) {
+    double sum_gx = 0, sum_g = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const auto [mean, rstd] = stats_of(i, ch);
+      const int64_t at = (i * c + ch) * s;
+      for (int64_t k = 0; k < s; ++k) {
+        const double g = static_cast<double>(dy[at + k]);
+        sum_g += g;
+        sum_gx += g * (static_cast<double>(x[at + k]) - mean) * rstd;
+      }
+    }
+    const fn::Blend blend{1.0, beta};
+    if (dweight != nullptr) dweight[ch] = static_cast<T>(blend(double(dweight[ch]), sum_gx));
+    if (dbias != nullptr) dbias[ch] = static_cast<T>(blend(double(dbias[ch]), sum_g));
+  });
+}
+
+// dx over one normalised set: `segments` runs of `run` elements `stride` apart, channel of
+// segment s = channel(s), with its statistics.
+template <typename T, typename Channel>
+void norm_grad(const T* dy, const T* x, T* dx, int64_t segments, int64_t run, int64_t stride,
+               Channel channel, const T* weight, T mean, T rstd) {
+  double sum_g = 0, sum_gx = 0;
+  for (int64_t s = 0; s < segments; ++s) {
+    const double w = weight ? static_cast<double>(weight[channel(s)]) : 1.0;
+    for (int64_t i = 0; i < run; ++i) {
+      const int64_t at = s * stride + i;
+      const double g = static_cast<double>(dy[at]) * w;
+      sum_g += g;
+      sum_gx += g * (static_cast<double>(x[at]) - mean) * rstd;
+    }
+  }
+  const double count = static_cast<double>(segments * run);
+  const T mean_g = static_cast<T>(sum_g / count), mean_gx = static_cast<T>(sum_gx / count);
+  const fn::NormGrad grad;
+  for (int64_t s = 0; s < segments; ++s) {
+    const T w = weight ? weight[channel(s)] : T(1);
+    for (int64_t i = 0; i < run; ++i) {
+      const int64_t at = s * stride + i;
+      dx[at] = grad(dy[at] * w, (x[at] - mean) * rstd, rstd, mean_g, mean_gx);
+    }
+  }
+}
+
+}  // namespace
+
+void CpuBackend::group_norm(const Tensor& x, int64_t groups, double eps, const Tensor& weight,
+                            const Tensor& bias, Tensor& y, Tensor& mean, Tensor& rstd) {
+  // x [N, C, S]; a group is C / groups consecutive channels of one sample: contiguous
+  const int64_t n = x.size(0), c = x.size(1), s = x.size(2), per = c / groups;
+  ACCRUE_DISPATCH_FLOATING(x.dtype(), "group_norm", [&] {
+    const T *in = x.data<T>(), *w = optional<T>(weight), *b = optional<T>(bias);
+    T *out = y.data<T>(), *mu = mean.data<T>(), *rs = rstd.data<T>();
+    for_range(n * groups, n * c * s, [=](int64_t ng) {
+      const int64_t at = ng * per * s, c0 = (ng % groups) * per;
+      statistics(in + at, 1, per * s, 0, eps, mu + ng, rs + ng);
+      const fn::NormApply apply;
+      for (int64_t k = 0; k < per; ++k) {
+        const T wk = w ? w[c0 + k] : T(1), bk = b ? b[c0 + k] : T(0);
+        for (int64_t i = 0; i < s; ++i) {
+          const int64_t e = at + k * s + i;
+          out[e] = apply(in[e], mu[ng], rs[ng], wk, bk);
+        }
+      }
+    });
+  });
+}
+
+void CpuBackend::group_norm_backward(const Tensor& dy, const Tensor& x, int64_t groups,
+                                     const Tensor& mean, const Tensor& rstd, const Tensor& weight,
+                                     Tensor& dx, double beta, Tensor& dweight, Tensor& dbias) {
+  const int64_t n = x.size(0), c = x.size(1), s = x.size(2), per = c / groups;
+  ACCRUE_DISPATCH_FLOATING(x.dtype(), "group_norm_backward", [&] {
+    const T *g = dy.data<T>(), *in = x.data<T>(), *w = optional<T>(weight);
+    const T *mu = mean.data<T>(), *rs = rstd.data<T>();
+    T* out = optional<T>(dx);
+    if (out != nullptr) {
+      for_range(n * groups, n * c * s, [=](int64_t ng) {
+        const int64_t at = ng * per * s, c0 = (ng % groups) * per;
+        norm_grad(g + at, in + at, out + at, per, s, s, [=](int64_t k) { return c0 + k; }, w,
+                  mu[ng], rs[ng]);
+      });
+    }
+    affine_grads(
+        g, in, n, c, s,
+        [=](int64_t i, int64_t ch) {
+          const int64_t ng = i * groups + ch / per;
+          return std::pair<double, double>(mu[ng], rs[ng]);
+        },
+        beta, optional<T>(dweight), optional<T>(dbias));
+  });
+}
+
+void CpuBackend::batch_norm(const Tensor& x, double eps, double momentum, bool use_running,
+                            const Tensor& weight, const Tensor& bias, Tensor& running_mean,
+                            Tensor& running_var, Tensor& y, Tensor& mean, Tensor& rstd) {
+  // x [N, C, S]; a channel's set is N runs of S elements, C S apart
+  const int64_t n = x.size(0), c = x.size(1), s = x.size(2);
+  ACCRUE_DISPATCH_FLOATING(x.dtype(), "batch_norm", [&] {
+    const T *in = x.data<T>(), *w = optional<T>(weight), *b = optional<T>(bias);
+    T *out = y.data<T>(), *mu = mean.data<T>(), *rs = rstd.data<T>();
+    T *rm = optional<T>(running_mean), *rv = optional<T>(running_var);
+    const double count = static_cast<double>(n * s);
+    for_range(c, n * c * s, [=](int64_t ch) {
+      if (use_running) {
+        mu[ch] = rm[ch];
+        rs[ch] = static_cast<T>(1.0 / std::sqrt(static_cast<double>(rv[ch]) + eps));
+      } else {
+        const double var = statistics(in + ch * s, n, s, c * s, eps, mu + ch, rs + ch);
+        if (momentum >= 0 && rm != nullptr) {
+          // The running variance takes the unbiased estimate, as PyTorch's.
+          rm[ch] = static_cast<T>((1 - momentum) * double(rm[ch]) + momentum * double(mu[ch]));
+          rv[ch] = static_cast<T>((1 - momentum) * double(rv[ch]) +
+                                  momentum * var * count / (count - 1));
+        }
+      }
+      const T wk = w ? w[ch] : T(1), bk = b ? b[ch] : T(0);
+      const fn::NormApply apply;
+      for (int64_t i = 0; i < n; ++i) {
+        for (int64_t k = 0; k < s; ++k) {
+          const int64_t e = (i * c + ch) * s + k;
+          out[e] = apply(in[e], mu[ch], rs[ch], wk, bk);
+        }
+      }
+    });
+  });
+}
+
+void CpuBackend::batch_norm_backward(const Tensor& dy, const Tensor& x, bool use_running,
+                                     const Tensor& mean, const Tensor& rstd, const Tensor& weight,
+                                     Tensor& dx, double beta, Tensor& dweight, Tensor& dbias) {
+  const int64_t n = x.size(0), c = x.size(1), s = x.size(2);
+  ACCRUE_DISPATCH_FLOATING(x.dtype(), "batch_norm_backward", [&] {
+    const T *g = dy.data<T>(), *in = x.data<T>(), *w = optional<T>(weight);
+    const T *mu = mean.data<T>(), *rs = rstd.data<T>();
+    T* out = optional<T>(dx);
+    if (out != nullptr) {
+      for_range(c, n * c * s, [=](int64_t ch) {
+        if (use_running) {  // constants: dx = dy w rstd
+          const T scale = (w ? w[ch] : T(1)) * rs[ch];
+          for (int64_t i = 0; i < n; ++i) {
+            for (int64_t k = 0; k < s; ++k) out[(i * c + ch) * s + k] = g[(i * c + ch) * s + k] * scale;
+          }
+          return;
+        }
+        norm_grad(g + ch * s, in + ch * s, out + ch * s, n, s, c * s, [=](int64_t) { return ch; },
+                  w, mu[ch], rs[ch]);
+      });
+    }
+    affine_grads(
+        g, in, n, c, s,
+        [=](int64_t, int64_t ch) { return std::pair<double, double>(mu[ch], rs[ch]); }, beta,
+        optional<T>(dweight), optional<T>(dbias));
+  });
+}
+
+}  // namespace accrue::cpu

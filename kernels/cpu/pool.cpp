@@ -1,0 +1,124 @@
+// CPU pooling over NCHW planes, one (sample, channel) plane per iteration: max pooling keeps the
+// flat input index of each window's first maximum for its backward, average pooling divides by
+// the whole window, padding included (PyTorch's count_include_pad default).
+#include <cstring>
+#include <limits>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/parallel.h"
+#include "kernels/dispatch.h"
+
+namespace accrue::cpu {
+
+namespace {
+
+struct PlaneShape {
+  int64_t planes, h, w, oh, ow;
+};
+
+PlaneShape plane_shape(const Tensor& x, const Tensor& y) {
+  return {x.size(0) * x.size(1), x.size(2), x.size(3), y.size(2), y.size(3)};
+}
+
+// body(plane, oh, ow, h0, h1, w0, w1) for every output position: the window clipped to the
+// input, [h0, h1) x [w0, w1).
+template <typename F>
+void for_windows(const PlaneShape& s, const Pool2dGeometry& g, F body) {
+  for_range(s.planes, s.planes * s.oh * s.ow * g.kernel_h * g.kernel_w, [&](int64_t p) {
+    for (int64_t oh = 0; oh < s.oh; ++oh) {
+      const int64_t start_h = oh * g.stride_h - g.pad_h;
+      const int64_t h0 = std::max<int64_t>(start_h, 0), h1 = std::min(start_h + g.kernel_h, s.h);
+      for (int64_t ow = 0; ow < s.ow; ++ow) {
+        const int64_t start_w = ow * g.stride_w - g.pad_w;
+        const int64_t w0 = std::max<int64_t>(start_w, 0),
+                      w1 = std::min(start_w + g.kernel_w, s.w);
+        body(p, oh, ow, h0, h1, w0, w1);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void CpuBackend::max_pool2d(const Tensor& x, const Pool2dGeometry& g, Tensor& y, Tensor& argmax) {
+  const PlaneShape s = plane_shape(x, y);
+  ACCRUE_DISPATCH_FLOATING(x.dtype(), "max_pool2d", [&] {
+    const T* in = x.data<T>();
+    T* out = y.data<T>();
+    int32_t* at = argmax.data<int32_t>();
+    for_windows(s, g, [&](int64_t p, int64_t oh, int64_t ow, int64_t h0, int64_t h1, int64_t w0,
+                          int64_t w1) {
+      const T* plane = in + p * s.h * s.w;
+      T best = -std::numeric_limits<T>::infinity();
+      int64_t best_at = h0 * s.w + w0;
+      for (int64_t ih = h0; ih < h1; ++ih) {
+        for (int64_t iw = w0; iw < w1; ++iw) {
+          const T v = plane[ih * s.w + iw];
+          // NaN wins (and stays), as in PyTorch: the first NaN of the window is the maximum.
+          if (v > best || (v != v && best == best)) {
+            best = v;
+            best_at = ih * s.w + iw;
+          }
+        }
+      }
+      const int64_t o = (p * s.oh + oh) * s.ow + ow;
+      out[o] = best;
+      at[o] = static_cast<int32_t>(best_at);
+    });
+  });
+}
+
+void CpuBackend::max_pool2d_backward(const Tensor& dy, const Tensor& argmax, Tensor& dx) {
+  // dx [planes, H W] = 0, then dx[argmax] += dy, plane by plane
+  const int64_t planes = dx.size(0) * dx.size(1), area = dx.size(2) * dx.size(3);
+  const int64_t outputs = dy.size(2) * dy.size(3);
+  ACCRUE_DISPATCH_FLOATING(dy.dtype(), "max_pool2d_backward", [&] {
+    const T* grad = dy.data<T>();
+    const int32_t* at = argmax.data<int32_t>();
+    T* out = dx.data<T>();
+    for_range(planes, planes * (area + outputs), [=](int64_t p) {
+      T* plane = out + p * area;
+      std::fill(plane, plane + area, T(0));
+      for (int64_t o = 0; o < outputs; ++o) plane[at[p * outputs + o]] += grad[p * outputs + o];
+    });
+  });
+}
+
+void CpuBackend::avg_pool2d(const Tensor& x, const Pool2dGeometry& g, Tensor& y) {
+  const PlaneShape s = plane_shape(x, y);
+  ACCRUE_DISPATCH_FLOATING(x.dtype(), "avg_pool2d", [&] {
+    const T* in = x.data<T>();
+    T* out = y.data<T>();
+    const T inv = T(1) / T(g.kernel_h * g.kernel_w);
+    for_windows(s, g, [&](int64_t p, int64_t oh, int64_t ow, int64_t h0, int64_t h1, int64_t w0,
+                          int64_t w1) {
+      const T* plane = in + p * s.h * s.w;
+      T total = 0;
+      for (int64_t ih = h0; ih < h1; ++ih) {
+        for (int64_t iw = w0; iw < w1; ++iw) total += plane[ih * s.w + iw];
+      }
+      out[(p * s.oh + oh) * s.ow + ow] = total * inv;
+    });
+  });
+}
+
+void CpuBackend::avg_pool2d_backward(const Tensor& dy, const Pool2dGeometry& g, Tensor& dx) {
+  const PlaneShape s = plane_shape(dx, dy);
+  ACCRUE_DISPATCH_FLOATING(dy.dtype(), "avg_pool2d_backward", [&] {
+    const T* grad = dy.data<T>();
+    T* out = dx.data<T>();
+    std::memset(out, 0, dx.nbytes());
+    const T inv = T(1) / T(g.kernel_h * g.kernel_w);
+    // A plane's windows run in order on one thread, so overlapping windows add in order.
+    for_windows(s, g, [&](int64_t p, int64_t oh, int64_t ow, int64_t h0, int64_t h1, int64_t w0,
+                          int64_t w1) {
+      T* plane = out + p * s.h * s.w;
+      const T share = grad[(p * s.oh + oh) * s.ow + ow] * inv;
+      for (int64_t ih = h0; ih < h1; ++ih) {
+        for (int64_t iw = w0; iw < w1; ++iw) plane[ih * s.w + iw] += share;
+      }
+    });
+  });
+}
+
+}  // namespace accrue::cpu

@@ -1,0 +1,272 @@
+// CUDA convolution through cuDNN 9's convolution API (cudnnConvolutionForward, BackwardData,
+// BackwardFilter, BackwardBias), NCHW, groups 1, on the device's stream. The filter and bias
+// gradients accumulate into the gradient arena through cuDNN's beta = 1. For each shape the
+// algorithms are chosen once by cuDNN's heuristics (the first that fits the workspace limit)
+// and cached with their workspace sizes; the workspace comes from the caching allocator, so it
+// is counted and reused like any tensor. Errors throw with cudnnGetErrorString and file:line.
+// Built only where cuDNN was found (ACCRUE_WITH_CUDNN); otherwise the three primitives throw.
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/launch.cuh"
+
+#if defined(ACCRUE_WITH_CUDNN)
+#include <cudnn.h>
+
+#define ACCRUE_CUDNN_CHECK(call)                                                       \
+  do {                                                                                 \
+    const cudnnStatus_t accrue_status_ = (call);                                       \
+    if (accrue_status_ != CUDNN_STATUS_SUCCESS) {                                      \
+      throw ::accrue::BackendError(::accrue::str_cat("[cudnn] ", #call, " failed: ",   \
+                                                     cudnnGetErrorString(accrue_status_), \
+                                                     " at ", __FILE__, ":", __LINE__)); \
+    }                                                                                  \
+  } while (0)
+#endif
+
+namespace accrue::cuda {
+
+#if defined(ACCRUE_WITH_CUDNN)
+
+namespace {
+
+// Workspaces above this are not considered (cuDNN may otherwise ask for gigabytes).
+constexpr size_t kMaxWorkspace = size_t{256} << 20;
+
+// One convolution's shape: the cache key.
+struct ConvKey {
+  int64_t n, c, h, w, o, kh, kw, sh, sw, ph, pw, dh, dw;
+  int dtype;
+  auto tie() const { return std::tie(n, c, h, w, o, kh, kw, sh, sw, ph, pw, dh, dw, dtype); }
+  bool operator<(const ConvKey& other) const { return tie() < other.tie(); }
+};
+
+struct ConvPlan {
+  cudnnConvolutionFwdAlgo_t forward;
+  cudnnConvolutionBwdDataAlgo_t backward_data;
+  cudnnConvolutionBwdFilterAlgo_t backward_filter;
+  size_t forward_bytes, data_bytes, filter_bytes;
+};
+
+// Per device: the cuDNN handle (on the device's stream) and the plans.
+struct CudnnState {
+  cudnnHandle_t handle = nullptr;
+  std::map<ConvKey, ConvPlan> plans;
+};
+std::mutex cudnn_mutex;
+std::map<int, CudnnState> cudnn_states;  // never destroyed: handles live as long as the process
+
+// The descriptors of one call, destroyed when it returns.
+struct ConvDescriptors {
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr, bias = nullptr;
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+  ~ConvDescriptors() {
+    if (conv) cudnnDestroyConvolutionDescriptor(conv);
+    if (w) cudnnDestroyFilterDescriptor(w);
+    if (bias) cudnnDestroyTensorDescriptor(bias);
+    if (y) cudnnDestroyTensorDescriptor(y);
+    if (x) cudnnDestroyTensorDescriptor(x);
+  }
+};
+
+cudnnDataType_t cudnn_type(DType t) {
+  if (t == DType::kFloat32) return CUDNN_DATA_FLOAT;
+  if (t == DType::kFloat64) return CUDNN_DATA_DOUBLE;
+  throw DTypeError(str_cat("[conv2d] expects float32 or float64, got ", dtype_name(t)));
+}
+
+int as_int(int64_t v) {
+  if (v > INT32_MAX) throw ShapeError(str_cat("[conv2d] dimension ", v, " exceeds cuDNN's int"));
+  return static_cast<int>(v);
+}
+
+// Everything a call needs: handle, descriptors, plan (found once per shape).
+struct ConvCall {
+  cudnnHandle_t handle;
+  ConvDescriptors d;
+  ConvPlan plan;
+  cudnnDataType_t type;
+};
+
+void describe(ConvCall& call, const Tensor& x, const Tensor& w, const Tensor& y,
+              const Conv2dGeometry& g) {
+  const cudnnDataType_t type = cudnn_type(x.dtype());
+  call.type = type;
+  ACCRUE_CUDNN_CHECK(cudnnCreateTensorDescriptor(&call.d.x));
+  ACCRUE_CUDNN_CHECK(cudnnCreateTensorDescriptor(&call.d.y));
+  ACCRUE_CUDNN_CHECK(cudnnCreateTensorDescriptor(&call.d.bias));
+  ACCRUE_CUDNN_CHECK(cudnnCreateFilterDescriptor(&call.d.w));
+  ACCRUE_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&call.d.conv));
+  ACCRUE_CUDNN_CHECK(cudnnSetTensor4dDescriptor(call.d.x, CUDNN_TENSOR_NCHW, type, as_int(x.size(0)),
+                                                as_int(x.size(1)), as_int(x.size(2)),
+                                                as_int(x.size(3))));
+  ACCRUE_CUDNN_CHECK(cudnnSetTensor4dDescriptor(call.d.y, CUDNN_TENSOR_NCHW, type, as_int(y.size(0)),
+                                                as_int(y.size(1)), as_int(y.size(2)),
+                                                as_int(y.size(3))));
+  ACCRUE_CUDNN_CHECK(cudnnSetTensor4dDescriptor(call.d.bias, CUDNN_TENSOR_NCHW, type, 1,
+                                                as_int(w.size(0)), 1, 1));
+  ACCRUE_CUDNN_CHECK(cudnnSetFilter4dDescriptor(call.d.w, type, CUDNN_TENSOR_NCHW,
+                                                as_int(w.size(0)), as_int(w.size(1)),
+                                                as_int(w.size(2)), as_int(w.size(3))));
+  // Cross-correlation, as every framework's "convolution"; math in the data type.
+  ACCRUE_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
+      call.d.conv, as_int(g.pad_h), as_int(g.pad_w), as_int(g.stride_h), as_int(g.stride_w),
+      as_int(g.dilation_h), as_int(g.dilation_w), CUDNN_CROSS_CORRELATION, type));
+  // Tensor-core kernels may round float32 inputs to TF32; the CPU parity tables expect float32.
+  ACCRUE_CUDNN_CHECK(cudnnSetConvolutionMathType(call.d.conv, CUDNN_FMA_MATH));
+
+  const int device = x.device().index;
+  std::lock_guard<std::mutex> lock(cudnn_mutex);
+  CudnnState& state = cudnn_states[device];
+  if (state.handle == nullptr) ACCRUE_CUDNN_CHECK(cudnnCreate(&state.handle));
+  ACCRUE_CUDNN_CHECK(cudnnSetStream(state.handle, context(device).stream));
+  call.handle = state.handle;
+  const ConvKey key{x.size(0), x.size(1), x.size(2), x.size(3), w.size(0), w.size(2), w.size(3),
+                    g.stride_h, g.stride_w, g.pad_h, g.pad_w, g.dilation_h, g.dilation_w,
+                    static_cast<int>(x.dtype())};
+  const auto it = state.plans.find(key);
+  if (it != state.plans.end()) {
+    call.plan = it->second;
+    return;
+  }
+  // cuDNN's heuristics rank the algorithms; take the first that succeeds within the limit.
+  constexpr int kCandidates = 8;
+  int found = 0;
+  ConvPlan plan{};
+  {
+    cudnnConvolutionFwdAlgoPerf_t perf[kCandidates];
+    ACCRUE_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(
+        state.handle, call.d.x, call.d.w, call.d.conv, call.d.y, kCandidates, &found, perf));
+    int i = 0;
+    while (i < found && (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > kMaxWorkspace))
+      ++i;
+    if (i == found) throw BackendError("[conv2d] cuDNN offers no forward algorithm for this shape");
+    plan.forward = perf[i].algo;
+    plan.forward_bytes = perf[i].memory;
+  }
+  {
+    cudnnConvolutionBwdDataAlgoPerf_t perf[kCandidates];
+    ACCRUE_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+        state.handle, call.d.w, call.d.y, call.d.conv, call.d.x, kCandidates, &found, perf));
+    int i = 0;
+    while (i < found && (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > kMaxWorkspace))
+      ++i;
+    if (i == found) throw BackendError("[conv2d] cuDNN offers no backward-data algorithm");
+    plan.backward_data = perf[i].algo;
+    plan.data_bytes = perf[i].memory;
+  }
+  {
+    cudnnConvolutionBwdFilterAlgoPerf_t perf[kCandidates];
+    ACCRUE_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+        state.handle, call.d.x, call.d.y, call.d.conv, call.d.w, kCandidates, &found, perf));
+    int i = 0;
+    while (i < found && (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > kMaxWorkspace))
+      ++i;
+    if (i == found) throw BackendError("[conv2d] cuDNN offers no backward-filter algorithm");
+    plan.backward_filter = perf[i].algo;
+    plan.filter_bytes = perf[i].memory;
+  }
+  state.plans.emplace(key, plan);
+  call.plan = plan;
+}
+
+// A workspace of at least `bytes` from the caching allocator (undefined for 0 bytes).
+Tensor workspace(size_t bytes, Device device) {
+  if (bytes == 0) return Tensor();
+  return Tensor::empty({static_cast<int64_t>((bytes + 3) / 4)}, DType::kFloat32, device);
+}
+
+// cuDNN's alpha and beta: double for double data, float otherwise.
+struct Scalars {
+  float f[2];
+  double d[2];
+  const void* alpha(cudnnDataType_t t) const { return t == CUDNN_DATA_DOUBLE ? (const void*)&d[0] : &f[0]; }
+  const void* beta(cudnnDataType_t t) const { return t == CUDNN_DATA_DOUBLE ? (const void*)&d[1] : &f[1]; }
+};
+Scalars scalars(double alpha, double beta) {
+  return {{static_cast<float>(alpha), static_cast<float>(beta)}, {alpha, beta}};
+}
+
+void* raw_or_null(const Tensor& t) {
+  return t.defined() ? t.raw() : nullptr;
+}
+
+}  // namespace
+
+void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                 const Conv2dGeometry& g, Tensor& y) {
+  // x [N, C, H, W] * w [O, C, KH, KW] -> y [N, O, OH, OW], then y += bias over N, OH, OW
+  ConvCall call;
+  describe(call, x, w, y, g);
+  Tensor ws = workspace(call.plan.forward_bytes, x.device());
+  const Scalars zero_beta = scalars(1.0, 0.0), one_beta = scalars(1.0, 1.0);
+  ACCRUE_CUDNN_CHECK(cudnnConvolutionForward(
+      call.handle, zero_beta.alpha(call.type), call.d.x, x.raw(), call.d.w, w.raw(), call.d.conv,
+      call.plan.forward, raw_or_null(ws), call.plan.forward_bytes, zero_beta.beta(call.type),
+      call.d.y, y.raw()));
+  if (bias.defined()) {
+    ACCRUE_CUDNN_CHECK(cudnnAddTensor(call.handle, one_beta.alpha(call.type), call.d.bias,
+                                      bias.raw(), one_beta.beta(call.type), call.d.y, y.raw()));
+  }
+}
+
+void CudaBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const Conv2dGeometry& g,
+                                       Tensor& dx) {
+  ConvCall call;
+  describe(call, dx, w, dy, g);
+  Tensor ws = workspace(call.plan.data_bytes, dy.device());
+  const Scalars s = scalars(1.0, 0.0);
+  ACCRUE_CUDNN_CHECK(cudnnConvolutionBackwardData(
+      call.handle, s.alpha(call.type), call.d.w, w.raw(), call.d.y, dy.raw(), call.d.conv,
+      call.plan.backward_data, raw_or_null(ws), call.plan.data_bytes, s.beta(call.type), call.d.x,
+      dx.raw()));
+}
+
+void CudaBackend::conv2d_backward_filter(const Tensor& dy, const Tensor& x,
+                                         const Conv2dGeometry& g, double beta, Tensor& dw,
+                                         Tensor& dbias) {
+  // dw = beta dw + dy (x) x; dbias = beta dbias + sum of dy: cuDNN's beta = 1 into the arena
+  ConvCall call;
+  describe(call, x, dw, dy, g);
+  Tensor ws = workspace(call.plan.filter_bytes, x.device());
+  const Scalars s = scalars(1.0, beta);
+  ACCRUE_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
+      call.handle, s.alpha(call.type), call.d.x, x.raw(), call.d.y, dy.raw(), call.d.conv,
+      call.plan.backward_filter, raw_or_null(ws), call.plan.filter_bytes, s.beta(call.type),
+      call.d.w, dw.raw()));
+  if (dbias.defined()) {
+    ACCRUE_CUDNN_CHECK(cudnnConvolutionBackwardBias(call.handle, s.alpha(call.type), call.d.y,
+                                                    dy.raw(), s.beta(call.type), call.d.bias,
+                                                    dbias.raw()));
+  }
+}
+
+#else  // no cuDNN
+
+namespace {
+[[noreturn]] void no_cudnn() {
+  throw DeviceError(
+      "[conv2d] this accrue was built without cuDNN: install cuDNN 9 beside the CUDA toolkit "
+      "and reconfigure");
+}
+}  // namespace
+
+void CudaBackend::conv2d_forward(const Tensor&, const Tensor&, const Tensor&,
+                                 const Conv2dGeometry&, Tensor&) {
+  no_cudnn();
+}
+void CudaBackend::conv2d_backward_data(const Tensor&, const Tensor&, const Conv2dGeometry&,
+                                       Tensor&) {
+  no_cudnn();
+}
+void CudaBackend::conv2d_backward_filter(const Tensor&, const Tensor&, const Conv2dGeometry&,
+                                         double, Tensor&, Tensor&) {
+  no_cudnn();
+}
+
+#endif
+
+}  // namespace accrue::cuda

@@ -1,0 +1,118 @@
+// CUDA pooling, NCHW: one thread per output element for the forward passes and for average
+// pooling's backward (each input element gathers the windows that cover it: no atomics, a fixed
+// order); max pooling's backward scatters dy at the saved argmax one plane per thread, in order.
+#include <cfloat>
+
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/launch.cuh"
+#include "kernels/dispatch.h"
+
+namespace accrue::cuda {
+
+namespace {
+
+template <typename T>
+void max_pool(const T* in, int64_t planes, int64_t h, int64_t w, int64_t oh, int64_t ow,
+              Pool2dGeometry g, T* out, int32_t* at, cudaStream_t stream) {
+  for_each(planes * oh * ow, stream, [=] __device__(int64_t o) {
+    const int64_t p = o / (oh * ow), y = o / ow % oh, x = o % ow;
+    const int64_t sh = y * g.stride_h - g.pad_h, sw = x * g.stride_w - g.pad_w;
+    const int64_t h0 = sh < 0 ? 0 : sh, h1 = sh + g.kernel_h < h ? sh + g.kernel_h : h;
+    const int64_t w0 = sw < 0 ? 0 : sw, w1 = sw + g.kernel_w < w ? sw + g.kernel_w : w;
+    const T* plane = in + p * h * w;
+    T best = -T(INFINITY);
+    int64_t best_at = h0 * w + w0;
+    for (int64_t ih = h0; ih < h1; ++ih) {
+      for (int64_t iw = w0; iw < w1; ++iw) {
+        const T v = plane[ih * w + iw];
+        if (v > best || (v != v && best == best)) {  // the first NaN wins, as on the CPU
+          best = v;
+          best_at = ih * w + iw;
+        }
+      }
+    }
+    out[o] = best;
+    at[o] = static_cast<int32_t>(best_at);
+  });
+}
+
+template <typename T>
+void avg_pool(const T* in, int64_t planes, int64_t h, int64_t w, int64_t oh, int64_t ow,
+              Pool2dGeometry g, T* out, cudaStream_t stream) {
+  const T inv = T(1) / T(g.kernel_h * g.kernel_w);
+  for_each(planes * oh * ow, stream, [=] __device__(int64_t o) {
+    const int64_t p = o / (oh * ow), y = o / ow % oh, x = o % ow;
+    const int64_t sh = y * g.stride_h - g.pad_h, sw = x * g.stride_w - g.pad_w;
+    const int64_t h0 = sh < 0 ? 0 : sh, h1 = sh + g.kernel_h < h ? sh + g.kernel_h : h;
+    const int64_t w0 = sw < 0 ? 0 : sw, w1 = sw + g.kernel_w < w ? sw + g.kernel_w : w;
+    const T* plane = in + p * h * w;
+    T total = 0;
+    for (int64_t ih = h0; ih < h1; ++ih) {
+      for (int64_t iw = w0; iw < w1; ++iw) total += plane[ih * w + iw];
+    }
+    out[o] = total * inv;
+  });
+}
+
+// dx [planes, h, w]: each input element sums dy / window size over the windows covering it.
+template <typename T>
+void avg_pool_backward(const T* dy, int64_t planes, int64_t h, int64_t w, int64_t oh, int64_t ow,
+                       Pool2dGeometry g, T* dx, cudaStream_t stream) {
+  const T inv = T(1) / T(g.kernel_h * g.kernel_w);
+  for_each(planes * h * w, stream, [=] __device__(int64_t i) {
+    const int64_t p = i / (h * w), ih = i / w % h, iw = i % w;
+    T total = 0;
+    for (int64_t y = 0; y < oh; ++y) {
+      const int64_t sh = y * g.stride_h - g.pad_h;
+      if (ih < sh || ih >= sh + g.kernel_h) continue;
+      for (int64_t x = 0; x < ow; ++x) {
+        const int64_t sw = x * g.stride_w - g.pad_w;
+        if (iw >= sw && iw < sw + g.kernel_w) total += dy[(p * oh + y) * ow + x];
+      }
+    }
+    dx[i] = total * inv;
+  });
+}
+
+template <typename T>
+void max_pool_backward(const T* dy, const int32_t* at, int64_t planes, int64_t area,
+                       int64_t outputs, T* dx, cudaStream_t stream) {
+  for_each(planes, stream, [=] __device__(int64_t p) {
+    T* plane = dx + p * area;
+    for (int64_t i = 0; i < area; ++i) plane[i] = T(0);
+    for (int64_t o = 0; o < outputs; ++o) plane[at[p * outputs + o]] += dy[p * outputs + o];
+  });
+}
+
+}  // namespace
+
+void CudaBackend::max_pool2d(const Tensor& x, const Pool2dGeometry& g, Tensor& y, Tensor& argmax) {
+  ACCRUE_DISPATCH_FLOATING(x.dtype(), "max_pool2d", [&] {
+    max_pool(x.data<T>(), x.size(0) * x.size(1), x.size(2), x.size(3), y.size(2), y.size(3), g,
+             y.data<T>(), argmax.data<int32_t>(), stream_of(x));
+  });
+}
+
+void CudaBackend::max_pool2d_backward(const Tensor& dy, const Tensor& argmax, Tensor& dx) {
+  ACCRUE_DISPATCH_FLOATING(dy.dtype(), "max_pool2d_backward", [&] {
+    max_pool_backward(dy.data<T>(), argmax.data<int32_t>(), dx.size(0) * dx.size(1),
+                      dx.size(2) * dx.size(3), dy.size(2) * dy.size(3), dx.data<T>(),
+                      stream_of(dy));
+  });
+}
+
+void CudaBackend::avg_pool2d(const Tensor& x, const Pool2dGeometry& g, Tensor& y) {
+  ACCRUE_DISPATCH_FLOATING(x.dtype(), "avg_pool2d", [&] {
+    avg_pool(x.data<T>(), x.size(0) * x.size(1), x.size(2), x.size(3), y.size(2), y.size(3), g,
+             y.data<T>(), stream_of(x));
+  });
+}
+
+void CudaBackend::avg_pool2d_backward(const Tensor& dy, const Pool2dGeometry& g, Tensor& dx) {
+  ACCRUE_DISPATCH_FLOATING(dy.dtype(), "avg_pool2d_backward", [&] {
+    avg_pool_backward(dy.data<T>(), dx.size(0) * dx.size(1), dx.size(2), dx.size(3), dy.size(2),
+                      dy.size(3), g, dx.data<T>(), stream_of(dy));
+  });
+}
+
+}  // namespace accrue::cuda
