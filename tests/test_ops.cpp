@@ -84,6 +84,45 @@ Dims mlp_shapes(int64_t r, int64_t c) {
   return {{r, c}, {8, c}, {8}, {3, 8}, {3}};
 }
 
+// The NCHW ops' inputs grow with the size's rows and columns (past the CPU's parallel grain
+// and several CUDA blocks at the large sizes) while the finite differences stay affordable.
+int64_t image_h(int64_t r) {
+  return 4 + r / 4;
+}
+int64_t image_w(int64_t c) {
+  return 5 + c / 8;
+}
+Dims conv_shapes(int64_t r, int64_t c) {
+  return {{2, 3, image_h(r), image_w(c)}, {4, 3, 3, 3}, {4}};
+}
+Dims conv_no_bias_shapes(int64_t r, int64_t c) {
+  return {{2, 3, image_h(r), image_w(c)}, {4, 3, 3, 3}};
+}
+Dims image_shapes(int64_t r, int64_t c) {
+  return {{2, 3, image_h(r), image_w(c)}};
+}
+Dims group_norm_shapes(int64_t r, int64_t c) {
+  return {{2, 6, image_h(r), image_w(c)}, {6}, {6}};
+}
+Dims batch_norm_shapes(int64_t r, int64_t c) {
+  return {{3, 4, image_h(r), image_w(c)}, {4}, {4}};
+}
+Dims layer_norm_shapes(int64_t r, int64_t c) {
+  return {{r, c}, {c}, {c}};
+}
+
+// Running statistics for a batch-norm case: made afresh inside each call.
+Tensor running(int64_t channels, double value, const Tensor& like) {
+  return Tensor::full({channels}, value, like.dtype(), like.device());
+}
+
+// Sample indices 0 .. N-1 for a dropout case.
+Tensor sample_ids(const Tensor& x) {
+  std::vector<int32_t> ids(static_cast<size_t>(x.size(0)));
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(5 * i + 1);
+  return Tensor::from_vector<int32_t>({x.size(0)}, ids, x.device());
+}
+
 Tensor labels_of(const Tensor& logits) {
   return labels_for(logits.size(0), logits.size(1), logits.device());
 }
@@ -122,6 +161,32 @@ std::vector<OpCase> op_table() {
        [](const Inputs& x) {
          return reshape(x[0], {x[0].size(1), x[0].size(0)});
        }},
+      {"conv2d", conv_shapes,
+       [](const Inputs& x) { return conv2d(x[0], x[1], x[2], {1, 1, 1, 1, 1, 1}); }},
+      {"conv2d_strided_dilated", conv_shapes,
+       [](const Inputs& x) { return conv2d(x[0], x[1], x[2], {2, 2, 2, 1, 2, 1}); }},
+      {"conv2d_no_bias", conv_no_bias_shapes,
+       [](const Inputs& x) { return conv2d(x[0], x[1], Tensor()); }},
+      {"max_pool2d", image_shapes, [](const Inputs& x) { return max_pool2d(x[0], {}); }},
+      {"max_pool2d_padded", image_shapes,
+       [](const Inputs& x) { return max_pool2d(x[0], {3, 3, 2, 2, 1, 1}); }},
+      {"avg_pool2d", image_shapes,
+       [](const Inputs& x) { return avg_pool2d(x[0], {3, 3, 2, 2, 1, 1}); }},
+      {"flatten", image_shapes, [](const Inputs& x) { return flatten(x[0]); }},
+      {"group_norm", group_norm_shapes,
+       [](const Inputs& x) { return group_norm(x[0], 3, x[1], x[2]); }},
+      {"layer_norm", layer_norm_shapes,
+       [](const Inputs& x) { return layer_norm(x[0], x[1], x[2]); }},
+      {"batch_norm_train", batch_norm_shapes,
+       [](const Inputs& x) {
+         return batch_norm(x[0], x[1], x[2], running(4, 0.0, x[0]), running(4, 1.0, x[0]), true);
+       }},
+      {"batch_norm_eval", batch_norm_shapes,
+       [](const Inputs& x) {
+         return batch_norm(x[0], x[1], x[2], running(4, 0.2, x[0]), running(4, 1.5, x[0]), false);
+       }},
+      {"dropout", one_matrix,
+       [](const Inputs& x) { return dropout(x[0], {0.4, 99, 3}, sample_ids(x[0])); }},
       {"mlp", mlp_shapes,
        [](const Inputs& x) {
          Tensor h = accrue::tanh(linear(x[0], x[1], x[2]));
@@ -197,9 +262,14 @@ TEST_P(OpTable, EveryDeviceMatchesCpu) {
 }
 
 // The ops mixed precision runs in 16 bits; the softmax family and the loss stay float32 by
-// design (the trainer casts the logits up first) and refuse 16-bit inputs by name.
+// design (the trainer casts the logits up first) and refuse 16-bit inputs by name, as do the
+// convolution, pooling and normalisation ops (float32 and float64 only so far).
 bool takes_half(const std::string& op) {
-  return op.rfind("log_softmax", 0) != 0 && op.rfind("cross_entropy", 0) != 0 && op != "mlp";
+  for (const char* prefix : {"log_softmax", "cross_entropy", "mlp", "conv2d", "max_pool2d",
+                             "avg_pool2d", "group_norm", "layer_norm", "batch_norm", "dropout"}) {
+    if (op.rfind(prefix, 0) == 0) return false;
+  }
+  return true;
 }
 
 // Each op's value and gradients in a 16-bit format: every result is a float32 computation
