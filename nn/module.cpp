@@ -22,6 +22,30 @@ Tensor& Module::register_parameter(const std::string& name, Tensor value) {
   return params_.back().second;
 }
 
+Tensor& Module::register_buffer(const std::string& name, Tensor value) {
+  buffers_.emplace_back(name, std::move(value));
+  return buffers_.back().second;
+}
+
+std::vector<NamedTensor> Module::named_buffers() const {
+  std::vector<NamedTensor> out = buffers_;
+  for (const auto& [prefix, child] : children_) {
+    for (auto& [name, t] : child->named_buffers()) out.emplace_back(prefix + "." + name, t);
+  }
+  return out;
+}
+
+std::vector<NamedTensor> Module::named_state() const {
+  std::vector<NamedTensor> out = named_parameters();
+  for (auto& b : named_buffers()) out.push_back(b);
+  return out;
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& [name, child] : children_) child->train(on);
+}
+
 std::vector<NamedTensor> Module::named_parameters() const {
   std::vector<NamedTensor> out = params_;
   for (const auto& [prefix, child] : children_) {
@@ -52,7 +76,7 @@ int64_t Module::num_parameters() const {
 }
 
 void Module::to(Device device) {
-  for (auto& [name, t] : named_parameters()) {
+  for (auto& [name, t] : named_state()) {
     if (t.device() != device) t.set_data(t.to(device));
   }
 }

@@ -1,7 +1,10 @@
-// Module: the base of every layer. A module registers its parameters and child modules under
-// PyTorch's names ("layers.0.weight"), so checkpoints move between accrue and PyTorch. It does
-// not own gradient memory: optim::ParameterArena gathers the parameters of a model into one
-// contiguous buffer and gives each a view of a parallel gradient arena. Read next: linear.h.
+// Module: the base of every layer. A module registers its parameters, buffers and child modules
+// under PyTorch's names ("layers.0.weight", "norm1.running_mean"), so checkpoints move between
+// accrue and PyTorch. Parameters are trained; buffers (BatchNorm's running statistics) are state
+// that is saved and loaded but never given to an optimizer. train() / eval() set the mode of the
+// module and its children (BatchNorm and Dropout behave differently). A module does not own
+// gradient memory: optim::ParameterArena gathers the parameters of a model into one contiguous
+// buffer and gives each a view of a parallel gradient arena. Read next: linear.h.
 #pragma once
 
 #include <memory>
@@ -28,11 +31,20 @@ class Module {
   // The parameter with this dotted name; throws ValueError listing the known names otherwise.
   Tensor parameter(const std::string& name) const;
   int64_t num_parameters() const;
-  // Moves every parameter to a device (before building an arena).
+  // Every buffer of this module and its children, depth first; and parameters then buffers.
+  std::vector<NamedTensor> named_buffers() const;
+  std::vector<NamedTensor> named_state() const;
+  // Moves every parameter and buffer to a device (before building an arena).
   void to(Device device);
+
+  // Training mode (the default) or evaluation mode, for this module and its children.
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
 
  protected:
   Tensor& register_parameter(const std::string& name, Tensor value);
+  Tensor& register_buffer(const std::string& name, Tensor value);
   template <typename M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
     children_.emplace_back(name, module);
@@ -40,7 +52,8 @@ class Module {
   }
 
  private:
-  std::vector<NamedTensor> params_;
+  std::vector<NamedTensor> params_, buffers_;
+  bool training_ = true;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
 };
 

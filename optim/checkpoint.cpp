@@ -202,7 +202,7 @@ std::map<std::string, Tensor> read_safetensors(const std::string& path) {
 
 void load_parameters(nn::Module& module, const std::string& path) {
   const auto tensors = read_safetensors(path);
-  const auto params = module.named_parameters();
+  const auto params = module.named_state();  // parameters, then buffers (running statistics)
   for (const auto& [name, t] : tensors) {
     const bool known = std::any_of(params.begin(), params.end(),
                                    [&](const nn::NamedTensor& p) { return p.first == name; });
@@ -219,12 +219,14 @@ void load_parameters(nn::Module& module, const std::string& path) {
       throw FileError(
           str_cat("[load] ", path, " has no tensor '", name, "' (", param.describe(), ")"));
     }
-    if (it->second.shape() != param.shape() || !is_floating(it->second.dtype())) {
+    const bool kind = is_floating(param.dtype()) ? is_floating(it->second.dtype())
+                                                 : it->second.dtype() == param.dtype();
+    if (it->second.shape() != param.shape() || !kind) {
       throw FileError(str_cat("[load] ", path, ": tensor '", name, "' is ", it->second.describe(),
                               " but the model expects ", dtype_name(param.dtype()),
                               shape_str(param.shape())));
     }
-    const int64_t bad = first_nonfinite(it->second);
+    const int64_t bad = is_floating(param.dtype()) ? first_nonfinite(it->second) : -1;
     if (bad >= 0) {
       throw FileError(str_cat("[load] ", path, ": tensor '", name, "' holds ",
                               it->second.to(DType::kFloat64).data<double>()[bad], " at element ",

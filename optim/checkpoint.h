@@ -17,8 +17,8 @@ void save_safetensors(const std::string& path, const std::vector<nn::NamedTensor
 // Reads every tensor of a safetensors file onto the host. Throws FileError naming the file and
 // what is wrong for a missing, truncated or malformed file.
 std::map<std::string, Tensor> read_safetensors(const std::string& path);
-// Copies the file's tensors into the module's parameters (in place, so an arena keeps them).
-// Every parameter must be present with its shape; the error names the parameter.
+// Copies the file's tensors into the module's parameters and buffers (in place, so an arena
+// keeps them). Every one must be present with its shape; the error names it.
 void load_parameters(nn::Module& module, const std::string& path);
 
 }  // namespace accrue::optim

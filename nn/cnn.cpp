@@ -1,0 +1,59 @@
+// The MNIST CNN (see cnn.h).
+#include "nn/cnn.h"
+
+#include "core/ops.h"
+
+namespace accrue::nn {
+
+MnistCNN::Norm MnistCNN::parse_norm(const std::string& name) {
+  if (name == "none") return Norm::kNone;
+  if (name == "batch") return Norm::kBatch;
+  if (name == "group") return Norm::kGroup;
+  if (name == "layer") return Norm::kLayer;
+  throw ValueError("[MnistCNN] norm '" + name + "': expected none, batch, group or layer");
+}
+
+std::shared_ptr<Module> MnistCNN::make_norm(Norm norm, int64_t channels, DType dtype) {
+  switch (norm) {
+    case Norm::kBatch:
+      return std::make_shared<BatchNorm2d>(channels, 1e-5, 0.1, true, dtype);
+    case Norm::kGroup:
+      return std::make_shared<GroupNorm>(8, channels, 1e-5, true, dtype);
+    case Norm::kLayer:
+      return std::make_shared<GroupNorm>(1, channels, 1e-5, true, dtype);
+    case Norm::kNone:
+      break;
+  }
+  return nullptr;
+}
+
+MnistCNN::MnistCNN(Norm norm, DType dtype) {
+  // Registered in forward order, so the arena and the checkpoint list them as PyTorch does.
+  conv1_ = register_module("conv1", std::make_shared<Conv2d>(1, 32, 3, 1, 1, 1, true, dtype));
+  if (auto n = make_norm(norm, 32, dtype)) norm1_ = register_module("norm1", n);
+  conv2_ = register_module("conv2", std::make_shared<Conv2d>(32, 64, 3, 1, 1, 1, true, dtype));
+  if (auto n = make_norm(norm, 64, dtype)) norm2_ = register_module("norm2", n);
+  fc1_ = register_module("fc1", std::make_shared<Linear>(64 * 7 * 7, 128, true, dtype));
+  fc2_ = register_module("fc2", std::make_shared<Linear>(128, 10, true, dtype));
+}
+
+Tensor MnistCNN::forward(const Tensor& x) {
+  const bool rows = x.dim() == 2 && x.size(1) == 28 * 28;
+  const bool images = x.dim() == 4 && x.size(1) == 1 && x.size(2) == 28 && x.size(3) == 28;
+  if (!rows && !images) {
+    throw ShapeError(str_cat("[MnistCNN] expects [N, 784] or [N, 1, 28, 28], got shape ",
+                             shape_str(x.shape())));
+  }
+  const Pool2dGeometry pool{2, 2, 2, 2, 0, 0};
+  Tensor h = rows ? reshape(x, {x.size(0), 1, 28, 28}) : x;
+  h = (*conv1_)(h);
+  if (norm1_) h = (*norm1_)(h);
+  h = max_pool2d(relu(h), pool);
+  h = (*conv2_)(h);
+  if (norm2_) h = (*norm2_)(h);
+  h = max_pool2d(relu(h), pool);
+  h = linear_relu(flatten(h), fc1_->weight(), fc1_->bias());
+  return (*fc2_)(h);
+}
+
+}  // namespace accrue::nn
