@@ -152,7 +152,11 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
       ->check(CLI::IsMember({"fp32", "fp64", "bf16", "fp16"}));
   app.add_option("--loss-scale", c.loss_scale,
                  "auto (dynamic for fp16, none otherwise), none, dynamic, or a fixed scale");
-  app.add_option("--hidden", hidden, "Hidden layer sizes, comma-separated");
+  app.add_option("--model", c.model, "mlp, or cnn (conv-pool x 2, fc 128, fc 10)")
+      ->check(CLI::IsMember({"mlp", "cnn"}));
+  app.add_option("--norm", c.norm, "The CNN's normalisation: none, batch, group or layer")
+      ->check(CLI::IsMember({"none", "batch", "group", "layer"}));
+  app.add_option("--hidden", hidden, "The MLP's hidden layer sizes, comma-separated");
   app.add_option("--micro-batch", c.micro_batch, "Samples per micro-step b (default 32)")
       ->check(int_in(0, kMaxBatch));
   app.add_option("--accum-steps", c.accum_steps, "Micro-steps per optimizer step k (default 4)")
@@ -210,6 +214,13 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
     }
     c.hidden = parse_sizes(hidden);
     resolve_loss_scale(c.loss_scale, c.precision);
+    if (c.model != "cnn" && c.norm != "none") {
+      throw ValueError("--norm " + c.norm + " applies to --model cnn");
+    }
+    if (c.model == "cnn" && c.precision != "fp32" && c.precision != "fp64") {
+      throw ValueError("--model cnn runs in fp32 or fp64 (its convolution and normalisation "
+                       "kernels have no 16-bit versions), got --precision " + c.precision);
+    }
     c.shuffle = !no_shuffle;
     // The world size comes from the launcher's environment: no MPI call before the data is read.
     const dist::LaunchInfo launch = dist::launch_info();

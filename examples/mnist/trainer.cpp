@@ -79,6 +79,11 @@ DType master_dtype(const std::string& precision) {
 
 double evaluate(nn::Module& model, const Split& test) {
   NoGradGuard no_grad;
+  model.eval();  // BatchNorm: running statistics; Dropout: off
+  struct BackToTraining {
+    nn::Module& m;
+    ~BackToTraining() { m.train(); }
+  } back{model};
   int64_t correct = 0;
   for (int64_t start = 0; start < test.size(); start += 1000) {
     const int64_t n = std::min<int64_t>(1000, test.size() - start);
@@ -125,6 +130,27 @@ class Progress {
   int64_t every_, total_;
   Clock::time_point last_ = Clock::now();
 };
+
+std::unique_ptr<nn::Module> make_model(const Config& c, int64_t pixels, DType dtype) {
+  if (c.model == "cnn") {
+    if (pixels != 28 * 28) {
+      throw FileError(str_cat("--model cnn needs 28 x 28 images, the data has ", pixels,
+                              " pixels per image"));
+    }
+    return std::make_unique<nn::MnistCNN>(nn::MnistCNN::parse_norm(c.norm), dtype);
+  }
+  std::vector<int64_t> sizes{pixels};
+  sizes.insert(sizes.end(), c.hidden.begin(), c.hidden.end());
+  sizes.push_back(10);
+  return std::make_unique<nn::MLP>(sizes, nn::activation<nn::ReLU>(), dtype);
+}
+
+// What --save writes: the master parameters, then the model's buffers (running statistics).
+std::vector<nn::NamedTensor> saved_state(optim::ParameterArena& arena, const nn::Module& model) {
+  std::vector<nn::NamedTensor> state = arena.named_masters();
+  for (auto& b : model.named_buffers()) state.push_back(b);
+  return state;
+}
 
 // FNV-1a over the bytes of every parameter, in order (read back to the host).
 uint64_t parameter_hash(const std::vector<nn::NamedTensor>& params) {
@@ -198,10 +224,8 @@ Summary train(const Config& config, std::ostream& out) {
   }
 
   nn::manual_seed(c.seed);
-  std::vector<int64_t> sizes{train_set.images.size(1)};
-  sizes.insert(sizes.end(), c.hidden.begin(), c.hidden.end());
-  sizes.push_back(10);
-  nn::MLP model(sizes, nn::activation<nn::ReLU>(), master);
+  std::unique_ptr<nn::Module> model_owner = make_model(c, train_set.images.size(1), master);
+  nn::Module& model = *model_owner;
   if (!c.init.empty()) optim::load_parameters(model, c.init);
   model.to(c.device);
   // --zero 1 pads the arena to equal shards and keeps this rank's shard of the state only.
@@ -253,6 +277,8 @@ Summary train(const Config& config, std::ostream& out) {
       const auto window_start = Clock::now();
       const optim::StepResult r = acc.run_window(w, [&](const optim::MicroBatch& mb) {
         const Tensor index = order.narrow(mb.start, mb.count);
+        // Dropout's masks are keyed by the samples and the optimizer step, not the split.
+        const nn::SampleKeys keys(c.seed, acc.steps(), index);
         // The softmax and the loss in float32 (or float64), whatever the activations are in.
         const Tensor logits = cast(model(gather_rows(train_set.images, index)), master);
         return cross_entropy(logits, gather_rows(train_set.labels, index));
@@ -334,6 +360,8 @@ Summary train(const Config& config, std::ostream& out) {
                  {"accum_steps", batch.accum_steps},
                  {"device", c.device.str()},
                  {"precision", c.precision},
+                 {"model", c.model},
+                 {"norm", c.norm},
                  {"loss_scale", summary.final_loss_scale},
                  {"threads", cpu_threads()},
                  {"thread_switches", tuner ? tuner->switches() : 0}});
@@ -347,7 +375,7 @@ Summary train(const Config& config, std::ostream& out) {
   summary.buckets_overlapped = acc.buckets_overlapped();
   summary.buckets_at_step = acc.buckets_at_step();
   if (!c.save.empty() && lead) {
-    optim::save_safetensors(c.save, arena.named_masters(), {{"format", "pt"}});
+    optim::save_safetensors(c.save, saved_state(arena, model), {{"format", "pt"}});
     log("saved weights to " + c.save);
   }
   return summary;
