@@ -135,6 +135,24 @@ void gemm_weight_grad(State& state, Device d, DType dtype = DType::kFloat32) {
   report_flops(state, d, seconds, 2.0 * b * in * out);
 }
 
+// Convolution, NCHW, 3 x 3, padding 1: {batch, in channels, out channels, size}. 2 N O OH OW C
+// KH KW FLOP per pass (forward, backward-data, backward-filter alike).
+enum class ConvPass { kForward, kData, kFilter };
+void conv(State& state, Device d, ConvPass pass) {
+  const int64_t n = state.range(0), c = state.range(1), o = state.range(2), hw = state.range(3);
+  const Conv2dGeometry g{1, 1, 1, 1, 1, 1};
+  Tensor x = filled({n, c, hw, hw}, d, 1), w = filled({o, c, 3, 3}, d, 2), b = filled({o}, d, 3);
+  Tensor y = filled({n, o, hw, hw}, d, 4), dx = Tensor::empty({n, c, hw, hw}, DType::kFloat32, d);
+  Tensor dw = Tensor::zeros({o, c, 3, 3}, DType::kFloat32, d), db = Tensor::zeros({o}, DType::kFloat32, d);
+  Backend& be = backend_for(d);
+  const double seconds = run_timed(state, d, [&] {
+    if (pass == ConvPass::kForward) be.conv2d_forward(x, w, b, g, y);
+    if (pass == ConvPass::kData) be.conv2d_backward_data(y, w, g, dx);
+    if (pass == ConvPass::kFilter) be.conv2d_backward_filter(y, x, g, 1.0, dw, db);
+  });
+  report_flops(state, d, seconds, 2.0 * n * o * hw * hw * c * 9);
+}
+
 }  // namespace
 
 void register_kernel_benchmarks() {
@@ -180,6 +198,15 @@ void register_kernel_benchmarks() {
     const int64_t big = smoke() ? 128 : (d.is_cpu() ? 1024 : 4096);
     add("gemm_forward", f32(gemm_forward))->Args({big, big, big});
     add("gemm_forward_bf16", bf16(gemm_forward))->Args({big, big, big});
+    // The MNIST CNN's convolutions at micro-batch 32: conv1 (1 -> 32, 28 x 28), conv2 (32 -> 64,
+    // 14 x 14).
+    for (const std::vector<int64_t>& shape :
+         {std::vector<int64_t>{32, 1, 32, 28}, std::vector<int64_t>{32, 32, 64, 14}}) {
+      add("conv2d_forward", [](State& s, Device dd) { conv(s, dd, ConvPass::kForward); })->Args(shape);
+      add("conv2d_backward_data", [](State& s, Device dd) { conv(s, dd, ConvPass::kData); })->Args(shape);
+      add("conv2d_backward_filter", [](State& s, Device dd) { conv(s, dd, ConvPass::kFilter); })
+          ->Args(shape);
+    }
   }
 }
 

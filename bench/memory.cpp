@@ -77,6 +77,31 @@ int main(int argc, char** argv) {
     }
     md << "\n";
   }
+  // The MNIST CNN (GroupNorm): the same flat line in k, at the CNN's much larger activations.
+  md << "\nThe MNIST CNN (`--model cnn --norm group`), fp32:\n\n| b \\ k |";
+  const std::vector<int64_t> cnn_steps{1, 2, 4, 8};
+  for (int64_t k : cnn_steps) md << " k = " << k << " |";
+  md << "\n|---|---|---|---|---|\n";
+  for (int64_t b : {16, 32, 64}) {
+    md << "| b = " << b << " |";
+    for (int64_t k : cnn_steps) {
+      nn::MnistCNN model(nn::MnistCNN::Norm::kGroup);
+      model.to(device);
+      optim::ParameterArena arena(model);
+      optim::Adam adam(arena);
+      optim::Accumulator acc(adam, {1.0, 1e-3, {}});
+      for (const auto& w : optim::plan_windows(2 * b * k, optim::resolve_batch({0, b, k, 1}))) {
+        acc.run_window(w, [&](const optim::MicroBatch& mb) {
+          return cross_entropy(model(x.narrow(mb.start, mb.count)), y.narrow(mb.start, mb.count));
+        });
+      }
+      const optim::MemoryStats m = acc.memory();
+      csv << "cnn-fp32," << b << "," << k << "," << b * k << "," << m.peak_activation_bytes << ","
+          << m.peak_bytes << "," << m.baseline_bytes << "\n";
+      md << " " << m.peak_activation_bytes / 1024 << " KiB |";
+    }
+    md << "\n";
+  }
   std::cout << "wrote " << argv[2] << " and " << argv[3] << "\n";
   return 0;
 }
