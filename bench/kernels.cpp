@@ -143,7 +143,8 @@ void conv(State& state, Device d, ConvPass pass) {
   const Conv2dGeometry g{1, 1, 1, 1, 1, 1};
   Tensor x = filled({n, c, hw, hw}, d, 1), w = filled({o, c, 3, 3}, d, 2), b = filled({o}, d, 3);
   Tensor y = filled({n, o, hw, hw}, d, 4), dx = Tensor::empty({n, c, hw, hw}, DType::kFloat32, d);
-  Tensor dw = Tensor::zeros({o, c, 3, 3}, DType::kFloat32, d), db = Tensor::zeros({o}, DType::kFloat32, d);
+  Tensor dw = Tensor::zeros({o, c, 3, 3}, DType::kFloat32, d),
+         db = Tensor::zeros({o}, DType::kFloat32, d);
   Backend& be = backend_for(d);
   const double seconds = run_timed(state, d, [&] {
     if (pass == ConvPass::kForward) be.conv2d_forward(x, w, b, g, y);
@@ -202,10 +203,15 @@ void register_kernel_benchmarks() {
     // 14 x 14).
     for (const std::vector<int64_t>& shape :
          {std::vector<int64_t>{32, 1, 32, 28}, std::vector<int64_t>{32, 32, 64, 14}}) {
-      add("conv2d_forward", [](State& s, Device dd) { conv(s, dd, ConvPass::kForward); })->Args(shape);
-      add("conv2d_backward_data", [](State& s, Device dd) { conv(s, dd, ConvPass::kData); })->Args(shape);
-      add("conv2d_backward_filter", [](State& s, Device dd) { conv(s, dd, ConvPass::kFilter); })
-          ->Args(shape);
+      add("conv2d_forward", [](State& s, Device dd) {
+        conv(s, dd, ConvPass::kForward);
+      })->Args(shape);
+      add("conv2d_backward_data", [](State& s, Device dd) {
+        conv(s, dd, ConvPass::kData);
+      })->Args(shape);
+      add("conv2d_backward_filter", [](State& s, Device dd) {
+        conv(s, dd, ConvPass::kFilter);
+      })->Args(shape);
     }
   }
 }

@@ -91,11 +91,11 @@ struct LossScaling {
     (probs, labels, dloss, dlogits))                                                              \
   X(argmax, (const Tensor& x, Tensor& index), (x, index))                                         \
   X(count_equal, (const Tensor& a, const Tensor& b, Tensor& out), (a, b, out))                    \
-  /* Convolution, NCHW, groups 1 (kernels/cpu/conv.cpp: im2col + GEMM; CUDA: cuDNN).             \
+  /* Convolution, NCHW, groups 1 (kernels/cpu/conv.cpp: im2col + GEMM; CUDA: cuDNN).              \
      conv2d_forward: x [N, C, H, W], w [O, C, KH, KW], bias [O] (may be undefined) -> y [N, O,    \
      OH, OW]. conv2d_backward_data: dy [N, O, OH, OW], w -> dx [N, C, H, W].                      \
      conv2d_backward_filter: dw = beta * dw + dy (x) x, dbias = beta * dbias + sum of dy over N,  \
-     OH, OW (when defined): beta = 1 accumulates into the gradient arena. */                       \
+     OH, OW (when defined): beta = 1 accumulates into the gradient arena. */                      \
   X(conv2d_forward,                                                                               \
     (const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dGeometry& g, Tensor& y),   \
     (x, w, bias, g, y))                                                                           \
@@ -109,19 +109,19 @@ struct LossScaling {
      default) and never wins a maximum. max_pool2d also writes argmax (int32, like y: the flat    \
      index in the input plane of the first maximum); its backward adds dy at argmax into dx,      \
      which it zeroes first. avg_pool2d_backward spreads dy / window size over each window. */     \
-  X(max_pool2d, (const Tensor& x, const Pool2dGeometry& g, Tensor& y, Tensor& argmax),           \
+  X(max_pool2d, (const Tensor& x, const Pool2dGeometry& g, Tensor& y, Tensor& argmax),            \
     (x, g, y, argmax))                                                                            \
   X(max_pool2d_backward, (const Tensor& dy, const Tensor& argmax, Tensor& dx), (dy, argmax, dx))  \
   X(avg_pool2d, (const Tensor& x, const Pool2dGeometry& g, Tensor& y), (x, g, y))                 \
   X(avg_pool2d_backward, (const Tensor& dy, const Pool2dGeometry& g, Tensor& dx), (dy, g, dx))    \
   /* Normalisation of x [N, C, S] (S = H * W). group_norm: statistics per sample and group of C / \
-     groups channels -> mean, rstd [N, groups] (rstd = 1 / sqrt(biased var + eps)); y = (x -     \
+     groups channels -> mean, rstd [N, groups] (rstd = 1 / sqrt(biased var + eps)); y = (x -      \
      mean) rstd weight[c] + bias[c] (weight, bias [C], or undefined: 1 and 0). batch_norm:        \
      statistics per channel over N and S -> mean, rstd [C], and, when momentum >= 0, running_mean \
      = (1 - momentum) running_mean + momentum mean, running_var likewise with the unbiased        \
      variance; with use_running (evaluation) it normalises with the running statistics instead    \
      (mean, rstd are then those). The backward passes take the saved mean and rstd: dx, and       \
-     dweight = beta * dweight + sum dy xhat, dbias = beta * dbias + sum dy (each when defined);    \
+     dweight = beta * dweight + sum dy xhat, dbias = beta * dbias + sum dy (each when defined);   \
      batch_norm_backward with use_running treats the statistics as constants. */                  \
   X(group_norm,                                                                                   \
     (const Tensor& x, int64_t groups, double eps, const Tensor& weight, const Tensor& bias,       \
@@ -140,8 +140,8 @@ struct LossScaling {
     (const Tensor& dy, const Tensor& x, bool use_running, const Tensor& mean, const Tensor& rstd, \
      const Tensor& weight, Tensor& dx, double beta, Tensor& dweight, Tensor& dbias),              \
     (dy, x, use_running, mean, rstd, weight, dx, beta, dweight, dbias))                           \
-  /* Dropout of x [N, ...]: y = x / (1 - p) where the element is kept, else 0, the mask drawn    \
-     from the key, the row's sample index (int32 [N]) and the element's index in its row. The    \
+  /* Dropout of x [N, ...]: y = x / (1 - p) where the element is kept, else 0, the mask drawn     \
+     from the key, the row's sample index (int32 [N]) and the element's index in its row. The     \
      backward is the same call on dy. */                                                          \
   X(dropout, (const Tensor& x, const DropoutKey& key, const Tensor& samples, Tensor& y),          \
     (x, key, samples, y))                                                                         \

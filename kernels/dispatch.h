@@ -41,6 +41,17 @@ void with_accumulator(Tensor& out, const char* op, F f) {
   f(out.data<T>());
 }
 
+// The elements of an optional tensor (an absent affine weight, bias or gradient): null when
+// undefined.
+template <typename T>
+const T* optional_data(const Tensor& t) {
+  return t.defined() ? t.data<T>() : nullptr;
+}
+template <typename T>
+T* optional_data(Tensor& t) {
+  return t.defined() ? t.data<T>() : nullptr;
+}
+
 // f(pointer to the working copy's elements): bf16*, f16*, or a null fn::NoWorkingCopy* when
 // working is undefined (Backend::adam_step, sgd_step).
 template <typename F>

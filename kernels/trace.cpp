@@ -36,8 +36,8 @@ void print(std::ostream& out, int64_t v) {
   out << v;
 }
 void print(std::ostream& out, const Conv2dGeometry& g) {
-  out << "conv{stride " << g.stride_h << "x" << g.stride_w << ", pad " << g.pad_h << "x"
-      << g.pad_w << ", dilation " << g.dilation_h << "x" << g.dilation_w << "}";
+  out << "conv{stride " << g.stride_h << "x" << g.stride_w << ", pad " << g.pad_h << "x" << g.pad_w
+      << ", dilation " << g.dilation_h << "x" << g.dilation_w << "}";
 }
 void print(std::ostream& out, const Pool2dGeometry& g) {
   out << "pool{" << g.kernel_h << "x" << g.kernel_w << ", stride " << g.stride_h << "x"

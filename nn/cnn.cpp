@@ -41,8 +41,8 @@ Tensor MnistCNN::forward(const Tensor& x) {
   const bool rows = x.dim() == 2 && x.size(1) == 28 * 28;
   const bool images = x.dim() == 4 && x.size(1) == 1 && x.size(2) == 28 && x.size(3) == 28;
   if (!rows && !images) {
-    throw ShapeError(str_cat("[MnistCNN] expects [N, 784] or [N, 1, 28, 28], got shape ",
-                             shape_str(x.shape())));
+    throw ShapeError(
+        str_cat("[MnistCNN] expects [N, 784] or [N, 1, 28, 28], got shape ", shape_str(x.shape())));
   }
   const Pool2dGeometry pool{2, 2, 2, 2, 0, 0};
   Tensor h = rows ? reshape(x, {x.size(0), 1, 28, 28}) : x;

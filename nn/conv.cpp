@@ -10,9 +10,9 @@ namespace {
 
 Pool2dGeometry pool_geometry(const char* name, int64_t kernel, int64_t stride, int64_t padding) {
   if (kernel < 1 || stride < 0 || padding < 0) {
-    throw ValueError(str_cat("[", name, "] kernel_size ", kernel, ", stride ", stride,
-                             ", padding ", padding, ": need kernel_size >= 1, stride >= 0 (0: ",
-                             "the kernel size), padding >= 0"));
+    throw ValueError(
+        str_cat("[", name, "] kernel_size ", kernel, ", stride ", stride, ", padding ", padding,
+                ": need kernel_size >= 1, stride >= 0 (0: ", "the kernel size), padding >= 0"));
   }
   const int64_t s = stride == 0 ? kernel : stride;
   return {kernel, kernel, s, s, padding, padding};

@@ -55,8 +55,7 @@ Tensor BatchNorm2d::forward(const Tensor& x) {
   return batch_norm(x, weight_, bias_, running_mean_, running_var_, is_training(), momentum_, eps_);
 }
 
-GroupNorm::GroupNorm(int64_t num_groups, int64_t num_channels, double eps, bool affine,
-                     DType dtype)
+GroupNorm::GroupNorm(int64_t num_groups, int64_t num_channels, double eps, bool affine, DType dtype)
     : groups_(num_groups), channels_(num_channels), eps_(eps) {
   if (num_groups <= 0 || num_channels <= 0 || num_channels % num_groups != 0) {
     throw ValueError(str_cat("[GroupNorm] ", num_channels, " channels do not split into ",
@@ -71,8 +70,8 @@ GroupNorm::GroupNorm(int64_t num_groups, int64_t num_channels, double eps, bool 
 
 Tensor GroupNorm::forward(const Tensor& x) {
   if (x.dim() < 2 || x.size(1) != channels_) {
-    throw ShapeError(str_cat("[GroupNorm] expects [N, ", channels_, ", ...], got shape ",
-                             shape_str(x.shape())));
+    throw ShapeError(
+        str_cat("[GroupNorm] expects [N, ", channels_, ", ...], got shape ", shape_str(x.shape())));
   }
   return group_norm(x, groups_, weight_, bias_, eps_);
 }
@@ -99,7 +98,8 @@ Tensor LayerNorm::forward(const Tensor& x) {
   for (size_t i = 0; match && i < k; ++i) match = x.size(x.dim() - k + i) == shape_[i];
   if (!match) {
     throw ShapeError(str_cat("[LayerNorm] expects [..., ", shape_str(shape_).substr(1),
-                             " (at least one leading dimension), got shape ", shape_str(x.shape())));
+                             " (at least one leading dimension), got shape ",
+                             shape_str(x.shape())));
   }
   const int64_t rows = x.numel() / features_;
   return reshape(layer_norm(reshape(x, {rows, features_}), weight_, bias_, eps_), x.shape());

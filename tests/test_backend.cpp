@@ -295,20 +295,21 @@ std::vector<Row> rows() {
   // Convolution, pooling, normalisation, dropout: shapes past the CPU's parallel grain and
   // several CUDA blocks, odd sizes everywhere.
   const Conv2dGeometry same{1, 1, 1, 1, 1, 1}, strided{2, 2, 2, 2, 2, 2};
-  for (const auto& [name, g] : {std::pair<std::string, Conv2dGeometry>{"same", same},
-                                std::pair<std::string, Conv2dGeometry>{"strided_dilated", strided}}) {
+  for (const auto& [name, g] :
+       {std::pair<std::string, Conv2dGeometry>{"same", same},
+        std::pair<std::string, Conv2dGeometry>{"strided_dilated", strided}}) {
     const int64_t oh = conv2d_out_size(20, 3, g.stride_h, g.pad_h, g.dilation_h);
     const int64_t ow = conv2d_out_size(23, 3, g.stride_w, g.pad_w, g.dilation_w);
     table.push_back({"conv2d_forward/" + name, [=](const Maker& m) {
                        Tensor y = m.empty({3, 7, oh, ow});
-                       m.be().conv2d_forward(m.uniform({3, 5, 20, 23}, 40), m.uniform({7, 5, 3, 3}, 41),
-                                             m.uniform({7}, 42), g, y);
+                       m.be().conv2d_forward(m.uniform({3, 5, 20, 23}, 40),
+                                             m.uniform({7, 5, 3, 3}, 41), m.uniform({7}, 42), g, y);
                        return Outputs{y};
                      }});
     table.push_back({"conv2d_forward/" + name + "_no_bias", [=](const Maker& m) {
                        Tensor y = m.empty({3, 7, oh, ow});
-                       m.be().conv2d_forward(m.uniform({3, 5, 20, 23}, 40), m.uniform({7, 5, 3, 3}, 41),
-                                             Tensor(), g, y);
+                       m.be().conv2d_forward(m.uniform({3, 5, 20, 23}, 40),
+                                             m.uniform({7, 5, 3, 3}, 41), Tensor(), g, y);
                        return Outputs{y};
                      }});
     table.push_back({"conv2d_backward_data/" + name, [=](const Maker& m) {
@@ -318,13 +319,14 @@ std::vector<Row> rows() {
                        return Outputs{dx};
                      }});
     for (double beta : {0.0, 1.0}) {
-      table.push_back({str_cat("conv2d_backward_filter/", name, beta == 0 ? "_write" : "_accumulate"),
-                       [=](const Maker& m) {
-                         Tensor dw = m.uniform({7, 5, 3, 3}, 44), db = m.uniform({7}, 45);
-                         m.be().conv2d_backward_filter(m.uniform({3, 7, oh, ow}, 43),
-                                                       m.uniform({3, 5, 20, 23}, 40), g, beta, dw, db);
-                         return Outputs{dw, db};
-                       }});
+      table.push_back(
+          {str_cat("conv2d_backward_filter/", name, beta == 0 ? "_write" : "_accumulate"),
+           [=](const Maker& m) {
+             Tensor dw = m.uniform({7, 5, 3, 3}, 44), db = m.uniform({7}, 45);
+             m.be().conv2d_backward_filter(m.uniform({3, 7, oh, ow}, 43),
+                                           m.uniform({3, 5, 20, 23}, 40), g, beta, dw, db);
+             return Outputs{dw, db};
+           }});
     }
   }
   const Pool2dGeometry two{2, 2, 2, 2, 0, 0}, three{3, 3, 2, 2, 1, 1};
@@ -360,25 +362,27 @@ std::vector<Row> rows() {
                    }});
   for (bool affine : {true, false}) {
     const std::string suffix = affine ? "" : "/no_affine";
-    table.push_back({"group_norm" + suffix, [=](const Maker& m) {
-                       Tensor y = m.empty({4, 12, 300}), mean = m.empty({4, 3}), rstd = m.empty({4, 3});
-                       m.be().group_norm(m.uniform({4, 12, 300}, 50, -2, 3), 3, 1e-5,
-                                         affine ? m.uniform({12}, 51) : Tensor(),
-                                         affine ? m.uniform({12}, 52) : Tensor(), y, mean, rstd);
-                       return Outputs{y, mean, rstd};
-                     }});
-    table.push_back({"group_norm_backward" + suffix, [=](const Maker& m) {
-                       Tensor x = m.uniform({4, 12, 300}, 50, -2, 3);
-                       Tensor y = m.empty({4, 12, 300}), mean = m.empty({4, 3}), rstd = m.empty({4, 3});
-                       Tensor w = affine ? m.uniform({12}, 51) : Tensor();
-                       m.be().group_norm(x, 3, 1e-5, w, Tensor(), y, mean, rstd);
-                       Tensor dx = m.empty({4, 12, 300});
-                       Tensor dw = affine ? m.uniform({12}, 53) : Tensor();
-                       Tensor db = affine ? m.uniform({12}, 54) : Tensor();
-                       m.be().group_norm_backward(m.uniform({4, 12, 300}, 55), x, 3, mean, rstd, w, dx,
-                                                  1.0, dw, db);
-                       return affine ? Outputs{dx, dw, db} : Outputs{dx};
-                     }});
+    table.push_back(
+        {"group_norm" + suffix, [=](const Maker& m) {
+           Tensor y = m.empty({4, 12, 300}), mean = m.empty({4, 3}), rstd = m.empty({4, 3});
+           m.be().group_norm(m.uniform({4, 12, 300}, 50, -2, 3), 3, 1e-5,
+                             affine ? m.uniform({12}, 51) : Tensor(),
+                             affine ? m.uniform({12}, 52) : Tensor(), y, mean, rstd);
+           return Outputs{y, mean, rstd};
+         }});
+    table.push_back(
+        {"group_norm_backward" + suffix, [=](const Maker& m) {
+           Tensor x = m.uniform({4, 12, 300}, 50, -2, 3);
+           Tensor y = m.empty({4, 12, 300}), mean = m.empty({4, 3}), rstd = m.empty({4, 3});
+           Tensor w = affine ? m.uniform({12}, 51) : Tensor();
+           m.be().group_norm(x, 3, 1e-5, w, Tensor(), y, mean, rstd);
+           Tensor dx = m.empty({4, 12, 300});
+           Tensor dw = affine ? m.uniform({12}, 53) : Tensor();
+           Tensor db = affine ? m.uniform({12}, 54) : Tensor();
+           m.be().group_norm_backward(m.uniform({4, 12, 300}, 55), x, 3, mean, rstd, w, dx, 1.0, dw,
+                                      db);
+           return affine ? Outputs{dx, dw, db} : Outputs{dx};
+         }});
   }
   for (bool eval : {false, true}) {
     const std::string mode = eval ? "/eval" : "/train";
@@ -390,25 +394,27 @@ std::vector<Row> rows() {
                                          mean, rstd);
                        return Outputs{y, mean, rstd, rm, rv};
                      }});
-    table.push_back({"batch_norm_backward" + mode, [=](const Maker& m) {
-                       Tensor x = m.uniform({8, 5, 513}, 58, -2, 3);
-                       Tensor y = m.empty({8, 5, 513}), mean = m.empty({5}), rstd = m.empty({5});
-                       Tensor rm = m.uniform({5}, 56), rv = m.uniform({5}, 57, 0.5, 2);
-                       Tensor w = m.uniform({5}, 59);
-                       m.be().batch_norm(x, 1e-5, -1.0, eval, w, Tensor(), rm, rv, y, mean, rstd);
-                       Tensor dx = m.empty({8, 5, 513}), dw = m.uniform({5}, 61), db = m.uniform({5}, 62);
-                       m.be().batch_norm_backward(m.uniform({8, 5, 513}, 63), x, eval, mean, rstd, w,
-                                                  dx, 1.0, dw, db);
-                       return Outputs{dx, dw, db};
-                     }});
+    table.push_back(
+        {"batch_norm_backward" + mode, [=](const Maker& m) {
+           Tensor x = m.uniform({8, 5, 513}, 58, -2, 3);
+           Tensor y = m.empty({8, 5, 513}), mean = m.empty({5}), rstd = m.empty({5});
+           Tensor rm = m.uniform({5}, 56), rv = m.uniform({5}, 57, 0.5, 2);
+           Tensor w = m.uniform({5}, 59);
+           m.be().batch_norm(x, 1e-5, -1.0, eval, w, Tensor(), rm, rv, y, mean, rstd);
+           Tensor dx = m.empty({8, 5, 513}), dw = m.uniform({5}, 61), db = m.uniform({5}, 62);
+           m.be().batch_norm_backward(m.uniform({8, 5, 513}, 63), x, eval, mean, rstd, w, dx, 1.0,
+                                      dw, db);
+           return Outputs{dx, dw, db};
+         }});
   }
-  table.push_back({"dropout", [](const Maker& m) {
-                     std::vector<int32_t> ids;
-                     for (int32_t i = 0; i < kRows; ++i) ids.push_back(3 * i + 7);
-                     Tensor y = m.empty({kRows, kCols});
-                     m.be().dropout(m.uniform({kRows, kCols}, 64), {0.3, 12345, 17}, m.ints(ids), y);
-                     return Outputs{y};
-                   }});
+  table.push_back(
+      {"dropout", [](const Maker& m) {
+         std::vector<int32_t> ids;
+         for (int32_t i = 0; i < kRows; ++i) ids.push_back(3 * i + 7);
+         Tensor y = m.empty({kRows, kCols});
+         m.be().dropout(m.uniform({kRows, kCols}, 64), {0.3, 12345, 17}, m.ints(ids), y);
+         return Outputs{y};
+       }});
   for (UnaryOp op : {ACCRUE_UNARY_OPS(ACCRUE_TEST_UNARY_VALUE)}) {
     table.push_back({std::string("unary/") + op_name(op), [op](const Maker& m) {
                        Tensor y = m.empty({kFlat});

@@ -47,15 +47,6 @@ Tensor window_gradient(Rig& r, int64_t total, int64_t micro) {
   return r.arena->grads().clone();
 }
 
-double rel_l2(const Tensor& a, const Tensor& b) {
-  const auto va = as_doubles(a), vb = as_doubles(b);
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < va.size(); ++i) {
-    diff += (va[i] - vb[i]) * (va[i] - vb[i]);
-    norm += vb[i] * vb[i];
-  }
-  return std::sqrt(diff / norm);
-}
 
 TEST(NormCaveat, PerSampleNormsAccumulateExactlyBatchNormDoesNot) {
   for (Norm norm : {Norm::kNone, Norm::kGroup, Norm::kLayer, Norm::kBatch}) {
@@ -84,8 +75,8 @@ TEST(NormCaveat, RunningStatisticsTakeOneMomentumStepPerMicroBatch) {
   std::vector<double> mean(32, 0.0), var(32, 1.0);
   for (int64_t at = 0; at < 128; at += 32) {
     NoGradGuard no_grad;
-    const Tensor h = conv2d(reshape(r.x.narrow(at, 32), {32, 1, 28, 28}), conv1_w, conv1_b,
-                            {1, 1, 1, 1, 1, 1});
+    const Tensor h =
+        conv2d(reshape(r.x.narrow(at, 32), {32, 1, 28, 28}), conv1_w, conv1_b, {1, 1, 1, 1, 1, 1});
     const auto v = h.to_vector<double>();
     for (int64_t c = 0; c < 32; ++c) {
       double sum = 0, squares = 0;
@@ -130,15 +121,12 @@ TEST(NormModules, EvalUsesRunningStatisticsAndBuffersAreNotParameters) {
   std::vector<std::string> names;
   for (const auto& [name, t] : r.model->named_state()) names.push_back(name);
   const std::vector<std::string> expect{
-      "conv1.weight",        "conv1.bias",
-      "norm1.weight",        "norm1.bias",
-      "conv2.weight",        "conv2.bias",
-      "norm2.weight",        "norm2.bias",
-      "fc1.weight",          "fc1.bias",
-      "fc2.weight",          "fc2.bias",
-      "norm1.running_mean",  "norm1.running_var",
-      "norm1.num_batches_tracked", "norm2.running_mean",
-      "norm2.running_var",   "norm2.num_batches_tracked"};
+      "conv1.weight",       "conv1.bias",        "norm1.weight",
+      "norm1.bias",         "conv2.weight",      "conv2.bias",
+      "norm2.weight",       "norm2.bias",        "fc1.weight",
+      "fc1.bias",           "fc2.weight",        "fc2.bias",
+      "norm1.running_mean", "norm1.running_var", "norm1.num_batches_tracked",
+      "norm2.running_mean", "norm2.running_var", "norm2.num_batches_tracked"};
   EXPECT_EQ(names, expect);
   // A fresh BatchNorm in eval mode is the identity (running mean 0, variance 1, eps aside).
   nn::BatchNorm2d bn(3, 1e-5, 0.1, true, DType::kFloat64);

@@ -162,16 +162,24 @@ std::vector<OpCase> op_table() {
          return reshape(x[0], {x[0].size(1), x[0].size(0)});
        }},
       {"conv2d", conv_shapes,
-       [](const Inputs& x) { return conv2d(x[0], x[1], x[2], {1, 1, 1, 1, 1, 1}); }},
+       [](const Inputs& x) {
+         return conv2d(x[0], x[1], x[2], {1, 1, 1, 1, 1, 1});
+       }},
       {"conv2d_strided_dilated", conv_shapes,
-       [](const Inputs& x) { return conv2d(x[0], x[1], x[2], {2, 2, 2, 1, 2, 1}); }},
+       [](const Inputs& x) {
+         return conv2d(x[0], x[1], x[2], {2, 2, 2, 1, 2, 1});
+       }},
       {"conv2d_no_bias", conv_no_bias_shapes,
        [](const Inputs& x) { return conv2d(x[0], x[1], Tensor()); }},
       {"max_pool2d", image_shapes, [](const Inputs& x) { return max_pool2d(x[0], {}); }},
       {"max_pool2d_padded", image_shapes,
-       [](const Inputs& x) { return max_pool2d(x[0], {3, 3, 2, 2, 1, 1}); }},
+       [](const Inputs& x) {
+         return max_pool2d(x[0], {3, 3, 2, 2, 1, 1});
+       }},
       {"avg_pool2d", image_shapes,
-       [](const Inputs& x) { return avg_pool2d(x[0], {3, 3, 2, 2, 1, 1}); }},
+       [](const Inputs& x) {
+         return avg_pool2d(x[0], {3, 3, 2, 2, 1, 1});
+       }},
       {"flatten", image_shapes, [](const Inputs& x) { return flatten(x[0]); }},
       {"group_norm", group_norm_shapes,
        [](const Inputs& x) { return group_norm(x[0], 3, x[1], x[2]); }},
@@ -186,7 +194,9 @@ std::vector<OpCase> op_table() {
          return batch_norm(x[0], x[1], x[2], running(4, 0.2, x[0]), running(4, 1.5, x[0]), false);
        }},
       {"dropout", one_matrix,
-       [](const Inputs& x) { return dropout(x[0], {0.4, 99, 3}, sample_ids(x[0])); }},
+       [](const Inputs& x) {
+         return dropout(x[0], {0.4, 99, 3}, sample_ids(x[0]));
+       }},
       {"mlp", mlp_shapes,
        [](const Inputs& x) {
          Tensor h = accrue::tanh(linear(x[0], x[1], x[2]));

@@ -231,16 +231,6 @@ Tensor mixed_gradient(Mixed& s, int64_t total, int64_t micro) {
   return s.arena->grads().clone();
 }
 
-// ||a - b|| / ||b||
-double rel_l2(const Tensor& a, const Tensor& b) {
-  const auto va = as_doubles(a), vb = as_doubles(b);
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < va.size(); ++i) {
-    diff += (va[i] - vb[i]) * (va[i] - vb[i]);
-    norm += vb[i] * vb[i];
-  }
-  return std::sqrt(diff / norm);
-}
 
 TEST(MixedPrecision, TheWorkingCopyIsTheMasterRoundedAndGradientsStayFloat32) {
   for (DType half : {DType::kBFloat16, DType::kFloat16}) {

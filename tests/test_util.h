@@ -49,6 +49,18 @@ inline double max_rel_error(const Tensor& a, const Tensor& b) {
   return worst;
 }
 
+// ||a - b|| / ||b|| over all elements (a norm-wise relative error).
+inline double rel_l2(const Tensor& a, const Tensor& b) {
+  const auto va = as_doubles(a), vb = as_doubles(b);
+  EXPECT_EQ(va.size(), vb.size());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < va.size() && i < vb.size(); ++i) {
+    diff += (va[i] - vb[i]) * (va[i] - vb[i]);
+    norm += vb[i] * vb[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
 inline Tensor random(const Shape& shape, uint64_t seed, DType dtype = DType::kFloat64,
                      double low = -1.0, double high = 1.0) {
   std::mt19937_64 rng(seed);

@@ -65,10 +65,10 @@ struct GroupNormBackward : Node {
     if (dx.defined()) be.group_norm_backward(g, x, groups, mean, rstd, weight, dx, 0.0, none, none);
     affine_backward(sink, x, x.size(1), weight_shape, bias_shape,
                     [&](double beta, Tensor& dw, Tensor& db) {
-      if (!dw.defined() && !db.defined()) return;
-      Tensor no_dx;
-      be.group_norm_backward(g, x, groups, mean, rstd, weight, no_dx, beta, dw, db);
-    });
+                      if (!dw.defined() && !db.defined()) return;
+                      Tensor no_dx;
+                      be.group_norm_backward(g, x, groups, mean, rstd, weight, no_dx, beta, dw, db);
+                    });
     if (dx.defined()) sink.add(0, dx.view(input_shape));
   }
 };
@@ -83,13 +83,14 @@ struct BatchNormBackward : Node {
     const Tensor g = dy.view(x.shape());
     Tensor dx = sink.needs(0) ? Tensor::empty(x.shape(), x.dtype(), x.device()) : Tensor();
     Tensor none;
-    if (dx.defined()) be.batch_norm_backward(g, x, use_running, mean, rstd, weight, dx, 0.0, none, none);
-    affine_backward(sink, x, x.size(1), weight_shape, bias_shape,
-                    [&](double beta, Tensor& dw, Tensor& db) {
-      if (!dw.defined() && !db.defined()) return;
-      Tensor no_dx;
-      be.batch_norm_backward(g, x, use_running, mean, rstd, weight, no_dx, beta, dw, db);
-    });
+    if (dx.defined())
+      be.batch_norm_backward(g, x, use_running, mean, rstd, weight, dx, 0.0, none, none);
+    affine_backward(
+        sink, x, x.size(1), weight_shape, bias_shape, [&](double beta, Tensor& dw, Tensor& db) {
+          if (!dw.defined() && !db.defined()) return;
+          Tensor no_dx;
+          be.batch_norm_backward(g, x, use_running, mean, rstd, weight, no_dx, beta, dw, db);
+        });
     if (dx.defined()) sink.add(0, dx.view(input_shape));
   }
 };
@@ -120,8 +121,8 @@ Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const T
   check_batched("group_norm", x, 2);
   const int64_t channels = x.size(1);
   if (groups < 1 || channels % groups != 0) {
-    throw ValueError(str_cat("[group_norm] ", channels, " channels do not split into ", groups,
-                             " groups"));
+    throw ValueError(
+        str_cat("[group_norm] ", channels, " channels do not split into ", groups, " groups"));
   }
   if (!(eps > 0)) throw ValueError(str_cat("[group_norm] eps must be > 0, got ", eps));
   check_affine("group_norm", x, weight, "weight", channels);
@@ -160,8 +161,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
                                " features (shape ", shape_str(x.shape()), ")"));
     }
   }
-  return reshape(group_norm(reshape(x, {x.size(0), features, 1}), 1, weight, bias, eps),
-                 x.shape());
+  return reshape(group_norm(reshape(x, {x.size(0), features, 1}), 1, weight, bias, eps), x.shape());
 }
 
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor running_mean,
@@ -218,8 +218,8 @@ Tensor dropout(const Tensor& x, const DropoutKey& key, const Tensor& samples) {
   if (!(key.p >= 0 && key.p < 1)) {
     throw ValueError(str_cat("[dropout] p must be in [0, 1), got ", key.p));
   }
-  if (x.dim() < 1 || !samples.defined() || samples.dtype() != DType::kInt32 ||
-      samples.dim() != 1 || samples.size(0) != x.size(0)) {
+  if (x.dim() < 1 || !samples.defined() || samples.dtype() != DType::kInt32 || samples.dim() != 1 ||
+      samples.size(0) != x.size(0)) {
     throw ShapeError(str_cat("[dropout] needs one int32 sample index per row of ", x.describe(),
                              ", got ", samples.describe()));
   }

@@ -218,8 +218,10 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
       throw ValueError("--norm " + c.norm + " applies to --model cnn");
     }
     if (c.model == "cnn" && c.precision != "fp32" && c.precision != "fp64") {
-      throw ValueError("--model cnn runs in fp32 or fp64 (its convolution and normalisation "
-                       "kernels have no 16-bit versions), got --precision " + c.precision);
+      throw ValueError(
+          "--model cnn runs in fp32 or fp64 (its convolution and normalisation "
+          "kernels have no 16-bit versions), got --precision " +
+          c.precision);
     }
     c.shuffle = !no_shuffle;
     // The world size comes from the launcher's environment: no MPI call before the data is read.

@@ -134,8 +134,8 @@ class Progress {
 std::unique_ptr<nn::Module> make_model(const Config& c, int64_t pixels, DType dtype) {
   if (c.model == "cnn") {
     if (pixels != 28 * 28) {
-      throw FileError(str_cat("--model cnn needs 28 x 28 images, the data has ", pixels,
-                              " pixels per image"));
+      throw FileError(
+          str_cat("--model cnn needs 28 x 28 images, the data has ", pixels, " pixels per image"));
     }
     return std::make_unique<nn::MnistCNN>(nn::MnistCNN::parse_norm(c.norm), dtype);
   }

@@ -1,7 +1,7 @@
-// The MNIST trainer behind `accrue-mnist` (the MLP, or the CNN of nn/cnn.h): configuration, command-line parsing and the
-// training loop, kept out of main() so the tests can drive them. The loop is the canonical
-// accrue recipe: plan windows over a shuffled epoch, run each window's micro-steps through
-// optim::Accumulator, evaluate between epochs under NoGradGuard.
+// The MNIST trainer behind `accrue-mnist` (the MLP, or the CNN of nn/cnn.h): configuration,
+// command-line parsing and the training loop, kept out of main() so the tests can drive them. The
+// loop is the canonical accrue recipe: plan windows over a shuffled epoch, run each window's
+// micro-steps through optim::Accumulator, evaluate between epochs under NoGradGuard.
 #pragma once
 
 #include <cstdint>
@@ -24,8 +24,8 @@ struct Config {
   std::string precision = "fp32";
   // auto (dynamic for fp16, none otherwise), none, dynamic, or a fixed scale.
   std::string loss_scale = "auto";
-  std::string model = "mlp";  // or "cnn" (nn/cnn.h)
-  std::string norm = "none";  // the CNN's normalisation: none, batch, group, layer
+  std::string model = "mlp";                   // or "cnn" (nn/cnn.h)
+  std::string norm = "none";                   // the CNN's normalisation: none, batch, group, layer
   std::vector<int64_t> hidden{512, 256, 128};  // the MLP's hidden layers
   int64_t micro_batch = 0, accum_steps = 0, batch = 0;  // any two; defaults 32 x 4
   int64_t epochs = 5;

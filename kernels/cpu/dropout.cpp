@@ -8,8 +8,7 @@
 
 namespace accrue::cpu {
 
-void CpuBackend::dropout(const Tensor& x, const DropoutKey& key, const Tensor& samples,
-                         Tensor& y) {
+void CpuBackend::dropout(const Tensor& x, const DropoutKey& key, const Tensor& samples, Tensor& y) {
   // x [N, D...] -> y, row r keyed by samples[r]
   const int64_t rows = x.size(0), per_row = rows ? x.numel() / rows : 0;
   const fn::DropoutMask mask{key.seed, static_cast<uint64_t>(key.step), key.p, 1.0 / (1.0 - key.p)};
@@ -19,7 +18,8 @@ void CpuBackend::dropout(const Tensor& x, const DropoutKey& key, const Tensor& s
     const int32_t* sample = samples.data<int32_t>();
     for_each(x.numel(), [=](int64_t i) {
       const int64_t r = i / per_row;
-      out[i] = mask(in[i], static_cast<uint64_t>(sample[r]), static_cast<uint64_t>(i - r * per_row));
+      out[i] =
+          mask(in[i], static_cast<uint64_t>(sample[r]), static_cast<uint64_t>(i - r * per_row));
     });
   });
 }

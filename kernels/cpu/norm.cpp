@@ -16,15 +16,6 @@ namespace accrue::cpu {
 
 namespace {
 
-template <typename T>
-const T* optional(const Tensor& t) {
-  return t.defined() ? t.data<T>() : nullptr;
-}
-template <typename T>
-T* optional(Tensor& t) {
-  return t.defined() ? t.data<T>() : nullptr;
-}
-
 // Mean and biased variance of the elements in `segments` runs of `run` elements each `stride`
 // apart; mean and rstd = 1 / sqrt(var + eps) stored as T.
 template <typename T>
@@ -104,7 +95,7 @@ void CpuBackend::group_norm(const Tensor& x, int64_t groups, double eps, const T
   // x [N, C, S]; a group is C / groups consecutive channels of one sample: contiguous
   const int64_t n = x.size(0), c = x.size(1), s = x.size(2), per = c / groups;
   ACCRUE_DISPATCH_FLOATING(x.dtype(), "group_norm", [&] {
-    const T *in = x.data<T>(), *w = optional<T>(weight), *b = optional<T>(bias);
+    const T *in = x.data<T>(), *w = optional_data<T>(weight), *b = optional_data<T>(bias);
     T *out = y.data<T>(), *mu = mean.data<T>(), *rs = rstd.data<T>();
     for_range(n * groups, n * c * s, [=](int64_t ng) {
       const int64_t at = ng * per * s, c0 = (ng % groups) * per;
@@ -126,14 +117,15 @@ void CpuBackend::group_norm_backward(const Tensor& dy, const Tensor& x, int64_t 
                                      Tensor& dx, double beta, Tensor& dweight, Tensor& dbias) {
   const int64_t n = x.size(0), c = x.size(1), s = x.size(2), per = c / groups;
   ACCRUE_DISPATCH_FLOATING(x.dtype(), "group_norm_backward", [&] {
-    const T *g = dy.data<T>(), *in = x.data<T>(), *w = optional<T>(weight);
+    const T *g = dy.data<T>(), *in = x.data<T>(), *w = optional_data<T>(weight);
     const T *mu = mean.data<T>(), *rs = rstd.data<T>();
-    T* out = optional<T>(dx);
+    T* out = optional_data<T>(dx);
     if (out != nullptr) {
       for_range(n * groups, n * c * s, [=](int64_t ng) {
         const int64_t at = ng * per * s, c0 = (ng % groups) * per;
-        norm_grad(g + at, in + at, out + at, per, s, s, [=](int64_t k) { return c0 + k; }, w,
-                  mu[ng], rs[ng]);
+        norm_grad(
+            g + at, in + at, out + at, per, s, s, [=](int64_t k) { return c0 + k; }, w, mu[ng],
+            rs[ng]);
       });
     }
     affine_grads(
@@ -142,7 +134,7 @@ void CpuBackend::group_norm_backward(const Tensor& dy, const Tensor& x, int64_t 
           const int64_t ng = i * groups + ch / per;
           return std::pair<double, double>(mu[ng], rs[ng]);
         },
-        beta, optional<T>(dweight), optional<T>(dbias));
+        beta, optional_data<T>(dweight), optional_data<T>(dbias));
   });
 }
 
@@ -152,9 +144,9 @@ void CpuBackend::batch_norm(const Tensor& x, double eps, double momentum, bool u
   // x [N, C, S]; a channel's set is N runs of S elements, C S apart
   const int64_t n = x.size(0), c = x.size(1), s = x.size(2);
   ACCRUE_DISPATCH_FLOATING(x.dtype(), "batch_norm", [&] {
-    const T *in = x.data<T>(), *w = optional<T>(weight), *b = optional<T>(bias);
+    const T *in = x.data<T>(), *w = optional_data<T>(weight), *b = optional_data<T>(bias);
     T *out = y.data<T>(), *mu = mean.data<T>(), *rs = rstd.data<T>();
-    T *rm = optional<T>(running_mean), *rv = optional<T>(running_var);
+    T *rm = optional_data<T>(running_mean), *rv = optional_data<T>(running_var);
     const double count = static_cast<double>(n * s);
     for_range(c, n * c * s, [=](int64_t ch) {
       if (use_running) {
@@ -186,26 +178,28 @@ void CpuBackend::batch_norm_backward(const Tensor& dy, const Tensor& x, bool use
                                      Tensor& dx, double beta, Tensor& dweight, Tensor& dbias) {
   const int64_t n = x.size(0), c = x.size(1), s = x.size(2);
   ACCRUE_DISPATCH_FLOATING(x.dtype(), "batch_norm_backward", [&] {
-    const T *g = dy.data<T>(), *in = x.data<T>(), *w = optional<T>(weight);
+    const T *g = dy.data<T>(), *in = x.data<T>(), *w = optional_data<T>(weight);
     const T *mu = mean.data<T>(), *rs = rstd.data<T>();
-    T* out = optional<T>(dx);
+    T* out = optional_data<T>(dx);
     if (out != nullptr) {
       for_range(c, n * c * s, [=](int64_t ch) {
         if (use_running) {  // constants: dx = dy w rstd
           const T scale = (w ? w[ch] : T(1)) * rs[ch];
           for (int64_t i = 0; i < n; ++i) {
-            for (int64_t k = 0; k < s; ++k) out[(i * c + ch) * s + k] = g[(i * c + ch) * s + k] * scale;
+            for (int64_t k = 0; k < s; ++k)
+              out[(i * c + ch) * s + k] = g[(i * c + ch) * s + k] * scale;
           }
           return;
         }
-        norm_grad(g + ch * s, in + ch * s, out + ch * s, n, s, c * s, [=](int64_t) { return ch; },
-                  w, mu[ch], rs[ch]);
+        norm_grad(
+            g + ch * s, in + ch * s, out + ch * s, n, s, c * s, [=](int64_t) { return ch; }, w,
+            mu[ch], rs[ch]);
       });
     }
     affine_grads(
         g, in, n, c, s,
         [=](int64_t, int64_t ch) { return std::pair<double, double>(mu[ch], rs[ch]); }, beta,
-        optional<T>(dweight), optional<T>(dbias));
+        optional_data<T>(dweight), optional_data<T>(dbias));
   });
 }
 

@@ -30,8 +30,7 @@ void for_windows(const PlaneShape& s, const Pool2dGeometry& g, F body) {
       const int64_t h0 = std::max<int64_t>(start_h, 0), h1 = std::min(start_h + g.kernel_h, s.h);
       for (int64_t ow = 0; ow < s.ow; ++ow) {
         const int64_t start_w = ow * g.stride_w - g.pad_w;
-        const int64_t w0 = std::max<int64_t>(start_w, 0),
-                      w1 = std::min(start_w + g.kernel_w, s.w);
+        const int64_t w0 = std::max<int64_t>(start_w, 0), w1 = std::min(start_w + g.kernel_w, s.w);
         body(p, oh, ow, h0, h1, w0, w1);
       }
     }
@@ -46,25 +45,26 @@ void CpuBackend::max_pool2d(const Tensor& x, const Pool2dGeometry& g, Tensor& y,
     const T* in = x.data<T>();
     T* out = y.data<T>();
     int32_t* at = argmax.data<int32_t>();
-    for_windows(s, g, [&](int64_t p, int64_t oh, int64_t ow, int64_t h0, int64_t h1, int64_t w0,
-                          int64_t w1) {
-      const T* plane = in + p * s.h * s.w;
-      T best = -std::numeric_limits<T>::infinity();
-      int64_t best_at = h0 * s.w + w0;
-      for (int64_t ih = h0; ih < h1; ++ih) {
-        for (int64_t iw = w0; iw < w1; ++iw) {
-          const T v = plane[ih * s.w + iw];
-          // NaN wins (and stays), as in PyTorch: the first NaN of the window is the maximum.
-          if (v > best || (v != v && best == best)) {
-            best = v;
-            best_at = ih * s.w + iw;
+    for_windows(
+        s, g,
+        [&](int64_t p, int64_t oh, int64_t ow, int64_t h0, int64_t h1, int64_t w0, int64_t w1) {
+          const T* plane = in + p * s.h * s.w;
+          T best = -std::numeric_limits<T>::infinity();
+          int64_t best_at = h0 * s.w + w0;
+          for (int64_t ih = h0; ih < h1; ++ih) {
+            for (int64_t iw = w0; iw < w1; ++iw) {
+              const T v = plane[ih * s.w + iw];
+              // NaN wins (and stays), as in PyTorch: the first NaN of the window is the maximum.
+              if (v > best || (v != v && best == best)) {
+                best = v;
+                best_at = ih * s.w + iw;
+              }
+            }
           }
-        }
-      }
-      const int64_t o = (p * s.oh + oh) * s.ow + ow;
-      out[o] = best;
-      at[o] = static_cast<int32_t>(best_at);
-    });
+          const int64_t o = (p * s.oh + oh) * s.ow + ow;
+          out[o] = best;
+          at[o] = static_cast<int32_t>(best_at);
+        });
   });
 }
 
@@ -90,15 +90,16 @@ void CpuBackend::avg_pool2d(const Tensor& x, const Pool2dGeometry& g, Tensor& y)
     const T* in = x.data<T>();
     T* out = y.data<T>();
     const T inv = T(1) / T(g.kernel_h * g.kernel_w);
-    for_windows(s, g, [&](int64_t p, int64_t oh, int64_t ow, int64_t h0, int64_t h1, int64_t w0,
-                          int64_t w1) {
-      const T* plane = in + p * s.h * s.w;
-      T total = 0;
-      for (int64_t ih = h0; ih < h1; ++ih) {
-        for (int64_t iw = w0; iw < w1; ++iw) total += plane[ih * s.w + iw];
-      }
-      out[(p * s.oh + oh) * s.ow + ow] = total * inv;
-    });
+    for_windows(
+        s, g,
+        [&](int64_t p, int64_t oh, int64_t ow, int64_t h0, int64_t h1, int64_t w0, int64_t w1) {
+          const T* plane = in + p * s.h * s.w;
+          T total = 0;
+          for (int64_t ih = h0; ih < h1; ++ih) {
+            for (int64_t iw = w0; iw < w1; ++iw) total += plane[ih * s.w + iw];
+          }
+          out[(p * s.oh + oh) * s.ow + ow] = total * inv;
+        });
   });
 }
 
@@ -110,14 +111,15 @@ void CpuBackend::avg_pool2d_backward(const Tensor& dy, const Pool2dGeometry& g, 
     std::memset(out, 0, dx.nbytes());
     const T inv = T(1) / T(g.kernel_h * g.kernel_w);
     // A plane's windows run in order on one thread, so overlapping windows add in order.
-    for_windows(s, g, [&](int64_t p, int64_t oh, int64_t ow, int64_t h0, int64_t h1, int64_t w0,
-                          int64_t w1) {
-      T* plane = out + p * s.h * s.w;
-      const T share = grad[(p * s.oh + oh) * s.ow + ow] * inv;
-      for (int64_t ih = h0; ih < h1; ++ih) {
-        for (int64_t iw = w0; iw < w1; ++iw) plane[ih * s.w + iw] += share;
-      }
-    });
+    for_windows(
+        s, g,
+        [&](int64_t p, int64_t oh, int64_t ow, int64_t h0, int64_t h1, int64_t w0, int64_t w1) {
+          T* plane = out + p * s.h * s.w;
+          const T share = grad[(p * s.oh + oh) * s.ow + ow] * inv;
+          for (int64_t ih = h0; ih < h1; ++ih) {
+            for (int64_t iw = w0; iw < w1; ++iw) plane[ih * s.w + iw] += share;
+          }
+        });
   });
 }
 

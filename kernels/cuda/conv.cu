@@ -15,14 +15,14 @@
 #if defined(ACCRUE_WITH_CUDNN)
 #include <cudnn.h>
 
-#define ACCRUE_CUDNN_CHECK(call)                                                       \
-  do {                                                                                 \
-    const cudnnStatus_t accrue_status_ = (call);                                       \
-    if (accrue_status_ != CUDNN_STATUS_SUCCESS) {                                      \
-      throw ::accrue::BackendError(::accrue::str_cat("[cudnn] ", #call, " failed: ",   \
-                                                     cudnnGetErrorString(accrue_status_), \
-                                                     " at ", __FILE__, ":", __LINE__)); \
-    }                                                                                  \
+#define ACCRUE_CUDNN_CHECK(call)                                                                 \
+  do {                                                                                           \
+    const cudnnStatus_t accrue_status_ = (call);                                                 \
+    if (accrue_status_ != CUDNN_STATUS_SUCCESS) {                                                \
+      throw ::accrue::BackendError(                                                              \
+          ::accrue::str_cat("[cudnn] ", #call, " failed: ", cudnnGetErrorString(accrue_status_), \
+                            " at ", __FILE__, ":", __LINE__));                                   \
+    }                                                                                            \
   } while (0)
 #endif
 
@@ -91,6 +91,15 @@ struct ConvCall {
   cudnnDataType_t type;
 };
 
+// The first of cuDNN's ranked candidates that succeeded within the workspace limit.
+template <typename Perf>
+const Perf& first_usable(const Perf* perf, int found, const char* pass) {
+  for (int i = 0; i < found; ++i) {
+    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= kMaxWorkspace) return perf[i];
+  }
+  throw BackendError(str_cat("[conv2d] cuDNN offers no ", pass, " algorithm for this shape"));
+}
+
 void describe(ConvCall& call, const Tensor& x, const Tensor& w, const Tensor& y,
               const Conv2dGeometry& g) {
   const cudnnDataType_t type = cudnn_type(x.dtype());
@@ -100,14 +109,14 @@ void describe(ConvCall& call, const Tensor& x, const Tensor& w, const Tensor& y,
   ACCRUE_CUDNN_CHECK(cudnnCreateTensorDescriptor(&call.d.bias));
   ACCRUE_CUDNN_CHECK(cudnnCreateFilterDescriptor(&call.d.w));
   ACCRUE_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&call.d.conv));
-  ACCRUE_CUDNN_CHECK(cudnnSetTensor4dDescriptor(call.d.x, CUDNN_TENSOR_NCHW, type, as_int(x.size(0)),
-                                                as_int(x.size(1)), as_int(x.size(2)),
-                                                as_int(x.size(3))));
-  ACCRUE_CUDNN_CHECK(cudnnSetTensor4dDescriptor(call.d.y, CUDNN_TENSOR_NCHW, type, as_int(y.size(0)),
-                                                as_int(y.size(1)), as_int(y.size(2)),
-                                                as_int(y.size(3))));
-  ACCRUE_CUDNN_CHECK(cudnnSetTensor4dDescriptor(call.d.bias, CUDNN_TENSOR_NCHW, type, 1,
-                                                as_int(w.size(0)), 1, 1));
+  ACCRUE_CUDNN_CHECK(cudnnSetTensor4dDescriptor(call.d.x, CUDNN_TENSOR_NCHW, type,
+                                                as_int(x.size(0)), as_int(x.size(1)),
+                                                as_int(x.size(2)), as_int(x.size(3))));
+  ACCRUE_CUDNN_CHECK(cudnnSetTensor4dDescriptor(call.d.y, CUDNN_TENSOR_NCHW, type,
+                                                as_int(y.size(0)), as_int(y.size(1)),
+                                                as_int(y.size(2)), as_int(y.size(3))));
+  ACCRUE_CUDNN_CHECK(
+      cudnnSetTensor4dDescriptor(call.d.bias, CUDNN_TENSOR_NCHW, type, 1, as_int(w.size(0)), 1, 1));
   ACCRUE_CUDNN_CHECK(cudnnSetFilter4dDescriptor(call.d.w, type, CUDNN_TENSOR_NCHW,
                                                 as_int(w.size(0)), as_int(w.size(1)),
                                                 as_int(w.size(2)), as_int(w.size(3))));
@@ -124,9 +133,13 @@ void describe(ConvCall& call, const Tensor& x, const Tensor& w, const Tensor& y,
   if (state.handle == nullptr) ACCRUE_CUDNN_CHECK(cudnnCreate(&state.handle));
   ACCRUE_CUDNN_CHECK(cudnnSetStream(state.handle, context(device).stream));
   call.handle = state.handle;
-  const ConvKey key{x.size(0), x.size(1), x.size(2), x.size(3), w.size(0), w.size(2), w.size(3),
-                    g.stride_h, g.stride_w, g.pad_h, g.pad_w, g.dilation_h, g.dilation_w,
-                    static_cast<int>(x.dtype())};
+  const ConvKey key{x.size(0),    x.size(1),
+                    x.size(2),    x.size(3),
+                    w.size(0),    w.size(2),
+                    w.size(3),    g.stride_h,
+                    g.stride_w,   g.pad_h,
+                    g.pad_w,      g.dilation_h,
+                    g.dilation_w, static_cast<int>(x.dtype())};
   const auto it = state.plans.find(key);
   if (it != state.plans.end()) {
     call.plan = it->second;
@@ -140,34 +153,25 @@ void describe(ConvCall& call, const Tensor& x, const Tensor& w, const Tensor& y,
     cudnnConvolutionFwdAlgoPerf_t perf[kCandidates];
     ACCRUE_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(
         state.handle, call.d.x, call.d.w, call.d.conv, call.d.y, kCandidates, &found, perf));
-    int i = 0;
-    while (i < found && (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > kMaxWorkspace))
-      ++i;
-    if (i == found) throw BackendError("[conv2d] cuDNN offers no forward algorithm for this shape");
-    plan.forward = perf[i].algo;
-    plan.forward_bytes = perf[i].memory;
+    const auto& best = first_usable(perf, found, "forward");
+    plan.forward = best.algo;
+    plan.forward_bytes = best.memory;
   }
   {
     cudnnConvolutionBwdDataAlgoPerf_t perf[kCandidates];
     ACCRUE_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
         state.handle, call.d.w, call.d.y, call.d.conv, call.d.x, kCandidates, &found, perf));
-    int i = 0;
-    while (i < found && (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > kMaxWorkspace))
-      ++i;
-    if (i == found) throw BackendError("[conv2d] cuDNN offers no backward-data algorithm");
-    plan.backward_data = perf[i].algo;
-    plan.data_bytes = perf[i].memory;
+    const auto& best = first_usable(perf, found, "backward-data");
+    plan.backward_data = best.algo;
+    plan.data_bytes = best.memory;
   }
   {
     cudnnConvolutionBwdFilterAlgoPerf_t perf[kCandidates];
     ACCRUE_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
         state.handle, call.d.x, call.d.y, call.d.conv, call.d.w, kCandidates, &found, perf));
-    int i = 0;
-    while (i < found && (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > kMaxWorkspace))
-      ++i;
-    if (i == found) throw BackendError("[conv2d] cuDNN offers no backward-filter algorithm");
-    plan.backward_filter = perf[i].algo;
-    plan.filter_bytes = perf[i].memory;
+    const auto& best = first_usable(perf, found, "backward-filter");
+    plan.backward_filter = best.algo;
+    plan.filter_bytes = best.memory;
   }
   state.plans.emplace(key, plan);
   call.plan = plan;
@@ -183,8 +187,12 @@ Tensor workspace(size_t bytes, Device device) {
 struct Scalars {
   float f[2];
   double d[2];
-  const void* alpha(cudnnDataType_t t) const { return t == CUDNN_DATA_DOUBLE ? (const void*)&d[0] : &f[0]; }
-  const void* beta(cudnnDataType_t t) const { return t == CUDNN_DATA_DOUBLE ? (const void*)&d[1] : &f[1]; }
+  const void* alpha(cudnnDataType_t t) const {
+    return t == CUDNN_DATA_DOUBLE ? (const void*)&d[0] : &f[0];
+  }
+  const void* beta(cudnnDataType_t t) const {
+    return t == CUDNN_DATA_DOUBLE ? (const void*)&d[1] : &f[1];
+  }
 };
 Scalars scalars(double alpha, double beta) {
   return {{static_cast<float>(alpha), static_cast<float>(beta)}, {alpha, beta}};
@@ -219,15 +227,14 @@ void CudaBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const 
   describe(call, dx, w, dy, g);
   Tensor ws = workspace(call.plan.data_bytes, dy.device());
   const Scalars s = scalars(1.0, 0.0);
-  ACCRUE_CUDNN_CHECK(cudnnConvolutionBackwardData(
-      call.handle, s.alpha(call.type), call.d.w, w.raw(), call.d.y, dy.raw(), call.d.conv,
-      call.plan.backward_data, raw_or_null(ws), call.plan.data_bytes, s.beta(call.type), call.d.x,
-      dx.raw()));
+  ACCRUE_CUDNN_CHECK(
+      cudnnConvolutionBackwardData(call.handle, s.alpha(call.type), call.d.w, w.raw(), call.d.y,
+                                   dy.raw(), call.d.conv, call.plan.backward_data, raw_or_null(ws),
+                                   call.plan.data_bytes, s.beta(call.type), call.d.x, dx.raw()));
 }
 
-void CudaBackend::conv2d_backward_filter(const Tensor& dy, const Tensor& x,
-                                         const Conv2dGeometry& g, double beta, Tensor& dw,
-                                         Tensor& dbias) {
+void CudaBackend::conv2d_backward_filter(const Tensor& dy, const Tensor& x, const Conv2dGeometry& g,
+                                         double beta, Tensor& dw, Tensor& dbias) {
   // dw = beta dw + dy (x) x; dbias = beta dbias + sum of dy: cuDNN's beta = 1 into the arena
   ConvCall call;
   describe(call, x, dw, dy, g);
@@ -254,8 +261,8 @@ namespace {
 }
 }  // namespace
 
-void CudaBackend::conv2d_forward(const Tensor&, const Tensor&, const Tensor&,
-                                 const Conv2dGeometry&, Tensor&) {
+void CudaBackend::conv2d_forward(const Tensor&, const Tensor&, const Tensor&, const Conv2dGeometry&,
+                                 Tensor&) {
   no_cudnn();
 }
 void CudaBackend::conv2d_backward_data(const Tensor&, const Tensor&, const Conv2dGeometry&,

@@ -64,10 +64,12 @@ __global__ void normalize_kernel(const T* x, SetLayout l, Base base, Channel cha
   } else {
     const double count = double(l.count());
     m = block_sum(l.count(), [&](int64_t e) { return Pair{double(x[l.at(b, e)]), 0.0}; }).a / count;
-    const double var = block_sum(l.count(), [&](int64_t e) {
-                         const double d = double(x[l.at(b, e)]) - m;
-                         return Pair{d * d, 0.0};
-                       }).a /
+    const double var = block_sum(l.count(),
+                                 [&](int64_t e) {
+                                   const double d = double(x[l.at(b, e)]) - m;
+                                   return Pair{d * d, 0.0};
+                                 })
+                           .a /
                        count;
     r = 1.0 / sqrt(var + eps);
     if (threadIdx.x == 0 && momentum >= 0 && running_mean != nullptr) {
@@ -136,15 +138,6 @@ __global__ void affine_grad_kernel(const T* dy, const T* x, int64_t n, int64_t c
   }
 }
 
-template <typename T>
-const T* optional(const Tensor& t) {
-  return t.defined() ? t.data<T>() : nullptr;
-}
-template <typename T>
-T* optional(Tensor& t) {
-  return t.defined() ? t.data<T>() : nullptr;
-}
-
 // Group layout: set = n * groups + g, contiguous per * s elements; channel = g * per + e / s.
 struct GroupBase {
   int64_t size;
@@ -182,8 +175,8 @@ void CudaBackend::group_norm(const Tensor& x, int64_t groups, double eps, const 
   ACCRUE_DISPATCH_FLOATING(x.dtype(), "group_norm", [&] {
     const SetLayout l{1, per * s, 0};
     normalize_kernel<<<static_cast<unsigned>(n * groups), kThreads, 0, stream_of(x)>>>(
-        x.data<T>(), l, GroupBase{per * s}, GroupChannel{groups, per, s}, eps, optional<T>(weight),
-        optional<T>(bias), -1.0, static_cast<T*>(nullptr), static_cast<T*>(nullptr), false,
+        x.data<T>(), l, GroupBase{per * s}, GroupChannel{groups, per, s}, eps, optional_data<T>(weight),
+        optional_data<T>(bias), -1.0, static_cast<T*>(nullptr), static_cast<T*>(nullptr), false,
         y.data<T>(), mean.data<T>(), rstd.data<T>());
     ACCRUE_CUDA_LAUNCH_CHECK();
   });
@@ -197,14 +190,14 @@ void CudaBackend::group_norm_backward(const Tensor& dy, const Tensor& x, int64_t
     if (dx.defined()) {
       norm_grad_kernel<<<static_cast<unsigned>(n * groups), kThreads, 0, stream_of(x)>>>(
           dy.data<T>(), x.data<T>(), SetLayout{1, per * s, 0}, GroupBase{per * s},
-          GroupChannel{groups, per, s}, optional<T>(weight), mean.data<T>(), rstd.data<T>(), false,
+          GroupChannel{groups, per, s}, optional_data<T>(weight), mean.data<T>(), rstd.data<T>(), false,
           dx.data<T>());
       ACCRUE_CUDA_LAUNCH_CHECK();
     }
     if (dweight.defined() || dbias.defined()) {
       affine_grad_kernel<<<static_cast<unsigned>(c), kThreads, 0, stream_of(x)>>>(
           dy.data<T>(), x.data<T>(), n, c, s, GroupStats{groups, per}, mean.data<T>(),
-          rstd.data<T>(), beta, optional<T>(dweight), optional<T>(dbias));
+          rstd.data<T>(), beta, optional_data<T>(dweight), optional_data<T>(dbias));
       ACCRUE_CUDA_LAUNCH_CHECK();
     }
   });
@@ -216,8 +209,8 @@ void CudaBackend::batch_norm(const Tensor& x, double eps, double momentum, bool 
   const int64_t n = x.size(0), c = x.size(1), s = x.size(2);
   ACCRUE_DISPATCH_FLOATING(x.dtype(), "batch_norm", [&] {
     normalize_kernel<<<static_cast<unsigned>(c), kThreads, 0, stream_of(x)>>>(
-        x.data<T>(), SetLayout{n, s, c * s}, ChannelBase{s}, ChannelOf{}, eps, optional<T>(weight),
-        optional<T>(bias), momentum, optional<T>(running_mean), optional<T>(running_var),
+        x.data<T>(), SetLayout{n, s, c * s}, ChannelBase{s}, ChannelOf{}, eps, optional_data<T>(weight),
+        optional_data<T>(bias), momentum, optional_data<T>(running_mean), optional_data<T>(running_var),
         use_running, y.data<T>(), mean.data<T>(), rstd.data<T>());
     ACCRUE_CUDA_LAUNCH_CHECK();
   });
@@ -231,13 +224,13 @@ void CudaBackend::batch_norm_backward(const Tensor& dy, const Tensor& x, bool us
     if (dx.defined()) {
       norm_grad_kernel<<<static_cast<unsigned>(c), kThreads, 0, stream_of(x)>>>(
           dy.data<T>(), x.data<T>(), SetLayout{n, s, c * s}, ChannelBase{s}, ChannelOf{},
-          optional<T>(weight), mean.data<T>(), rstd.data<T>(), use_running, dx.data<T>());
+          optional_data<T>(weight), mean.data<T>(), rstd.data<T>(), use_running, dx.data<T>());
       ACCRUE_CUDA_LAUNCH_CHECK();
     }
     if (dweight.defined() || dbias.defined()) {
       affine_grad_kernel<<<static_cast<unsigned>(c), kThreads, 0, stream_of(x)>>>(
           dy.data<T>(), x.data<T>(), n, c, s, ChannelStats{}, mean.data<T>(), rstd.data<T>(), beta,
-          optional<T>(dweight), optional<T>(dbias));
+          optional_data<T>(dweight), optional_data<T>(dbias));
       ACCRUE_CUDA_LAUNCH_CHECK();
     }
   });

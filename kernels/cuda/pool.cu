@@ -11,15 +11,27 @@ namespace accrue::cuda {
 
 namespace {
 
+// The input rows [h0, h1) and columns [w0, w1) of output o's window, clipped to the plane.
+struct Window {
+  int64_t plane, h0, h1, w0, w1;
+  __device__ Window(int64_t o, int64_t h, int64_t w, int64_t oh, int64_t ow,
+                    const Pool2dGeometry& g) {
+    plane = o / (oh * ow);
+    const int64_t sh = o / ow % oh * g.stride_h - g.pad_h, sw = o % ow * g.stride_w - g.pad_w;
+    h0 = sh < 0 ? 0 : sh;
+    h1 = sh + g.kernel_h < h ? sh + g.kernel_h : h;
+    w0 = sw < 0 ? 0 : sw;
+    w1 = sw + g.kernel_w < w ? sw + g.kernel_w : w;
+  }
+};
+
 template <typename T>
 void max_pool(const T* in, int64_t planes, int64_t h, int64_t w, int64_t oh, int64_t ow,
               Pool2dGeometry g, T* out, int32_t* at, cudaStream_t stream) {
   for_each(planes * oh * ow, stream, [=] __device__(int64_t o) {
-    const int64_t p = o / (oh * ow), y = o / ow % oh, x = o % ow;
-    const int64_t sh = y * g.stride_h - g.pad_h, sw = x * g.stride_w - g.pad_w;
-    const int64_t h0 = sh < 0 ? 0 : sh, h1 = sh + g.kernel_h < h ? sh + g.kernel_h : h;
-    const int64_t w0 = sw < 0 ? 0 : sw, w1 = sw + g.kernel_w < w ? sw + g.kernel_w : w;
-    const T* plane = in + p * h * w;
+    const Window win(o, h, w, oh, ow, g);
+    const int64_t h0 = win.h0, h1 = win.h1, w0 = win.w0, w1 = win.w1;
+    const T* plane = in + win.plane * h * w;
     T best = -T(INFINITY);
     int64_t best_at = h0 * w + w0;
     for (int64_t ih = h0; ih < h1; ++ih) {
@@ -41,14 +53,11 @@ void avg_pool(const T* in, int64_t planes, int64_t h, int64_t w, int64_t oh, int
               Pool2dGeometry g, T* out, cudaStream_t stream) {
   const T inv = T(1) / T(g.kernel_h * g.kernel_w);
   for_each(planes * oh * ow, stream, [=] __device__(int64_t o) {
-    const int64_t p = o / (oh * ow), y = o / ow % oh, x = o % ow;
-    const int64_t sh = y * g.stride_h - g.pad_h, sw = x * g.stride_w - g.pad_w;
-    const int64_t h0 = sh < 0 ? 0 : sh, h1 = sh + g.kernel_h < h ? sh + g.kernel_h : h;
-    const int64_t w0 = sw < 0 ? 0 : sw, w1 = sw + g.kernel_w < w ? sw + g.kernel_w : w;
-    const T* plane = in + p * h * w;
+    const Window win(o, h, w, oh, ow, g);
+    const T* plane = in + win.plane * h * w;
     T total = 0;
-    for (int64_t ih = h0; ih < h1; ++ih) {
-      for (int64_t iw = w0; iw < w1; ++iw) total += plane[ih * w + iw];
+    for (int64_t ih = win.h0; ih < win.h1; ++ih) {
+      for (int64_t iw = win.w0; iw < win.w1; ++iw) total += plane[ih * w + iw];
     }
     out[o] = total * inv;
   });
