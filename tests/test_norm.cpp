@@ -47,7 +47,6 @@ Tensor window_gradient(Rig& r, int64_t total, int64_t micro) {
   return r.arena->grads().clone();
 }
 
-
 TEST(NormCaveat, PerSampleNormsAccumulateExactlyBatchNormDoesNot) {
   for (Norm norm : {Norm::kNone, Norm::kGroup, Norm::kLayer, Norm::kBatch}) {
     Rig whole = make_rig(norm), split = make_rig(norm);
@@ -156,6 +155,27 @@ TEST(NormModules, BuffersRoundTripThroughSafetensors) {
   other.eval();
   NoGradGuard no_grad;
   EXPECT_EQ(as_doubles((*r.model)(r.x.narrow(0, 16))), as_doubles(other(r.x.narrow(0, 16))));
+}
+
+// An empty batch flows through the CNN's ops forward and backward on every device: empty
+// activations and input gradients, no change to the parameters' gradients.
+TEST(NormModules, EmptyBatchesGiveEmptyGradients) {
+  for (Device device : devices()) {
+    for (Norm norm : {Norm::kNone, Norm::kGroup, Norm::kBatch}) {
+      nn::manual_seed(1);
+      nn::MnistCNN model(norm);
+      model.to(device);
+      if (norm == Norm::kBatch) model.eval();  // training BatchNorm needs two values a channel
+      for (auto& [name, p] : model.named_parameters())
+        p.set_grad(Tensor::zeros(p.shape(), p.dtype(), device));
+      const Tensor x = Tensor::empty({0, 784}, DType::kFloat32, device);
+      const Tensor labels = Tensor::empty({0}, DType::kInt32, device);
+      cross_entropy(model(x), labels).backward();
+      for (auto& [name, p] : model.named_parameters()) {
+        for (double v : as_doubles(p.grad())) ASSERT_EQ(v, 0.0) << name << " on " << device.str();
+      }
+    }
+  }
 }
 
 // Dropout: a sample's mask depends on (seed, step, sample, element) only, so 128 x 1 and

@@ -46,6 +46,15 @@ struct Conv2dBackward : Node {
   const char* name() const override { return "conv2d"; }
   void backward(const Tensor& dy, GradSink& sink) override {
     Backend& be = backend_for(dy.device());
+    if (x.size(0) == 0) {  // an empty batch: no input gradient, nothing to add to the others
+      if (sink.needs(0)) sink.add(0, Tensor::empty(x.shape(), x.dtype(), x.device()));
+      for (size_t i : {size_t{1}, size_t{2}}) {
+        if (sink.needs(i) && !sink.accumulator(i).defined()) {
+          sink.add(i, Tensor::zeros(i == 1 ? w.shape() : Shape{w.size(0)}, w.dtype(), w.device()));
+        }
+      }
+      return;
+    }
     if (sink.needs(0)) {
       Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
       be.conv2d_backward_data(dy, w, g, dx);
@@ -163,8 +172,9 @@ Tensor avg_pool2d(const Tensor& x, const Pool2dGeometry& g) {
 Tensor flatten(const Tensor& x) {
   check::defined("flatten", "input", x);
   if (x.dim() < 1) throw ShapeError("[flatten] input must have a batch dimension, got a scalar");
-  const int64_t rows = x.size(0);
-  return reshape(x, {rows, rows ? x.numel() / rows : 0});
+  int64_t rest = 1;  // the product of the other dimensions, also for an empty batch
+  for (int64_t d = 1; d < x.dim(); ++d) rest *= x.size(d);
+  return reshape(x, {x.size(0), rest});
 }
 
 }  // namespace accrue

@@ -51,12 +51,25 @@ void affine_backward(GradSink& sink, const Tensor& like, int64_t channels, const
   if (sink.needs(2)) sink.add(2, db.view(b_shape));
 }
 
+// The backward of a normalisation over no elements: an empty input gradient, zero affine
+// gradients (nothing added to a leaf's buffer).
+void empty_backward(GradSink& sink, const Tensor& x, const Shape& input_shape, const Shape& w_shape,
+                    const Shape& b_shape) {
+  if (sink.needs(0)) sink.add(0, Tensor::empty(input_shape, x.dtype(), x.device()));
+  for (size_t i : {size_t{1}, size_t{2}}) {
+    if (sink.needs(i) && !sink.accumulator(i).defined()) {
+      sink.add(i, Tensor::zeros(i == 1 ? w_shape : b_shape, x.dtype(), x.device()));
+    }
+  }
+}
+
 struct GroupNormBackward : Node {
   Tensor x, mean, rstd, weight;  // x as [N, C, S]
   int64_t groups = 1;
   Shape input_shape, weight_shape, bias_shape;
   const char* name() const override { return "group_norm"; }
   void backward(const Tensor& dy, GradSink& sink) override {
+    if (x.numel() == 0) return empty_backward(sink, x, input_shape, weight_shape, bias_shape);
     Backend& be = backend_for(dy.device());
     const Tensor g = dy.view(x.shape());
     Tensor dx = sink.needs(0) ? Tensor::empty(x.shape(), x.dtype(), x.device()) : Tensor();
@@ -79,6 +92,7 @@ struct BatchNormBackward : Node {
   Shape input_shape, weight_shape, bias_shape;
   const char* name() const override { return "batch_norm"; }
   void backward(const Tensor& dy, GradSink& sink) override {
+    if (x.numel() == 0) return empty_backward(sink, x, input_shape, weight_shape, bias_shape);
     Backend& be = backend_for(dy.device());
     const Tensor g = dy.view(x.shape());
     Tensor dx = sink.needs(0) ? Tensor::empty(x.shape(), x.dtype(), x.device()) : Tensor();
@@ -192,7 +206,9 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Ten
   Tensor rm = running_mean.defined() ? running_mean.view({channels}) : Tensor();
   Tensor rv = running_var.defined() ? running_var.view({channels}) : Tensor();
   const double m = training && rm.defined() ? momentum : -1.0;
-  backend_for(x.device()).batch_norm(xs, eps, m, !training, w, b, rm, rv, out, mean, rstd);
+  if (x.numel() > 0) {
+    backend_for(x.device()).batch_norm(xs, eps, m, !training, w, b, rm, rv, out, mean, rstd);
+  }
   if (training && rm.defined()) {
     running_mean.mark_modified();
     running_var.mark_modified();

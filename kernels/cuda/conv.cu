@@ -91,11 +91,21 @@ struct ConvCall {
   cudnnDataType_t type;
 };
 
-// The first of cuDNN's ranked candidates that succeeded within the workspace limit.
+// The first of cuDNN's ranked candidates that succeeded within the workspace limit, in plain FMA
+// math (the workspace size reported is that math type's), preferring deterministic ones: some
+// backward algorithms sum with atomics, and accrue's results repeat to the bit. A
+// non-deterministic one is taken only when no deterministic one is offered.
 template <typename Perf>
 const Perf& first_usable(const Perf* perf, int found, const char* pass) {
-  for (int i = 0; i < found; ++i) {
-    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= kMaxWorkspace) return perf[i];
+  for (bool deterministic : {true, false}) {
+    for (int i = 0; i < found; ++i) {
+      const Perf& p = perf[i];
+      if (p.status == CUDNN_STATUS_SUCCESS && p.memory <= kMaxWorkspace &&
+          p.mathType == CUDNN_FMA_MATH &&
+          (!deterministic || p.determinism == CUDNN_DETERMINISTIC)) {
+        return p;
+      }
+    }
   }
   throw BackendError(str_cat("[conv2d] cuDNN offers no ", pass, " algorithm for this shape"));
 }
@@ -128,10 +138,11 @@ void describe(ConvCall& call, const Tensor& x, const Tensor& w, const Tensor& y,
   ACCRUE_CUDNN_CHECK(cudnnSetConvolutionMathType(call.d.conv, CUDNN_FMA_MATH));
 
   const int device = x.device().index;
+  DeviceContext& ctx = context(device);  // makes the device current: the handle belongs to it
   std::lock_guard<std::mutex> lock(cudnn_mutex);
   CudnnState& state = cudnn_states[device];
   if (state.handle == nullptr) ACCRUE_CUDNN_CHECK(cudnnCreate(&state.handle));
-  ACCRUE_CUDNN_CHECK(cudnnSetStream(state.handle, context(device).stream));
+  ACCRUE_CUDNN_CHECK(cudnnSetStream(state.handle, ctx.stream));
   call.handle = state.handle;
   const ConvKey key{x.size(0),    x.size(1),
                     x.size(2),    x.size(3),
