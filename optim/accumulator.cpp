@@ -70,6 +70,13 @@ void Accumulator::start_ready_buckets() {
   }
 }
 
+void Accumulator::set_base_lr(double lr) {
+  if (!(lr >= 0) || !std::isfinite(lr)) {
+    throw ValueError(str_cat("[accumulator] base learning rate must be finite and >= 0, got ", lr));
+  }
+  options_.base_lr = lr;
+}
+
 double Accumulator::current_lr() const {
   return options_.base_lr * options_.schedule.factor(steps_);
 }

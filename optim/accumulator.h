@@ -80,6 +80,9 @@ class Accumulator {
                         const std::function<Tensor(const MicroBatch&)>& forward);
 
   int64_t steps() const { return steps_; }  // the clock schedules read
+  // The learning rate before the schedule's factor, from the next step on (an accumulation
+  // schedule moves the effective batch, and --lr-scaling moves the rate with it).
+  void set_base_lr(double lr);
   double current_lr() const;
   const MemoryStats& memory() const { return memory_; }
   size_t last_micro_live_bytes() const { return last_live_; }  // live bytes after a micro-step

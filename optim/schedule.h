@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace accrue::optim {
 
@@ -22,6 +24,18 @@ struct Schedule {
 
 enum class LrScaling { kNone, kLinear, kSqrt };
 LrScaling parse_lr_scaling(const std::string& name);  // none | linear | sqrt
+
+// A schedule for the accumulation steps k by epoch, "epoch:k,epoch:k,..." with 1-based epochs
+// in increasing order starting at 1: "1:1,2:2,3:4,5:8" runs epoch 1 at k = 1, epoch 2 at 2,
+// epochs 3-4 at 4 and every later epoch at 8 (the articles' "accumulation_steps = min(epoch * 2,
+// 8)"). The effective batch changes with k; each window is normalised by its own size.
+struct AccumSchedule {
+  std::vector<std::pair<int64_t, int64_t>> points;  // {first epoch, k}
+  int64_t k_at(int64_t epoch) const;                // epoch is 1-based
+  std::string str() const;
+  // Throws ValueError naming the text and what is wrong.
+  static AccumSchedule parse(const std::string& text, int64_t max_k);
+};
 
 // base_lr tuned at base_batch, moved to batch: none: unchanged; linear: x batch / base_batch
 // (eta * k when only k grows); sqrt: x sqrt(batch / base_batch).

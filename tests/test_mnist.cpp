@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "mnist_fixture.h"
@@ -399,6 +400,51 @@ TEST(Trainer, CnnTrainsWithEachNormAndSavesBatchNormBuffers) {
     again.lr = 0;
     const double tolerance = std::string(norm) == "batch" ? 0.05 : 1e-12;
     EXPECT_NEAR(mnist::train(again, std::cout).test_accuracy, s.test_accuracy, tolerance) << norm;
+  }
+}
+
+// --accum-schedule: each epoch's windows have the effective batch its k gives, the learning rate
+// follows through --lr-scaling, and every window is exact for its own size: the same schedule
+// of effective batches split twice as finely gives the same losses and norms in float64.
+TEST(Trainer, AccumulationScheduleSetsTheBatchOfEveryStep) {
+  const fs::path data = make_dataset("k-schedule", 256, 64);
+  mnist::Config c = small_config(data);
+  c.precision = "fp64";
+  c.epochs = 4;
+  c.micro_batch = 8;
+  c.accum_schedule = "1:1,2:2,3:4";
+  c.lr_scaling = "linear";
+  c.base_batch = 8;
+  c.metrics = (data / "k.jsonl").string();
+  const mnist::Summary coarse = mnist::train(c, std::cout);
+  std::vector<int64_t> expect;
+  for (int64_t batch : {8, 16, 32, 32}) {
+    for (int64_t i = 0; i < 256 / batch; ++i) expect.push_back(batch);
+  }
+  EXPECT_EQ(coarse.step_batches, expect);
+  std::ifstream metrics(c.metrics);
+  std::string line;
+  int64_t step = 0;
+  while (std::getline(metrics, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (!j.contains("k")) continue;
+    const int64_t batch = expect.at(static_cast<size_t>(step++));
+    EXPECT_EQ(j.at("batch").get<int64_t>(), batch);
+    EXPECT_EQ(j.at("k").get<int64_t>(), batch / 8);
+    EXPECT_DOUBLE_EQ(j.at("lr").get<double>(), 1e-3 * static_cast<double>(batch) / 8);
+  }
+  EXPECT_EQ(step, static_cast<int64_t>(expect.size()));
+  // The same effective batches as 4 x 2, 4 x 4, 4 x 8.
+  c.micro_batch = 4;
+  c.accum_schedule = "1:2,2:4,3:8";
+  c.metrics.clear();
+  const mnist::Summary fine = mnist::train(c, std::cout);
+  ASSERT_EQ(fine.step_losses.size(), coarse.step_losses.size());
+  for (size_t i = 0; i < fine.step_losses.size(); ++i) {
+    EXPECT_NEAR(fine.step_losses[i], coarse.step_losses[i], 1e-10 * coarse.step_losses[i]) << i;
+    EXPECT_NEAR(fine.step_grad_norms[i], coarse.step_grad_norms[i],
+                1e-10 * coarse.step_grad_norms[i])
+        << i;
   }
 }
 

@@ -161,6 +161,9 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
       ->check(int_in(0, kMaxBatch));
   app.add_option("--accum-steps", c.accum_steps, "Micro-steps per optimizer step k (default 4)")
       ->check(int_in(0, kMaxBatch));
+  app.add_option("--accum-schedule", c.accum_schedule,
+                 "k by epoch, e.g. 1:1,2:2,3:4,5:8 (the effective batch follows; excludes "
+                 "--accum-steps and --batch)");
   app.add_option("--batch", c.batch, "Effective batch B = b * k (give any two of the three)")
       ->check(int_in(0, kMaxBatch));
   app.add_option("--epochs", c.epochs, "Passes over the training set")
@@ -226,13 +229,29 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
     c.shuffle = !no_shuffle;
     // The world size comes from the launcher's environment: no MPI call before the data is read.
     const dist::LaunchInfo launch = dist::launch_info();
-    const optim::ResolvedBatch batch = resolve_config_batch(c, launch.world_size);
-    const double lr =
-        optim::scale_lr(c.lr, batch.batch, c.base_batch, optim::parse_lr_scaling(c.lr_scaling));
-    if (!std::isfinite(lr) || !(lr > 0)) {
-      throw ValueError(str_cat("--lr ", c.lr, " scaled (", c.lr_scaling, ") from --base-batch ",
-                               c.base_batch, " to batch ", batch.batch, " gives ", lr,
-                               ", not a usable learning rate"));
+    // Every k the run will use: one, or each of --accum-schedule's.
+    std::vector<Config> variants{c};
+    if (!c.accum_schedule.empty()) {
+      if (c.accum_steps > 0 || c.batch > 0) {
+        throw ValueError("--accum-schedule sets k by epoch; it excludes --accum-steps and --batch");
+      }
+      variants.clear();
+      for (const auto& [epoch, k] :
+           optim::AccumSchedule::parse(c.accum_schedule, kMaxBatch).points) {
+        Config v = c;
+        v.accum_steps = k;
+        variants.push_back(v);
+      }
+    }
+    for (const Config& v : variants) {
+      const optim::ResolvedBatch batch = resolve_config_batch(v, launch.world_size);
+      const double lr =
+          optim::scale_lr(c.lr, batch.batch, c.base_batch, optim::parse_lr_scaling(c.lr_scaling));
+      if (!std::isfinite(lr) || !(lr > 0)) {
+        throw ValueError(str_cat("--lr ", c.lr, " scaled (", c.lr_scaling, ") from --base-batch ",
+                                 c.base_batch, " to batch ", batch.batch, " gives ", lr,
+                                 ", not a usable learning rate"));
+      }
     }
     if (c.zero == 1 && c.bucket_kib > 0) {
       throw ValueError(

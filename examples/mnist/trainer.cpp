@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -96,6 +97,10 @@ double evaluate(nn::Module& model, const Split& test) {
 // A progress bar on a terminal, a plain line every tenth of an epoch otherwise.
 class Progress {
  public:
+  void set_steps_per_epoch(int64_t steps) {
+    total_ = steps;
+    every_ = std::max<int64_t>(1, steps / 10);
+  }
   Progress(std::ostream& out, bool quiet, int64_t steps_per_epoch)
       : out_(out),
         quiet_(quiet),
@@ -162,6 +167,13 @@ uint64_t parameter_hash(const std::vector<nn::NamedTensor>& params) {
   }
   return h;
 }
+
+// An epoch's batch: its resolved sizes, its windows and its learning rate (before the schedule).
+struct EpochPlan {
+  optim::ResolvedBatch batch;
+  std::vector<optim::Window> windows;
+  double lr;
+};
 
 }  // namespace
 
@@ -232,9 +244,34 @@ Summary train(const Config& config, std::ostream& out) {
   optim::ParameterArena arena(model, c.zero ? comm.world_size() : 1);
   if (dtype != master) arena.use_working_copy(dtype);
 
-  const optim::ResolvedBatch batch = resolve_config_batch(c, comm.world_size());
-  const double lr =
-      optim::scale_lr(c.lr, batch.batch, c.base_batch, optim::parse_lr_scaling(c.lr_scaling));
+  // The batch plan of each epoch: one for the whole run, or, with --accum-schedule, one per k.
+  const std::optional<optim::AccumSchedule> k_schedule =
+      c.accum_schedule.empty() ? std::nullopt
+                               : std::optional<optim::AccumSchedule>(
+                                     optim::AccumSchedule::parse(c.accum_schedule, INT32_MAX));
+  const optim::LrScaling lr_rule = optim::parse_lr_scaling(c.lr_scaling);
+  std::map<int64_t, EpochPlan> plans;                             // by k
+  const auto plan_for = [&](int64_t epoch) -> const EpochPlan& {  // epoch: 0-based
+    Config ce = c;
+    if (k_schedule) {
+      ce.accum_steps = k_schedule->k_at(epoch + 1);
+      ce.batch = 0;
+    }
+    const optim::ResolvedBatch b = resolve_config_batch(ce, comm.world_size());
+    auto it = plans.find(b.accum_steps);
+    if (it == plans.end()) {
+      it = plans
+               .emplace(b.accum_steps,
+                        EpochPlan{b,
+                                  optim::plan_windows(train_set.size(), b,
+                                                      optim::LastWindow::kFlush, comm.rank()),
+                                  optim::scale_lr(c.lr, b.batch, c.base_batch, lr_rule)})
+               .first;
+    }
+    return it->second;
+  };
+  const optim::ResolvedBatch batch = plan_for(0).batch;
+  const double lr = plan_for(0).lr;
   auto optimizer = make_optimizer(c, arena, lr);
   if (c.zero) optimizer->shard(comm);
   if (scaling.on) {
@@ -242,11 +279,13 @@ Summary train(const Config& config, std::ostream& out) {
     ls.dynamic = scaling.dynamic;
     optimizer->set_loss_scaling(ls, scaling.initial);
   }
-  const auto windows =
-      optim::plan_windows(train_set.size(), batch, optim::LastWindow::kFlush, comm.rank());
-  const int64_t steps_per_epoch = static_cast<int64_t>(windows.size());
   int64_t total_steps = 0;
-  if (__builtin_mul_overflow(steps_per_epoch, c.epochs, &total_steps)) total_steps = INT64_MAX;
+  for (int64_t e = 0; e < c.epochs && total_steps < INT64_MAX; ++e) {
+    const int64_t n = static_cast<int64_t>(plan_for(e).windows.size());
+    if (__builtin_add_overflow(total_steps, n, &total_steps)) total_steps = INT64_MAX;
+    if (!k_schedule && __builtin_mul_overflow(n, c.epochs, &total_steps)) total_steps = INT64_MAX;
+    if (!k_schedule) break;  // every epoch alike
+  }
   if (c.max_steps > 0) total_steps = std::min(total_steps, c.max_steps);
   optim::AccumulatorOptions options;
   options.max_norm = c.clip;
@@ -259,13 +298,22 @@ Summary train(const Config& config, std::ostream& out) {
   std::unique_ptr<AtomicFile> metrics;
   if (!c.metrics.empty() && lead) metrics = std::make_unique<AtomicFile>(c.metrics);
   log("accrue-mnist: " + batch.str() + ", lr " + std::to_string(lr) + " (" + c.lr_scaling +
-      " scaling), " + std::to_string(model.num_parameters()) + " parameters, device " +
-      c.device.str() + ", " + std::to_string(train_set.size()) + " training samples");
+      " scaling)" + (k_schedule ? ", accumulation schedule " + k_schedule->str() : "") + ", " +
+      std::to_string(model.num_parameters()) + " parameters, device " + c.device.str() + ", " +
+      std::to_string(train_set.size()) + " training samples");
 
   Summary summary;
   int64_t samples_seen = 0;
-  Progress progress(out, c.quiet, steps_per_epoch);
+  Progress progress(out, c.quiet, static_cast<int64_t>(plan_for(0).windows.size()));
   for (int64_t epoch = 0; epoch < c.epochs && acc.steps() < total_steps; ++epoch) {
+    const EpochPlan& plan = plan_for(epoch);
+    const std::vector<optim::Window>& windows = plan.windows;
+    if (k_schedule &&
+        (epoch == 0 || plan.batch.accum_steps != plan_for(epoch - 1).batch.accum_steps)) {
+      log(str_cat("epoch ", epoch + 1, ": ", plan.batch.str(), ", lr ", plan.lr));
+    }
+    acc.set_base_lr(plan.lr);
+    progress.set_steps_per_epoch(static_cast<int64_t>(windows.size()));
     const auto order_host = epoch_order(train_set.size(), c.seed, epoch, c.shuffle);
     const Tensor order = Tensor::from_vector<int32_t>({train_set.size()}, order_host, c.device);
     const auto epoch_start = Clock::now();
@@ -290,6 +338,7 @@ Summary train(const Config& config, std::ostream& out) {
       summary.step_losses.push_back(r.loss);
       summary.step_grad_norms.push_back(r.grad_norm);
       summary.step_loss_scales.push_back(r.loss_scale);
+      summary.step_batches.push_back(r.samples);
       ++step_in_epoch;
       if (r.skipped) {
         log(str_cat("step ", r.step, ": non-finite gradient, update skipped",
@@ -305,6 +354,8 @@ Summary train(const Config& config, std::ostream& out) {
                      {"lr", r.lr},
                      {"skipped", r.skipped},
                      {"loss_scale", r.loss_scale},
+                     {"k", plan.batch.accum_steps},
+                     {"batch", plan.batch.batch},
                      {"threads", cpu_threads()}});
       const double elapsed = summary.train_seconds + seconds_since(epoch_start);
       progress.update(epoch, step_in_epoch, r, samples_seen / std::max(elapsed, 1e-9));
@@ -336,9 +387,12 @@ Summary train(const Config& config, std::ostream& out) {
   line << "done: test accuracy " << std::fixed << std::setprecision(2)
        << 100 * summary.test_accuracy << "% after " << summary.steps << " steps | train "
        << summary.train_seconds << " s, " << std::setprecision(0) << summary.samples_per_second
-       << " samples/s | " << batch.str() << " | device " << c.device.str() << " | peak "
-       << mib(mem.peak_bytes) << ", activations " << mib(mem.peak_activation_bytes)
-       << ", optimizer state " << mib(optimizer->state_bytes())
+       << " samples/s | "
+       << (k_schedule ? str_cat("accumulation schedule ", k_schedule->str(), ", micro-batch ",
+                                batch.micro_batch)
+                      : batch.str())
+       << " | device " << c.device.str() << " | peak " << mib(mem.peak_bytes) << ", activations "
+       << mib(mem.peak_activation_bytes) << ", optimizer state " << mib(optimizer->state_bytes())
        << (comm.world_size() > 1 ? " per rank" : "") << " | " << c.precision
        << (scaling.on ? str_cat(", loss scale ", optimizer->scaler_state().first) : "")
        << " | skipped steps " << acc.skipped_steps() << " | "

@@ -28,6 +28,9 @@ struct Config {
   std::string norm = "none";                   // the CNN's normalisation: none, batch, group, layer
   std::vector<int64_t> hidden{512, 256, 128};  // the MLP's hidden layers
   int64_t micro_batch = 0, accum_steps = 0, batch = 0;  // any two; defaults 32 x 4
+  // "epoch:k,..." (optim::AccumSchedule): k follows the epoch; excludes --accum-steps and
+  // --batch (the micro-batch stays, the effective batch moves with k).
+  std::string accum_schedule;
   int64_t epochs = 5;
   int64_t max_steps = 0;    // 0: no limit
   int64_t train_limit = 0;  // 0: all samples
@@ -60,6 +63,7 @@ struct Summary {
   double final_loss_scale = 1;       // after the last step (1 without loss scaling)
   size_t peak_activation_bytes = 0;  // of a micro-step, above the baseline
   std::vector<double> step_loss_scales;
+  std::vector<int64_t> step_batches;  // the effective batch of every step (its window's size)
   std::vector<double> step_losses;
   std::vector<double> step_grad_norms;
   int64_t buckets_overlapped = 0;  // all-reduce buckets started during backward (--bucket-kib)
