@@ -448,5 +448,39 @@ TEST(Trainer, AccumulationScheduleSetsTheBatchOfEveryStep) {
   }
 }
 
+// --memory-budget: the chosen run's measured peak stays under the budget, and halving the room
+// the budget leaves for activations halves the micro-batch (the effective batch, 256, keeps
+// its divisors powers of two); a budget below one sample's need is refused, naming the minimum.
+TEST(Trainer, MemoryBudgetPicksTheMicroBatchThatFits) {
+  const fs::path data = make_dataset("budget", 512, 64);
+  mnist::Config c = small_config(data);
+  c.hidden = {256, 256};
+  c.batch = 256;
+  c.max_steps = 2;
+  c.memory_budget = "1GiB";
+  const mnist::Summary roomy = mnist::train(c, std::cout);
+  EXPECT_EQ(roomy.micro_batch, 256);
+  ASSERT_GT(roomy.activation_bytes_per_sample, 0);
+  const double base =
+      static_cast<double>(roomy.memory_baseline_bytes) + roomy.activation_fixed_bytes;
+  std::vector<int64_t> chosen;
+  for (double samples : {96.0, 48.0}) {  // room for 96 and for 48 samples
+    const int64_t budget = static_cast<int64_t>(base + samples * roomy.activation_bytes_per_sample);
+    c.memory_budget = std::to_string(budget);
+    const mnist::Summary s = mnist::train(c, std::cout);
+    EXPECT_LE(s.peak_bytes, static_cast<size_t>(budget)) << "budget " << budget;
+    chosen.push_back(s.micro_batch);
+  }
+  EXPECT_EQ(chosen, (std::vector<int64_t>{64, 32}));
+  c.memory_budget = std::to_string(roomy.memory_baseline_bytes / 2);
+  try {
+    mnist::train(c, std::cout);
+    ADD_FAILURE() << "a budget below the baseline was accepted";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("below what one sample needs"), std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace accrue::testing

@@ -7,6 +7,7 @@
 #include <ostream>
 #include <sstream>
 
+#include "budget.h"
 #include "core/error.h"
 #include "core/file.h"
 #include "optim/schedule.h"
@@ -164,6 +165,9 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
   app.add_option("--accum-schedule", c.accum_schedule,
                  "k by epoch, e.g. 1:1,2:2,3:4,5:8 (the effective batch follows; excludes "
                  "--accum-steps and --batch)");
+  app.add_option("--memory-budget", c.memory_budget,
+                 "Device bytes a run may use (e.g. 64MiB, 1GiB): the largest micro-batch that "
+                 "fits is measured and chosen; k follows from --batch");
   app.add_option("--batch", c.batch, "Effective batch B = b * k (give any two of the three)")
       ->check(int_in(0, kMaxBatch));
   app.add_option("--epochs", c.epochs, "Passes over the training set")
@@ -229,8 +233,19 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
     c.shuffle = !no_shuffle;
     // The world size comes from the launcher's environment: no MPI call before the data is read.
     const dist::LaunchInfo launch = dist::launch_info();
-    // Every k the run will use: one, or each of --accum-schedule's.
+    // Every k the run will use: one, or each of --accum-schedule's; with --memory-budget the
+    // micro-batch is measured later, and only the effective batch is known here.
     std::vector<Config> variants{c};
+    if (!c.memory_budget.empty()) {
+      parse_bytes(c.memory_budget);
+      if (c.micro_batch > 0 || c.accum_steps > 0 || !c.accum_schedule.empty()) {
+        throw ValueError(
+            "--memory-budget chooses the micro-batch; it excludes --micro-batch, --accum-steps "
+            "and --accum-schedule");
+      }
+      variants.front().micro_batch = 1;  // any divisor: the batch and lr checks below
+      if (variants.front().batch == 0) variants.front().batch = 128;
+    }
     if (!c.accum_schedule.empty()) {
       if (c.accum_steps > 0 || c.batch > 0) {
         throw ValueError("--accum-schedule sets k by epoch; it excludes --accum-steps and --batch");

@@ -17,6 +17,7 @@
 #include <ostream>
 
 #include "accrue.h"
+#include "budget.h"
 #include "core/file.h"
 #include "dataset.h"
 
@@ -168,6 +169,32 @@ uint64_t parameter_hash(const std::vector<nn::NamedTensor>& params) {
   return h;
 }
 
+// One micro-step of the first b training samples, forward and backward, for --memory-budget:
+// returns its activation peak (bytes above the live bytes before it). The gradients it leaves
+// are zeroed and BatchNorm's running statistics restored, so training starts as without it.
+size_t probe_micro_step(nn::Module& model, optim::ParameterArena& arena, const Split& train,
+                        DType loss_dtype, int64_t b) {
+  b = std::min<int64_t>(b, train.size());
+  std::vector<Tensor> buffers;
+  for (const auto& [name, t] : model.named_buffers()) buffers.push_back(t.clone());
+  std::vector<int32_t> first(static_cast<size_t>(b));
+  for (int64_t i = 0; i < b; ++i) first[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  const Tensor index = Tensor::from_vector<int32_t>({b}, first, train.images.device());
+  CachingAllocator& alloc = allocator_for(train.images.device());
+  const size_t before = alloc.stats().live_bytes;
+  alloc.reset_peak();
+  {
+    const nn::SampleKeys keys(0, 0, index);
+    const Tensor logits = cast(model(gather_rows(train.images, index)), loss_dtype);
+    cross_entropy(logits, gather_rows(train.labels, index)).backward(1.0 / static_cast<double>(b));
+  }
+  const size_t peak = alloc.stats().peak_bytes - before;
+  arena.zero_grad();
+  size_t i = 0;
+  for (auto& [name, t] : model.named_buffers()) t.copy_(buffers[i++]);
+  return peak;
+}
+
 // An epoch's batch: its resolved sizes, its windows and its learning rate (before the schedule).
 struct EpochPlan {
   optim::ResolvedBatch batch;
@@ -244,6 +271,28 @@ Summary train(const Config& config, std::ostream& out) {
   optim::ParameterArena arena(model, c.zero ? comm.world_size() : 1);
   if (dtype != master) arena.use_working_copy(dtype);
 
+  // --memory-budget: the optimizer's state is allocated first (it is part of the baseline),
+  // then probe micro-steps pick the micro-batch; everything after sees it in c.
+  std::unique_ptr<optim::Optimizer> optimizer;
+  std::optional<BudgetDecision> budget;
+  if (!c.memory_budget.empty()) {
+    const int64_t batch_size = c.batch > 0 ? c.batch : 128;
+    optimizer = make_optimizer(
+        c, arena,
+        optim::scale_lr(c.lr, batch_size, c.base_batch, optim::parse_lr_scaling(c.lr_scaling)));
+    if (batch_size % comm.world_size() != 0) {
+      throw ValueError(
+          str_cat("--batch ", batch_size, " does not split over ", comm.world_size(), " ranks"));
+    }
+    budget = fit_micro_batch(parse_bytes(c.memory_budget), batch_size / comm.world_size(),
+                             allocator_for(c.device).stats().live_bytes, [&](int64_t b) {
+                               return probe_micro_step(model, arena, train_set, master, b);
+                             });
+    c.batch = batch_size;
+    c.micro_batch = budget->micro_batch;
+    c.accum_steps = 0;
+    log(budget->str(parse_bytes(c.memory_budget), batch_size));
+  }
   // The batch plan of each epoch: one for the whole run, or, with --accum-schedule, one per k.
   const std::optional<optim::AccumSchedule> k_schedule =
       c.accum_schedule.empty() ? std::nullopt
@@ -272,7 +321,7 @@ Summary train(const Config& config, std::ostream& out) {
   };
   const optim::ResolvedBatch batch = plan_for(0).batch;
   const double lr = plan_for(0).lr;
-  auto optimizer = make_optimizer(c, arena, lr);
+  if (!optimizer) optimizer = make_optimizer(c, arena, lr);
   if (c.zero) optimizer->shard(comm);
   if (scaling.on) {
     LossScaling ls;
@@ -381,6 +430,13 @@ Summary train(const Config& config, std::ostream& out) {
   summary.skipped_steps = acc.skipped_steps();
   summary.final_loss_scale = optimizer->scaler_state().first;
   summary.peak_activation_bytes = acc.memory().peak_activation_bytes;
+  summary.peak_bytes = acc.memory().peak_bytes;
+  summary.micro_batch = batch.micro_batch;
+  if (budget) {
+    summary.activation_bytes_per_sample = budget->per_sample;
+    summary.activation_fixed_bytes = budget->fixed;
+    summary.memory_baseline_bytes = budget->baseline;
+  }
   summary.samples_per_second = samples_seen / std::max(summary.train_seconds, 1e-9);
   const optim::MemoryStats& mem = acc.memory();
   std::ostringstream line;

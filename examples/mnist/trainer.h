@@ -31,6 +31,9 @@ struct Config {
   // "epoch:k,..." (optim::AccumSchedule): k follows the epoch; excludes --accum-steps and
   // --batch (the micro-batch stays, the effective batch moves with k).
   std::string accum_schedule;
+  // "64MiB" (budget.h): the micro-batch is the largest that fits, measured by probe micro-steps;
+  // k follows from --batch (default 128). Excludes --micro-batch, --accum-steps, --accum-schedule.
+  std::string memory_budget;
   int64_t epochs = 5;
   int64_t max_steps = 0;    // 0: no limit
   int64_t train_limit = 0;  // 0: all samples
@@ -63,7 +66,12 @@ struct Summary {
   double final_loss_scale = 1;       // after the last step (1 without loss scaling)
   size_t peak_activation_bytes = 0;  // of a micro-step, above the baseline
   std::vector<double> step_loss_scales;
-  std::vector<int64_t> step_batches;  // the effective batch of every step (its window's size)
+  std::vector<int64_t> step_batches;       // the effective batch of every step (its window's size)
+  int64_t micro_batch = 0;                 // used (chosen by --memory-budget, or given)
+  size_t peak_bytes = 0;                   // live bytes at the highest point of any micro-step
+  double activation_bytes_per_sample = 0;  // --memory-budget's probes
+  double activation_fixed_bytes = 0;
+  size_t memory_baseline_bytes = 0;
   std::vector<double> step_losses;
   std::vector<double> step_grad_norms;
   int64_t buckets_overlapped = 0;  // all-reduce buckets started during backward (--bucket-kib)
