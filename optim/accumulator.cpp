@@ -70,6 +70,15 @@ void Accumulator::start_ready_buckets() {
   }
 }
 
+void Accumulator::restore_clock(int64_t steps, int64_t skipped) {
+  if (window_open_ || steps < 0 || skipped < 0 || skipped > steps) {
+    throw ValueError(str_cat("[accumulator] restore_clock(", steps, ", ", skipped,
+                             ") needs no open window and 0 <= skipped <= steps"));
+  }
+  steps_ = steps;
+  skipped_ = skipped;
+}
+
 void Accumulator::set_base_lr(double lr) {
   if (!(lr >= 0) || !std::isfinite(lr)) {
     throw ValueError(str_cat("[accumulator] base learning rate must be finite and >= 0, got ", lr));

@@ -83,6 +83,8 @@ class Accumulator {
   // The learning rate before the schedule's factor, from the next step on (an accumulation
   // schedule moves the effective batch, and --lr-scaling moves the rate with it).
   void set_base_lr(double lr);
+  // Continues a run from a checkpoint: the optimizer-step clock and the skipped count.
+  void restore_clock(int64_t steps, int64_t skipped);
   double current_lr() const;
   const MemoryStats& memory() const { return memory_; }
   size_t last_micro_live_bytes() const { return last_live_; }  // live bytes after a micro-step

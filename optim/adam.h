@@ -25,6 +25,9 @@ class Adam : public Optimizer {
  protected:
   void update() override;
   void resize_state(int64_t elements) override;
+  std::vector<nn::NamedTensor> element_state() override {
+    return {{"exp_avg", m_}, {"exp_avg_sq", v_}};
+  }
 
  private:
   AdamOptions options_;

@@ -97,6 +97,47 @@ void Optimizer::step(double max_norm, double normalize) {
   if (working_.defined()) arena_.working().mark_modified();
 }
 
+std::vector<nn::NamedTensor> Optimizer::save_state() {
+  std::vector<nn::NamedTensor> out;
+  for (auto& [name, t] : element_state()) {
+    if (comm_ == nullptr) {
+      out.emplace_back(name, t);
+      continue;
+    }
+    Tensor full = Tensor::empty({arena_.size()}, t.dtype(), t.device());
+    comm_->all_gather(t, full);
+    out.emplace_back(name, full);
+  }
+  out.emplace_back("steps", steps_);
+  if (scaler_.defined()) out.emplace_back("scaler", scaler_);
+  return out;
+}
+
+void Optimizer::load_state(const std::map<std::string, Tensor>& state) {
+  const auto get = [&](const std::string& name, const Shape& shape, DType dtype) {
+    const auto it = state.find(name);
+    if (it == state.end() || it->second.shape() != shape || it->second.dtype() != dtype) {
+      throw ValueError(str_cat("[optimizer] the checkpoint's optimizer state '", name, "' is ",
+                               it == state.end() ? "missing" : it->second.describe(),
+                               "; this optimizer expects ", dtype_name(dtype), shape_str(shape)));
+    }
+    return it->second;
+  };
+  for (auto& [name, t] : element_state()) {
+    const Tensor full = get(name, {arena_.size()}, t.dtype());
+    const int64_t n = t.numel();
+    const int64_t offset = comm_ != nullptr ? comm_->rank() * n : 0;
+    t.copy_(full.narrow(offset, n).to(t.device()));
+  }
+  steps_.copy_(get("steps", steps_.shape(), DType::kInt32).to(steps_.device()));
+  if (scaler_.defined()) {
+    scaler_.copy_(get("scaler", scaler_.shape(), scaler_.dtype()).to(scaler_.device()));
+  } else if (state.count("scaler")) {
+    throw ValueError("[optimizer] the checkpoint has a loss scaler; this run has no loss scaling");
+  }
+  stepped_ = true;
+}
+
 StepReport Optimizer::report() const {
   const Tensor host = boundary_.to(Device::cpu()).to(DType::kFloat64);
   const double* s = host.data<double>();

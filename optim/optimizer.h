@@ -13,7 +13,10 @@
 // of the parameters and state, and all-gathers the parameters. Read next: accumulator.h.
 #pragma once
 
+#include <map>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "dist/communicator.h"
 #include "kernels/backend.h"
@@ -52,6 +55,14 @@ class Optimizer {
   // Bytes of optimizer state this rank holds (moments, momentum).
   virtual size_t state_bytes() const = 0;
 
+  // The whole training state of the optimizer, for checkpoints: its per-element state over the
+  // full arena (gathered from every rank when sharded: collective, every rank calls it), the
+  // applied-step counter and the loss scaler, under fixed names ("exp_avg", "momentum_buffer",
+  // "steps", "scaler"). load_state() takes the same (each rank keeps its slice) and throws
+  // ValueError naming a missing or misshapen entry.
+  std::vector<nn::NamedTensor> save_state();
+  void load_state(const std::map<std::string, Tensor>& state);
+
   // Dynamic or fixed loss scaling from now on, starting at initial_scale (a power of two keeps
   // the scaling exact). The backward seed reads loss_scale() on the device.
   void set_loss_scaling(const LossScaling& scaling, double initial_scale);
@@ -70,6 +81,8 @@ class Optimizer {
   virtual void update() = 0;
   // Reallocates the state for `elements` elements (zeros): shard() calls it.
   virtual void resize_state(int64_t elements) = 0;
+  // The per-element state tensors (this rank's slice when sharded), by name.
+  virtual std::vector<nn::NamedTensor> element_state() = 0;
 
   ParameterArena& arena_;
   double lr_;

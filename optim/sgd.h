@@ -22,6 +22,7 @@ class SGD : public Optimizer {
  protected:
   void update() override;
   void resize_state(int64_t elements) override;
+  std::vector<nn::NamedTensor> element_state() override { return {{"momentum_buffer", momentum_}}; }
 
  private:
   SgdOptions options_;

@@ -482,5 +482,110 @@ TEST(Trainer, MemoryBudgetPicksTheMicroBatchThatFits) {
   }
 }
 
+// Checkpoints: 20 steps, a resume, 20 more write the weights of 40 uninterrupted steps to the
+// byte, for Adam, AdamW and SGD, in fp32 and bf16 (the working copy is re-derived from the
+// masters), with a k schedule whose change falls after the resume; the checkpoint lands
+// mid-epoch, so the sample order's position is restored too.
+TEST(Trainer, ResumeContinuesBitForBit) {
+  const fs::path data = make_dataset("resume", 512, 64);
+  struct Case {
+    const char* optimizer;
+    const char* precision;
+    const char* schedule;
+  };
+  for (const Case& k :
+       {Case{"adam", "fp32", ""}, Case{"adamw", "fp32", ""}, Case{"sgd", "fp32", ""},
+        Case{"adam", "bf16", ""}, Case{"adam", "fp16", ""}, Case{"adam", "fp32", "1:1,2:2"}}) {
+    mnist::Config c = small_config(data);
+    c.optimizer = k.optimizer;
+    c.precision = k.precision;
+    c.micro_batch = 16;
+    if (*k.schedule) {
+      c.accum_schedule = k.schedule;  // epoch 1: 32 windows of 16, epoch 2: windows of 32
+    } else {
+      c.accum_steps = 2;  // 16 windows an epoch: the resume at 20 is mid-epoch 2
+    }
+    c.epochs = 3;
+    const std::string tag = str_cat(k.optimizer, "-", k.precision, *k.schedule ? "-k" : "");
+    c.max_steps = 40;
+    c.save = (data / (tag + "-whole.safetensors")).string();
+    const mnist::Summary whole = mnist::train(c, std::cout);
+    const fs::path dir = data / ("ckpt-" + tag);
+    c.max_steps = 20;
+    c.save.clear();
+    c.checkpoint = dir.string();
+    c.checkpoint_every = 10;
+    mnist::train(c, std::cout);
+    c.max_steps = 40;
+    c.checkpoint.clear();
+    c.resume = dir.string();
+    c.save = (data / (tag + "-resumed.safetensors")).string();
+    const mnist::Summary resumed = mnist::train(c, std::cout);
+    EXPECT_EQ(resumed.parameter_hash, whole.parameter_hash) << tag;
+    EXPECT_EQ(read_file_bytes(c.save),
+              read_file_bytes((data / (tag + "-whole.safetensors")).string()))
+        << tag;
+    ASSERT_EQ(resumed.step_losses.size(), 20u) << tag;
+    for (size_t i = 0; i < 20; ++i)
+      EXPECT_EQ(resumed.step_losses[i], whole.step_losses[20 + i]) << tag;
+  }
+}
+
+// A damaged checkpoint is refused, naming the file and the older intact one; a resume with
+// another configuration is refused, naming the setting; writing keeps the newest two.
+TEST(Trainer, DamagedOrMismatchedCheckpointsAreRefused) {
+  const fs::path data = make_dataset("resume-bad", 256, 64);
+  mnist::Config c = small_config(data);
+  c.max_steps = 6;
+  c.micro_batch = 16;
+  c.accum_steps = 2;
+  c.checkpoint = (data / "ckpt").string();
+  c.checkpoint_every = 2;
+  mnist::train(c, std::cout);
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(data / "ckpt")) files.push_back(e.path().filename());
+  std::sort(files.begin(), files.end());
+  EXPECT_EQ(files,
+            (std::vector<std::string>{"step-0000000004.json", "step-0000000004.safetensors",
+                                      "step-0000000006.json", "step-0000000006.safetensors"}));
+  mnist::Config r = small_config(data);
+  r.micro_batch = 16;
+  r.accum_steps = 2;
+  r.max_steps = 8;
+  r.resume = c.checkpoint;
+  // Another optimizer: named.
+  r.optimizer = "sgd";
+  try {
+    mnist::train(r, std::cout);
+    ADD_FAILURE() << "a resume with another optimizer was accepted";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("optimizer = \"adam\", this run has \"sgd\""),
+              std::string::npos)
+        << e.what();
+  }
+  r.optimizer = "adam";
+  const fs::path newest = data / "ckpt" / "step-0000000006.safetensors";
+  const std::vector<uint8_t> good = read_file_bytes(newest.string());
+  const auto expect_refused = [&](const std::vector<uint8_t>& bytes, const char* words) {
+    {
+      std::ofstream out(newest, std::ios::binary | std::ios::trunc);
+      out.write(reinterpret_cast<const char*>(bytes.data()),
+                static_cast<std::streamsize>(bytes.size()));
+    }
+    try {
+      mnist::train(r, std::cout);
+      ADD_FAILURE() << "a damaged checkpoint was accepted";
+    } catch (const FileError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(words), std::string::npos) << what;
+      EXPECT_NE(what.find("step-0000000004 is intact"), std::string::npos) << what;
+    }
+  };
+  expect_refused(std::vector<uint8_t>(good.begin(), good.begin() + good.size() / 2), "truncated");
+  std::vector<uint8_t> flipped = good;
+  flipped[flipped.size() - 3] ^= 0x40;
+  expect_refused(flipped, "do not match the hash");
+}
+
 }  // namespace
 }  // namespace accrue::testing

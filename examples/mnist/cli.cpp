@@ -208,6 +208,13 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
   app.add_option("--metrics", c.metrics, "Write JSON Lines metrics to this file");
   app.add_option("--save", c.save, "Save the final weights (safetensors)");
   app.add_option("--init", c.init, "Start from these weights (safetensors)");
+  app.add_option("--checkpoint", c.checkpoint,
+                 "Write the whole training state into this folder (the newest two are kept)");
+  app.add_option("--checkpoint-every", c.checkpoint_every,
+                 "Optimizer steps between checkpoints (and one at the end)")
+      ->check(int_in(1, INT64_MAX));
+  app.add_option("--resume", c.resume,
+                 "Continue from the newest checkpoint in this folder, bit for bit");
   app.add_flag("--quiet", c.quiet, "No progress output");
   try {
     app.parse(argc, argv);
@@ -276,6 +283,12 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
     if (launch.rank == 0) {  // rank 0 alone writes them
       if (!c.metrics.empty()) check_writable(c.metrics, "--metrics");
       if (!c.save.empty()) check_writable(c.save, "--save");
+    }
+    if (!c.resume.empty() && !std::filesystem::is_directory(c.resume)) {
+      throw ValueError("--resume " + c.resume + ": no such folder");
+    }
+    if (!c.resume.empty() && !c.init.empty()) {
+      throw ValueError("--resume continues a run; it excludes --init");
     }
     if (!c.init.empty() && !std::filesystem::is_regular_file(c.init)) {
       throw ValueError("--init " + c.init + ": no such file");

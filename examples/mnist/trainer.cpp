@@ -20,6 +20,7 @@
 #include "budget.h"
 #include "core/file.h"
 #include "dataset.h"
+#include "resume.h"
 
 namespace accrue::mnist {
 
@@ -344,6 +345,70 @@ Summary train(const Config& config, std::ostream& out) {
   options.bucket_bytes = static_cast<size_t>(c.bucket_kib) * 1024;
   optim::Accumulator acc(*optimizer, options);
 
+  // What a resume must match to continue this run bit for bit.
+  const nlohmann::json run_config = {{"model", c.model},
+                                     {"norm", c.norm},
+                                     {"hidden", c.hidden},
+                                     {"precision", c.precision},
+                                     {"loss_scale", c.loss_scale},
+                                     {"optimizer", c.optimizer},
+                                     {"weight_decay", c.weight_decay},
+                                     {"momentum", c.momentum},
+                                     {"lr", c.lr},
+                                     {"lr_scaling", c.lr_scaling},
+                                     {"base_batch", c.base_batch},
+                                     {"schedule", c.schedule},
+                                     {"warmup", c.warmup},
+                                     {"clip", c.clip},
+                                     {"batch", batch.batch},
+                                     {"micro_batch", batch.micro_batch},
+                                     {"accum_steps", k_schedule ? 0 : batch.accum_steps},
+                                     {"accum_schedule", c.accum_schedule},
+                                     {"ranks", comm.world_size()},
+                                     {"zero", c.zero},
+                                     {"seed", c.seed},
+                                     {"shuffle", c.shuffle},
+                                     {"train_samples", train_set.size()}};
+  TrainPosition start;
+  if (!c.resume.empty()) {
+    const Checkpoint saved = read_latest_checkpoint(c.resume);
+    check_compatible(saved.config, run_config, saved.path);
+    // The masters and buffers, then the working copy from the masters (what it always is).
+    auto state = arena.named_masters();
+    for (auto& b : model.named_buffers()) state.push_back(b);
+    for (auto& [name, t] : state) {
+      const auto it = saved.model.find(name);
+      if (it == saved.model.end() || it->second.shape() != t.shape() ||
+          it->second.dtype() != t.dtype()) {
+        throw FileError(str_cat(saved.path, ": the checkpoint's '", name, "' is ",
+                                it == saved.model.end() ? "missing" : it->second.describe(),
+                                ", the model's is ", t.describe()));
+      }
+      t.copy_(it->second.to(t.device()));
+    }
+    if (arena.working().defined()) {
+      arena.working().copy_(arena.params().to(arena.working().dtype()));
+    }
+    optimizer->load_state(saved.optimizer);
+    acc.restore_clock(saved.position.step, saved.position.skipped);
+    start = saved.position;
+    log(str_cat("resumed from ", saved.path, ": step ", start.step, ", epoch ", start.epoch + 1,
+                ", window ", start.window + 1));
+  }
+  // Writes a checkpoint of the state after `step` windows (every rank takes part: a sharded
+  // optimizer gathers its state; rank 0 writes).
+  int64_t last_checkpoint = -1;
+  const auto checkpoint = [&](const TrainPosition& position) {
+    if (c.checkpoint.empty() || position.step == last_checkpoint) return;
+    auto optimizer_state = optimizer->save_state();
+    if (lead) {
+      write_checkpoint(c.checkpoint, run_config, position, saved_state(arena, model),
+                       optimizer_state);
+    }
+    if (comm.world_size() > 1) comm.barrier();  // no rank reads it before it is complete
+    last_checkpoint = position.step;
+  };
+
   std::unique_ptr<AtomicFile> metrics;
   if (!c.metrics.empty() && lead) metrics = std::make_unique<AtomicFile>(c.metrics);
   log("accrue-mnist: " + batch.str() + ", lr " + std::to_string(lr) + " (" + c.lr_scaling +
@@ -354,7 +419,8 @@ Summary train(const Config& config, std::ostream& out) {
   Summary summary;
   int64_t samples_seen = 0;
   Progress progress(out, c.quiet, static_cast<int64_t>(plan_for(0).windows.size()));
-  for (int64_t epoch = 0; epoch < c.epochs && acc.steps() < total_steps; ++epoch) {
+  TrainPosition position = start;
+  for (int64_t epoch = start.epoch; epoch < c.epochs && acc.steps() < total_steps; ++epoch) {
     const EpochPlan& plan = plan_for(epoch);
     const std::vector<optim::Window>& windows = plan.windows;
     if (k_schedule &&
@@ -369,7 +435,9 @@ Summary train(const Config& config, std::ostream& out) {
     int64_t step_in_epoch = 0;
     double epoch_loss = 0;
     int64_t epoch_samples = 0;
-    for (const optim::Window& w : windows) {
+    const size_t first_window = epoch == start.epoch ? static_cast<size_t>(start.window) : 0;
+    for (size_t wi = first_window; wi < windows.size(); ++wi) {
+      const optim::Window& w = windows[wi];
       if (tuner) set_cpu_threads(tuner->next());
       const auto window_start = Clock::now();
       const optim::StepResult r = acc.run_window(w, [&](const optim::MicroBatch& mb) {
@@ -408,6 +476,10 @@ Summary train(const Config& config, std::ostream& out) {
                      {"threads", cpu_threads()}});
       const double elapsed = summary.train_seconds + seconds_since(epoch_start);
       progress.update(epoch, step_in_epoch, r, samples_seen / std::max(elapsed, 1e-9));
+      const bool last = wi + 1 == windows.size();
+      position = {acc.steps(), acc.skipped_steps(), last ? epoch + 1 : epoch,
+                  last ? 0 : static_cast<int64_t>(wi + 1)};
+      if (c.checkpoint_every > 0 && acc.steps() % c.checkpoint_every == 0) checkpoint(position);
       if (acc.steps() >= total_steps) break;
     }
     const double epoch_seconds = seconds_since(epoch_start);
@@ -426,6 +498,7 @@ Summary train(const Config& config, std::ostream& out) {
                    {"test_accuracy", summary.test_accuracy},
                    {"seconds", epoch_seconds}});
   }
+  checkpoint(position);  // the end of the run, unless that step was just written
   summary.steps = acc.steps();
   summary.skipped_steps = acc.skipped_steps();
   summary.final_loss_scale = optimizer->scaler_state().first;

@@ -52,6 +52,10 @@ struct Config {
   int64_t bucket_kib = 0;  // > 0: overlap the all-reduce with backward, buckets of this size
   int threads = 0;         // 0: tuned while training (core/threads.h)
   std::string metrics, save, init;
+  // resume.h: write the training state into this folder every checkpoint_every optimizer steps
+  // and at the end; continue from the newest checkpoint in `resume`.
+  std::string checkpoint, resume;
+  int64_t checkpoint_every = 500;
   bool quiet = false;  // no progress output (tests)
   // The data-parallel ranks; null: dist::world_for(device), from the launcher's environment.
   dist::Communicator* comm = nullptr;

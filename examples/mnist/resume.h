@@ -1,0 +1,49 @@
+// Checkpoints of the whole training state, and resuming from them (--checkpoint DIR,
+// --checkpoint-every N, --resume DIR). A checkpoint is written at a window boundary as two
+// files: step-<N>.safetensors (the master parameters and buffers as "model/<name>", the
+// optimizer's moments gathered over every rank, its step counter and loss scaler as
+// "optimizer/<name>") and then step-<N>.json (the position — step, skipped steps, epoch and the
+// next window — the configuration a resume must match, and the tensor file's size and FNV-1a
+// hash). Each is written to a temporary and renamed; the JSON comes last, so a checkpoint
+// without its JSON never existed, and the two newest complete checkpoints are kept. The sample
+// order of an epoch is a function of (seed, epoch), so the position is all a resume needs to see
+// the same samples. Read next: trainer.cpp.
+#pragma once
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "nn/module.h"
+
+namespace accrue::mnist {
+
+struct TrainPosition {
+  int64_t step = 0, skipped = 0;  // optimizer steps taken, of which skipped
+  int64_t epoch = 0, window = 0;  // the next window to run (0-based)
+};
+
+// Writes step-<step>.{safetensors,json} into dir (created if missing) and removes older
+// checkpoints beyond the newest two.
+void write_checkpoint(const std::string& dir, const nlohmann::json& config,
+                      const TrainPosition& position,
+                      const std::vector<nn::NamedTensor>& model_state,
+                      const std::vector<nn::NamedTensor>& optimizer_state);
+
+struct Checkpoint {
+  std::string path;  // the JSON file
+  nlohmann::json config;
+  TrainPosition position;
+  std::map<std::string, Tensor> model, optimizer;
+};
+
+// The newest complete checkpoint in dir. Throws FileError naming the file and what is wrong
+// for a truncated or tampered one (and which older checkpoint is intact), or when there is none.
+Checkpoint read_latest_checkpoint(const std::string& dir);
+
+// Throws ValueError naming the first setting in which the two configurations differ.
+void check_compatible(const nlohmann::json& saved, const nlohmann::json& current,
+                      const std::string& path);
+
+}  // namespace accrue::mnist
