@@ -37,5 +37,17 @@ Backend& cuda_backend(int) {
 void cuda_copy_bytes(void*, Device, const void*, Device, size_t) {
   throw DeviceError("[copy] " + cuda_unavailable_reason());
 }
+SystemMemory cuda_pinned_host_memory() {
+  throw DeviceError("[pinned memory] " + cuda_unavailable_reason());
+}
+void cuda_copy_to_host_async(void*, const void*, Device, size_t) {
+  throw DeviceError("[copy] " + cuda_unavailable_reason());
+}
+void cuda_wait_copies_to_host(Device) {
+  throw DeviceError("[copy] " + cuda_unavailable_reason());
+}
+void cuda_copy_from_host_async(void*, Device, const void*, size_t) {
+  throw DeviceError("[copy] " + cuda_unavailable_reason());
+}
 
 }  // namespace accrue

@@ -28,11 +28,13 @@ void Tensor::throw_undefined(const char* op) {
   throw ValueError(str_cat("[", op, "] the tensor is undefined (a default-constructed Tensor())"));
 }
 
-Storage::Storage(Device device, size_t nbytes)
-    : device_(device), nbytes_(nbytes), data_(allocator_for(device).allocate(nbytes)) {}
+Storage::Storage(Device device, size_t nbytes) : Storage(device, nbytes, allocator_for(device)) {}
+
+Storage::Storage(Device device, size_t nbytes, CachingAllocator& allocator)
+    : device_(device), nbytes_(nbytes), allocator_(&allocator), data_(allocator.allocate(nbytes)) {}
 
 Storage::~Storage() {
-  allocator_for(device_).deallocate(data_);
+  allocator_->deallocate(data_);
 }
 
 namespace {
@@ -46,18 +48,34 @@ void check_shape(const Shape& shape, const char* op) {
 
 }  // namespace
 
-Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
-  check_shape(shape, "empty");
+namespace {
+
+// An uninitialised tensor whose storage comes from `allocator` (the device's own, or pinned).
+Tensor empty_from(const Shape& shape, DType dtype, Device device, CachingAllocator& allocator,
+                  const char* op) {
+  check_shape(shape, op);
   size_t nbytes = 0;
   if (__builtin_mul_overflow(static_cast<size_t>(shape_numel(shape)), dtype_size(dtype), &nbytes)) {
-    throw ShapeError(str_cat("[empty] ", dtype_name(dtype), shape_str(shape),
+    throw ShapeError(str_cat("[", op, "] ", dtype_name(dtype), shape_str(shape),
                              " needs more bytes than a size_t can count"));
   }
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<Storage>(device, nbytes);
+  impl->storage = std::make_shared<Storage>(device, nbytes, allocator);
   impl->shape = shape;
   impl->dtype = dtype;
   return Tensor(std::move(impl));
+}
+
+}  // namespace
+
+Tensor Tensor::zeros_pinned(const Shape& shape, DType dtype) {
+  Tensor t = empty_from(shape, dtype, Device::cpu(), pinned_host_allocator(), "zeros_pinned");
+  t.zero_();
+  return t;
+}
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  return empty_from(shape, dtype, device, allocator_for(device), "empty");
 }
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {

@@ -24,9 +24,13 @@ using Shape = std::vector<int64_t>;
 int64_t shape_numel(const Shape& shape);
 
 // One block of device memory, returned to its allocator when the last reference goes.
+class CachingAllocator;
+
 class Storage {
  public:
+  // From the device's allocator (allocator_for), or from `allocator` (pinned host memory).
   Storage(Device device, size_t nbytes);
+  Storage(Device device, size_t nbytes, CachingAllocator& allocator);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -42,6 +46,7 @@ class Storage {
  private:
   Device device_;
   size_t nbytes_;
+  CachingAllocator* allocator_;
   void* data_;
   uint64_t version_ = 0;
 };
@@ -75,6 +80,9 @@ class Tensor {
   static Tensor full(const Shape& shape, double value, DType dtype = DType::kFloat32,
                      Device device = Device::cpu());
   static Tensor scalar(double value, DType dtype = DType::kFloat32, Device device = Device::cpu());
+  // Zeros in page-locked host memory (pinned_host_allocator(), core/allocator.h): a CPU tensor
+  // that a GPU copies to and from asynchronously. The offloaded optimizer keeps its state here.
+  static Tensor zeros_pinned(const Shape& shape, DType dtype = DType::kFloat32);
   // Copies host values in; values.size() must equal the shape's element count.
   template <typename T>
   static Tensor from_vector(const Shape& shape, const std::vector<T>& values,

@@ -14,7 +14,7 @@ Accumulator::Accumulator(Optimizer& optimizer, AccumulatorOptions options)
       options_(options),
       loss_sum_(Tensor::zeros({}, optimizer.arena().dtype(), optimizer.arena().device())) {
   if (std::isnan(options.max_norm)) throw ValueError("[accumulator] max_norm is NaN");
-  if (options_.bucket_bytes > 0 && options_.comm != nullptr && options_.comm->world_size() > 1) {
+  if (options_.bucket_bytes > 0 && (multi_rank() || optimizer_.offload() != nullptr)) {
     if (optimizer_.sharded()) {
       throw ValueError(
           "[accumulator] overlapped all-reduce buckets and a sharded optimizer "
@@ -60,11 +60,20 @@ void Accumulator::leaf_ready(const TensorImpl& leaf) {
   start_ready_buckets();
 }
 
+bool Accumulator::multi_rank() const {
+  return options_.comm != nullptr && options_.comm->world_size() > 1;
+}
+
 void Accumulator::start_ready_buckets() {
   while (started_ < buckets_.size() && buckets_[started_].pending == 0) {
     const Bucket& b = buckets_[started_];
-    Tensor range = optimizer_.arena().grads().narrow(b.begin, b.end - b.begin);
-    options_.comm->start_all_reduce_sum(range);
+    if (multi_rank()) {
+      // The offloaded optimizer's copy waits for the sum: step() fetches after wait_all().
+      Tensor range = optimizer_.arena().grads().narrow(b.begin, b.end - b.begin);
+      options_.comm->start_all_reduce_sum(range);
+    } else {
+      optimizer_.offload()->prefetch(b.begin, b.end);
+    }
     ++started_;
     ++(in_step_ ? at_step_ : overlapped_);
   }
@@ -166,7 +175,16 @@ StepResult Accumulator::step() {
   r.samples = window_samples_;
   StepReport report;
   try {
-    if (options_.comm != nullptr && options_.comm->world_size() > 1) {
+    if (!buckets_.empty() && !multi_rank()) {
+      // Offloaded, one rank: the copies of buckets no backward finished start now, in order;
+      // the optimizer's step copies the rest and waits.
+      for (Bucket& b : buckets_) b.pending = 0;
+      in_step_ = true;
+      start_ready_buckets();
+      in_step_ = false;
+      reset_buckets();
+    }
+    if (multi_rank()) {
       // The one exchange of the window: every rank's share of the window gradient, summed (a
       // sharded optimizer reduce-scatters it itself).
       if (!buckets_.empty()) {
@@ -215,7 +233,7 @@ StepResult Accumulator::step() {
 }
 
 Accumulator::~Accumulator() {
-  if (started_ > 0) {  // all-reduces in flight write into the arena, which may go next
+  if (started_ > 0 && multi_rank()) {  // all-reduces in flight write into the arena
     try {
       options_.comm->wait_all();
     } catch (...) {
@@ -227,14 +245,22 @@ void Accumulator::abandon_window() {
   // All-reduces in flight write into the arena: they finish before it is zeroed. If waiting
   // fails, the arena is left alone (the job is lost: the trainer aborts every rank).
   bool arena_free = true;
-  if (started_ > 0) {
+  if (started_ > 0 && multi_rank()) {
     try {
       options_.comm->wait_all();
     } catch (...) {
       arena_free = false;
     }
   }
+  if (optimizer_.offload() != nullptr) {
+    try {
+      optimizer_.offload()->discard();  // copies of this window's gradient to the host
+    } catch (...) {
+      arena_free = false;
+    }
+  }
   if (!buckets_.empty()) reset_buckets();
+  in_step_ = false;
   clear_tape();
   if (arena_free) optimizer_.arena().zero_grad();
   loss_sum_.zero_();

@@ -32,9 +32,10 @@ struct AccumulatorOptions {
   Schedule schedule;
   // The data-parallel ranks to all-reduce with at each boundary; null: this process alone.
   dist::Communicator* comm = nullptr;
-  // > 0: overlap the all-reduce with the window's last backward. The arena is cut into buckets
-  // of about this many bytes in reverse layer order, and each bucket's all-reduce starts as soon
-  // as backward has finished its gradients; step() waits for all. 0: one all-reduce in step().
+  // > 0: overlap the boundary's transfer with the window's last backward. The arena is cut into
+  // buckets of about this many bytes in reverse layer order, and each bucket's all-reduce (with
+  // several ranks) or copy to the host (one rank, offloaded optimizer: optim/offload.h) starts as
+  // soon as backward has finished its gradients; step() waits for all. 0: all in step().
   size_t bucket_bytes = 0;
 };
 
@@ -113,6 +114,7 @@ class Accumulator {
     int params;          // parameters in the bucket
     int pending;         // of which backward has not finished yet
   };
+  bool multi_rank() const;
   void plan_buckets();
   void leaf_ready(const TensorImpl& leaf);
   void start_ready_buckets();

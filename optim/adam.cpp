@@ -9,8 +9,8 @@ Adam::Adam(ParameterArena& arena, AdamOptions options, bool decoupled)
     : Optimizer(arena, options.lr),
       options_(options),
       decoupled_(decoupled),
-      m_(Tensor::zeros({arena.size()}, arena.dtype(), arena.device())),
-      v_(Tensor::zeros({arena.size()}, arena.dtype(), arena.device())) {
+      m_(state_zeros({arena.size()}, arena.dtype())),
+      v_(state_zeros({arena.size()}, arena.dtype())) {
   if (!(options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 && options.beta2 < 1)) {
     throw ValueError(
         str_cat("[Adam] betas must be in [0, 1), got ", options.beta1, ", ", options.beta2));
@@ -22,12 +22,12 @@ Adam::Adam(ParameterArena& arena, AdamOptions options, bool decoupled)
 void Adam::update() {
   const AdamParams hp{lr_,          options_.beta1,        options_.beta2,
                       options_.eps, options_.weight_decay, decoupled_};
-  backend_for(arena_.device()).adam_step(hp, boundary_, steps_, params_, grads_, m_, v_, working_);
+  backend_for(state_device()).adam_step(hp, boundary_, steps_, params_, grads_, m_, v_, working_);
 }
 
 void Adam::resize_state(int64_t elements) {
-  m_ = Tensor::zeros({elements}, arena_.dtype(), arena_.device());
-  v_ = Tensor::zeros({elements}, arena_.dtype(), arena_.device());
+  m_ = state_zeros({elements}, arena_.dtype());
+  v_ = state_zeros({elements}, arena_.dtype());
 }
 
 }  // namespace accrue::optim

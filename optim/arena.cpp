@@ -50,6 +50,7 @@ void ParameterArena::use_working_copy(DType dtype) {
     throw DTypeError(
         str_cat("[ParameterArena] a working copy is bfloat16 or float16, got ", dtype_name(dtype)));
   }
+  if (offloaded_) throw ValueError("[ParameterArena] use_working_copy() after offload_masters()");
   if (working_.defined()) throw ValueError("[ParameterArena] the arena has a working copy already");
   if (params_.dtype() != DType::kFloat32) {
     throw DTypeError(str_cat("[ParameterArena] a 16-bit working copy needs float32 master values, ",
@@ -65,6 +66,20 @@ void ParameterArena::use_working_copy(DType dtype) {
     impl.offset = w.impl()->offset;
     impl.dtype = dtype;
   }
+}
+
+void ParameterArena::offload_masters() {
+  if (offloaded_) throw ValueError("[ParameterArena] the masters are offloaded already");
+  Tensor host = Tensor::zeros_pinned({size()}, dtype());
+  host.copy_(params_);
+  // Without a 16-bit copy the model's handles keep the device buffer, which becomes the
+  // working copy; with one, the device masters are dropped.
+  if (!working_.defined()) working_ = params_;
+  params_ = host;
+  for (Entry& e : entries_) {
+    e.master = params_.narrow(e.offset, e.param.numel()).view(e.param.shape());
+  }
+  offloaded_ = true;
 }
 
 std::vector<nn::NamedTensor> ParameterArena::named_masters() const {

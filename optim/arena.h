@@ -8,6 +8,11 @@
 // then see the working copy (forward and backward run in 16 bits) while their `grad` stays a
 // float32 view of the gradient arena, so the weight-gradient GEMMs accumulate in float32. The
 // optimizer's fused pass updates the master and rewrites the working copy in the same loop.
+//
+// Offloaded masters (offload_masters, for the offloaded optimizer of offload.h): the master
+// values move to pinned host memory and the compute device keeps only what forward and backward
+// touch: the gradient arena and the working copy, which is then the 16-bit copy or, without mixed
+// precision, a device copy of the masters in their own dtype. device() stays the compute device.
 // Read next: optimizer.h.
 #pragma once
 
@@ -46,22 +51,29 @@ class ParameterArena {
   // Gives the model a 16-bit working copy (DType::kBFloat16 or kFloat16) of the float32 master
   // values: see the top of this file. Once, before an optimizer is built on the arena.
   void use_working_copy(DType dtype);
+  // Moves the master values to pinned host memory (see the top of this file). Once, after
+  // use_working_copy when there is one, before an optimizer is built on the arena.
+  void offload_masters();
+  bool offloaded() const { return offloaded_; }
 
-  Tensor& params() { return params_; }    // [size()] the master values
-  Tensor& grads() { return grads_; }      // [size()]
-  Tensor& working() { return working_; }  // [size()] 16-bit, or undefined
+  Tensor& params() { return params_; }  // [size()] the master values (on the host if offloaded)
+  Tensor& grads() { return grads_; }    // [size()]
+  // [size()] what the model computes with when it is not params(): the 16-bit copy, or the
+  // device copy of offloaded masters; undefined otherwise.
+  Tensor& working() { return working_; }
   // The master values under the parameters' names: what is saved and hashed.
   std::vector<nn::NamedTensor> named_masters() const;
   const std::vector<Entry>& entries() const { return entries_; }
   int64_t size() const { return params_.numel(); }
-  DType dtype() const { return params_.dtype(); }
-  Device device() const { return params_.device(); }
+  DType dtype() const { return params_.dtype(); }     // of the masters and the gradients
+  Device device() const { return grads_.device(); }   // where forward and backward run
   // One memset over the gradient arena.
   void zero_grad() { grads_.zero_(); }
 
  private:
   Tensor params_, grads_, working_;
   std::vector<Entry> entries_;
+  bool offloaded_ = false;
 };
 
 }  // namespace accrue::optim

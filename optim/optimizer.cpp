@@ -10,17 +10,38 @@ namespace accrue::optim {
 Optimizer::Optimizer(ParameterArena& arena, double lr)
     : arena_(arena),
       lr_(lr),
-      norm_sq_(Tensor::zeros({2}, arena.dtype(), arena.device())),
-      boundary_(Tensor::zeros({4}, arena.dtype(), arena.device())),
-      steps_(Tensor::zeros({1}, DType::kInt32, arena.device())),
+      offload_(arena.offloaded() ? std::make_unique<HostOffload>(arena) : nullptr),
+      norm_sq_(state_zeros({2}, arena.dtype())),
+      boundary_(state_zeros({4}, arena.dtype())),
+      steps_(state_zeros({1}, DType::kInt32)),
       params_(arena.params()),
-      grads_(arena.grads()),
-      working_(arena.working()) {
+      grads_(offload_ ? offload_->grads() : arena.grads()),
+      working_(offload_ ? offload_->working() : arena.working()) {
   set_lr(lr);
+}
+
+Tensor Optimizer::state_zeros(const Shape& shape, DType dtype) const {
+  return offload_ ? Tensor::zeros_pinned(shape, dtype) : Tensor::zeros(shape, dtype, arena_.device());
+}
+
+Tensor Optimizer::loss_scale() const {
+  if (!loss_scaled()) return Tensor();
+  return offload_ ? device_scale_ : scaler_.narrow(0, 1);
+}
+
+void Optimizer::send_loss_scale() {
+  if (!offload_ || !scaler_.defined()) return;
+  if (!device_scale_.defined()) device_scale_ = Tensor::zeros({1}, scaler_.dtype(), arena_.device());
+  offload_->send(scaler_.narrow(0, 1), device_scale_);
 }
 
 void Optimizer::shard(dist::Communicator& comm) {
   if (stepped_) throw ValueError("[optimizer] shard() after the first step");
+  if (offload_) {
+    throw ValueError(
+        "[optimizer] an offloaded optimizer is not sharded (ZeRO stage 1 with offloading is not "
+        "built yet): offload or shard, not both");
+  }
   const int64_t world = comm.world_size();
   if (arena_.size() % world != 0) {
     throw ValueError(str_cat("[optimizer] an arena of ", arena_.size(), " elements does not split ",
@@ -50,8 +71,10 @@ void Optimizer::set_loss_scaling(const LossScaling& scaling, double initial_scal
     }
   }
   scaling_ = scaling;
-  scaler_ =
-      Tensor::from_vector<double>({2}, {initial_scale, 0.0}, arena_.device()).to(arena_.dtype());
+  scaler_ = state_zeros({2}, arena_.dtype());
+  scaler_.copy_(Tensor::from_vector<double>({2}, {initial_scale, 0.0}, scaler_.device())
+                    .to(arena_.dtype()));
+  send_loss_scale();
 }
 
 std::pair<double, double> Optimizer::scaler_state() const {
@@ -74,8 +97,9 @@ void require_finite_at_least(const char* op, const char* name, double value, dou
 }
 
 void Optimizer::step(double max_norm, double normalize) {
-  Backend& be = backend_for(arena_.device());
+  Backend& be = backend_for(state_device());
   stepped_ = true;
+  if (offload_) offload_->fetch();  // the window's gradient, on the host; the device's zeroed
   if (comm_ != nullptr) {
     // This rank's slice of the window gradient summed over ranks; the norm from every slice's
     // {sum of squares, non-finite count}, summed, so every rank decides clip and skip alike.
@@ -88,13 +112,17 @@ void Optimizer::step(double max_norm, double normalize) {
   }
   be.boundary(norm_sq_, normalize, max_norm, scaling_, scaler_, boundary_, steps_);
   update();
+  if (offload_) {
+    offload_->push(report().skipped);  // the host knows the skip flag without a device read
+    send_loss_scale();
+  }
   if (comm_ != nullptr) {
     comm_->all_gather(params_, arena_.params());  // in place
     if (working_.defined()) comm_->all_gather(working_, arena_.working());
   }
   arena_.params().mark_modified();  // a forward's saved weights are stale now
   arena_.grads().mark_modified();
-  if (working_.defined()) arena_.working().mark_modified();
+  if (arena_.working().defined()) arena_.working().mark_modified();
 }
 
 std::vector<nn::NamedTensor> Optimizer::save_state() {
@@ -132,6 +160,7 @@ void Optimizer::load_state(const std::map<std::string, Tensor>& state) {
   steps_.copy_(get("steps", steps_.shape(), DType::kInt32).to(steps_.device()));
   if (scaler_.defined()) {
     scaler_.copy_(get("scaler", scaler_.shape(), scaler_.dtype()).to(scaler_.device()));
+    send_loss_scale();
   } else if (state.count("scaler")) {
     throw ValueError("[optimizer] the checkpoint has a loss scaler; this run has no loss scaling");
   }

@@ -10,10 +10,17 @@
 // Sharded (ZeRO stage 1, shard()): each of the ranks keeps the optimizer state of one slice of
 // the arena only. The step then reduce-scatters the gradient (this rank's slice of the sum over
 // ranks), takes the global norm from the all-reduced partial sums of squares, updates its slice
-// of the parameters and state, and all-gathers the parameters. Read next: accumulator.h.
+// of the parameters and state, and all-gathers the parameters.
+//
+// Offloaded (an arena whose masters were offloaded: ParameterArena::offload_masters): the state
+// (moments, momentum, step counter, boundary scalars, loss scaler) lives in pinned host memory
+// and the same pipeline runs on the host, between fetching the gradient and pushing the new
+// weights back (offload.h). Only the loss scale has a device copy, for the backward seed.
+// Read next: accumulator.h.
 #pragma once
 
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,6 +28,7 @@
 #include "dist/communicator.h"
 #include "kernels/backend.h"
 #include "optim/arena.h"
+#include "optim/offload.h"
 
 namespace accrue::optim {
 
@@ -52,6 +60,10 @@ class Optimizer {
   // takes the arena's unreduced gradient: do not all-reduce it first.
   void shard(dist::Communicator& comm);
   bool sharded() const { return comm_ != nullptr; }
+  // The host side of an offloaded optimizer (the accumulator prefetches the gradient through
+  // it), or null.
+  HostOffload* offload() { return offload_.get(); }
+  const HostOffload* offload() const { return offload_.get(); }
   // Bytes of optimizer state this rank holds (moments, momentum).
   virtual size_t state_bytes() const = 0;
 
@@ -68,7 +80,7 @@ class Optimizer {
   void set_loss_scaling(const LossScaling& scaling, double initial_scale);
   bool loss_scaled() const { return scaler_.defined(); }
   // [1] on the arena's device: the current loss scale (undefined without loss scaling).
-  Tensor loss_scale() const { return loss_scaled() ? scaler_.narrow(0, 1) : Tensor(); }
+  Tensor loss_scale() const;
   // {scale, clean windows in a row} read back (checkpoints); {1, 0} without loss scaling.
   std::pair<double, double> scaler_state() const;
 
@@ -81,11 +93,16 @@ class Optimizer {
   virtual void update() = 0;
   // Reallocates the state for `elements` elements (zeros): shard() calls it.
   virtual void resize_state(int64_t elements) = 0;
+  // Where the state lives and runs: the arena's device, or the host when offloaded.
+  Device state_device() const { return offload_ ? Device::cpu() : arena_.device(); }
+  // Zeros for the state: on the arena's device, or pinned on the host when offloaded.
+  Tensor state_zeros(const Shape& shape, DType dtype) const;
   // The per-element state tensors (this rank's slice when sharded), by name.
   virtual std::vector<nn::NamedTensor> element_state() = 0;
 
   ParameterArena& arena_;
   double lr_;
+  std::unique_ptr<HostOffload> offload_;  // null unless the arena's masters are offloaded
   Tensor norm_sq_;   // [2] {sum g^2, non-finite count}
   Tensor boundary_;  // [4] {norm, coef, skip, scale}
   Tensor steps_;     // int32 [1] applied updates
@@ -97,6 +114,9 @@ class Optimizer {
   Tensor params_, grads_, working_;
 
  private:
+  // Offloaded: the device copy of the loss scale for the backward seed, sent after every change.
+  void send_loss_scale();
+  Tensor device_scale_;
   dist::Communicator* comm_ = nullptr;
   bool stepped_ = false;
 };

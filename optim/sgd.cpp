@@ -8,7 +8,7 @@ namespace accrue::optim {
 SGD::SGD(ParameterArena& arena, SgdOptions options)
     : Optimizer(arena, options.lr),
       options_(options),
-      momentum_(Tensor::zeros({arena.size()}, arena.dtype(), arena.device())) {
+      momentum_(state_zeros({arena.size()}, arena.dtype())) {
   require_finite_at_least("SGD", "momentum", options.momentum, 0);
   require_finite_at_least("SGD", "dampening", options.dampening, 0);
   require_finite_at_least("SGD", "weight_decay", options.weight_decay, 0);
@@ -20,12 +20,12 @@ SGD::SGD(ParameterArena& arena, SgdOptions options)
 void SGD::update() {
   const SgdParams hp{lr_, options_.momentum, options_.dampening, options_.weight_decay,
                      options_.nesterov};
-  backend_for(arena_.device())
+  backend_for(state_device())
       .sgd_step(hp, boundary_, steps_, params_, grads_, momentum_, working_);
 }
 
 void SGD::resize_state(int64_t elements) {
-  momentum_ = Tensor::zeros({elements}, arena_.dtype(), arena_.device());
+  momentum_ = state_zeros({elements}, arena_.dtype());
 }
 
 }  // namespace accrue::optim

@@ -202,9 +202,14 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
                  "1: shard the optimizer state over the data-parallel ranks (ZeRO stage 1)")
       ->check(int_in(0, 1));
   app.add_option("--bucket-kib", c.bucket_kib,
-                 "With several ranks: overlap the gradient all-reduce with the last backward, in "
-                 "buckets of this many KiB (0: one all-reduce at the boundary)")
+                 "Overlap the boundary's transfer (the all-reduce with several ranks, the copy to "
+                 "the host with --offload-optimizer) with the last backward, in buckets of this "
+                 "many KiB (0: all at the boundary; default 0, or 1024 with --offload-optimizer "
+                 "on one rank)")
       ->check(int_in(0, 1 << 20));
+  app.add_flag("--offload-optimizer", c.offload_optimizer,
+               "Keep the float master weights and the optimizer state in pinned host memory and "
+               "run the optimizer step on the CPU (ZeRO-Offload)");
   app.add_option("--metrics", c.metrics, "Write JSON Lines metrics to this file");
   app.add_option("--save", c.save, "Save the final weights (safetensors)");
   app.add_option("--init", c.init, "Start from these weights (safetensors)");
@@ -279,6 +284,11 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
       throw ValueError(
           "--zero 1 reduce-scatters the gradient at the boundary; it does not "
           "combine with --bucket-kib (overlapped all-reduce)");
+    }
+    if (c.offload_optimizer && c.zero == 1) {
+      throw ValueError(
+          "--offload-optimizer keeps the whole optimizer state on the host; it does not combine "
+          "with --zero 1 (sharded optimizer state) yet");
     }
     if (launch.rank == 0) {  // rank 0 alone writes them
       if (!c.metrics.empty()) check_writable(c.metrics, "--metrics");

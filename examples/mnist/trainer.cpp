@@ -263,6 +263,9 @@ Summary train(const Config& config, std::ostream& out) {
                             train_set.images.size(1)));
   }
 
+  // What the model, its arena and its optimizer hold is measured from here.
+  const size_t device_bytes_before = allocator_for(c.device).stats().live_bytes;
+  const size_t host_bytes_before = pinned_host_allocator().stats().live_bytes;
   nn::manual_seed(c.seed);
   std::unique_ptr<nn::Module> model_owner = make_model(c, train_set.images.size(1), master);
   nn::Module& model = *model_owner;
@@ -271,6 +274,12 @@ Summary train(const Config& config, std::ostream& out) {
   // --zero 1 pads the arena to equal shards and keeps this rank's shard of the state only.
   optim::ParameterArena arena(model, c.zero ? comm.world_size() : 1);
   if (dtype != master) arena.use_working_copy(dtype);
+  if (c.offload_optimizer) arena.offload_masters();
+  // The training state's bytes, read once the optimizer exists.
+  const auto measure_state = [&](Summary& s) {
+    s.device_state_bytes = allocator_for(c.device).stats().live_bytes - device_bytes_before;
+    s.host_state_bytes = pinned_host_allocator().stats().live_bytes - host_bytes_before;
+  };
 
   // --memory-budget: the optimizer's state is allocated first (it is part of the baseline),
   // then probe micro-steps pick the micro-batch; everything after sees it in c.
@@ -342,7 +351,9 @@ Summary train(const Config& config, std::ostream& out) {
   options.base_lr = lr;
   options.schedule = {optim::Schedule::parse(c.schedule), c.warmup, total_steps, 0.0};
   options.comm = &comm;
-  options.bucket_bytes = static_cast<size_t>(c.bucket_kib) * 1024;
+  const int64_t bucket_kib =
+      c.bucket_kib >= 0 ? c.bucket_kib : (c.offload_optimizer && comm.world_size() == 1 ? 1024 : 0);
+  options.bucket_bytes = static_cast<size_t>(bucket_kib) * 1024;
   optim::Accumulator acc(*optimizer, options);
 
   // What a resume must match to continue this run bit for bit.
@@ -417,6 +428,7 @@ Summary train(const Config& config, std::ostream& out) {
       std::to_string(train_set.size()) + " training samples");
 
   Summary summary;
+  measure_state(summary);
   int64_t samples_seen = 0;
   Progress progress(out, c.quiet, static_cast<int64_t>(plan_for(0).windows.size()));
   TrainPosition position = start;
@@ -512,6 +524,19 @@ Summary train(const Config& config, std::ostream& out) {
   }
   summary.samples_per_second = samples_seen / std::max(summary.train_seconds, 1e-9);
   const optim::MemoryStats& mem = acc.memory();
+  std::string offload_line;
+  if (const optim::HostOffload* off = optimizer->offload()) {
+    summary.offload = off->traffic();
+    const auto per_step = [&](size_t bytes) {
+      return mib(bytes / static_cast<size_t>(std::max<int64_t>(summary.offload.steps, 1)));
+    };
+    offload_line = str_cat(" | offloaded: training state ", mib(summary.device_state_bytes),
+                           " on ", c.device.str(), ", ", mib(summary.host_state_bytes),
+                           " pinned on the host; per step ", per_step(summary.offload.to_host_bytes),
+                           " to the host (", summary.offload.prefetched, " copies during backward, ",
+                           summary.offload.fetched_at_step, " at the boundary), ",
+                           per_step(summary.offload.from_host_bytes), " back");
+  }
   std::ostringstream line;
   line << "done: test accuracy " << std::fixed << std::setprecision(2)
        << 100 * summary.test_accuracy << "% after " << summary.steps << " steps | train "
@@ -522,7 +547,7 @@ Summary train(const Config& config, std::ostream& out) {
                       : batch.str())
        << " | device " << c.device.str() << " | peak " << mib(mem.peak_bytes) << ", activations "
        << mib(mem.peak_activation_bytes) << ", optimizer state " << mib(optimizer->state_bytes())
-       << (comm.world_size() > 1 ? " per rank" : "") << " | " << c.precision
+       << (comm.world_size() > 1 ? " per rank" : "") << offload_line << " | " << c.precision
        << (scaling.on ? str_cat(", loss scale ", optimizer->scaler_state().first) : "")
        << " | skipped steps " << acc.skipped_steps() << " | "
        << (tuner ? tuner->describe() : std::to_string(c.threads) + " threads (fixed)");
@@ -536,6 +561,11 @@ Summary train(const Config& config, std::ostream& out) {
                  {"peak_bytes", mem.peak_bytes},
                  {"peak_activation_bytes", mem.peak_activation_bytes},
                  {"optimizer_state_bytes", optimizer->state_bytes()},
+                 {"device_state_bytes", summary.device_state_bytes},
+                 {"host_state_bytes", summary.host_state_bytes},
+                 {"offload_optimizer", c.offload_optimizer},
+                 {"offload_to_host_bytes", summary.offload.to_host_bytes},
+                 {"offload_from_host_bytes", summary.offload.from_host_bytes},
                  {"ranks", comm.world_size()},
                  {"zero", c.zero},
                  {"batch", batch.batch},

@@ -11,6 +11,7 @@
 
 #include "core/device.h"
 #include "dist/communicator.h"
+#include "optim/offload.h"
 #include "optim/window.h"
 
 namespace accrue::mnist {
@@ -49,7 +50,13 @@ struct Config {
   uint64_t seed = 0;
   bool shuffle = true;
   int zero = 0;            // 1: shard the optimizer state over the ranks (ZeRO stage 1)
-  int64_t bucket_kib = 0;  // > 0: overlap the all-reduce with backward, buckets of this size
+  // > 0: overlap the boundary's all-reduce (several ranks) or copy to the host (offloaded, one
+  // rank) with the last backward, in buckets of this size; 0: at the boundary; < 0: 0, or 1024
+  // for an offloaded optimizer on one rank.
+  int64_t bucket_kib = -1;
+  // The float masters and the optimizer state in pinned host memory, the step on the CPU
+  // (optim/offload.h); excludes zero = 1.
+  bool offload_optimizer = false;
   int threads = 0;         // 0: tuned while training (core/threads.h)
   std::string metrics, save, init;
   // resume.h: write the training state into this folder every checkpoint_every optimizer steps
@@ -81,6 +88,11 @@ struct Summary {
   int64_t buckets_overlapped = 0;  // all-reduce buckets started during backward (--bucket-kib)
   int64_t buckets_at_step = 0;     // and at the boundary
   uint64_t parameter_hash = 0;     // FNV-1a of the final parameters' bytes: equal on every rank
+  // Measured with the allocators' statistics once the model, arena and optimizer are built:
+  // bytes they hold on the compute device, and in pinned host memory (the offloaded optimizer).
+  size_t device_state_bytes = 0;
+  size_t host_state_bytes = 0;
+  optim::OffloadTraffic offload;  // bytes moved by the offloaded optimizer (zeros otherwise)
 };
 
 // The batch arithmetic of a config: any two of --batch, --micro-batch, --accum-steps; with

@@ -64,6 +64,11 @@ struct DeviceContext {
 
   int device = 0;
   cudaStream_t stream = nullptr;
+  // The offloaded optimizer's device -> host copies (cuda_copy_to_host_async): a second stream,
+  // so the copy engine moves finished gradients while the compute stream runs backward on, and
+  // the event that orders each copy after the compute stream's work.
+  cudaStream_t copy_stream = nullptr;
+  cudaEvent_t copy_ready = nullptr;
   cublasHandle_t cublas = nullptr;
   cublasLtHandle_t cublas_lt = nullptr;
   void* reduce_partials = nullptr;    // kReducePartialBytes

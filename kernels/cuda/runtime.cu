@@ -82,6 +82,27 @@ void enqueue_fault_readback(cuda::DeviceContext& ctx) {
                                     cudaMemcpyDeviceToHost, ctx.stream));
 }
 
+// Pinned host memory for pinned_host_allocator(). Allocated with every device's work in mind
+// (cudaHostAllocPortable); nullptr when the host is out of page-locked memory.
+void* pinned_allocate(size_t nbytes, int) {
+  void* ptr = nullptr;
+  const cudaError_t status = cudaHostAlloc(&ptr, nbytes, cudaHostAllocPortable);
+  if (status == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  ACCRUE_CUDA_CHECK(status);
+  return ptr;
+}
+// Never throws (see device_release). Copies still queued may read the block: wait for them.
+void pinned_release(void* ptr, int) {
+  if (cudaDeviceSynchronize() == cudaSuccess) cudaFreeHost(ptr);
+  cudaGetLastError();
+}
+std::string pinned_describe(int) {
+  return "cudaHostAlloc could not page-lock more host memory";
+}
+
 // Never throws: it may run while the runtime unloads. A failure here leaks the block. The
 // device is synchronised first: kernels still queued may be using the block.
 void device_release(void* ptr, int device) {
@@ -104,6 +125,9 @@ std::string cuda_unavailable_reason() {
 }
 SystemMemory cuda_system_memory() {
   return {device_allocate, device_release, device_memory_info};
+}
+SystemMemory cuda_pinned_host_memory() {
+  return {pinned_allocate, pinned_release, pinned_describe};
 }
 
 void synchronize(Device device) {
@@ -154,6 +178,31 @@ void cuda_copy_bytes(void* dst, Device dst_device, const void* src, Device src_d
   check_faults(ctx);
 }
 
+void cuda_copy_to_host_async(void* dst, const void* src, Device src_device, size_t nbytes) {
+  if (nbytes == 0) return;
+  cuda::DeviceContext& ctx = cuda::context(src_device.index);
+  // The copy stream waits for what the compute stream has queued so far (the kernels that wrote
+  // these bytes), not for what it queues later.
+  ACCRUE_CUDA_CHECK(cudaEventRecord(ctx.copy_ready, ctx.stream));
+  ACCRUE_CUDA_CHECK(cudaStreamWaitEvent(ctx.copy_stream, ctx.copy_ready, 0));
+  ACCRUE_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, ctx.copy_stream));
+}
+
+void cuda_wait_copies_to_host(Device device) {
+  cuda::DeviceContext& ctx = cuda::context(device.index);
+  ACCRUE_CUDA_CHECK(cudaStreamSynchronize(ctx.copy_stream));
+  // The host reads the gradient now: the kernels that made it report their faults first.
+  enqueue_fault_readback(ctx);
+  ACCRUE_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
+  check_faults(ctx);
+}
+
+void cuda_copy_from_host_async(void* dst, Device dst_device, const void* src, size_t nbytes) {
+  if (nbytes == 0) return;
+  cuda::DeviceContext& ctx = cuda::context(dst_device.index);
+  ACCRUE_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, ctx.stream));
+}
+
 namespace cuda {
 
 namespace {
@@ -196,6 +245,8 @@ DeviceContext& context(int device) {
     auto ctx = std::make_unique<DeviceContext>();
     ctx->device = device;
     ACCRUE_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
+    ACCRUE_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx->copy_stream, cudaStreamNonBlocking));
+    ACCRUE_CUDA_CHECK(cudaEventCreateWithFlags(&ctx->copy_ready, cudaEventDisableTiming));
     ACCRUE_CUBLAS_CHECK(cublasCreate(&ctx->cublas));
     ACCRUE_CUBLAS_CHECK(cublasSetStream(ctx->cublas, ctx->stream));
     // A GEMM with a 16-bit C must sum split-K partials in float32, not in the output type.

@@ -1,0 +1,111 @@
+// The offloaded optimizer's copies (see offload.h).
+#include "optim/offload.h"
+
+#include <algorithm>
+
+#include "core/cuda_seam.h"
+#include "core/error.h"
+
+namespace accrue::optim {
+
+HostOffload::HostOffload(ParameterArena& arena) : arena_(arena) {
+  if (!arena.offloaded()) {
+    throw ValueError(
+        "[offload] the arena's masters are on the compute device; call "
+        "ParameterArena::offload_masters() before building the optimizer");
+  }
+  grads_ = Tensor::zeros_pinned({arena.size()}, arena.dtype());
+  if (arena.working().dtype() != arena.dtype()) {
+    working_ = Tensor::zeros_pinned({arena.size()}, arena.working().dtype());
+  }
+}
+
+HostOffload::~HostOffload() {
+  try {
+    wait();
+  } catch (...) {  // a device failure: already reported by whoever saw it first
+  }
+}
+
+void HostOffload::copy_range(int64_t begin, int64_t end) {
+  const Tensor src = arena_.grads().narrow(begin, end - begin);
+  Tensor dst = grads_.narrow(begin, end - begin);
+  if (src.device().is_cuda()) {
+    cuda_copy_to_host_async(dst.raw(), src.raw(), src.device(), src.nbytes());
+    in_flight_ = true;
+  } else {
+    dst.copy_(src);
+  }
+  started_.emplace_back(begin, end);
+  traffic_.to_host_bytes += src.nbytes();
+}
+
+void HostOffload::prefetch(int64_t begin, int64_t end) {
+  if (begin < 0 || end < begin || end > arena_.size()) {
+    throw ValueError(str_cat("[offload] prefetch of elements [", begin, ", ", end,
+                             ") outside the arena of ", arena_.size()));
+  }
+  for (const auto& [b, e] : started_) {
+    if (begin < e && b < end) {
+      throw ValueError(str_cat("[offload] prefetch of elements [", begin, ", ", end,
+                               ") overlaps [", b, ", ", e, "), already copied this window"));
+    }
+  }
+  if (begin == end) return;
+  copy_range(begin, end);
+  ++traffic_.prefetched;
+}
+
+void HostOffload::fetch() {
+  std::vector<std::pair<int64_t, int64_t>> done = started_;
+  std::sort(done.begin(), done.end());
+  int64_t next = 0;  // everything before it has been copied
+  for (const auto& [b, e] : done) {
+    if (b > next) {
+      copy_range(next, b);
+      ++traffic_.fetched_at_step;
+    }
+    next = std::max(next, e);
+  }
+  if (next < arena_.size()) {
+    copy_range(next, arena_.size());
+    ++traffic_.fetched_at_step;
+  }
+  wait();
+  started_.clear();
+  grads_.mark_modified();
+  arena_.zero_grad();  // the next window accumulates from zero on the device
+  ++traffic_.steps;
+}
+
+void HostOffload::wait() {
+  if (!in_flight_) return;
+  in_flight_ = false;
+  cuda_wait_copies_to_host(arena_.device());
+}
+
+void HostOffload::discard() {
+  started_.clear();
+  wait();
+}
+
+void HostOffload::push(bool skipped) {
+  if (skipped) return;  // the weights did not change
+  send(working_.defined() ? working_ : arena_.params(), arena_.working());
+  traffic_.from_host_bytes += arena_.working().nbytes();
+}
+
+void HostOffload::send(const Tensor& host, Tensor& device) {
+  if (host.shape() != device.shape() || host.dtype() != device.dtype() ||
+      !host.device().is_cpu()) {
+    throw ShapeError(str_cat("[offload] cannot send ", host.describe(), " to ", device.describe()));
+  }
+  if (device.device().is_cuda()) {
+    cuda_copy_from_host_async(device.raw(), device.device(), host.raw(), host.nbytes());
+    device.mark_modified();
+  } else {
+    device.copy_(host);
+  }
+}
+
+}  // namespace accrue::optim

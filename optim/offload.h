@@ -1,0 +1,74 @@
+// The offloaded optimizer's traffic (ZeRO-Offload, for one device): the float masters and the
+// optimizer state live in pinned host memory (ParameterArena::offload_masters, Optimizer), the
+// compute device keeps the gradient arena and the copy of the weights it computes with. Once per
+// window:
+//   1. the gradient goes to the host: prefetch() starts copying a finished range while the last
+//      micro-backward goes on (optim::Accumulator calls it bucket by bucket), fetch() copies
+//      what was not started, waits for every copy and zeroes the device gradient;
+//   2. the optimizer's usual pipeline (norm, boundary scalars, fused update) runs on the host,
+//      on the CPU backend, over the host gradient;
+//   3. push() copies the updated weights back: the 16-bit working copy the fused pass wrote on
+//      the host (2 bytes a parameter) or the masters themselves (4), without waiting.
+// On a GPU the copies are asynchronous (kernels/cuda/runtime.cu: a copy stream for the gradient,
+// the compute stream for the weights); with the model on the CPU they are memcpys done at once,
+// so the whole path runs and is tested without a GPU. Read next: optimizer.h.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "optim/arena.h"
+
+namespace accrue::optim {
+
+// Bytes moved between the compute device and the host so far.
+struct OffloadTraffic {
+  int64_t steps = 0;            // fetch() calls: one per optimizer step
+  size_t to_host_bytes = 0;     // gradient
+  size_t from_host_bytes = 0;   // weights (nothing after a skipped step)
+  int64_t prefetched = 0;       // copies started by prefetch() (during backward)
+  int64_t fetched_at_step = 0;  // copies started by fetch() (at the boundary)
+};
+
+class HostOffload {
+ public:
+  // The arena's masters must be offloaded (ParameterArena::offload_masters) and one window's
+  // gradient not yet started.
+  explicit HostOffload(ParameterArena& arena);
+  ~HostOffload();  // waits for copies in flight, which write into host buffers
+  HostOffload(const HostOffload&) = delete;
+  HostOffload& operator=(const HostOffload&) = delete;
+
+  // [size] the window's gradient on the host, and the 16-bit working copy the fused pass writes
+  // there (undefined without mixed precision: push() then sends the masters).
+  Tensor& grads() { return grads_; }
+  Tensor& working() { return working_; }
+
+  // Starts copying the device gradient's elements [begin, end) to the host (their backward is
+  // done). Ranges of one window do not overlap.
+  void prefetch(int64_t begin, int64_t end);
+  // Copies every element not prefetched, waits for all copies, zeroes the device gradient.
+  void fetch();
+  // Waits for copies in flight and forgets them: the window was abandoned.
+  void discard();
+  // Sends the updated weights to the device copy the model computes with (nothing if skipped).
+  void push(bool skipped);
+  // Copies a host tensor to a device tensor of the same shape and dtype without waiting (the
+  // loss scale the next backward seeds with); the host bytes must not change before fetch().
+  void send(const Tensor& host, Tensor& device);
+
+  const OffloadTraffic& traffic() const { return traffic_; }
+
+ private:
+  void copy_range(int64_t begin, int64_t end);
+  void wait();
+
+  ParameterArena& arena_;
+  Tensor grads_, working_;
+  std::vector<std::pair<int64_t, int64_t>> started_;  // this window's copied ranges
+  bool in_flight_ = false;
+  OffloadTraffic traffic_;
+};
+
+}  // namespace accrue::optim
