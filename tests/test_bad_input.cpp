@@ -290,6 +290,8 @@ TEST(BadInput, CommandLineMistakesExitTwoBeforeReadingData) {
       {{"--accum-steps", "-4"}, {"--accum-steps"}},
       {{"--zero", "1", "--bucket-kib", "64"}, {"--zero 1", "--bucket-kib"}},
       {{"--zero", "2"}, {"--zero"}},
+      {{"--offload-optimizer", "--zero", "1"}, {"--offload-optimizer", "--zero 1"}},
+      {{"--offload-optimizer=maybe"}, {"--offload-optimizer"}},
       {{"--precision", "fp8"}, {"--precision", "fp8"}},
       {{"--model", "resnet"}, {"--model", "resnet"}},
       {{"--memory-budget", "64MB"}, {"--memory-budget 64MB", "MiB"}},

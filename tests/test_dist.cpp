@@ -276,6 +276,30 @@ TEST(Dist, OverlappedBucketsGiveTheSameWeightsBitwise) {
   }
 }
 
+// The offloaded optimizer across ranks: the all-reduce (at the boundary or overlapped in
+// buckets) sums the device gradient, then it goes to the host; the same weights to the bit as the
+// optimizer on the compute device, in float32 and in bfloat16.
+TEST(Dist, OffloadedOptimizerTrainsTheSameWeightsBitwise) {
+  const auto data = testing::make_dataset("dist-offload", 1001, 64);
+  for (const char* precision : {"fp32", "bf16"}) {
+    mnist::Config c = dp_config(data, precision);
+    c.accum_steps = 2;
+    const mnist::Summary plain = mnist::train(c, std::cout);
+    for (int64_t bucket_kib : {0, 4}) {
+      c.offload_optimizer = true;
+      c.bucket_kib = bucket_kib;
+      const mnist::Summary offloaded = mnist::train(c, std::cout);
+      SCOPED_TRACE(str_cat(precision, ", buckets of ", bucket_kib, " KiB"));
+      EXPECT_EQ(offloaded.parameter_hash, plain.parameter_hash);
+      EXPECT_EQ(offloaded.step_losses, plain.step_losses);
+      expect_same_on_every_rank(offloaded.parameter_hash);
+      EXPECT_EQ(offloaded.offload.steps, static_cast<int64_t>(plain.step_losses.size()));
+      EXPECT_EQ(offloaded.offload.prefetched, 0) << "the copy waits for the all-reduce";
+      EXPECT_LT(offloaded.device_state_bytes, plain.device_state_bytes);
+    }
+  }
+}
+
 // ZeRO stage 1: the same training within float64 rounding, every rank's parameters bitwise
 // equal, and half the optimizer state per rank.
 TEST(Dist, ShardedOptimizerStateTrainsTheSameWithHalfTheMemory) {
