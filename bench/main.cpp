@@ -10,6 +10,7 @@ namespace accrue::bench {
 Limits measure_limits(Device device);
 void register_kernel_benchmarks();
 void register_mnist_benchmarks();
+void register_offload_benchmarks();
 }  // namespace accrue::bench
 
 int main(int argc, char** argv) {
@@ -45,6 +46,7 @@ int main(int argc, char** argv) {
   }
   bench::register_kernel_benchmarks();
   bench::register_mnist_benchmarks();
+  bench::register_offload_benchmarks();
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

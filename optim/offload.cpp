@@ -8,7 +8,7 @@
 
 namespace accrue::optim {
 
-HostOffload::HostOffload(ParameterArena& arena) : arena_(arena) {
+HostOffload::HostOffload(ParameterArena& arena) : arena_(arena), device_(arena.device()) {
   if (!arena.offloaded()) {
     throw ValueError(
         "[offload] the arena's masters are on the compute device; call "
@@ -22,7 +22,8 @@ HostOffload::HostOffload(ParameterArena& arena) : arena_(arena) {
 
 HostOffload::~HostOffload() {
   try {
-    wait();
+    // Both directions: the gradient's copies and the weights' and the loss scale's.
+    if (device_.is_cuda()) cuda_wait_copies_to_host(device_);
   } catch (...) {  // a device failure: already reported by whoever saw it first
   }
 }
@@ -81,7 +82,7 @@ void HostOffload::fetch() {
 void HostOffload::wait() {
   if (!in_flight_) return;
   in_flight_ = false;
-  cuda_wait_copies_to_host(arena_.device());
+  cuda_wait_copies_to_host(device_);
 }
 
 void HostOffload::discard() {

@@ -36,7 +36,9 @@ class HostOffload {
   // The arena's masters must be offloaded (ParameterArena::offload_masters) and one window's
   // gradient not yet started.
   explicit HostOffload(ParameterArena& arena);
-  ~HostOffload();  // waits for copies in flight, which write into host buffers
+  // Waits for every copy in flight (the host buffers go back to the pinned pool, which may hand
+  // them out at once).
+  ~HostOffload();
   HostOffload(const HostOffload&) = delete;
   HostOffload& operator=(const HostOffload&) = delete;
 
@@ -65,6 +67,7 @@ class HostOffload {
   void wait();
 
   ParameterArena& arena_;
+  Device device_;  // the arena's compute device
   Tensor grads_, working_;
   std::vector<std::pair<int64_t, int64_t>> started_;  // this window's copied ranges
   bool in_flight_ = false;

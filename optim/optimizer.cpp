@@ -20,6 +20,11 @@ Optimizer::Optimizer(ParameterArena& arena, double lr)
   set_lr(lr);
 }
 
+Optimizer::~Optimizer() {
+  // Offloaded: the copies in flight read the loss scaler, destroyed after this body; wait first.
+  offload_.reset();
+}
+
 Tensor Optimizer::state_zeros(const Shape& shape, DType dtype) const {
   return offload_ ? Tensor::zeros_pinned(shape, dtype) : Tensor::zeros(shape, dtype, arena_.device());
 }

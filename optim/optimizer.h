@@ -45,7 +45,7 @@ void require_finite_at_least(const char* op, const char* name, double value, dou
 class Optimizer {
  public:
   Optimizer(ParameterArena& arena, double lr);
-  virtual ~Optimizer() = default;
+  virtual ~Optimizer();
 
   // One boundary step. normalize multiplies the gradient before clipping (1 when backward was
   // already seeded with 1 / N, as optim::Accumulator does); max_norm <= 0 disables clipping.
