@@ -82,7 +82,7 @@ class CachingAllocator {
 // The allocator of a device, created on first use and alive until exit.
 CachingAllocator& allocator_for(Device device);
 
-// Page-locked host memory (cudaMallocHost) for CPU tensors that a GPU copies to and from
+// Page-locked host memory (cudaHostAlloc) for CPU tensors that a GPU copies to and from
 // asynchronously: the offloaded optimizer's masters, moments and staging buffers
 // (Tensor::zeros_pinned). Plain malloc when no GPU is usable. Its statistics are its own, apart
 // from allocator_for(cpu)'s, so what was moved off the compute device can be measured even when

@@ -43,7 +43,7 @@ SystemMemory cuda_pinned_host_memory() {
 void cuda_copy_to_host_async(void*, const void*, Device, size_t) {
   throw DeviceError("[copy] " + cuda_unavailable_reason());
 }
-void cuda_wait_copies_to_host(Device) {
+void cuda_wait_copies_to_host(Device, bool) {
   throw DeviceError("[copy] " + cuda_unavailable_reason());
 }
 void cuda_copy_from_host_async(void*, Device, const void*, size_t) {

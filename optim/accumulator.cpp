@@ -233,11 +233,12 @@ StepResult Accumulator::step() {
 }
 
 Accumulator::~Accumulator() {
-  if (started_ > 0 && multi_rank()) {  // all-reduces in flight write into the arena
-    try {
-      options_.comm->wait_all();
-    } catch (...) {
-    }
+  try {
+    // All-reduces in flight write into the arena, which may go next; copies to the host started
+    // for an unfinished window would be skipped by the optimizer's next fetch.
+    if (started_ > 0 && multi_rank()) options_.comm->wait_all();
+    if (optimizer_.offload() != nullptr) optimizer_.offload()->discard();
+  } catch (...) {
   }
 }
 

@@ -22,8 +22,7 @@ HostOffload::HostOffload(ParameterArena& arena) : arena_(arena), device_(arena.d
 
 HostOffload::~HostOffload() {
   try {
-    // Both directions: the gradient's copies and the weights' and the loss scale's.
-    if (device_.is_cuda()) cuda_wait_copies_to_host(device_);
+    wait(false);  // a fault stays recorded for whoever reads next
   } catch (...) {  // a device failure: already reported by whoever saw it first
   }
 }
@@ -72,22 +71,22 @@ void HostOffload::fetch() {
     copy_range(next, arena_.size());
     ++traffic_.fetched_at_step;
   }
-  wait();
+  wait(true);
   started_.clear();
   grads_.mark_modified();
   arena_.zero_grad();  // the next window accumulates from zero on the device
   ++traffic_.steps;
 }
 
-void HostOffload::wait() {
+void HostOffload::wait(bool report_faults) {
   if (!in_flight_) return;
   in_flight_ = false;
-  cuda_wait_copies_to_host(device_);
+  cuda_wait_copies_to_host(device_, report_faults);
 }
 
 void HostOffload::discard() {
   started_.clear();
-  wait();
+  wait(false);  // a fault stays recorded for the next host read
 }
 
 void HostOffload::push(bool skipped) {
@@ -103,6 +102,7 @@ void HostOffload::send(const Tensor& host, Tensor& device) {
   }
   if (device.device().is_cuda()) {
     cuda_copy_from_host_async(device.raw(), device.device(), host.raw(), host.nbytes());
+    in_flight_ = true;
     device.mark_modified();
   } else {
     device.copy_(host);

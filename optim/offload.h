@@ -64,13 +64,14 @@ class HostOffload {
 
  private:
   void copy_range(int64_t begin, int64_t end);
-  void wait();
+  // Waits for the copies in flight both ways; report_faults: see cuda_wait_copies_to_host.
+  void wait(bool report_faults);
 
   ParameterArena& arena_;
   Device device_;  // the arena's compute device
   Tensor grads_, working_;
   std::vector<std::pair<int64_t, int64_t>> started_;  // this window's copied ranges
-  bool in_flight_ = false;
+  bool in_flight_ = false;  // copies to or from the host may still be running (a GPU)
   OffloadTraffic traffic_;
 };
 

@@ -76,7 +76,8 @@ void Optimizer::set_loss_scaling(const LossScaling& scaling, double initial_scal
     }
   }
   scaling_ = scaling;
-  scaler_ = state_zeros({2}, arena_.dtype());
+  // An offloaded scaler may still be read by its copy to the device: write it, never free it.
+  if (!scaler_.defined()) scaler_ = state_zeros({2}, arena_.dtype());
   scaler_.copy_(Tensor::from_vector<double>({2}, {initial_scale, 0.0}, scaler_.device())
                     .to(arena_.dtype()));
   send_loss_scale();
@@ -147,6 +148,8 @@ std::vector<nn::NamedTensor> Optimizer::save_state() {
 }
 
 void Optimizer::load_state(const std::map<std::string, Tensor>& state) {
+  // Offloaded state may still be read by copies to the device: let them finish first.
+  if (offload_) synchronize(arena_.device());
   const auto get = [&](const std::string& name, const Shape& shape, DType dtype) {
     const auto it = state.find(name);
     if (it == state.end() || it->second.shape() != shape || it->second.dtype() != dtype) {

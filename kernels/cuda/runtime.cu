@@ -94,9 +94,14 @@ void* pinned_allocate(size_t nbytes, int) {
   ACCRUE_CUDA_CHECK(status);
   return ptr;
 }
-// Never throws (see device_release). Copies still queued may read the block: wait for them.
+// Never throws (see device_release). Copies still queued on any device may read the block: wait
+// for every device first.
 void pinned_release(void* ptr, int) {
-  if (cudaDeviceSynchronize() == cudaSuccess) cudaFreeHost(ptr);
+  bool idle = true;
+  for (int d = 0; d < discovery().count; ++d) {
+    idle = idle && cudaSetDevice(d) == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess;
+  }
+  if (idle) cudaFreeHost(ptr);
   cudaGetLastError();
 }
 std::string pinned_describe(int) {
@@ -188,9 +193,13 @@ void cuda_copy_to_host_async(void* dst, const void* src, Device src_device, size
   ACCRUE_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, ctx.copy_stream));
 }
 
-void cuda_wait_copies_to_host(Device device) {
+void cuda_wait_copies_to_host(Device device, bool report_faults) {
   cuda::DeviceContext& ctx = cuda::context(device.index);
   ACCRUE_CUDA_CHECK(cudaStreamSynchronize(ctx.copy_stream));
+  if (!report_faults) {
+    ACCRUE_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
+    return;
+  }
   // The host reads the gradient now: the kernels that made it report their faults first.
   enqueue_fault_readback(ctx);
   ACCRUE_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
