@@ -85,7 +85,7 @@ for mode in "${modes[@]}"; do
       filter='*cuda*:*Device*:*Cuda*:Ops/OpTable.EveryDeviceMatchesCpu/*:Backend*'
       for tool in racecheck synccheck initcheck; do
         : > "$out/$tool.txt"
-        for t in test_ops test_backend test_optim test_accumulation test_allocator; do
+        for t in test_ops test_backend test_optim test_accumulation test_allocator test_offload; do
           [ -x "build-gpu/tests/$t" ] || continue
           timeout 150 compute-sanitizer --tool "$tool" --error-exitcode 99 "build-gpu/tests/$t" \
             --gtest_filter="$filter" --gtest_brief=1 >> "$out/$tool.txt" 2>&1 ||
