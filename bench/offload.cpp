@@ -59,8 +59,8 @@ void register_offload_benchmarks() {
     if (!smoke()) sizes.push_back(10000000);
     for (int64_t n : sizes) {
       for (bool offloaded : {false, true}) {
-        const std::string name = str_cat(offloaded ? "optimizer_step_offloaded/" : "optimizer_step/",
-                                         d.str());
+        const std::string name =
+            str_cat(offloaded ? "optimizer_step_offloaded/" : "optimizer_step/", d.str());
         benchmark::RegisterBenchmark(name.c_str(),
                                      [=](State& s) { optimizer_step(s, d, offloaded); })
             ->Arg(n)

@@ -133,9 +133,9 @@ CachingAllocator& allocator_for(Device device) {
 
 CachingAllocator& pinned_host_allocator() {
   static CachingAllocator* pinned = new CachingAllocator(
-      Device::cpu(), cuda_device_count() > 0 ? cuda_pinned_host_memory()
-                                             : SystemMemory{host_allocate, host_release,
-                                                            host_describe});
+      Device::cpu(), cuda_device_count() > 0
+                         ? cuda_pinned_host_memory()
+                         : SystemMemory{host_allocate, host_release, host_describe});
   return *pinned;
 }
 

@@ -9,7 +9,9 @@
 //      loss sum once (never during micro-steps: N_window counts the samples of every rank, so
 //      the sum of the ranks' arenas is exactly the window's gradient); then sets the learning
 //      rate from the optimizer-step counter (the one clock) and runs the optimizer's fused step
-//      (norm -> clip -> update -> zero), the same on every rank on the same gradient.
+//      (norm -> clip -> update -> zero), the same on every rank on the same gradient; an
+//      offloaded optimizer (offload.h) runs it on the host, its gradient copied there bucket by
+//      bucket during the last backward.
 // It also measures what accumulation is for: the activation memory of one micro-step above
 // the baseline of parameters, gradients, optimizer state and data. Read next:
 // examples/mnist/trainer.cpp.

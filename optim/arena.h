@@ -65,8 +65,8 @@ class ParameterArena {
   std::vector<nn::NamedTensor> named_masters() const;
   const std::vector<Entry>& entries() const { return entries_; }
   int64_t size() const { return params_.numel(); }
-  DType dtype() const { return params_.dtype(); }     // of the masters and the gradients
-  Device device() const { return grads_.device(); }   // where forward and backward run
+  DType dtype() const { return params_.dtype(); }    // of the masters and the gradients
+  Device device() const { return grads_.device(); }  // where forward and backward run
   // One memset over the gradient arena.
   void zero_grad() { grads_.zero_(); }
 

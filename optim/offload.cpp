@@ -22,7 +22,7 @@ HostOffload::HostOffload(ParameterArena& arena) : arena_(arena), device_(arena.d
 
 HostOffload::~HostOffload() {
   try {
-    wait(false);  // a fault stays recorded for whoever reads next
+    wait(false);   // a fault stays recorded for whoever reads next
   } catch (...) {  // a device failure: already reported by whoever saw it first
   }
 }
@@ -47,8 +47,8 @@ void HostOffload::prefetch(int64_t begin, int64_t end) {
   }
   for (const auto& [b, e] : started_) {
     if (begin < e && b < end) {
-      throw ValueError(str_cat("[offload] prefetch of elements [", begin, ", ", end,
-                               ") overlaps [", b, ", ", e, "), already copied this window"));
+      throw ValueError(str_cat("[offload] prefetch of elements [", begin, ", ", end, ") overlaps [",
+                               b, ", ", e, "), already copied this window"));
     }
   }
   if (begin == end) return;
@@ -96,8 +96,7 @@ void HostOffload::push(bool skipped) {
 }
 
 void HostOffload::send(const Tensor& host, Tensor& device) {
-  if (host.shape() != device.shape() || host.dtype() != device.dtype() ||
-      !host.device().is_cpu()) {
+  if (host.shape() != device.shape() || host.dtype() != device.dtype() || !host.device().is_cpu()) {
     throw ShapeError(str_cat("[offload] cannot send ", host.describe(), " to ", device.describe()));
   }
   if (device.device().is_cuda()) {

@@ -26,7 +26,8 @@ Optimizer::~Optimizer() {
 }
 
 Tensor Optimizer::state_zeros(const Shape& shape, DType dtype) const {
-  return offload_ ? Tensor::zeros_pinned(shape, dtype) : Tensor::zeros(shape, dtype, arena_.device());
+  return offload_ ? Tensor::zeros_pinned(shape, dtype)
+                  : Tensor::zeros(shape, dtype, arena_.device());
 }
 
 Tensor Optimizer::loss_scale() const {
@@ -36,7 +37,8 @@ Tensor Optimizer::loss_scale() const {
 
 void Optimizer::send_loss_scale() {
   if (!offload_ || !scaler_.defined()) return;
-  if (!device_scale_.defined()) device_scale_ = Tensor::zeros({1}, scaler_.dtype(), arena_.device());
+  if (!device_scale_.defined())
+    device_scale_ = Tensor::zeros({1}, scaler_.dtype(), arena_.device());
   offload_->send(scaler_.narrow(0, 1), device_scale_);
 }
 
@@ -78,8 +80,8 @@ void Optimizer::set_loss_scaling(const LossScaling& scaling, double initial_scal
   scaling_ = scaling;
   // An offloaded scaler may still be read by its copy to the device: write it, never free it.
   if (!scaler_.defined()) scaler_ = state_zeros({2}, arena_.dtype());
-  scaler_.copy_(Tensor::from_vector<double>({2}, {initial_scale, 0.0}, scaler_.device())
-                    .to(arena_.dtype()));
+  scaler_.copy_(
+      Tensor::from_vector<double>({2}, {initial_scale, 0.0}, scaler_.device()).to(arena_.dtype()));
   send_loss_scale();
 }
 

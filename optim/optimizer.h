@@ -103,10 +103,10 @@ class Optimizer {
   ParameterArena& arena_;
   double lr_;
   std::unique_ptr<HostOffload> offload_;  // null unless the arena's masters are offloaded
-  Tensor norm_sq_;   // [2] {sum g^2, non-finite count}
-  Tensor boundary_;  // [4] {norm, coef, skip, scale}
-  Tensor steps_;     // int32 [1] applied updates
-  Tensor scaler_;    // [2] {loss scale, clean windows}, or undefined: no loss scaling
+  Tensor norm_sq_;                        // [2] {sum g^2, non-finite count}
+  Tensor boundary_;                       // [4] {norm, coef, skip, scale}
+  Tensor steps_;                          // int32 [1] applied updates
+  Tensor scaler_;  // [2] {loss scale, clean windows}, or undefined: no loss scaling
   LossScaling scaling_;
   // What update() works on: the whole arena, or this rank's slice of the parameters and its
   // slice of the reduced gradient when sharded; and the 16-bit working copy (or its slice) that

@@ -566,8 +566,8 @@ TEST(Trainer, OffloadedOptimizerWritesTheSameWeights) {
     const int64_t params = 784 * 32 + 32 + 32 * 10 + 10;
     const int64_t saved = static_cast<int64_t>(plain.device_state_bytes) -
                           static_cast<int64_t>(offloaded.device_state_bytes);
-    EXPECT_GE(saved, k.saved * params) << plain.device_state_bytes << " -> "
-                                       << offloaded.device_state_bytes;
+    EXPECT_GE(saved, k.saved * params)
+        << plain.device_state_bytes << " -> " << offloaded.device_state_bytes;
     EXPECT_LE(saved, k.saved * (params + 1024)) << "arena padding and granules at most";
     EXPECT_EQ(plain.host_state_bytes, 0u);
     EXPECT_GT(offloaded.host_state_bytes, offloaded.device_state_bytes);

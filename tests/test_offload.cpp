@@ -49,8 +49,12 @@ Trainee make_trainee(const Variant& v, bool offload) {
   if (v.working != v.master) s.arena->use_working_copy(v.working);
   if (offload) s.arena->offload_masters();
   switch (v.opt) {
-    case Opt::kAdam: s.optimizer = std::make_unique<optim::Adam>(*s.arena); break;
-    case Opt::kAdamW: s.optimizer = std::make_unique<optim::AdamW>(*s.arena); break;
+    case Opt::kAdam:
+      s.optimizer = std::make_unique<optim::Adam>(*s.arena);
+      break;
+    case Opt::kAdamW:
+      s.optimizer = std::make_unique<optim::AdamW>(*s.arena);
+      break;
     case Opt::kSgd: {
       optim::SgdOptions o;
       o.lr = 0.05;
@@ -133,7 +137,8 @@ void expect_same_training(const Variant& v, double tolerance, double poison = 0)
   EXPECT_EQ(offloaded.arena->working().device(), v.device);
   EXPECT_EQ(as_doubles(offloaded.arena->grads()), std::vector<double>(offloaded.arena->size(), 0.0))
       << "the device gradient is zero after the step";
-  const auto state_a = on_device.optimizer->save_state(), state_b = offloaded.optimizer->save_state();
+  const auto state_a = on_device.optimizer->save_state(),
+             state_b = offloaded.optimizer->save_state();
   ASSERT_EQ(state_a.size(), state_b.size());
   for (size_t i = 0; i < state_a.size(); ++i) {
     EXPECT_EQ(state_b[i].second.device(), Device::cpu()) << state_b[i].first;
@@ -214,7 +219,8 @@ TEST(Offload, TheDeviceHoldsTwelveBytesAParameterLessWithMixedPrecision) {
 }
 
 TEST(Offload, GradientCopiesStartDuringTheLastBackwardAndWeightsReturnOnce) {
-  for (const auto& [working, back] : {std::pair{DType::kFloat32, 4}, std::pair{DType::kBFloat16, 2}}) {
+  for (const auto& [working, back] :
+       {std::pair{DType::kFloat32, 4}, std::pair{DType::kBFloat16, 2}}) {
     Variant v{DType::kFloat32, working, Opt::kAdam, 0, 1024};
     Trainee s = make_trainee(v, true);
     const int64_t n = s.arena->size();
@@ -242,7 +248,8 @@ TEST(Offload, AnAbandonedWindowLeavesNoCopiedGradientBehind) {
   const Variant v{DType::kFloat32, DType::kFloat32, Opt::kAdam, 0, 512};
   Trainee a = make_trainee(v, true), b = make_trainee(v, true);
   a.acc->begin_window(32);
-  a.acc->micro_step(8, [&] { return cross_entropy((*a.model)(a.x.narrow(0, 8)), a.y.narrow(0, 8)); });
+  a.acc->micro_step(8,
+                    [&] { return cross_entropy((*a.model)(a.x.narrow(0, 8)), a.y.narrow(0, 8)); });
   a.optimizer->offload()->prefetch(0, 64);
   a.acc->abandon_window();
   EXPECT_EQ(as_doubles(a.arena->grads()), std::vector<double>(a.arena->size(), 0.0));

@@ -530,12 +530,12 @@ Summary train(const Config& config, std::ostream& out) {
     const auto per_step = [&](size_t bytes) {
       return mib(bytes / static_cast<size_t>(std::max<int64_t>(summary.offload.steps, 1)));
     };
-    offload_line = str_cat(" | offloaded: training state ", mib(summary.device_state_bytes),
-                           " on ", c.device.str(), ", ", mib(summary.host_state_bytes),
-                           " pinned on the host; per step ", per_step(summary.offload.to_host_bytes),
-                           " to the host (", summary.offload.prefetched, " copies during backward, ",
-                           summary.offload.fetched_at_step, " at the boundary), ",
-                           per_step(summary.offload.from_host_bytes), " back");
+    offload_line = str_cat(
+        " | offloaded: training state ", mib(summary.device_state_bytes), " on ", c.device.str(),
+        ", ", mib(summary.host_state_bytes), " pinned on the host; per step ",
+        per_step(summary.offload.to_host_bytes), " to the host (", summary.offload.prefetched,
+        " copies during backward, ", summary.offload.fetched_at_step, " at the boundary), ",
+        per_step(summary.offload.from_host_bytes), " back");
   }
   std::ostringstream line;
   line << "done: test accuracy " << std::fixed << std::setprecision(2)

@@ -49,7 +49,7 @@ struct Config {
   double momentum = 0.9;     // sgd
   uint64_t seed = 0;
   bool shuffle = true;
-  int zero = 0;            // 1: shard the optimizer state over the ranks (ZeRO stage 1)
+  int zero = 0;  // 1: shard the optimizer state over the ranks (ZeRO stage 1)
   // > 0: overlap the boundary's all-reduce (several ranks) or copy to the host (offloaded, one
   // rank) with the last backward, in buckets of this size; 0: at the boundary; < 0: 0, or 1024
   // for an offloaded optimizer on one rank.
@@ -57,7 +57,7 @@ struct Config {
   // The float masters and the optimizer state in pinned host memory, the step on the CPU
   // (optim/offload.h); excludes zero = 1.
   bool offload_optimizer = false;
-  int threads = 0;         // 0: tuned while training (core/threads.h)
+  int threads = 0;  // 0: tuned while training (core/threads.h)
   std::string metrics, save, init;
   // resume.h: write the training state into this folder every checkpoint_every optimizer steps
   // and at the end; continue from the newest checkpoint in `resume`.
