@@ -175,40 +175,28 @@ StepResult Accumulator::step() {
   r.samples = window_samples_;
   StepReport report;
   try {
-    if (!buckets_.empty() && !multi_rank()) {
-      // Offloaded, one rank: the copies of buckets no backward finished start now, in order;
-      // the optimizer's step copies the rest and waits.
+    if (!buckets_.empty()) {
+      // Buckets no backward finished (a rank with no samples in a short window, a parameter
+      // without gradient) start now, in order: all-reduces, waited for here, or copies to the
+      // host, which the optimizer's step completes. A failure abandons the window, which also
+      // clears in_step_.
+      if (optimizer_.sharded()) {
+        throw ValueError(
+            "[accumulator] the optimizer was sharded after the accumulator was "
+            "built with all-reduce buckets: the gradient would be summed twice");
+      }
       for (Bucket& b : buckets_) b.pending = 0;
-      in_step_ = true;
+      in_step_ = true;  // counts the starts below as at the boundary
       start_ready_buckets();
       in_step_ = false;
+      if (multi_rank()) options_.comm->wait_all();
       reset_buckets();
-    }
-    if (multi_rank()) {
+    } else if (multi_rank() && !optimizer_.sharded()) {
       // The one exchange of the window: every rank's share of the window gradient, summed (a
       // sharded optimizer reduce-scatters it itself).
-      if (!buckets_.empty()) {
-        // Buckets no backward finished (a rank with no samples in a short window, a parameter
-        // without gradient) start now, in order; then wait for every one.
-        if (optimizer_.sharded()) {
-          throw ValueError(
-              "[accumulator] the optimizer was sharded after the accumulator was "
-              "built with all-reduce buckets: the gradient would be summed twice");
-        }
-        for (Bucket& b : buckets_) b.pending = 0;
-        in_step_ = true;  // counts the starts below as at the boundary, until this scope ends
-        struct ResetInStep {
-          bool& flag;
-          ~ResetInStep() { flag = false; }
-        } reset_in_step{in_step_};
-        start_ready_buckets();
-        options_.comm->wait_all();
-        reset_buckets();
-      } else if (!optimizer_.sharded()) {
-        options_.comm->all_reduce_sum(optimizer_.arena().grads());
-      }
-      options_.comm->all_reduce_sum(loss_sum_);
+      options_.comm->all_reduce_sum(optimizer_.arena().grads());
     }
+    if (multi_rank()) options_.comm->all_reduce_sum(loss_sum_);
     optimizer_.set_lr(r.lr);
     optimizer_.step(options_.max_norm, 1.0);
     // Reading the report waits for the device, after the whole step has been enqueued; it is

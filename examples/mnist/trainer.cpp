@@ -275,11 +275,6 @@ Summary train(const Config& config, std::ostream& out) {
   optim::ParameterArena arena(model, c.zero ? comm.world_size() : 1);
   if (dtype != master) arena.use_working_copy(dtype);
   if (c.offload_optimizer) arena.offload_masters();
-  // The training state's bytes, read once the optimizer exists.
-  const auto measure_state = [&](Summary& s) {
-    s.device_state_bytes = allocator_for(c.device).stats().live_bytes - device_bytes_before;
-    s.host_state_bytes = pinned_host_allocator().stats().live_bytes - host_bytes_before;
-  };
 
   // --memory-budget: the optimizer's state is allocated first (it is part of the baseline),
   // then probe micro-steps pick the micro-batch; everything after sees it in c.
@@ -428,7 +423,9 @@ Summary train(const Config& config, std::ostream& out) {
       std::to_string(train_set.size()) + " training samples");
 
   Summary summary;
-  measure_state(summary);
+  // The training state's bytes, now that the optimizer exists.
+  summary.device_state_bytes = allocator_for(c.device).stats().live_bytes - device_bytes_before;
+  summary.host_state_bytes = pinned_host_allocator().stats().live_bytes - host_bytes_before;
   int64_t samples_seen = 0;
   Progress progress(out, c.quiet, static_cast<int64_t>(plan_for(0).windows.size()));
   TrainPosition position = start;
