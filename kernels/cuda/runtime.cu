@@ -97,11 +97,13 @@ void* pinned_allocate(size_t nbytes, int) {
 // Never throws (see device_release). Copies still queued on any device may read the block: wait
 // for every device first.
 void pinned_release(void* ptr, int) {
-  bool idle = true;
+  int current = 0;
+  bool idle = cudaGetDevice(&current) == cudaSuccess;
   for (int d = 0; d < discovery().count; ++d) {
     idle = idle && cudaSetDevice(d) == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess;
   }
   if (idle) cudaFreeHost(ptr);
+  cudaSetDevice(current);  // the caller's device stays current
   cudaGetLastError();
 }
 std::string pinned_describe(int) {
