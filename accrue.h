@@ -2,13 +2,15 @@
 #pragma once
 
 #include "core/allocator.h"
-#include "core/autograd.h"
 #include "core/device.h"
 #include "core/file.h"
 #include "core/geometry.h"
-#include "core/ops.h"
 #include "core/tensor.h"
 #include "core/threads.h"
+#include "distributed/communicator.h"
+#include "kernels/factories.h"
+#include "ops/autograd.h"
+#include "ops/ops.h"
 #include "nn/activation.h"
 #include "nn/cnn.h"
 #include "nn/conv.h"

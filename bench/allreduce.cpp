@@ -12,7 +12,8 @@
 #include <cstdlib>
 #include <vector>
 
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
+#include "kernels/factories.h"
 
 namespace {
 
@@ -36,7 +37,7 @@ double median_us(F run) {
 
 int main(int argc, char** argv) {
   using namespace accrue;
-  dist::Communicator& comm = dist::world();  // initialises MPI
+  distributed::Communicator& comm = distributed::world();  // initialises MPI
   std::vector<int64_t> sizes{56743, 567434, 5674340};
   if (argc > 1) sizes.assign(argc - 1, 0);
   for (int i = 1; i < argc; ++i) sizes[size_t(i - 1)] = std::atoll(argv[i]);
@@ -47,7 +48,7 @@ int main(int argc, char** argv) {
                 "accrue GB/s", "ratio");
   }
   for (int64_t n : sizes) {
-    Tensor t = Tensor::full({n}, 1.0);
+    Tensor t = full({n}, 1.0);
     std::vector<float> plain(static_cast<size_t>(n), 1.0f);
     const double ours = median_us([&] { comm.all_reduce_sum(t); });
     const double raw = median_us([&] {

@@ -67,7 +67,7 @@ inline void report_flops(benchmark::State& state, Device device, double seconds,
 
 inline Tensor filled(const Shape& shape, Device device, uint64_t seed = 1) {
   std::mt19937_64 rng(seed);
-  return Tensor::uniform(shape, -1, 1, rng, DType::kFloat32, device);
+  return uniform(shape, -1, 1, rng, DType::kFloat32, device);
 }
 
 }  // namespace accrue::bench

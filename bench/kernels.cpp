@@ -56,7 +56,7 @@ struct AdamState {
 // the bfloat16 working copy of mixed precision also write w = 34 bytes.
 void adam(State& state, Device d, bool decoupled, bool with_working = false) {
   AdamState s(state.range(0), d, with_working);
-  const AdamParams hp{1e-3, 0.9, 0.999, 1e-8, decoupled ? 1e-2 : 0.0, decoupled};
+  const AdamArgs hp{1e-3, 0.9, 0.999, 1e-8, decoupled ? 1e-2 : 0.0, decoupled};
   const double seconds = run_timed(state, d, [&] {
     backend_for(d).adam_step(hp, s.boundary, s.steps, s.p, s.g, s.m, s.v, s.working);
   });
@@ -67,7 +67,7 @@ void adam(State& state, Device d, bool decoupled, bool with_working = false) {
 // The whole boundary step: norm (4 B) + boundary scalars + fused Adam (32 B) = 36 bytes/element.
 void boundary_step(State& state, Device d) {
   AdamState s(state.range(0), d);
-  const AdamParams hp{1e-3, 0.9, 0.999, 1e-8, 0.0, false};
+  const AdamArgs hp{1e-3, 0.9, 0.999, 1e-8, 0.0, false};
   Backend& be = backend_for(d);
   const double seconds = run_timed(state, d, [&] {
     be.norm_sq(s.g, s.norm_sq);
@@ -87,7 +87,7 @@ void softmax_ce(State& state, Device d) {
   for (int64_t i = 0; i < rows; ++i) l[i] = static_cast<int32_t>(i % cols);
   Tensor labels = Tensor::from_vector<int32_t>({rows}, l, d);
   Tensor loss = Tensor::zeros({}, DType::kFloat32, d),
-         seed = Tensor::full({}, 1.0, DType::kFloat32, d);
+         seed = full({}, 1.0, DType::kFloat32, d);
   Backend& be = backend_for(d);
   const double seconds = run_timed(state, d, [&] {
     be.cross_entropy(logits, labels, loss, probs);
@@ -117,7 +117,7 @@ void relu_backward(State& state, Device d) {
 // `dtype` throughout (bf16: float32 accumulation, y rounded to bf16).
 void gemm_forward(State& state, Device d, DType dtype = DType::kFloat32) {
   const int64_t b = state.range(0), in = state.range(1), out = state.range(2);
-  Tensor x = filled({b, in}, d, 1).to(dtype), w = filled({out, in}, d, 2).to(dtype),
+  Tensor x = to_dtype(filled({b, in}, d, 1), dtype), w = to_dtype(filled({out, in}, d, 2), dtype),
          y = Tensor::empty({b, out}, dtype, d);
   const double seconds =
       run_timed(state, d, [&] { backend_for(d).gemm(false, true, 1.0, x, w, 0.0, y); });
@@ -128,7 +128,7 @@ void gemm_forward(State& state, Device d, DType dtype = DType::kFloat32) {
 // dW is float32 whatever `dtype` the operands are in (mixed precision's arena).
 void gemm_weight_grad(State& state, Device d, DType dtype = DType::kFloat32) {
   const int64_t b = state.range(0), in = state.range(1), out = state.range(2);
-  Tensor x = filled({b, in}, d, 1).to(dtype), dy = filled({b, out}, d, 2).to(dtype),
+  Tensor x = to_dtype(filled({b, in}, d, 1), dtype), dy = to_dtype(filled({b, out}, d, 2), dtype),
          dw = Tensor::zeros({out, in}, DType::kFloat32, d);
   const double seconds =
       run_timed(state, d, [&] { backend_for(d).gemm(true, false, 1.0, dy, x, 1.0, dw); });

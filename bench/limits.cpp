@@ -121,7 +121,7 @@ double copy_bandwidth(Device device, int64_t footprint) {
     return 2.0 * double(bytes) / best_seconds(device, repeats, [&] { dst.copy_(src); });
   }
   const int64_t n = footprint / 8;  // doubles in the footprint
-  Tensor buffer = Tensor::full({n}, 1.0, DType::kFloat64);
+  Tensor buffer = full({n}, 1.0, DType::kFloat64);
   double* x = static_cast<double*>(buffer.raw());
   const double bytes = double(n) * 8;  // each kernel below moves the footprint once or more
   const auto rate = [&](double moved, auto kernel) {

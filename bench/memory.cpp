@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
   md << "\n";
   std::mt19937_64 rng(1);
   const int64_t samples = 256 * 64 * 2;
-  const Tensor x = Tensor::uniform({samples, 784}, -1, 1, rng, DType::kFloat32, device);
+  const Tensor x = uniform({samples, 784}, -1, 1, rng, DType::kFloat32, device);
   std::vector<int32_t> labels(samples);
   for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<int32_t>(i % 10);
   const Tensor y = Tensor::from_vector<int32_t>({int64_t(labels.size())}, labels, device);
@@ -47,7 +47,7 @@ int main(int argc, char** argv) {
     optim::Adam adam(arena);
     if (p.activations == DType::kFloat16) adam.set_loss_scaling({true}, 65536);
     optim::Accumulator acc(adam, {1.0, 1e-3, {}});
-    const Tensor xp = x.to(p.activations);
+    const Tensor xp = to_dtype(x, p.activations);
     for (const auto& w : optim::plan_windows(2 * b * k, optim::resolve_batch({0, b, k, 1}))) {
       acc.run_window(w, [&](const optim::MicroBatch& mb) {
         const Tensor logits = cast(model(xp.narrow(mb.start, mb.count)), DType::kFloat32);

@@ -28,7 +28,7 @@ double rel_l2(const Tensor& a, const Tensor& b) {
 int main() {
   const int64_t windows = 21, batch = 128;
   std::mt19937_64 rng(5);
-  const Tensor x = Tensor::uniform({windows * batch, 784}, 0, 1, rng, DType::kFloat64);
+  const Tensor x = uniform({windows * batch, 784}, 0, 1, rng, DType::kFloat64);
   std::vector<int32_t> labels(static_cast<size_t>(windows * batch));
   for (auto& l : labels) l = static_cast<int32_t>(rng() % 10);
   const Tensor y = Tensor::from_vector<int32_t>({windows * batch}, labels);

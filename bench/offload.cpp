@@ -17,7 +17,7 @@ using benchmark::State;
 
 // One parameter vector of n elements.
 struct Flat : nn::Module {
-  explicit Flat(int64_t n) { register_parameter("p", Tensor::full({n}, 0.5)); }
+  explicit Flat(int64_t n) { register_parameter("p", full({n}, 0.5)); }
   Tensor forward(const Tensor& x) override { return x; }
 };
 

@@ -1,6 +1,7 @@
 # Resolves ACCRUE_CUDA (AUTO / ON / OFF) into ACCRUE_WITH_CUDA and, when on, enables the CUDA
-# language, finds the toolkit and lists the CUDA sources. Architectures default to Ampere and
+# language, finds the toolkit and finds cuDNN. Architectures default to Ampere and
 # Hopper (80;86;89;90); CI (CI=true) builds one architecture to keep 2-core compiles short.
+# Each layer lists its own CUDA sources (CMakeLists.txt, accrue_layer).
 set(ACCRUE_WITH_CUDA OFF)
 if(NOT ACCRUE_CUDA STREQUAL "OFF")
   if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND EXISTS /usr/local/cuda/bin/nvcc)
@@ -29,19 +30,6 @@ if(ACCRUE_WITH_CUDA)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
   find_package(CUDAToolkit REQUIRED)
   message(STATUS "accrue: CUDA backend ON (architectures: ${CMAKE_CUDA_ARCHITECTURES})")
-  # Listed by hand, like the C++ sources in CMakeLists.txt.
-  set(ACCRUE_CUDA_SOURCES
-    kernels/cuda/backend.cu
-    kernels/cuda/conv.cu
-    kernels/cuda/elementwise.cu
-    kernels/cuda/gemm.cu
-    kernels/cuda/index.cu
-    kernels/cuda/norm.cu
-    kernels/cuda/optim.cu
-    kernels/cuda/pool.cu
-    kernels/cuda/reduce.cu
-    kernels/cuda/runtime.cu
-    kernels/cuda/softmax.cu)
   # cuDNN 9 (convolutions) sits beside the toolkit in NVIDIA's images and packages; without it
   # the CUDA convolution primitives throw, saying so.
   find_path(ACCRUE_CUDNN_INCLUDE_DIR cudnn.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
@@ -57,15 +45,3 @@ if(ACCRUE_WITH_CUDA)
 else()
   message(STATUS "accrue: CUDA backend OFF (ACCRUE_CUDA=${ACCRUE_CUDA})")
 endif()
-
-function(accrue_configure_cuda_target target)
-  target_link_libraries(${target} PUBLIC CUDA::cudart PRIVATE CUDA::cublas CUDA::cublasLt)
-  target_compile_definitions(${target} PUBLIC ACCRUE_WITH_CUDA=1)
-  if(ACCRUE_WITH_CUDNN)
-    target_include_directories(${target} PRIVATE ${ACCRUE_CUDNN_INCLUDE_DIR})
-    target_link_libraries(${target} PRIVATE ${ACCRUE_CUDNN_LIBRARY})
-    target_compile_definitions(${target} PRIVATE ACCRUE_WITH_CUDNN=1)
-  endif()
-  target_compile_options(${target} PRIVATE
-    $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr --extended-lambda -Xcompiler=-Wall>)
-endfunction()

@@ -1,5 +1,5 @@
 // The plain parameters of the convolution, pooling and dropout ops, shared by the public ops
-// (core/ops.h) and the backends (kernels/backend.h). Read next: core/ops/conv.cpp.
+// (ops/ops.h) and the backends (kernels/backend.h). Read next: ops/conv.cpp.
 #pragma once
 
 #include <cstdint>

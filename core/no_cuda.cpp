@@ -1,5 +1,6 @@
-// The CUDA entry points of a build without CUDA (ACCRUE_CUDA=OFF or no nvcc): no devices, and a
-// clear error for anyone who asks for one. A CUDA build compiles kernels/cuda/ instead.
+// The CUDA runtime entry points of a build without CUDA (ACCRUE_CUDA=OFF or no nvcc): no
+// devices, and a clear error for anyone who asks for one. A CUDA build compiles
+// core/cuda/runtime.cu instead.
 #include "core/allocator.h"
 #include "core/cuda_seam.h"
 #include "core/device.h"
@@ -27,27 +28,14 @@ SystemMemory cuda_system_memory() {
   throw DeviceError("[cuda] " + cuda_unavailable_reason());
 }
 
-}  // namespace accrue
-
-namespace accrue {
-
-Backend& cuda_backend(int) {
-  throw DeviceError("[cuda] " + cuda_unavailable_reason());
-}
 void cuda_copy_bytes(void*, Device, const void*, Device, size_t) {
   throw DeviceError("[copy] " + cuda_unavailable_reason());
 }
 SystemMemory cuda_pinned_host_memory() {
   throw DeviceError("[pinned memory] " + cuda_unavailable_reason());
 }
-void cuda_copy_to_host_async(void*, const void*, Device, size_t) {
-  throw DeviceError("[copy] " + cuda_unavailable_reason());
-}
-void cuda_wait_copies_to_host(Device, bool) {
-  throw DeviceError("[copy] " + cuda_unavailable_reason());
-}
-void cuda_copy_from_host_async(void*, Device, const void*, size_t) {
-  throw DeviceError("[copy] " + cuda_unavailable_reason());
+void cuda_zero_bytes(void*, Device, size_t) {
+  throw DeviceError("[zero_] " + cuda_unavailable_reason());
 }
 
 }  // namespace accrue

@@ -1,14 +1,12 @@
-// Tensor and Storage: construction, views, copies and printing. Element work goes through the
-// device's backend (kernels/backend.h).
+// Tensor and Storage: construction, views, byte copies and printing. Copies and zeros go to
+// memcpy / memset on the CPU and to the CUDA runtime (core/cuda_seam.h) on a GPU.
 #include "core/tensor.h"
 
 #include <cstring>
 #include <iomanip>
 
 #include "core/allocator.h"
-#include "core/autograd.h"
 #include "core/cuda_seam.h"
-#include "kernels/backend.h"
 
 namespace accrue {
 
@@ -79,17 +77,9 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
 }
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
-  return full(shape, 0.0, dtype, device);
-}
-
-Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device) {
   Tensor t = empty(shape, dtype, device);
-  t.fill_(value);
+  t.zero_();
   return t;
-}
-
-Tensor Tensor::scalar(double value, DType dtype, Device device) {
-  return full({}, value, dtype, device);
 }
 
 template <typename T>
@@ -125,29 +115,6 @@ template Tensor Tensor::from_vector<bf16>(const Shape&, const std::vector<bf16>&
 template Tensor Tensor::from_vector<f16>(const Shape&, const std::vector<f16>&, Device);
 template std::vector<bf16> Tensor::to_vector<bf16>() const;
 template std::vector<f16> Tensor::to_vector<f16>() const;
-
-namespace {
-
-// A tensor of draws from a host distribution, converted to dtype and moved to device.
-template <typename Distribution>
-Tensor draw(const Shape& shape, Distribution dist, std::mt19937_64& rng, DType dtype,
-            Device device) {
-  std::vector<double> values(static_cast<size_t>(shape_numel(shape)));
-  for (double& v : values) v = dist(rng);
-  return Tensor::from_vector(shape, values).to(dtype).to(device);
-}
-
-}  // namespace
-
-Tensor Tensor::uniform(const Shape& shape, double low, double high, std::mt19937_64& rng,
-                       DType dtype, Device device) {
-  return draw(shape, std::uniform_real_distribution<double>(low, high), rng, dtype, device);
-}
-
-Tensor Tensor::normal(const Shape& shape, double mean, double std, std::mt19937_64& rng,
-                      DType dtype, Device device) {
-  return draw(shape, std::normal_distribution<double>(mean, std), rng, dtype, device);
-}
 
 int64_t Tensor::size(int64_t d) const {
   const int64_t n = dim();
@@ -232,7 +199,7 @@ Tensor Tensor::narrow(int64_t start, int64_t length) const {
 
 Tensor Tensor::clone() const {
   Tensor out = empty(shape(), dtype(), device());
-  backend_for(device()).copy(*this, out);
+  out.copy_(*this);
   return out;
 }
 
@@ -243,15 +210,12 @@ Tensor Tensor::to(Device target) const {
   return out;
 }
 
-Tensor Tensor::to(DType target) const {
-  if (target == dtype()) return *this;
-  Tensor out = empty(shape(), target, device());
-  backend_for(device()).cast(*this, out);
-  return out;
-}
-
-void Tensor::fill_(double value) {
-  backend_for(device()).fill(*this, value);
+void Tensor::zero_() {
+  if (device().is_cpu()) {
+    if (nbytes() > 0) std::memset(raw(), 0, nbytes());
+  } else {
+    cuda_zero_bytes(raw(), device(), nbytes());
+  }
   mark_modified();
 }
 
@@ -260,8 +224,8 @@ void Tensor::copy_(const Tensor& src) {
     throw ShapeError(
         str_cat("[copy_] source ", src.describe(), " does not match destination ", describe()));
   }
-  if (src.device() == device()) {
-    backend_for(device()).copy(src, *this);
+  if (src.device().is_cpu() && device().is_cpu()) {
+    if (nbytes() > 0 && src.raw() != raw()) std::memcpy(raw(), src.raw(), nbytes());
   } else {
     cuda_copy_bytes(raw(), device(), src.raw(), src.device(), nbytes());
   }
@@ -295,20 +259,6 @@ void Tensor::set_data(const Tensor& other) {
   }
   impl_->storage = other.impl_->storage;
   impl_->offset = other.impl_->offset;
-}
-
-void Tensor::backward() const {
-  run_backward(*this, Tensor());
-}
-void Tensor::backward(double seed) const {
-  if (numel() != 1) {
-    throw AutogradError(str_cat("[backward] a scalar seed needs a one-element output, got ",
-                                describe(), "; pass a seed tensor of that shape"));
-  }
-  run_backward(*this, Tensor::full(shape(), seed, dtype(), device()));
-}
-void Tensor::backward(const Tensor& seed) const {
-  run_backward(*this, seed);
 }
 
 std::ostream& operator<<(std::ostream& out, const Tensor& t) {

@@ -2,14 +2,13 @@
 // Storage block from the device's caching allocator. Tensors are handles: copying one shares the
 // data. Views (reshape, narrow on dim 0, the parameter arena's slices) share storage too.
 // Every tensor is contiguous; that keeps every kernel a flat loop over numel elements.
-// The autograd fields (requires_grad, grad, tape slot) are read by core/autograd.h.
-// Read next: core/autograd.h.
+// The autograd fields (requires_grad, grad, tape slot) are read by ops/autograd.h.
+// Read next: ops/autograd.h.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <ostream>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -64,7 +63,6 @@ struct TensorImpl {
   std::shared_ptr<TensorImpl> grad;
   uint64_t node_id = 0;    // the producing node's process-wide unique id (autograd.h)
   int64_t tape_slot = -1;  // -1: a leaf
-  bool in_arena = false;   // gathered by an optim::ParameterArena (a parameter joins one at most)
 };
 
 class Tensor {
@@ -72,14 +70,12 @@ class Tensor {
   Tensor() = default;
   explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
 
-  // Factories. Contents of empty() are unspecified.
+  // Factories. Contents of empty() are unspecified; zeros() are all-zero bytes, which is 0 in
+  // every dtype.
   static Tensor empty(const Shape& shape, DType dtype = DType::kFloat32,
                       Device device = Device::cpu());
   static Tensor zeros(const Shape& shape, DType dtype = DType::kFloat32,
                       Device device = Device::cpu());
-  static Tensor full(const Shape& shape, double value, DType dtype = DType::kFloat32,
-                     Device device = Device::cpu());
-  static Tensor scalar(double value, DType dtype = DType::kFloat32, Device device = Device::cpu());
   // Zeros in page-locked host memory (pinned_host_allocator(), core/allocator.h): a CPU tensor
   // that a GPU copies to and from asynchronously. The offloaded optimizer keeps its state here.
   static Tensor zeros_pinned(const Shape& shape, DType dtype = DType::kFloat32);
@@ -87,11 +83,6 @@ class Tensor {
   template <typename T>
   static Tensor from_vector(const Shape& shape, const std::vector<T>& values,
                             Device device = Device::cpu());
-  // Uniform in [low, high) / normal(mean, std), drawn on the host from `rng`.
-  static Tensor uniform(const Shape& shape, double low, double high, std::mt19937_64& rng,
-                        DType dtype = DType::kFloat32, Device device = Device::cpu());
-  static Tensor normal(const Shape& shape, double mean, double std, std::mt19937_64& rng,
-                       DType dtype = DType::kFloat32, Device device = Device::cpu());
 
   bool defined() const { return impl_ != nullptr; }
   // The accessors below throw ValueError on an undefined tensor (Tensor()).
@@ -121,14 +112,12 @@ class Tensor {
   // Rows [start, start + length) of dimension 0.
   Tensor narrow(int64_t start, int64_t length) const;
 
-  // New tensors.
+  // New tensors: byte copies (same dtype; kernels/factories.h to_dtype() converts).
   Tensor clone() const;
   Tensor to(Device device) const;
-  Tensor to(DType dtype) const;
 
   // In place. Each bumps the storage's version (see Storage::version).
-  void fill_(double value);
-  void zero_() { fill_(0.0); }
+  void zero_();
   void copy_(const Tensor& src);  // same shape and dtype; any devices
   // Records an in-place write made behind the tensor's back (a backend primitive that updates
   // it, such as the fused optimizer step).
@@ -144,11 +133,6 @@ class Tensor {
   // Points this tensor at other's memory (same shape and dtype): every handle sees the move.
   // The parameter arena uses it to gather parameters into one buffer.
   void set_data(const Tensor& other);
-  // Runs the tape backward from this tensor; see autograd.h.
-  void backward() const;
-  void backward(double seed) const;
-  void backward(const Tensor& seed) const;
-
   const std::shared_ptr<TensorImpl>& impl() const { return impl_; }
   bool same(const Tensor& o) const { return impl_ == o.impl_; }
 

@@ -6,7 +6,7 @@
 #include <memory>
 #include <mutex>
 
-#include "core/cuda_seam.h"
+#include "kernels/cuda_seam.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/trace.h"
 

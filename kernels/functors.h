@@ -323,6 +323,25 @@ struct SgdUpdate {
 
 namespace accrue {
 
+// The arguments of the fused optimizer passes (AdamUpdate, SgdUpdate below) and of the boundary
+// scalars; optim/ fills them from its settings.
+struct AdamArgs {
+  double lr, beta1, beta2, eps, weight_decay;
+  bool decoupled;  // AdamW: decay the parameter directly instead of adding it to the gradient
+};
+struct SgdArgs {
+  double lr, momentum, dampening, weight_decay;
+  bool nesterov;
+};
+// Loss scaling (PyTorch's GradScaler semantics, once per window): after an overflowing
+// window the scale is multiplied by backoff, after growth_interval clean windows in a row by
+// growth. dynamic = false keeps the scale fixed (it still divides the gradient).
+struct ScalerArgs {
+  bool dynamic = false;
+  double growth = 2.0, backoff = 0.5;
+  int growth_interval = 2000;
+};
+
 #define ACCRUE_ENUM_VALUE(functor, value) value,
 enum class UnaryOp { ACCRUE_UNARY_OPS(ACCRUE_ENUM_VALUE) };
 enum class BinaryOp { ACCRUE_BINARY_OPS(ACCRUE_ENUM_VALUE) };

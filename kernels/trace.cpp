@@ -26,10 +26,10 @@ void print(std::ostream& out, UnaryOp op) {
 void print(std::ostream& out, BinaryOp op) {
   out << op_name(op);
 }
-void print(std::ostream& out, const AdamParams& hp) {
+void print(std::ostream& out, const AdamArgs& hp) {
   out << (hp.decoupled ? "adamw" : "adam") << "{lr " << hp.lr << ", wd " << hp.weight_decay << "}";
 }
-void print(std::ostream& out, const SgdParams& hp) {
+void print(std::ostream& out, const SgdArgs& hp) {
   out << "sgd{lr " << hp.lr << ", momentum " << hp.momentum << "}";
 }
 void print(std::ostream& out, int64_t v) {
@@ -46,7 +46,7 @@ void print(std::ostream& out, const Pool2dGeometry& g) {
 void print(std::ostream& out, const DropoutKey& k) {
   out << "dropout{p " << k.p << ", seed " << k.seed << ", step " << k.step << "}";
 }
-void print(std::ostream& out, const LossScaling& s) {
+void print(std::ostream& out, const ScalerArgs& s) {
   out << (s.dynamic ? "dynamic" : "fixed") << " loss scale";
 }
 

@@ -1,7 +1,7 @@
 // Activation module forwards.
 #include "nn/activation.h"
 
-#include "core/ops.h"
+#include "ops/ops.h"
 
 namespace accrue::nn {
 

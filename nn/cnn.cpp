@@ -1,7 +1,7 @@
 // The MNIST CNN (see cnn.h).
 #include "nn/cnn.h"
 
-#include "core/ops.h"
+#include "ops/ops.h"
 
 namespace accrue::nn {
 

@@ -1,7 +1,7 @@
 // Convolution and pooling modules (see conv.h).
 #include "nn/conv.h"
 
-#include "core/ops.h"
+#include "ops/ops.h"
 #include "nn/init.h"
 
 namespace accrue::nn {

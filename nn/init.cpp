@@ -1,5 +1,6 @@
 // Seeded initialisation (see init.h).
 #include "nn/init.h"
+#include "kernels/factories.h"
 
 #include <cmath>
 
@@ -15,7 +16,7 @@ void manual_seed(uint64_t seed) {
 }
 
 void uniform_(Tensor& t, double bound) {
-  t.copy_(Tensor::uniform(t.shape(), -bound, bound, generator(), t.dtype(), t.device()));
+  t.copy_(uniform(t.shape(), -bound, bound, generator(), t.dtype(), t.device()));
 }
 
 double linear_init_bound(int64_t fan_in) {

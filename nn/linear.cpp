@@ -1,7 +1,7 @@
 // Linear layer construction and forward.
 #include "nn/linear.h"
 
-#include "core/ops.h"
+#include "ops/ops.h"
 #include "nn/init.h"
 
 namespace accrue::nn {

@@ -1,6 +1,6 @@
 // Linear: y = x W^T + b with PyTorch's layout (weight [out_features, in_features], bias
 // [out_features]) and default initialisation. Backward accumulates dW and db straight into the
-// gradient arena (core/ops/linear.cpp).
+// gradient arena (ops/linear.cpp).
 #pragma once
 
 #include "nn/module.h"

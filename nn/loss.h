@@ -3,7 +3,7 @@
 // driver seeds backward with 1 / (samples in the window). Mean is there for PyTorch parity.
 #pragma once
 
-#include "core/ops.h"
+#include "ops/ops.h"
 
 namespace accrue::nn {
 

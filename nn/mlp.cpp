@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "core/ops.h"
+#include "ops/ops.h"
 
 namespace accrue::nn {
 
@@ -25,7 +25,7 @@ Tensor MLP::forward(const Tensor& x) {
   for (size_t i = 0; i < layers_.size(); ++i) {
     const bool activated = i < activations_.size();
     if (activated && dynamic_cast<const ReLU*>(activations_[i].get()) != nullptr) {
-      // Linear + ReLU as one op (core/ops.h linear_relu): same results, fewer passes.
+      // Linear + ReLU as one op (ops/ops.h linear_relu): same results, fewer passes.
       h = linear_relu(h, layers_[i]->weight(), layers_[i]->bias());
       continue;
     }

@@ -1,7 +1,7 @@
 // Parameter registration and the recursive name walk of Module.
 #include "nn/module.h"
 
-#include "core/autograd.h"
+#include "ops/autograd.h"
 #include "core/error.h"
 
 namespace accrue::nn {

@@ -1,7 +1,7 @@
 // Normalisation and dropout modules (see norm.h).
 #include "nn/norm.h"
 
-#include "core/ops.h"
+#include "ops/ops.h"
 
 namespace accrue::nn {
 
@@ -26,11 +26,11 @@ BatchNorm2d::BatchNorm2d(int64_t num_features, double eps, double momentum, bool
     throw ValueError(str_cat("[BatchNorm2d] momentum must be in [0, 1], got ", momentum));
   }
   if (affine) {
-    weight_ = register_parameter("weight", Tensor::full({num_features}, 1.0, dtype));
+    weight_ = register_parameter("weight", full({num_features}, 1.0, dtype));
     bias_ = register_parameter("bias", Tensor::zeros({num_features}, dtype));
   }
   running_mean_ = register_buffer("running_mean", Tensor::zeros({num_features}, dtype));
-  running_var_ = register_buffer("running_var", Tensor::full({num_features}, 1.0, dtype));
+  running_var_ = register_buffer("running_var", full({num_features}, 1.0, dtype));
   // PyTorch keeps an int64; accrue's integer dtype is int32 (PyTorch loads it either way).
   num_batches_tracked_ = register_buffer("num_batches_tracked", Tensor::zeros({}, DType::kInt32));
   tracked_version_ = num_batches_tracked_.impl()->storage->version();
@@ -49,7 +49,7 @@ Tensor BatchNorm2d::forward(const Tensor& x) {
     if (num_batches_tracked_.impl()->storage->version() != tracked_version_) {
       tracked_ = static_cast<int64_t>(num_batches_tracked_.item());  // loaded since: read once
     }
-    num_batches_tracked_.fill_(static_cast<double>(++tracked_));
+    fill_(num_batches_tracked_, static_cast<double>(++tracked_));
     tracked_version_ = num_batches_tracked_.impl()->storage->version();
   }
   return batch_norm(x, weight_, bias_, running_mean_, running_var_, is_training(), momentum_, eps_);
@@ -63,7 +63,7 @@ GroupNorm::GroupNorm(int64_t num_groups, int64_t num_channels, double eps, bool 
   }
   check_eps("GroupNorm", eps);
   if (affine) {
-    weight_ = register_parameter("weight", Tensor::full({num_channels}, 1.0, dtype));
+    weight_ = register_parameter("weight", full({num_channels}, 1.0, dtype));
     bias_ = register_parameter("bias", Tensor::zeros({num_channels}, dtype));
   }
 }
@@ -86,7 +86,7 @@ LayerNorm::LayerNorm(std::vector<int64_t> normalized_shape, double eps, bool ele
   if (shape_.empty()) throw ValueError("[LayerNorm] normalized_shape is empty");
   check_eps("LayerNorm", eps);
   if (elementwise_affine) {
-    weight_ = register_parameter("weight", Tensor::full(shape_, 1.0, dtype));
+    weight_ = register_parameter("weight", full(shape_, 1.0, dtype));
     bias_ = register_parameter("bias", Tensor::zeros(shape_, dtype));
   }
 }

@@ -4,8 +4,9 @@
 #include <cmath>
 
 #include "core/allocator.h"
-#include "core/autograd.h"
 #include "kernels/backend.h"
+#include "kernels/factories.h"
+#include "ops/autograd.h"
 
 namespace accrue::optim {
 
@@ -140,17 +141,17 @@ void Accumulator::micro_step(int64_t samples, const std::function<Tensor()>& for
     if (optimizer_.loss_scaled()) {
       seed = Tensor::empty(loss.shape(), loss.dtype(), loss.device());
       backend_for(loss.device())
-          .expand_scalar(optimizer_.loss_scale().to(loss.dtype()), inv_n, seed);
+          .expand_scalar(to_dtype(optimizer_.loss_scale(), loss.dtype()), inv_n, seed);
     } else {
-      seed = Tensor::full(loss.shape(), inv_n, loss.dtype(), loss.device());
+      seed = full(loss.shape(), inv_n, loss.dtype(), loss.device());
     }
     const bool overlap = !buckets_.empty() && seen_samples_ + samples == local_samples_;
     if (overlap) {
       // The window's last backward: each bucket's all-reduce starts when its gradients are done.
       ScopedLeafReadyHook hook([this](const TensorImpl& leaf) { leaf_ready(leaf); });
-      loss.backward(seed);
+      backward(loss, seed);
     } else {
-      loss.backward(seed);
+      backward(loss, seed);
     }
   } catch (...) {
     abandon_window();

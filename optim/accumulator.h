@@ -21,7 +21,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
 #include "optim/window.h"
@@ -33,7 +33,7 @@ struct AccumulatorOptions {
   double base_lr = 1e-3;  // after batch scaling; the schedule multiplies it
   Schedule schedule;
   // The data-parallel ranks to all-reduce with at each boundary; null: this process alone.
-  dist::Communicator* comm = nullptr;
+  distributed::Communicator* comm = nullptr;
   // > 0: overlap the boundary's transfer with the window's last backward. The arena is cut into
   // buckets of about this many bytes in reverse layer order, and each bucket's all-reduce (with
   // several ranks) or copy to the host (one rank, offloaded optimizer: optim/offload.h) starts as

@@ -20,8 +20,8 @@ Adam::Adam(ParameterArena& arena, AdamOptions options, bool decoupled)
 }
 
 void Adam::update() {
-  const AdamParams hp{lr_,          options_.beta1,        options_.beta2,
-                      options_.eps, options_.weight_decay, decoupled_};
+  const AdamArgs hp{lr_,          options_.beta1,        options_.beta2,
+                    options_.eps, options_.weight_decay, decoupled_};
   backend_for(state_device()).adam_step(hp, boundary_, steps_, params_, grads_, m_, v_, working_);
 }
 

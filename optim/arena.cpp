@@ -1,9 +1,31 @@
 // Building the arenas: lay out offsets, copy values in, rebind parameters and their grads.
 #include "optim/arena.h"
 
+#include <mutex>
+#include <unordered_set>
+
 #include "core/error.h"
+#include "kernels/factories.h"
 
 namespace accrue::optim {
+
+namespace {
+
+// The parameters gathered by a live arena, process-wide: a parameter joins one arena at most.
+struct Members {
+  std::mutex mutex;
+  std::unordered_set<const TensorImpl*> impls;
+};
+Members& members() {
+  static Members m;
+  return m;
+}
+bool in_an_arena(const Tensor& p) {
+  std::lock_guard<std::mutex> lock(members().mutex);
+  return members().impls.count(p.impl().get()) > 0;
+}
+
+}  // namespace
 
 ParameterArena::ParameterArena(const std::vector<nn::NamedTensor>& params, int64_t shards) {
   if (params.empty()) throw ValueError("[ParameterArena] the model has no parameters");
@@ -16,7 +38,7 @@ ParameterArena::ParameterArena(const std::vector<nn::NamedTensor>& params, int64
   for (const auto& [name, p] : params) {
     // A second arena would move the parameter away from the first one, whose optimizer would
     // then update memory nobody reads.
-    if (p.impl()->in_arena) {
+    if (in_an_arena(p)) {
       throw ValueError(str_cat("[ParameterArena] parameter '", name,
                                "' already belongs to another ParameterArena; build one arena per "
                                "model and share it between optimizers"));
@@ -40,7 +62,10 @@ ParameterArena::ParameterArena(const std::vector<nn::NamedTensor>& params, int64
     value.copy_(p);
     p.set_data(value);
     p.set_grad(grads_.narrow(offsets[i], n).view(p.shape()));
-    p.impl()->in_arena = true;
+    {
+      std::lock_guard<std::mutex> lock(members().mutex);
+      members().impls.insert(p.impl().get());
+    }
     entries_.push_back({params[i].first, p, value, offsets[i]});
   }
 }
@@ -56,7 +81,7 @@ void ParameterArena::use_working_copy(DType dtype) {
     throw DTypeError(str_cat("[ParameterArena] a 16-bit working copy needs float32 master values, ",
                              "the parameters are ", dtype_name(params_.dtype())));
   }
-  working_ = params_.to(dtype);  // the padding stays zero
+  working_ = to_dtype(params_, dtype);  // the padding stays zero
   for (Entry& e : entries_) {
     // Every handle of the parameter now sees its slot of the working copy; its grad stays the
     // float32 view of the gradient arena.
@@ -89,7 +114,8 @@ std::vector<nn::NamedTensor> ParameterArena::named_masters() const {
 }
 
 ParameterArena::~ParameterArena() {
-  for (Entry& e : entries_) e.param.impl()->in_arena = false;
+  std::lock_guard<std::mutex> lock(members().mutex);
+  for (Entry& e : entries_) members().impls.erase(e.param.impl().get());
 }
 
 }  // namespace accrue::optim

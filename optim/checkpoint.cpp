@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/file.h"
+#include "kernels/factories.h"
 
 namespace accrue::optim {
 
@@ -107,7 +108,7 @@ Entry parse_entry(const std::string& name, const nlohmann::json& e, uint64_t dat
 // The index of the first non-finite value of a floating tensor on the host, or -1.
 int64_t first_nonfinite(const Tensor& t) {
   if (!is_floating(t.dtype())) return -1;
-  const Tensor host = t.to(Device::cpu()).to(DType::kFloat64);
+  const Tensor host = to_dtype(t.to(Device::cpu()), DType::kFloat64);
   const double* v = host.data<double>();
   for (int64_t i = 0; i < host.numel(); ++i) {
     if (!std::isfinite(v[i])) return i;
@@ -229,14 +230,14 @@ void load_parameters(nn::Module& module, const std::string& path) {
     const int64_t bad = is_floating(param.dtype()) ? first_nonfinite(it->second) : -1;
     if (bad >= 0) {
       throw FileError(str_cat("[load] ", path, ": tensor '", name, "' holds ",
-                              it->second.to(DType::kFloat64).data<double>()[bad], " at element ",
-                              bad, "; parameters must be finite"));
+                              to_dtype(it->second, DType::kFloat64).data<double>()[bad],
+                              " at element ", bad, "; parameters must be finite"));
     }
   }
   // Every check passed: only now is any parameter written.
   for (const auto& [name, param] : params) {
     Tensor target = param;
-    target.copy_(tensors.at(name).to(param.dtype()).to(param.device()));
+    target.copy_(to_dtype(tensors.at(name), param.dtype()).to(param.device()));
   }
 }
 

@@ -3,8 +3,8 @@
 
 #include <algorithm>
 
-#include "core/cuda_seam.h"
 #include "core/error.h"
+#include "optim/offload_copies.h"
 
 namespace accrue::optim {
 
@@ -31,7 +31,7 @@ void HostOffload::copy_range(int64_t begin, int64_t end) {
   const Tensor src = arena_.grads().narrow(begin, end - begin);
   Tensor dst = grads_.narrow(begin, end - begin);
   if (src.device().is_cuda()) {
-    cuda_copy_to_host_async(dst.raw(), src.raw(), src.device(), src.nbytes());
+    copy_to_host_async(dst.raw(), src.raw(), src.device(), src.nbytes());
     in_flight_ = true;
   } else {
     dst.copy_(src);
@@ -81,7 +81,7 @@ void HostOffload::fetch() {
 void HostOffload::wait(bool report_faults) {
   if (!in_flight_) return;
   in_flight_ = false;
-  cuda_wait_copies_to_host(device_, report_faults);
+  wait_copies_to_host(device_, report_faults);
 }
 
 void HostOffload::discard() {
@@ -100,7 +100,7 @@ void HostOffload::send(const Tensor& host, Tensor& device) {
     throw ShapeError(str_cat("[offload] cannot send ", host.describe(), " to ", device.describe()));
   }
   if (device.device().is_cuda()) {
-    cuda_copy_from_host_async(device.raw(), device.device(), host.raw(), host.nbytes());
+    copy_from_host_async(device.raw(), device.device(), host.raw(), host.nbytes());
     in_flight_ = true;
     device.mark_modified();
   } else {

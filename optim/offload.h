@@ -64,7 +64,8 @@ class HostOffload {
 
  private:
   void copy_range(int64_t begin, int64_t end);
-  // Waits for the copies in flight both ways; report_faults: see cuda_wait_copies_to_host.
+  // Waits for the copies in flight both ways; report_faults: see wait_copies_to_host
+  // (offload_copies.h).
   void wait(bool report_faults);
 
   ParameterArena& arena_;

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "kernels/backend.h"
+#include "kernels/factories.h"
 
 namespace accrue::optim {
 
@@ -42,7 +43,7 @@ void Optimizer::send_loss_scale() {
   offload_->send(scaler_.narrow(0, 1), device_scale_);
 }
 
-void Optimizer::shard(dist::Communicator& comm) {
+void Optimizer::shard(distributed::Communicator& comm) {
   if (stepped_) throw ValueError("[optimizer] shard() after the first step");
   if (offload_) {
     throw ValueError(
@@ -80,14 +81,14 @@ void Optimizer::set_loss_scaling(const LossScaling& scaling, double initial_scal
   scaling_ = scaling;
   // An offloaded scaler may still be read by its copy to the device: write it, never free it.
   if (!scaler_.defined()) scaler_ = state_zeros({2}, arena_.dtype());
-  scaler_.copy_(
-      Tensor::from_vector<double>({2}, {initial_scale, 0.0}, scaler_.device()).to(arena_.dtype()));
+  scaler_.copy_(to_dtype(Tensor::from_vector<double>({2}, {initial_scale, 0.0}, scaler_.device()),
+                         arena_.dtype()));
   send_loss_scale();
 }
 
 std::pair<double, double> Optimizer::scaler_state() const {
   if (!loss_scaled()) return {1.0, 0.0};
-  const std::vector<double> s = scaler_.to(DType::kFloat64).to_vector<double>();
+  const std::vector<double> s = to_dtype(scaler_, DType::kFloat64).to_vector<double>();
   return {s[0], s[1]};
 }
 
@@ -118,7 +119,9 @@ void Optimizer::step(double max_norm, double normalize) {
   } else {
     be.norm_sq(grads_, norm_sq_);
   }
-  be.boundary(norm_sq_, normalize, max_norm, scaling_, scaler_, boundary_, steps_);
+  const ScalerArgs scaler{scaling_.dynamic, scaling_.growth, scaling_.backoff,
+                          scaling_.growth_interval};
+  be.boundary(norm_sq_, normalize, max_norm, scaler, scaler_, boundary_, steps_);
   update();
   if (offload_) {
     offload_->push(report().skipped);  // the host knows the skip flag without a device read
@@ -178,7 +181,7 @@ void Optimizer::load_state(const std::map<std::string, Tensor>& state) {
 }
 
 StepReport Optimizer::report() const {
-  const Tensor host = boundary_.to(Device::cpu()).to(DType::kFloat64);
+  const Tensor host = to_dtype(boundary_.to(Device::cpu()), DType::kFloat64);
   const double* s = host.data<double>();
   return {s[0], s[1], s[2] != 0.0, s[3]};
 }

@@ -25,12 +25,21 @@
 #include <utility>
 #include <vector>
 
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 #include "kernels/backend.h"
 #include "optim/arena.h"
 #include "optim/offload.h"
 
 namespace accrue::optim {
+
+// Dynamic loss scaling (PyTorch's GradScaler semantics, once per window): after an overflowing
+// window the scale is multiplied by backoff, after growth_interval clean windows in a row by
+// growth. dynamic = false keeps the scale fixed (it still divides the gradient).
+struct LossScaling {
+  bool dynamic = false;
+  double growth = 2.0, backoff = 0.5;
+  int growth_interval = 2000;
+};
 
 struct StepReport {
   double grad_norm = 0;   // of the normalised gradient, before clipping
@@ -58,7 +67,7 @@ class Optimizer {
   // Shards the optimizer state over comm's ranks (before the first step; the arena's size must
   // be a multiple of the world size: ParameterArena(module, world_size)). Afterwards step()
   // takes the arena's unreduced gradient: do not all-reduce it first.
-  void shard(dist::Communicator& comm);
+  void shard(distributed::Communicator& comm);
   bool sharded() const { return comm_ != nullptr; }
   // The host side of an offloaded optimizer (the accumulator prefetches the gradient through
   // it), or null.
@@ -117,7 +126,7 @@ class Optimizer {
   // Offloaded: the device copy of the loss scale for the backward seed, sent after every change.
   void send_loss_scale();
   Tensor device_scale_;
-  dist::Communicator* comm_ = nullptr;
+  distributed::Communicator* comm_ = nullptr;
   bool stepped_ = false;
 };
 

@@ -18,8 +18,8 @@ SGD::SGD(ParameterArena& arena, SgdOptions options)
 }
 
 void SGD::update() {
-  const SgdParams hp{lr_, options_.momentum, options_.dampening, options_.weight_decay,
-                     options_.nesterov};
+  const SgdArgs hp{lr_, options_.momentum, options_.dampening, options_.weight_decay,
+                   options_.nesterov};
   backend_for(state_device()).sgd_step(hp, boundary_, steps_, params_, grads_, momentum_, working_);
 }
 

@@ -4,12 +4,12 @@
 // The trainer's handler must print rank 1's message and end both ranks within seconds.
 #include <iostream>
 
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 #include "mnist_fixture.h"
 
 int main() {
   using namespace accrue;
-  const dist::LaunchInfo info = dist::launch_info();
+  const distributed::LaunchInfo info = distributed::launch_info();
   const auto data = info.rank == 0 ? accrue::testing::make_dataset("abort", 512, 64)
                                    : accrue::testing::temp_dir("abort-empty");
   const std::string folder = data.string();

@@ -131,7 +131,7 @@ TEST(Accumulation, MeanOverKIsWrongForUnequalSizes) {
   const std::vector<int64_t> sizes{8, 56};
   int64_t start = 0;
   for (int64_t size : sizes) {
-    scale(loss_of(naive, range(start, start + size)), 1.0 / double(size)).backward(0.5);
+    backward(scale(loss_of(naive, range(start, start + size)), 1.0 / double(size)), 0.5);
     start += size;
   }
   EXPECT_GT(rel_error(naive.arena->grads(), reference), 1e-3);

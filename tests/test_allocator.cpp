@@ -127,7 +127,7 @@ TEST_P(AllocatorTest, TrainingLoopReachesSteadyState) {
   size_t baseline = 0;
   int64_t system_after_first = 0;
   for (int iter = 0; iter < 5; ++iter) {
-    cross_entropy(model(x), labels).backward(1.0 / 16);
+    backward(cross_entropy(model(x), labels), 1.0 / 16);
     adam.step(1.0);
     EXPECT_EQ(tape_size(), 0u);
     if (iter == 0) {

@@ -38,12 +38,12 @@ TEST(Autograd, BackwardEmptiesTheTapeAndFreesActivations) {
   w.set_requires_grad(true);
   Tensor x = random({32, 64}, 2, DType::kFloat32);
   // Warm the gradient buffer so its allocation is not counted below.
-  sum(matmul(x, w)).backward();
+  backward(sum(matmul(x, w)));
   const size_t baseline = alloc.stats().live_bytes;
   Tensor loss = sum(relu(matmul(relu(matmul(x, w)), w)));
   EXPECT_GT(alloc.stats().live_bytes, baseline);
   EXPECT_EQ(tape_size(), 5u);
-  loss.backward();
+  backward(loss);
   EXPECT_EQ(tape_size(), 0u);
   loss = Tensor();  // the only activation a caller still holds
   EXPECT_EQ(alloc.stats().live_bytes, baseline);
@@ -54,26 +54,26 @@ TEST(Autograd, ChainRuleThroughSharedIntermediates) {
   Tensor x = Tensor::from_vector<double>({3}, {1, -2, 0.5});
   x.set_requires_grad(true);
   Tensor h = scale(x, 2.0);
-  sum(add(mul(h, h), h)).backward();
+  backward(sum(add(mul(h, h), h)));
   EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{10, -14, 6}));
 }
 
 TEST(Autograd, SeedScalesTheGradient) {
   Tensor x = Tensor::from_vector<double>({2}, {1, 2});
   x.set_requires_grad(true);
-  sum(mul(x, x)).backward(0.25);
+  backward(sum(mul(x, x)), 0.25);
   EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{0.5, 1.0}));
   Tensor y = scale(x, 3.0);
-  y.backward(Tensor::from_vector<double>({2}, {1, -1}));
+  backward(y, Tensor::from_vector<double>({2}, {1, -1}));
   EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{3.5, -2.0}));
 }
 
 TEST(Autograd, LeafGradientBufferIsAccumulatedInPlace) {
   Tensor w = Tensor::from_vector<float>({2}, {1, 1});
   w.set_requires_grad(true);
-  Tensor buffer = Tensor::full({2}, 10.0);
+  Tensor buffer = full({2}, 10.0);
   w.set_grad(buffer);
-  sum(scale(w, 2.0)).backward();
+  backward(sum(scale(w, 2.0)));
   EXPECT_EQ(buffer.to_vector<float>(), (std::vector<float>{12, 12}));
   EXPECT_EQ(w.grad().raw(), buffer.raw());
 }
@@ -83,7 +83,7 @@ TEST(Autograd, UnusedBranchesGetNoGradient) {
   a.set_requires_grad(true);
   b.set_requires_grad(true);
   Tensor unused = relu(b);
-  sum(a).backward();
+  backward(sum(a));
   EXPECT_TRUE(a.grad().defined());
   EXPECT_FALSE(b.grad().defined());
   EXPECT_EQ(tape_size(), 0u);
@@ -116,7 +116,7 @@ TEST(Autograd, LeafReadyHookFiresOnceAfterTheLastContribution) {
       }
       if (&leaf == b.impl().get()) order.push_back("b");
     });
-    sum(y).backward();
+    backward(sum(y));
   }
   EXPECT_EQ(order, (std::vector<std::string>{"b", "w"}));
   EXPECT_EQ(w_grad_when_ready, w.grad().to_vector<double>()) << "reported before it was final";

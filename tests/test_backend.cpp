@@ -27,10 +27,10 @@ struct Maker {
   DType dtype;
   DType inputs = DType::kFloat64;
   Tensor uniform(const Shape& shape, uint64_t seed, double low = -1, double high = 1) const {
-    return random(shape, seed, DType::kFloat64, low, high).to(inputs).to(dtype).to(device);
+    return to_dtype(to_dtype(random(shape, seed, DType::kFloat64, low, high), inputs), dtype).to(device);
   }
   Tensor values(const Shape& shape, std::vector<double> v) const {
-    return Tensor::from_vector<double>(shape, v).to(inputs).to(dtype).to(device);
+    return to_dtype(to_dtype(Tensor::from_vector<double>(shape, v), inputs), dtype).to(device);
   }
   // The dtype an accumulating output takes: float32 under 16-bit inputs, else the row's own.
   DType accumulator() const { return is_half(dtype) ? DType::kFloat32 : dtype; }
@@ -126,7 +126,7 @@ std::vector<Row> rows() {
        }},
       {"axpy/into_float32",
        [](const Maker& m) {
-         Tensor y = random({kFlat}, 5).to(m.accumulator()).to(m.device);
+         Tensor y = to_dtype(random({kFlat}, 5), m.accumulator()).to(m.device);
          m.be().axpy(-0.75, m.uniform({kFlat}, 4), y);
          return Outputs{y};
        }},
@@ -163,14 +163,14 @@ std::vector<Row> rows() {
        }},
       {"sum_rows/into_float32",
        [](const Maker& m) {
-         Tensor out = random({kCols}, 9).to(m.accumulator()).to(m.device);
+         Tensor out = to_dtype(random({kCols}, 9), m.accumulator()).to(m.device);
          m.be().sum_rows(m.uniform({kRows, kCols}, 8), 1.0, 1.0, out);
          return Outputs{out};
        }},
       {"relu_bias_backward/into_float32",
        [](const Maker& m) {
          Tensor dz = m.empty({kRows, kCols});
-         Tensor dbias = random({kCols}, 10).to(m.accumulator()).to(m.device);
+         Tensor dbias = to_dtype(random({kCols}, 10), m.accumulator()).to(m.device);
          m.be().relu_bias_backward(m.uniform({kRows, kCols}, 8), m.uniform({kRows, kCols}, 9), dz,
                                    1.0, dbias);
          return Outputs{dz, dbias};
@@ -284,11 +284,11 @@ std::vector<Row> rows() {
       {"norm_sq/non_finite",
        [](const Maker& m) {
          Tensor g = m.uniform({kFlat}, 19).to(Device::cpu());
-         Tensor host = g.to(DType::kFloat64);
+         Tensor host = to_dtype(g, DType::kFloat64);
          host.data<double>()[7] = NAN;
          host.data<double>()[kFlat - 1] = INFINITY;
          Tensor out = m.empty({2});
-         m.be().norm_sq(host.to(m.dtype).to(m.device), out);
+         m.be().norm_sq(to_dtype(host, m.dtype).to(m.device), out);
          return Outputs{out.narrow(1, 1)};  // the count; the sum is NaN by design
        }},
   };
@@ -456,7 +456,7 @@ std::vector<Row> rows() {
              // accumulated into a float32 C with beta = 1
              Tensor a = m.uniform(ta ? Shape{kCols, 37} : Shape{37, kCols}, 25);
              Tensor b = m.uniform(tb ? Shape{45, kCols} : Shape{kCols, 45}, 26);
-             Tensor c = random({37, 45}, 27).to(m.accumulator()).to(m.device);
+             Tensor c = to_dtype(random({37, 45}, 27), m.accumulator()).to(m.device);
              m.be().gemm(ta, tb, 1.0, a, b, 1.0, c);
              return Outputs{c};
            }});
@@ -482,7 +482,7 @@ std::vector<Row> rows() {
                            Tensor out = m.empty({4});
                            Tensor steps = m.ints({4});
                            Tensor scaler = m.values({2}, {1024.0, 6.0});
-                           LossScaling ls;
+                           ScalerArgs ls;
                            ls.dynamic = dynamic;
                            ls.growth_interval = 7;
                            m.be().boundary(m.values({2}, {9.0 * 1024 * 1024, finite ? 0.0 : 2.0}),
@@ -499,7 +499,7 @@ std::vector<Row> rows() {
                          Tensor p = m.uniform({kFlat}, 28), g = m.uniform({kFlat}, 29);
                          Tensor mo = m.uniform({kFlat}, 30, -0.1, 0.1);
                          Tensor v = m.uniform({kFlat}, 31, 0.01, 1);
-                         const AdamParams hp{1e-2, 0.9, 0.999, 1e-8, 0.05, decoupled};
+                         const AdamArgs hp{1e-2, 0.9, 0.999, 1e-8, 0.05, decoupled};
                          Tensor none;
                          m.be().adam_step(hp, boundary_of(m, 0.7, skip), m.ints({3}), p, g, mo, v,
                                           none);
@@ -515,12 +515,12 @@ std::vector<Row> rows() {
                Tensor p = m.uniform({kFlat}, 28), g = m.uniform({kFlat}, 29);
                Tensor mo = m.uniform({kFlat}, 30, -0.1, 0.1);
                Tensor v = m.uniform({kFlat}, 31, 0.01, 1);
-               Tensor w = Tensor::full({kFlat}, 7.0, half, m.device);
-               const AdamParams hp{1e-2, 0.9, 0.999, 1e-8, 0.05, decoupled};
+               Tensor w = full({kFlat}, 7.0, half, m.device);
+               const AdamArgs hp{1e-2, 0.9, 0.999, 1e-8, 0.05, decoupled};
                m.be().adam_step(hp, boundary_of(m, 0.7, skip), m.ints({3}), p, g, mo, v, w);
-               const Tensor expect = skip ? Tensor::full({kFlat}, 7.0, half) : p.to(half);
-               return Outputs{p, sub(w.to(Device::cpu()).to(DType::kFloat64),
-                                     expect.to(Device::cpu()).to(DType::kFloat64))};
+               const Tensor expect = skip ? full({kFlat}, 7.0, half) : to_dtype(p, half);
+               return Outputs{p, sub(to_dtype(w.to(Device::cpu()), DType::kFloat64),
+                                     to_dtype(expect.to(Device::cpu()), DType::kFloat64))};
              }});
       }
     }
@@ -532,11 +532,11 @@ std::vector<Row> rows() {
            [=](const Maker& m) {
              Tensor p = m.uniform({kFlat}, 32), g = m.uniform({kFlat}, 33);
              Tensor buf = m.uniform({kFlat}, 34);
-             const SgdParams hp{1e-1, 0.9, 0.0, 1e-3, nesterov};
+             const SgdArgs hp{1e-1, 0.9, 0.0, 1e-3, nesterov};
              Tensor w = Tensor::empty({kFlat}, DType::kBFloat16, m.device);
              m.be().sgd_step(hp, boundary_of(m, 0.7, skip), m.ints({5}), p, g, buf, w);
-             const Tensor expect = p.to(DType::kBFloat16).to(DType::kFloat64).to(Device::cpu());
-             const Tensor diff = sub(w.to(DType::kFloat64).to(Device::cpu()), expect);
+             const Tensor expect = to_dtype(to_dtype(p, DType::kBFloat16), DType::kFloat64).to(Device::cpu());
+             const Tensor diff = sub(to_dtype(w, DType::kFloat64).to(Device::cpu()), expect);
              return skip ? Outputs{p, g, buf} : Outputs{p, g, buf, diff};
            }});
     }
@@ -560,7 +560,7 @@ TEST(Backend, EveryPrimitiveHasARow) {
 TEST(Backend, TracingDecoratorPrintsAndForwards) {
   std::ostringstream log;
   const auto tracer = make_tracing_backend(backend_for(Device::cpu()), log);
-  Tensor x = Tensor::full({2, 3}, 1.0), w = Tensor::full({4, 3}, 0.5), b = Tensor::full({4}, 1.0);
+  Tensor x = full({2, 3}, 1.0), w = full({4, 3}, 0.5), b = full({4}, 1.0);
   Tensor y = Tensor::empty({2, 4});
   tracer->linear_forward(x, w, b, false, y);
   tracer->unary(UnaryOp::kRelu, y, y);

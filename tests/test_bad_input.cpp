@@ -226,7 +226,7 @@ TEST(BadInput, LoadingRejectsUnknownNonFiniteAndIntegerTensors) {
 TEST(BadInput, AFailedSaveKeepsThePreviousFile) {
   const fs::path dir = temp_dir("atomic-save");
   const std::string path = (dir / "w.safetensors").string();
-  optim::save_safetensors(path, {{"small", Tensor::full({4}, 1.5)}});
+  optim::save_safetensors(path, {{"small", full({4}, 1.5)}});
   const auto good = read_file_bytes(path);
 
   signal(SIGXFSZ, SIG_IGN);  // a write past the limit fails with EFBIG instead of killing us
@@ -354,7 +354,7 @@ TEST(BadInput, CommandLineMistakesExitTwoBeforeReadingData) {
 TEST(BadInput, ARunWithoutAnyAppliedUpdateFails) {
   const fs::path data = make_dataset("all-skipped", 256, 32);
   nn::MLP huge({784, 32, 10});
-  for (Tensor p : huge.parameters()) p.fill_(1e38);
+  for (Tensor p : huge.parameters()) fill_(p, 1e38);
   const std::string init = (data / "huge.safetensors").string();
   optim::save_safetensors(init, huge.named_parameters());
   const std::string save = (data / "out.safetensors").string();

@@ -11,8 +11,8 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "dist/communicator.h"
-#include "dist/ops.h"
+#include "distributed/communicator.h"
+#include "distributed/ops.h"
 #include "mnist_fixture.h"
 #include "optim/checkpoint.h"
 #include "test_util.h"
@@ -20,38 +20,38 @@
 namespace accrue {
 namespace {
 
-dist::Communicator& comm() {
-  return dist::world();
+distributed::Communicator& comm() {
+  return distributed::world();
 }
 
 TEST(Dist, TheLauncherStartedTwoRanks) {
   ASSERT_EQ(comm().world_size(), 2) << "run under mpiexec -n 2";
   EXPECT_STREQ(comm().backend(), "mpi");
-  EXPECT_EQ(dist::launch_info().rank, comm().rank());
+  EXPECT_EQ(distributed::launch_info().rank, comm().rank());
 }
 
 TEST(Dist, CollectivesOnCpuTensors) {
   const int r = comm().rank();
   for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kInt32}) {
     // all_reduce_sum: rank r holds {r + 1, 10 (r + 1)} -> {3, 30}
-    Tensor t = Tensor::from_vector<double>({2}, {r + 1.0, 10.0 * (r + 1)}).to(dtype);
+    Tensor t = to_dtype(Tensor::from_vector<double>({2}, {r + 1.0, 10.0 * (r + 1)}), dtype);
     comm().all_reduce_sum(t);
-    EXPECT_EQ(t.to(DType::kFloat64).to_vector<double>(), (std::vector<double>{3, 30}))
+    EXPECT_EQ(to_dtype(t, DType::kFloat64).to_vector<double>(), (std::vector<double>{3, 30}))
         << dtype_name(dtype);
     // broadcast from rank 1
-    Tensor b = Tensor::from_vector<double>({3}, {double(r), 7, double(-r)}).to(dtype);
+    Tensor b = to_dtype(Tensor::from_vector<double>({3}, {double(r), 7, double(-r)}), dtype);
     comm().broadcast(b, 1);
-    EXPECT_EQ(b.to(DType::kFloat64).to_vector<double>(), (std::vector<double>{1, 7, -1}));
+    EXPECT_EQ(to_dtype(b, DType::kFloat64).to_vector<double>(), (std::vector<double>{1, 7, -1}));
     // all_gather: [2] per rank -> [4] in rank order
-    const Tensor mine = Tensor::from_vector<double>({2}, {10.0 * r, 10.0 * r + 1}).to(dtype);
+    const Tensor mine = to_dtype(Tensor::from_vector<double>({2}, {10.0 * r, 10.0 * r + 1}), dtype);
     Tensor all = Tensor::zeros({4}, dtype);
     comm().all_gather(mine, all);
-    EXPECT_EQ(all.to(DType::kFloat64).to_vector<double>(), (std::vector<double>{0, 1, 10, 11}));
+    EXPECT_EQ(to_dtype(all, DType::kFloat64).to_vector<double>(), (std::vector<double>{0, 1, 10, 11}));
     // reduce_scatter: [4] per rank, summed, rank r keeps elements [2r, 2r + 2)
-    const Tensor whole = Tensor::from_vector<double>({4}, {1, 2, 3, 4}).to(dtype);
+    const Tensor whole = to_dtype(Tensor::from_vector<double>({4}, {1, 2, 3, 4}), dtype);
     Tensor part = Tensor::zeros({2}, dtype);
     comm().reduce_scatter(whole, part);
-    EXPECT_EQ(part.to(DType::kFloat64).to_vector<double>(),
+    EXPECT_EQ(to_dtype(part, DType::kFloat64).to_vector<double>(),
               r == 0 ? (std::vector<double>{2, 4}) : (std::vector<double>{6, 8}));
   }
   comm().barrier();
@@ -66,8 +66,8 @@ TEST(Dist, NcclCollectivesOnCudaTensors) {
                  << (cuda_unavailable_reason().empty() ? ""
                                                        : " (" + cuda_unavailable_reason() + ")");
   }
-  const Device gpu = Device::cuda(dist::launch_info().local_rank);
-  dist::Communicator& nccl = dist::world_for(gpu);
+  const Device gpu = Device::cuda(distributed::launch_info().local_rank);
+  distributed::Communicator& nccl = distributed::world_for(gpu);
   EXPECT_STREQ(nccl.backend(), "nccl");
   const int r = comm().rank();
   Tensor t = Tensor::from_vector<double>({2}, {r + 1.0, 10.0 * (r + 1)}).to(gpu);
@@ -80,7 +80,7 @@ TEST(Dist, NcclCollectivesOnCudaTensors) {
   nccl.reduce_scatter(Tensor::from_vector<float>({4}, {1, 2, 3, 4}).to(gpu), part);
   EXPECT_EQ(part.to(Device::cpu()).to_vector<float>(),
             r == 0 ? (std::vector<float>{2, 4}) : (std::vector<float>{6, 8}));
-  Tensor started = Tensor::full({3}, 1.0, DType::kFloat32, gpu);
+  Tensor started = full({3}, 1.0, DType::kFloat32, gpu);
   nccl.start_all_reduce_sum(started);
   nccl.wait_all();
   EXPECT_EQ(started.to(Device::cpu()).to_vector<float>(), (std::vector<float>(3, 2.0f)));
@@ -102,7 +102,7 @@ TEST(Dist, BadCollectiveArgumentsNameTheOpAndTheTensors) {
   // Aliasing: all_gather in place from this rank's own slice works; any other overlap throws.
   Tensor whole = Tensor::from_vector<float>({4}, {0, 0, 0, 0});
   Tensor own = whole.narrow(2 * comm().rank(), 2);
-  own.fill_(float(comm().rank() + 1));
+  fill_(own, float(comm().rank() + 1));
   comm().all_gather(own, whole);
   EXPECT_EQ(whole.to_vector<float>(), (std::vector<float>{1, 1, 2, 2}));
   Tensor other = whole.narrow(2 * (1 - comm().rank()), 2);
@@ -123,12 +123,12 @@ double collective_gradcheck(const std::function<Tensor(const Tensor&)>& collecti
   const auto total_loss = [&](const Tensor& input) {
     NoGradGuard no_grad;
     Tensor l =
-        Tensor::full({1}, sum(mul(accrue::tanh(collective(input)), w)).item(), DType::kFloat64);
+        full({1}, sum(mul(accrue::tanh(collective(input)), w)).item(), DType::kFloat64);
     comm().all_reduce_sum(l);
     return l.item();
   };
   x.set_requires_grad(true);
-  sum(mul(accrue::tanh(collective(x)), w)).backward();
+  backward(sum(mul(accrue::tanh(collective(x)), w)));
   const std::vector<double> analytic = x.grad().to_vector<double>();
   double worst = 0;
   const double eps = 1e-6;
@@ -152,13 +152,13 @@ double collective_gradcheck(const std::function<Tensor(const Tensor&)>& collecti
 
 TEST(Dist, AllGatherIsDifferentiableAcrossRanks) {
   const double worst = collective_gradcheck(
-      [](const Tensor& x) { return dist::all_gather(x, comm()); }, {3, 2}, {6, 2});
+      [](const Tensor& x) { return distributed::all_gather(x, comm()); }, {3, 2}, {6, 2});
   EXPECT_LT(worst, 1e-8);
 }
 
 TEST(Dist, AllReduceSumIsDifferentiableAcrossRanks) {
   const double worst = collective_gradcheck(
-      [](const Tensor& x) { return dist::all_reduce_sum(x, comm()); }, {2, 3}, {2, 3});
+      [](const Tensor& x) { return distributed::all_reduce_sum(x, comm()); }, {2, 3}, {2, 3});
   EXPECT_LT(worst, 1e-8);
 }
 
@@ -187,7 +187,7 @@ Compared train_both(const std::string& precision, const std::string& name) {
   c.accum_steps = 2;
   c.save = (data / "dp.safetensors").string();  // written by rank 0
   out.dp = mnist::train(c, std::cout);
-  const auto single = dist::make_single_process();
+  const auto single = distributed::make_single_process();
   c.comm = single.get();
   c.accum_steps = 4;
   c.save = (data / "single.safetensors").string();

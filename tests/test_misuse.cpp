@@ -51,7 +51,7 @@ TEST(Misuse, BackwardOnAnotherThreadIsAnError) {
     v.set_requires_grad(true);
     Tensor unrelated = sum(relu(v));
     try {
-      loss.backward();
+      backward(loss);
     } catch (const AutogradError& e) {
       threw = true;
       message = e.what();
@@ -62,7 +62,7 @@ TEST(Misuse, BackwardOnAnotherThreadIsAnError) {
   EXPECT_TRUE(threw);
   EXPECT_NE(message.find("another thread"), std::string::npos) << message;
   EXPECT_FALSE(w.grad().defined());
-  loss.backward();  // on its own thread it still works
+  backward(loss);  // on its own thread it still works
   EXPECT_TRUE(w.grad().defined());
 }
 
@@ -83,15 +83,15 @@ TEST(Misuse, ModifyingASavedTensorBeforeBackwardIsAnError) {
   Tensor w = random({4, 3}, 2);
   w.set_requires_grad(true);
   Tensor loss = sum(linear(x, w, Tensor()));
-  x.fill_(0.5);
-  expect_error<AutogradError>([&] { loss.backward(); },
+  fill_(x, 0.5);
+  expect_error<AutogradError>([&] { backward(loss); },
                               {"[linear backward]", "float64[2, 3]", "modified in place"});
   EXPECT_EQ(tape_size(), 0u);
   // Saved outputs too: tanh saves y.
   Tensor y = accrue::tanh(w);
   Tensor total = sum(y);
   y.copy_(Tensor::zeros({4, 3}, DType::kFloat64));
-  expect_error<AutogradError>([&] { total.backward(); }, {"[tanh backward]"});
+  expect_error<AutogradError>([&] { backward(total); }, {"[tanh backward]"});
 }
 
 // The classic accumulation bug: an optimizer step between a forward and its backward.
@@ -103,7 +103,7 @@ TEST(Misuse, AnUpdateBetweenForwardAndBackwardIsAnError) {
   Tensor loss = cross_entropy(model(random({2, 3}, 3, DType::kFloat32)),
                               Tensor::from_vector<int32_t>({2}, {0, 1}));
   sgd.step();
-  expect_error<AutogradError>([&] { loss.backward(); }, {"backward]", "modified in place"});
+  expect_error<AutogradError>([&] { backward(loss); }, {"backward]", "modified in place"});
 }
 
 // NaN is not an activation's to hide: a ReLU passes it on (PyTorch does too), so NaN weights
@@ -212,7 +212,7 @@ TEST(Misuse, OptimizerHyperParametersMustBeFinite) {
 }
 
 // A world of three ranks that never communicates: enough to shard an optimizer in one process.
-struct ThreeRanks final : dist::Communicator {
+struct ThreeRanks final : distributed::Communicator {
   int rank() const override { return 1; }
   int world_size() const override { return 3; }
   int local_rank() const override { return 1; }

@@ -122,7 +122,7 @@ TEST(Launch, ReadsTheLaunchersEnvironment) {
   for (const Row& row : rows) {
     for (const char* v : vars) unsetenv(v);
     for (const auto& [k, v] : row.env) setenv(k, v, 1);
-    const dist::LaunchInfo info = dist::launch_info();
+    const distributed::LaunchInfo info = distributed::launch_info();
     EXPECT_EQ(info.launcher, row.launcher);
     EXPECT_EQ(info.rank, row.rank) << row.launcher;
     EXPECT_EQ(info.world_size, row.world) << row.launcher;
@@ -136,7 +136,7 @@ TEST(Launch, ReadsTheLaunchersEnvironment) {
   for (const auto& env : refused) {
     for (const char* v : vars) unsetenv(v);
     for (const auto& [k, v] : env) setenv(k, v, 1);
-    EXPECT_THROW(dist::launch_info(), ValueError) << env[0].first << "=" << env[0].second;
+    EXPECT_THROW(distributed::launch_info(), ValueError) << env[0].first << "=" << env[0].second;
   }
   for (const char* v : vars) unsetenv(v);
 }

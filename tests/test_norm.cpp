@@ -170,7 +170,7 @@ TEST(NormModules, EmptyBatchesGiveEmptyGradients) {
         p.set_grad(Tensor::zeros(p.shape(), p.dtype(), device));
       const Tensor x = Tensor::empty({0, 784}, DType::kFloat32, device);
       const Tensor labels = Tensor::empty({0}, DType::kInt32, device);
-      cross_entropy(model(x), labels).backward();
+      backward(cross_entropy(model(x), labels));
       for (auto& [name, p] : model.named_parameters()) {
         for (double v : as_doubles(p.grad())) ASSERT_EQ(v, 0.0) << name << " on " << device.str();
       }
@@ -216,7 +216,7 @@ TEST(Dropout, TheSameSeedGivesTheSameMasksForAnySplit) {
   }
   EXPECT_LT(rel_l2(grads[1], grads[0]), 1e-14);
 
-  const Tensor ones = Tensor::full({128, 64}, 1.0, DType::kFloat64);
+  const Tensor ones = full({128, 64}, 1.0, DType::kFloat64);
   const auto kept = [&](int64_t step) {
     return as_doubles(dropout(ones, {0.5, 7, step}, sample_ids));
   };

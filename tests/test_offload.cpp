@@ -64,7 +64,7 @@ Trainee make_trainee(const Variant& v, bool offload) {
     }
   }
   if (v.loss_scale > 0) {
-    LossScaling ls;
+    optim::LossScaling ls;
     ls.dynamic = true;
     ls.growth_interval = 3;
     s.optimizer->set_loss_scaling(ls, v.loss_scale);
@@ -74,7 +74,7 @@ Trainee make_trainee(const Variant& v, bool offload) {
   o.base_lr = v.opt == Opt::kSgd ? 0.05 : 3e-3;
   o.bucket_bytes = v.bucket_bytes;
   s.acc = std::make_unique<optim::Accumulator>(*s.optimizer, o);
-  s.x = random({96, 10}, 8, DType::kFloat64, -2, 2).to(v.working).to(v.device);
+  s.x = to_dtype(random({96, 10}, 8, DType::kFloat64, -2, 2), v.working).to(v.device);
   std::vector<int32_t> labels(96);
   for (int i = 0; i < 96; ++i) labels[i] = (i * 7 + i / 5) % 4;
   s.y = Tensor::from_vector<int32_t>({96}, labels, v.device);
@@ -288,7 +288,7 @@ TEST(Offload, MisuseIsRejectedWithTheReason) {
       {"sharding an offloaded optimizer",
        [&] {
          Trainee s = make_trainee(v, true);
-         s.optimizer->shard(dist::world());
+         s.optimizer->shard(distributed::world());
        },
        {"offloaded optimizer is not sharded"}},
       {"a prefetch outside the arena",

@@ -113,7 +113,7 @@ Dims layer_norm_shapes(int64_t r, int64_t c) {
 
 // Running statistics for a batch-norm case: made afresh inside each call.
 Tensor running(int64_t channels, double value, const Tensor& like) {
-  return Tensor::full({channels}, value, like.dtype(), like.device());
+  return full({channels}, value, like.dtype(), like.device());
 }
 
 // Sample indices 0 .. N-1 for a dropout case.
@@ -250,7 +250,7 @@ TEST_P(OpTable, EveryDeviceMatchesCpu) {
     }
     Tensor out = c.f(inputs);
     Tensor forward = out.clone();
-    weighted_sum(out).backward();
+    backward(weighted_sum(out));
     Inputs results{forward};
     for (auto& t : inputs) results.push_back(t.grad());
     return results;
@@ -295,7 +295,7 @@ TEST_P(OpTable, SixteenBitMatchesFloat64OnTheSameInputs) {
     Inputs inputs;
     for (size_t i = 0; i < shapes.size(); ++i) {
       inputs.push_back(
-          make_input(shapes[i], 17 + i, DType::kFloat64, size, Device::cpu()).to(DType::kBFloat16));
+          to_dtype(make_input(shapes[i], 17 + i, DType::kFloat64, size, Device::cpu()), DType::kBFloat16));
     }
     EXPECT_THROW(c.f(inputs), DTypeError) << c.name;
     return;
@@ -305,17 +305,16 @@ TEST_P(OpTable, SixteenBitMatchesFloat64OnTheSameInputs) {
     auto run = [&](DType dtype, Device device) {
       Inputs inputs;
       for (size_t i = 0; i < shapes.size(); ++i) {
-        Tensor t = make_input(shapes[i], 17 + i, DType::kFloat64, size, Device::cpu())
-                       .to(half)
-                       .to(dtype)
-                       .to(device);
+        Tensor t = to_dtype(
+            to_dtype(make_input(shapes[i], 17 + i, DType::kFloat64, size, Device::cpu()), half),
+            dtype).to(device);
         t.set_requires_grad(true);
         inputs.push_back(t);
       }
       Tensor out = c.f(inputs);
       Inputs results{out.clone()};
-      const Tensor w = random(out.shape(), 99, DType::kFloat64).to(half).to(dtype).to(device);
-      (out.numel() == 1 ? reshape(mul(out, w), {}) : sum(mul(out, w))).backward();
+      const Tensor w = to_dtype(to_dtype(random(out.shape(), 99, DType::kFloat64), half), dtype).to(device);
+      backward((out.numel() == 1 ? reshape(mul(out, w), {}) : sum(mul(out, w))));
       for (auto& t : inputs) results.push_back(t.grad());
       return results;
     };
@@ -348,7 +347,7 @@ TEST(Ops, ForwardValuesOnKnownInputs) {
   Tensor w = Tensor::from_vector<double>({2, 3}, {1, 0, 0, 0, 1, 1});
   Tensor b = Tensor::from_vector<double>({2}, {10, 20});
   EXPECT_EQ(linear(x, w, b).to_vector<double>(), (std::vector<double>{11, 21, 10, 19.5}));
-  EXPECT_NEAR(gelu(Tensor::scalar(1.0, DType::kFloat64)).item(), 0.8413447460685429, 1e-12);
+  EXPECT_NEAR(gelu(scalar(1.0, DType::kFloat64)).item(), 0.8413447460685429, 1e-12);
   // softmax cross-entropy of uniform logits over 4 classes is log(4) per row.
   Tensor logits = Tensor::zeros({3, 4}, DType::kFloat64);
   Tensor labels = Tensor::from_vector<int32_t>({3}, {0, 1, 3});
@@ -369,10 +368,10 @@ TEST(Ops, LeafGradientsAccumulateAcrossBackwardCalls) {
     w.set_requires_grad(true);
     b.set_requires_grad(true);
     Tensor labels = Tensor::from_vector<int32_t>({4}, {0, 1, 1, 0}, device);
-    cross_entropy(linear(x, w, b), labels).backward();
+    backward(cross_entropy(linear(x, w, b), labels));
     const Tensor w_once = w.grad().clone(), b_once = b.grad().clone();
     const void* buffer = w.grad().raw();
-    for (int i = 0; i < 2; ++i) cross_entropy(linear(x, w, b), labels).backward();
+    for (int i = 0; i < 2; ++i) backward(cross_entropy(linear(x, w, b), labels));
     EXPECT_EQ(w.grad().raw(), buffer) << "the gradient buffer must be reused in place";
     EXPECT_LT(max_rel_error(w.grad(), scale(w_once, 3.0)), 1e-6) << device.str();
     EXPECT_LT(max_rel_error(b.grad(), scale(b_once, 3.0)), 1e-6) << device.str();

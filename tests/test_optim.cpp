@@ -203,7 +203,7 @@ TEST(Arena, ParametersAndGradientsAreContiguousViews) {
   EXPECT_EQ(arena.size(), expected);
   EXPECT_EQ(model.parameter("0.weight").to_vector<float>(), w0) << "values survive the move";
   Tensor x = random({4, 3}, 1, DType::kFloat32);
-  sum(model(x)).backward();
+  backward(sum(model(x)));
   int nonzero = 0;
   for (float g : arena.grads().to_vector<float>()) nonzero += g != 0.0f;
   EXPECT_GT(nonzero, 10);

@@ -119,7 +119,7 @@ TEST_P(Conversion, TensorCastsAgreeWithTheScalarConversion) {
   const Tensor src = Tensor::from_vector<float>({int64_t(values.size())}, values);
   for (Device device : devices()) {
     for (DType via : {DType::kFloat32, DType::kFloat64}) {
-      const Tensor out = src.to(via).to(device).to(half).to(Device::cpu());
+      const Tensor out = to_dtype(to_dtype(src, via).to(device), half).to(Device::cpu());
       const uint16_t* bits = static_cast<const uint16_t*>(out.raw());
       for (size_t i = 0; i < values.size(); ++i) {
         if (std::isnan(values[i])) continue;
@@ -143,10 +143,10 @@ TEST_P(Conversion, GemmConversionsAgreeWithTheScalarOnes) {
     if (std::isfinite(v) && !(v == 0 && std::signbit(v))) finite.push_back(v);
   }
   const int64_t n = static_cast<int64_t>(finite.size());
-  const Tensor a = Tensor::from_vector<float>({n, 1}, finite).to(half);
+  const Tensor a = to_dtype(Tensor::from_vector<float>({n, 1}, finite), half);
   for (double factor : {1.0, 1.0 + std::ldexp(1.0, -11)}) {
-    const Tensor b = Tensor::full({1, 1}, factor, DType::kFloat32).to(half);
-    const float exact_factor = static_cast<float>(b.to(DType::kFloat64).item());
+    const Tensor b = to_dtype(full({1, 1}, factor, DType::kFloat32), half);
+    const float exact_factor = static_cast<float>(to_dtype(b, DType::kFloat64).item());
     for (Device device : devices()) {
       Tensor c = Tensor::empty({n, 1}, half, device);
       backend_for(device).gemm(false, false, 1.0, a.to(device), b.to(device), 0.0, c);
@@ -192,14 +192,14 @@ Mixed make_mixed(DType working, double scale, int64_t samples = 128, int growth_
   if (working != DType::kFloat32) s.arena->use_working_copy(working);
   s.adam = std::make_unique<optim::Adam>(*s.arena);
   if (scale > 0) {
-    LossScaling ls;
+    optim::LossScaling ls;
     ls.dynamic = !fixed;
     ls.growth_interval = growth_interval;
     s.adam->set_loss_scaling(ls, scale);
   }
   s.acc = std::make_unique<optim::Accumulator>(*s.adam, optim::AccumulatorOptions{});
   s.working = working;
-  s.x = random({samples, 12}, 3, DType::kFloat32, -2, 2).to(working).to(device);
+  s.x = to_dtype(random({samples, 12}, 3, DType::kFloat32, -2, 2), working).to(device);
   std::vector<int32_t> labels(static_cast<size_t>(samples));
   for (int64_t i = 0; i < samples; ++i) labels[i] = static_cast<int32_t>((i * 3 + i / 7) % 5);
   s.y = Tensor::from_vector<int32_t>({samples}, labels, device);
@@ -244,7 +244,7 @@ TEST(MixedPrecision, TheWorkingCopyIsTheMasterRoundedAndGradientsStayFloat32) {
       const optim::StepResult r = mixed_window(s, 0, 128, 32);
       ASSERT_FALSE(r.skipped);
       // After every update the working copy is exactly the master rounded once.
-      EXPECT_EQ(as_doubles(s.arena->working()), as_doubles(s.arena->params().to(half)))
+      EXPECT_EQ(as_doubles(s.arena->working()), as_doubles(to_dtype(s.arena->params(), half)))
           << dtype_name(half) << " step " << step;
     }
     EXPECT_EQ(s.arena->named_masters().front().second.dtype(), DType::kFloat32);
@@ -318,9 +318,9 @@ TEST(MixedPrecision, ScaleStepsOncePerWindowTheSameForOneAndEightMicroSteps) {
   for (int64_t k : {1, 8}) {
     Mixed s = make_mixed(DType::kFloat16, std::ldexp(1.0, 25), 64 * 12, 3);
     // Sample 64 * 6 + 5, in window 6, overflows float16 in the first layer.
-    Tensor host = s.x.to(DType::kFloat32);
-    host.narrow(64 * 6 + 5, 1).fill_(60000.0);
-    s.x = host.to(DType::kFloat16);
+    Tensor host = to_dtype(s.x, DType::kFloat32);
+    fill_(host.narrow(64 * 6 + 5, 1), 60000.0);
+    s.x = to_dtype(host, DType::kFloat16);
     std::vector<double> scale_of_step;
     std::vector<bool> skipped;
     for (int64_t w = 0; w < 12; ++w) {
@@ -368,7 +368,7 @@ TEST(MixedPrecision, EveryDeviceTrainsLikeTheCpu) {
       }
       EXPECT_LT(max_rel_error(dev.arena->params(), cpu.arena->params()), 1e-3) << device.str();
       EXPECT_EQ(as_doubles(dev.arena->working()),
-                as_doubles(dev.arena->params().to(Device::cpu()).to(half)));
+                as_doubles(to_dtype(dev.arena->params().to(Device::cpu()), half)));
     }
     ++compared;
   }
@@ -381,7 +381,7 @@ TEST(MixedPrecision, TheScaleNeverGrowsToInfinity) {
     Tensor scaler = Tensor::from_vector<float>({2}, {std::ldexp(1.0f, 127), 0.0f}, device);
     Tensor out = Tensor::empty({4}, DType::kFloat32, device);
     Tensor steps = Tensor::zeros({1}, DType::kInt32, device);
-    LossScaling ls;
+    ScalerArgs ls;
     ls.dynamic = true;
     ls.growth_interval = 1;
     const Tensor norm_sq = Tensor::from_vector<float>({2}, {1.0f, 0.0f}, device);
@@ -455,7 +455,7 @@ TEST(MixedPrecision, MisuseIsRejectedWithTheReason) {
          nn::Linear l(3, 2);
          optim::ParameterArena a(l);
          optim::Adam adam(a);
-         LossScaling ls;
+         optim::LossScaling ls;
          ls.dynamic = true;
          ls.backoff = 1.0;
          adam.set_loss_scaling(ls, 1024);
@@ -489,7 +489,7 @@ TEST(MixedPrecision, MisuseIsRejectedWithTheReason) {
 TEST(MixedPrecision, SafetensorsKeepBf16AndF16Bits) {
   const std::string path = ::testing::TempDir() + "accrue_half.safetensors";
   const Tensor values = random({5, 7}, 9, DType::kFloat32, -1000, 1000);
-  const Tensor bf = values.to(DType::kBFloat16), f = values.to(DType::kFloat16);
+  const Tensor bf = to_dtype(values, DType::kBFloat16), f = to_dtype(values, DType::kFloat16);
   optim::save_safetensors(path, {{"bf", bf}, {"f", f}});
   const auto loaded = optim::read_safetensors(path);
   EXPECT_EQ(loaded.at("bf").dtype(), DType::kBFloat16);

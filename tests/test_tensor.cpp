@@ -12,10 +12,10 @@ TEST(Tensor, FactoriesAndMetadata) {
   EXPECT_EQ(z.device(), Device::cpu());
   EXPECT_EQ(z.nbytes(), 24u);
   EXPECT_EQ(z.describe(), "float32[2, 3] on cpu");
-  EXPECT_EQ(Tensor::full({2}, 1.5, DType::kFloat64).to_vector<double>(),
+  EXPECT_EQ(full({2}, 1.5, DType::kFloat64).to_vector<double>(),
             (std::vector<double>{1.5, 1.5}));
-  EXPECT_EQ(Tensor::scalar(4.0).dim(), 0);
-  EXPECT_DOUBLE_EQ(Tensor::scalar(4.0).item(), 4.0);
+  EXPECT_EQ(scalar(4.0).dim(), 0);
+  EXPECT_DOUBLE_EQ(scalar(4.0).item(), 4.0);
 }
 
 TEST(Tensor, ViewsShareStorage) {
@@ -23,7 +23,7 @@ TEST(Tensor, ViewsShareStorage) {
   Tensor rows = t.narrow(1, 2);
   EXPECT_EQ(rows.shape(), (Shape{2, 2}));
   EXPECT_EQ(rows.to_vector<float>(), (std::vector<float>{2, 3, 4, 5}));
-  rows.fill_(9);
+  fill_(rows, 9);
   EXPECT_EQ(t.to_vector<float>(), (std::vector<float>{0, 1, 9, 9, 9, 9}));
   Tensor flat = t.view({6});
   EXPECT_EQ(flat.raw(), t.raw());
@@ -35,14 +35,14 @@ TEST(Tensor, ViewsShareStorage) {
 
 TEST(Tensor, CastsBetweenDtypes) {
   Tensor t = Tensor::from_vector<float>({3}, {1.5f, -2.0f, 3.25f});
-  EXPECT_EQ(t.to(DType::kFloat64).to_vector<double>(), (std::vector<double>{1.5, -2.0, 3.25}));
-  EXPECT_EQ(t.to(DType::kInt32).to_vector<int32_t>(), (std::vector<int32_t>{1, -2, 3}));
+  EXPECT_EQ(to_dtype(t, DType::kFloat64).to_vector<double>(), (std::vector<double>{1.5, -2.0, 3.25}));
+  EXPECT_EQ(to_dtype(t, DType::kInt32).to_vector<int32_t>(), (std::vector<int32_t>{1, -2, 3}));
 }
 
 TEST(Tensor, SetDataMovesEveryHandle) {
   Tensor a = Tensor::zeros({2});
   Tensor alias = a;
-  Tensor b = Tensor::full({2}, 7.0);
+  Tensor b = full({2}, 7.0);
   a.set_data(b);
   EXPECT_EQ(alias.to_vector<float>(), (std::vector<float>{7, 7}));
   EXPECT_EQ(alias.raw(), b.raw());

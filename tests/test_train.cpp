@@ -38,8 +38,8 @@ TEST(Train, MlpLearnsGaussianClusters) {
   const int64_t batch = 64;
   for (int epoch = 0; epoch < 20; ++epoch) {
     for (int64_t start = 0; start < 512; start += batch) {
-      loss_fn(model(train.x.narrow(start, batch)), train.y.narrow(start, batch))
-          .backward(1.0 / batch);
+      backward(loss_fn(model(train.x.narrow(start, batch)), train.y.narrow(start, batch)),
+               1.0 / batch);
       adam.step(1.0);
     }
   }

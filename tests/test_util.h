@@ -35,7 +35,7 @@ inline std::vector<Device> devices() {
   } while (0)
 
 inline std::vector<double> as_doubles(const Tensor& t) {
-  return t.to(Device::cpu()).to(DType::kFloat64).to_vector<double>();
+  return to_dtype(t.to(Device::cpu()), DType::kFloat64).to_vector<double>();
 }
 
 // max |a - b| / max(1, |b|) over all elements.
@@ -64,7 +64,7 @@ inline double rel_l2(const Tensor& a, const Tensor& b) {
 inline Tensor random(const Shape& shape, uint64_t seed, DType dtype = DType::kFloat64,
                      double low = -1.0, double high = 1.0) {
   std::mt19937_64 rng(seed);
-  return Tensor::uniform(shape, low, high, rng, dtype);
+  return uniform(shape, low, high, rng, dtype);
 }
 
 // Checks the gradients backward() gives for every input of f against central differences.
@@ -74,7 +74,7 @@ inline Tensor random(const Shape& shape, uint64_t seed, DType dtype = DType::kFl
 inline double gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f,
                         std::vector<Tensor> inputs, double eps = 1e-6, int64_t max_probes = 0) {
   for (auto& t : inputs) t.set_requires_grad(true);
-  f(inputs).backward();
+  backward(f(inputs));
   double worst = 0;
   for (size_t k = 0; k < inputs.size(); ++k) {
     Tensor analytic = inputs[k].grad();

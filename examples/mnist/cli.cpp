@@ -244,7 +244,7 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
     }
     c.shuffle = !no_shuffle;
     // The world size comes from the launcher's environment: no MPI call before the data is read.
-    const dist::LaunchInfo launch = dist::launch_info();
+    const distributed::LaunchInfo launch = distributed::launch_info();
     // Every k the run will use: one, or each of --accum-schedule's; with --memory-budget the
     // micro-batch is measured later, and only the effective batch is known here.
     std::vector<Config> variants{c};

@@ -5,6 +5,7 @@
 #include <random>
 
 #include "idx.h"
+#include "kernels/factories.h"
 
 namespace accrue::mnist {
 
@@ -36,7 +37,7 @@ Split load_split(const std::string& dir, const std::string& prefix, int64_t limi
     x[i] = (static_cast<float>(images.pixels[i]) / 255.0f - 0.1307f) / 0.3081f;
   }
   std::vector<int32_t> y(labels.begin(), labels.begin() + n);
-  return {Tensor::from_vector<float>({n, pixels}, x).to(dtype).to(device),
+  return {to_dtype(Tensor::from_vector<float>({n, pixels}, x), dtype).to(device),
           Tensor::from_vector<int32_t>({n}, y, device), image_path};
 }
 

@@ -187,7 +187,7 @@ size_t probe_micro_step(nn::Module& model, optim::ParameterArena& arena, const S
   {
     const nn::SampleKeys keys(0, 0, index);
     const Tensor logits = cast(model(gather_rows(train.images, index)), loss_dtype);
-    cross_entropy(logits, gather_rows(train.labels, index)).backward(1.0 / static_cast<double>(b));
+    backward(cross_entropy(logits, gather_rows(train.labels, index)), 1.0 / static_cast<double>(b));
   }
   const size_t peak = alloc.stats().peak_bytes - before;
   arena.zero_grad();
@@ -228,7 +228,7 @@ Summary train(const Config& config, std::ostream& out) {
   Config c = config;
   // Data parallel: every rank trains; rank 0 alone prints, writes metrics and saves. Each rank
   // takes the GPU of its local rank when the device is CUDA.
-  const dist::LaunchInfo launch = dist::launch_info();
+  const distributed::LaunchInfo launch = distributed::launch_info();
   if (c.device.is_cuda() && c.comm == nullptr && launch.world_size > 1) {
     // One GPU per rank. Under srun --gpus-per-task each rank sees one GPU: its cuda:0.
     const int visible = cuda_device_count();
@@ -238,7 +238,7 @@ Summary train(const Config& config, std::ostream& out) {
     }
     c.device = Device::cuda(visible == 1 ? 0 : launch.local_rank);
   }
-  dist::Communicator& comm = c.comm != nullptr ? *c.comm : dist::world_for(c.device);
+  distributed::Communicator& comm = c.comm != nullptr ? *c.comm : distributed::world_for(c.device);
   const bool lead = comm.rank() == 0;
   if (!lead) c.quiet = true;
   // --threads N fixes the team; 0 lets the tuner pick among 1, 2, 4, ..., every core by timing
@@ -329,7 +329,7 @@ Summary train(const Config& config, std::ostream& out) {
   if (!optimizer) optimizer = make_optimizer(c, arena, lr);
   if (c.zero) optimizer->shard(comm);
   if (scaling.on) {
-    LossScaling ls;
+    optim::LossScaling ls;
     ls.dynamic = scaling.dynamic;
     optimizer->set_loss_scaling(ls, scaling.initial);
   }
@@ -393,7 +393,7 @@ Summary train(const Config& config, std::ostream& out) {
       t.copy_(it->second.to(t.device()));
     }
     if (arena.working().defined()) {
-      arena.working().copy_(arena.params().to(arena.working().dtype()));
+      arena.working().copy_(to_dtype(arena.params(), arena.working().dtype()));
     }
     optimizer->load_state(saved.optimizer);
     acc.restore_clock(saved.position.step, saved.position.skipped);
@@ -469,7 +469,7 @@ Summary train(const Config& config, std::ostream& out) {
       if (r.skipped) {
         log(str_cat("step ", r.step, ": non-finite gradient, update skipped",
                     scaling.dynamic ? str_cat(" (loss scale ", r.loss_scale, " -> ",
-                                              r.loss_scale * LossScaling{}.backoff, ")")
+                                              r.loss_scale * optim::LossScaling{}.backoff, ")")
                                     : ""));
       }
       emit(metrics, {{"step", r.step},
@@ -596,9 +596,9 @@ namespace {
 // With several ranks, a failure on one must end them all, at once, rather than leave the others
 // waiting in the next all-reduce: the message names the rank, then the communicator aborts.
 int fail(std::ostream& err, const std::string& message, int code) {
-  dist::LaunchInfo info;
+  distributed::LaunchInfo info;
   try {
-    info = dist::launch_info();
+    info = distributed::launch_info();
   } catch (const std::exception&) {
   }
   err << "accrue-mnist: " << (info.world_size > 1 ? str_cat("rank ", info.rank, ": ") : "")
@@ -606,7 +606,7 @@ int fail(std::ostream& err, const std::string& message, int code) {
       << std::flush;
   if (info.world_size > 1) {
     try {
-      dist::world().abort(code);
+      distributed::world().abort(code);
     } catch (const std::exception&) {
     }
   }

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/device.h"
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 #include "optim/offload.h"
 #include "optim/window.h"
 
@@ -64,8 +64,8 @@ struct Config {
   std::string checkpoint, resume;
   int64_t checkpoint_every = 500;
   bool quiet = false;  // no progress output (tests)
-  // The data-parallel ranks; null: dist::world_for(device), from the launcher's environment.
-  dist::Communicator* comm = nullptr;
+  // The data-parallel ranks; null: distributed::world_for(device), from the launcher's environment.
+  distributed::Communicator* comm = nullptr;
 };
 
 struct Summary {

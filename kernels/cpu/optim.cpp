@@ -50,7 +50,7 @@ void fused_pass(const Tensor& boundary, Tensor& grad, const T* p, W* w, F update
 }  // namespace
 
 void CpuBackend::boundary(const Tensor& norm_sq, double normalize, double max_norm,
-                          const LossScaling& scaling, Tensor& scaler, Tensor& out, Tensor& steps) {
+                          const ScalerArgs& scaling, Tensor& scaler, Tensor& out, Tensor& steps) {
   ACCRUE_DISPATCH_FLOATING(norm_sq.dtype(), "boundary", [&] {
     const T* in = norm_sq.data<T>();
     fn::boundary_scalars<T>(in[0], in[1], normalize, max_norm, scaling,
@@ -59,7 +59,7 @@ void CpuBackend::boundary(const Tensor& norm_sq, double normalize, double max_no
   });
 }
 
-void CpuBackend::adam_step(const AdamParams& hp, const Tensor& boundary, const Tensor& steps,
+void CpuBackend::adam_step(const AdamArgs& hp, const Tensor& boundary, const Tensor& steps,
                            Tensor& param, Tensor& grad, Tensor& m, Tensor& v, Tensor& working) {
   const fn::AdamUpdate update = fn::AdamUpdate::at_step(hp, steps.data<int32_t>()[0]);
   ACCRUE_DISPATCH_FLOATING(param.dtype(), "adam_step", [&] {
@@ -74,7 +74,7 @@ void CpuBackend::adam_step(const AdamParams& hp, const Tensor& boundary, const T
   });
 }
 
-void CpuBackend::sgd_step(const SgdParams& hp, const Tensor& boundary, const Tensor& steps,
+void CpuBackend::sgd_step(const SgdArgs& hp, const Tensor& boundary, const Tensor& steps,
                           Tensor& param, Tensor& grad, Tensor& momentum, Tensor& working) {
   const fn::SgdUpdate update = fn::SgdUpdate::at_step(hp, steps.data<int32_t>()[0]);
   ACCRUE_DISPATCH_FLOATING(param.dtype(), "sgd_step", [&] {

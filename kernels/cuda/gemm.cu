@@ -7,6 +7,7 @@
 // cublasGemmEx and cuBLASLt with CUBLAS_COMPUTE_32F and float32 alpha and beta.
 #include <cublasLt.h>
 
+#include "kernels/cuda/cublas_check.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/launch.cuh"
 

@@ -8,7 +8,7 @@
 #include <cstdint>
 
 #include "core/tensor.h"
-#include "kernels/cuda/check.h"
+#include "core/cuda/check.h"
 #include "kernels/cuda/context.h"
 
 namespace accrue::cuda {

@@ -13,7 +13,7 @@ namespace {
 
 // p, g, m, v [n], w [n] (or no working copy); boundary [4] {norm, coef, skip, scale}; steps [1]
 template <typename T, typename W>
-__global__ void adam_kernel(AdamParams hp, const T* boundary, const int32_t* steps, T* p, T* g,
+__global__ void adam_kernel(AdamArgs hp, const T* boundary, const int32_t* steps, T* p, T* g,
                             T* m, T* v, W* w, int64_t n) {
   __shared__ fn::AdamUpdate update;
   if (threadIdx.x == 0) update = fn::AdamUpdate::at_step(hp, steps[0]);
@@ -57,7 +57,7 @@ __global__ void adam_kernel(AdamParams hp, const T* boundary, const int32_t* ste
 
 // p, g, buf [n], w [n] (or no working copy); boundary [4]; steps [1]
 template <typename T, typename W>
-__global__ void sgd_kernel(SgdParams hp, const T* boundary, const int32_t* steps, T* p, T* g,
+__global__ void sgd_kernel(SgdArgs hp, const T* boundary, const int32_t* steps, T* p, T* g,
                            T* buf, W* w, int64_t n) {
   const fn::SgdUpdate update = fn::SgdUpdate::at_step(hp, steps[0]);
   const bool skip = boundary[2] != T(0);
@@ -76,7 +76,7 @@ __global__ void sgd_kernel(SgdParams hp, const T* boundary, const int32_t* steps
 }  // namespace
 
 void CudaBackend::boundary(const Tensor& norm_sq, double normalize, double max_norm,
-                           const LossScaling& scaling, Tensor& scaler, Tensor& out, Tensor& steps) {
+                           const ScalerArgs& scaling, Tensor& scaler, Tensor& out, Tensor& steps) {
   ACCRUE_DISPATCH_FLOATING(norm_sq.dtype(), "boundary", [&] {
     const T* in = norm_sq.data<T>();
     T* sc = scaler.defined() ? scaler.data<T>() : nullptr;
@@ -92,7 +92,7 @@ void CudaBackend::boundary(const Tensor& norm_sq, double normalize, double max_n
   });
 }
 
-void CudaBackend::adam_step(const AdamParams& hp, const Tensor& boundary, const Tensor& steps,
+void CudaBackend::adam_step(const AdamArgs& hp, const Tensor& boundary, const Tensor& steps,
                             Tensor& param, Tensor& grad, Tensor& m, Tensor& v, Tensor& working) {
   ACCRUE_DISPATCH_FLOATING(param.dtype(), "adam_step", [&] {
     const int64_t n = param.numel();
@@ -105,7 +105,7 @@ void CudaBackend::adam_step(const AdamParams& hp, const Tensor& boundary, const 
   });
 }
 
-void CudaBackend::sgd_step(const SgdParams& hp, const Tensor& boundary, const Tensor& steps,
+void CudaBackend::sgd_step(const SgdArgs& hp, const Tensor& boundary, const Tensor& steps,
                            Tensor& param, Tensor& grad, Tensor& momentum, Tensor& working) {
   ACCRUE_DISPATCH_FLOATING(param.dtype(), "sgd_step", [&] {
     const int64_t n = param.numel();

@@ -8,9 +8,9 @@ int main() {
   nn::Linear layer(3, 2);
   optim::ParameterArena arena(layer);
   optim::SGD sgd(arena, {});
-  Tensor x = Tensor::full({4, 3}, 0.5);
+  Tensor x = full({4, 3}, 0.5);
   Tensor y = Tensor::from_vector<int32_t>({4}, {0, 1, 1, 0});
-  cross_entropy(layer(x), y).backward(0.25);
+  backward(cross_entropy(layer(x), y), 0.25);
   sgd.step();
   std::cout << "consumer ok: " << arena.size() << " arena elements\n";
   return 0;

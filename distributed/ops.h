@@ -4,9 +4,9 @@
 #pragma once
 
 #include "core/tensor.h"
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 
-namespace accrue::dist {
+namespace accrue::distributed {
 
 // x [n, ...] on each rank -> [world * n, ...], the ranks' x in rank order. Backward: the
 // gradient summed over ranks (each rank's loss read the whole gather), this rank's slice of it:
@@ -15,4 +15,4 @@ Tensor all_gather(const Tensor& x, Communicator& comm);
 // x -> the sum over ranks of x. Backward: the all-reduce of dy (every rank's loss read the sum).
 Tensor all_reduce_sum(const Tensor& x, Communicator& comm);
 
-}  // namespace accrue::dist
+}  // namespace accrue::distributed

@@ -1,5 +1,5 @@
 // The MPI communicator for CPU tensors (Open MPI). MPI is initialised on first use with
-// MPI_THREAD_FUNNELED (only the thread that first calls dist::world(), the main thread in
+// MPI_THREAD_FUNNELED (only the thread that first calls distributed::world(), the main thread in
 // practice, calls MPI; OpenMP threads never do) and finalised at exit. Errors return instead of
 // aborting (MPI_ERRORS_RETURN) and are thrown with MPI's own message and file:line, so the
 // trainer's handler can report them and abort every rank.
@@ -10,17 +10,17 @@
 #include <vector>
 
 #include "core/error.h"
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 
 #define ACCRUE_MPI_CHECK(call)                                                       \
   do {                                                                               \
     const int accrue_mpi_status = (call);                                            \
     if (accrue_mpi_status != MPI_SUCCESS) {                                          \
-      ::accrue::dist::throw_mpi_error(accrue_mpi_status, #call, __FILE__, __LINE__); \
+      ::accrue::distributed::throw_mpi_error(accrue_mpi_status, #call, __FILE__, __LINE__); \
     }                                                                                \
   } while (0)
 
-namespace accrue::dist {
+namespace accrue::distributed {
 
 [[noreturn]] void throw_mpi_error(int status, const char* call, const char* file, int line) {
   char text[MPI_MAX_ERROR_STRING];
@@ -152,4 +152,4 @@ std::unique_ptr<Communicator> make_mpi(const LaunchInfo& info) {
   return std::make_unique<Mpi>(info);
 }
 
-}  // namespace accrue::dist
+}  // namespace accrue::distributed

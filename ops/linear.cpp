@@ -5,10 +5,10 @@
 // kernels/backend.h.
 #include <memory>
 
-#include "core/autograd.h"
-#include "core/ops.h"
-#include "core/ops/check.h"
 #include "kernels/backend.h"
+#include "ops/autograd.h"
+#include "ops/check.h"
+#include "ops/ops.h"
 
 namespace accrue {
 

@@ -2,10 +2,10 @@
 // cross-entropy (sum reduction by default: the reduction gradient accumulation wants), argmax.
 #include <memory>
 
-#include "core/autograd.h"
-#include "core/ops.h"
-#include "core/ops/check.h"
 #include "kernels/backend.h"
+#include "ops/autograd.h"
+#include "ops/check.h"
+#include "ops/ops.h"
 
 namespace accrue {
 

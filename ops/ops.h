@@ -1,14 +1,16 @@
 // The public ops. Each validates its inputs (shape, dtype, device; errors name the op and the
 // values), allocates its output, calls the device backend, and records a backward node on the
-// tape when an input requires grad. Implementations live in core/ops/, one family per file.
+// tape when an input requires grad. Implementations live in ops/, one family per file. Read next:
+// ops/autograd.h.
 #pragma once
 
 #include "core/geometry.h"
 #include "core/tensor.h"
+#include "kernels/factories.h"
 
 namespace accrue {
 
-// Element-wise (core/ops/elementwise.cpp). a and b have the same shape.
+// Element-wise (ops/elementwise.cpp). a and b have the same shape.
 Tensor add(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
@@ -18,7 +20,7 @@ Tensor tanh(const Tensor& x);
 Tensor gelu(const Tensor& x);
 Tensor sigmoid(const Tensor& x);
 
-// Linear algebra (core/ops/linear.cpp).
+// Linear algebra (ops/linear.cpp).
 // a [M, K] @ b [K, N] -> [M, N]
 Tensor matmul(const Tensor& a, const Tensor& b);
 // x [N, C] + bias [C] -> [N, C]
@@ -31,11 +33,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 // the output is kept for backward. Bitwise the same results as the two ops.
 Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias);
 
-// Reductions (core/ops/reduce.cpp): every element -> a 0-d tensor.
+// Reductions (ops/reduce.cpp): every element -> a 0-d tensor.
 Tensor sum(const Tensor& x);
 Tensor mean(const Tensor& x);
 
-// Softmax family (core/ops/softmax.cpp). logits [N, C]; labels int32 [N] in [0, C).
+// Softmax family (ops/softmax.cpp). logits [N, C]; labels int32 [N] in [0, C).
 Tensor log_softmax(const Tensor& logits);
 enum class Reduction { kSum, kMean };
 // Fused softmax cross-entropy. kSum is what gradient accumulation wants: seed backward with
@@ -47,7 +49,7 @@ Tensor argmax(const Tensor& x);
 // Number of equal entries of two int32 [N] tensors, as an int64 on the host.
 int64_t count_equal(const Tensor& a, const Tensor& b);
 
-// Convolution and pooling, NCHW (core/ops/conv.cpp). conv2d: x [N, C, H, W], weight [O, C, KH,
+// Convolution and pooling, NCHW (ops/conv.cpp). conv2d: x [N, C, H, W], weight [O, C, KH,
 // KW], bias [O] or undefined -> [N, O, OH, OW] (groups = 1). Pooling windows never cross planes;
 // padding counts in the average (PyTorch's count_include_pad). flatten: [N, ...] -> [N, rest].
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
@@ -56,7 +58,7 @@ Tensor max_pool2d(const Tensor& x, const Pool2dGeometry& geometry);
 Tensor avg_pool2d(const Tensor& x, const Pool2dGeometry& geometry);
 Tensor flatten(const Tensor& x);
 
-// Normalisation and dropout (core/ops/norm.cpp), x [N, C, ...]. weight and bias may be
+// Normalisation and dropout (ops/norm.cpp), x [N, C, ...]. weight and bias may be
 // undefined (no affine). group_norm: statistics per sample and group of C / groups channels,
 // affine per channel. layer_norm: statistics per sample over everything but the batch
 // dimension, affine per element (weight and bias with x's shape less the batch dimension).
@@ -72,7 +74,7 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Ten
                   Tensor running_var, bool training, double momentum = 0.1, double eps = 1e-5);
 Tensor dropout(const Tensor& x, const DropoutKey& key, const Tensor& samples);
 
-// Shape, dtype and indexing (core/ops/shape.cpp).
+// Shape, dtype and indexing (ops/shape.cpp).
 // x converted to dtype (round to nearest even into 16 bits), recorded: the gradient comes back
 // converted to x's dtype. The same tensor when the dtype is x's already.
 Tensor cast(const Tensor& x, DType dtype);

@@ -7,10 +7,10 @@
 // (kernels/functors.h) from the key and each row's sample index. Read next: nn/conv.h.
 #include <memory>
 
-#include "core/autograd.h"
-#include "core/ops.h"
-#include "core/ops/check.h"
 #include "kernels/backend.h"
+#include "ops/autograd.h"
+#include "ops/check.h"
+#include "ops/ops.h"
 
 namespace accrue {
 

@@ -1,10 +1,11 @@
 // The tape, the grad mode flag and the backward walk. See autograd.h for the contract.
-#include "core/autograd.h"
+#include "ops/autograd.h"
 
 #include <atomic>
 #include <unordered_map>
 
 #include "kernels/backend.h"
+#include "kernels/factories.h"
 
 namespace accrue {
 
@@ -168,6 +169,22 @@ void GradSink::add(size_t i, const Tensor& g) {
   }
 }
 
+void backward(const Tensor& root) {
+  run_backward(root, Tensor());
+}
+
+void backward(const Tensor& root, double seed) {
+  if (root.numel() != 1) {
+    throw AutogradError(str_cat("[backward] a scalar seed needs a one-element output, got ",
+                                root.describe(), "; pass a seed tensor of that shape"));
+  }
+  run_backward(root, full(root.shape(), seed, root.dtype(), root.device()));
+}
+
+void backward(const Tensor& root, const Tensor& seed) {
+  run_backward(root, seed);
+}
+
 void run_backward(const Tensor& root, const Tensor& seed) {
   if (!root.defined() || !root.requires_grad()) {
     throw AutogradError(
@@ -180,7 +197,7 @@ void run_backward(const Tensor& root, const Tensor& seed) {
       throw AutogradError(str_cat("[backward] output has shape ", shape_str(root.shape()),
                                   "; a non-scalar output needs an explicit seed tensor"));
     }
-    grad = Tensor::full(root.shape(), 1.0, root.dtype(), root.device());
+    grad = full(root.shape(), 1.0, root.dtype(), root.device());
   } else if (grad.shape() != root.shape() || grad.dtype() != root.dtype() ||
              grad.device() != root.device()) {
     throw AutogradError(str_cat("[backward] seed ", grad.describe(), " does not match the output ",

@@ -11,8 +11,8 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "dist/communicator.h"
-#include "kernels/cuda/check.h"
+#include "distributed/communicator.h"
+#include "core/cuda/check.h"
 #include "kernels/cuda/context.h"
 
 #define ACCRUE_NCCL_CHECK(call)                                                             \
@@ -26,7 +26,7 @@
     }                                                                                       \
   } while (0)
 
-namespace accrue::dist {
+namespace accrue::distributed {
 namespace {
 
 ncclDataType_t nccl_type(const Tensor& t, const char* op) {
@@ -161,4 +161,4 @@ std::unique_ptr<Communicator> make_nccl(Communicator& bootstrap, int device) {
   return std::make_unique<Nccl>(bootstrap, device);
 }
 
-}  // namespace accrue::dist
+}  // namespace accrue::distributed

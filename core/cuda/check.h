@@ -1,8 +1,7 @@
-// Status checks for CUDA runtime and cuBLAS calls: a failure throws BackendError carrying the
-// library's own error string and the file:line of the call.
+// Status checks for CUDA runtime calls: a failure throws BackendError carrying the runtime's own
+// error string and the file:line of the call. cuBLAS's are in kernels/cuda/cublas_check.h.
 #pragma once
 
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <string>
@@ -17,12 +16,6 @@ namespace accrue::cuda {
                              cudaGetErrorName(status), ") at ", file, ":", line));
 }
 
-[[noreturn]] inline void throw_cublas(cublasStatus_t status, const char* call, const char* file,
-                                      int line) {
-  throw BackendError(str_cat("[cublas] ", call, " failed: ", cublasGetStatusString(status), " (",
-                             cublasGetStatusName(status), ") at ", file, ":", line));
-}
-
 }  // namespace accrue::cuda
 
 #define ACCRUE_CUDA_CHECK(call)                                              \
@@ -31,14 +24,6 @@ namespace accrue::cuda {
     if (accrue_status_ != cudaSuccess) {                                     \
       ::accrue::cuda::throw_cuda(accrue_status_, #call, __FILE__, __LINE__); \
     }                                                                        \
-  } while (0)
-
-#define ACCRUE_CUBLAS_CHECK(call)                                              \
-  do {                                                                         \
-    const cublasStatus_t accrue_status_ = (call);                              \
-    if (accrue_status_ != CUBLAS_STATUS_SUCCESS) {                             \
-      ::accrue::cuda::throw_cublas(accrue_status_, #call, __FILE__, __LINE__); \
-    }                                                                          \
   } while (0)
 
 // After a kernel launch: reports launch errors (bad configuration, no device) at once.

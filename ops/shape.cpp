@@ -3,10 +3,10 @@
 // cast: a recorded dtype conversion (mixed precision: 16-bit logits to float32 for the loss).
 #include <memory>
 
-#include "core/autograd.h"
-#include "core/ops.h"
-#include "core/ops/check.h"
 #include "kernels/backend.h"
+#include "ops/autograd.h"
+#include "ops/check.h"
+#include "ops/ops.h"
 
 namespace accrue {
 
@@ -22,7 +22,9 @@ struct ReshapeBackward : Node {
 struct CastBackward : Node {
   DType input_dtype;
   const char* name() const override { return "cast"; }
-  void backward(const Tensor& dy, GradSink& sink) override { sink.add(0, dy.to(input_dtype)); }
+  void backward(const Tensor& dy, GradSink& sink) override {
+    sink.add(0, to_dtype(dy, input_dtype));
+  }
 };
 
 }  // namespace
@@ -33,7 +35,7 @@ Tensor cast(const Tensor& x, DType dtype) {
     throw DTypeError(str_cat("[cast] ", x.describe(), " requires grad; casting it to ",
                              dtype_name(dtype), " would cut the gradient"));
   }
-  Tensor out = x.to(dtype);
+  Tensor out = to_dtype(x, dtype);
   if (dtype != x.dtype() && should_record({&x})) {
     auto node = std::make_unique<CastBackward>();
     node->input_dtype = x.dtype();

@@ -2,10 +2,10 @@
 // output gradient (times 1/numel for mean) back to the input's shape on the device.
 #include <memory>
 
-#include "core/autograd.h"
-#include "core/ops.h"
-#include "core/ops/check.h"
 #include "kernels/backend.h"
+#include "ops/autograd.h"
+#include "ops/check.h"
+#include "ops/ops.h"
 
 namespace accrue {
 

@@ -7,7 +7,7 @@
 // Gradients of leaves are accumulated in place into their persistent `grad` buffer (for
 // parameters, a view of the gradient arena). A node that can write its input gradient directly
 // (the weight-gradient GEMM with beta = 1) asks GradSink::accumulator() for that buffer; other
-// nodes hand a fresh tensor to GradSink::add(). Read next: core/ops/linear.cpp.
+// nodes hand a fresh tensor to GradSink::add(). Read next: ops/linear.cpp.
 #pragma once
 
 #include <functional>
@@ -99,6 +99,11 @@ void clear_tape();
 
 // Runs backward from `root` seeded with `seed` (undefined: 1, allowed only for one element).
 void run_backward(const Tensor& root, const Tensor& seed);
+// backward(loss): the tape backward from a one-element root seeded with 1; backward(loss, s)
+// with the value s; backward(out, seed) with a seed tensor of out's shape.
+void backward(const Tensor& root);
+void backward(const Tensor& root, double seed);
+void backward(const Tensor& root, const Tensor& seed);
 
 // Called during backward, on this thread, as soon as a leaf's gradient is final: no node left on
 // the tape will add to it. Data parallelism starts the all-reduce of a bucket of the gradient

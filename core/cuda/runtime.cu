@@ -1,15 +1,15 @@
-// The CUDA entry points core/ needs: device discovery (any driver error means "no GPU"),
-// cudaMalloc-backed system memory for the caching allocator, host <-> device copies, and the
-// per-device contexts.
+// The base layer's CUDA runtime (core/cuda_seam.h, core/cuda/runtime.h): device discovery (any
+// driver error means "no GPU"), cudaMalloc-backed system memory for the caching allocator,
+// pinned host memory, byte copies and zeroing, and each device's stream and fault record.
 #include <algorithm>
 #include <memory>
 #include <mutex>
 
 #include "core/allocator.h"
+#include "core/cuda/check.h"
+#include "core/cuda/runtime.h"
 #include "core/cuda_seam.h"
 #include "core/device.h"
-#include "kernels/cuda/check.h"
-#include "kernels/cuda/context.h"
 
 namespace accrue {
 
@@ -39,9 +39,9 @@ const Discovery& discovery() {
 // nullptr only when the device is out of memory: the caching allocator then frees its pool and
 // retries once, then throws naming the sizes. Any other error (a sticky one left by a faulting
 // kernel, say) is not an out-of-memory and throws at once with its own string and file:line.
-// Only the device is made current here, not its context: creating a context may itself release
-// the allocator's pool (context_malloc), so the allocator (whose lock is held here) must never
-// wait on the context's lock.
+// Only the device is made current here, not its runtime: creating one may itself release
+// the allocator's pool (runtime_malloc), so the allocator (whose lock is held here) must never
+// wait on the runtime's lock.
 void* device_allocate(size_t nbytes, int device) {
   ACCRUE_CUDA_CHECK(cudaSetDevice(device));
   void* ptr = nullptr;
@@ -66,7 +66,7 @@ std::string device_memory_info(int device) {
 
 // After a synchronisation of ctx's stream that followed enqueue_fault_readback(): throws the
 // first fault a kernel recorded (a bad device-resident index or label) and clears it.
-void check_faults(cuda::DeviceContext& ctx) {
+void check_faults(cuda::DeviceRuntime& ctx) {
   const cuda::DeviceFault f = *ctx.fault_host;
   if (f.op == cuda::kNoFault) return;
   ctx.fault_host->op = cuda::kNoFault;
@@ -77,7 +77,7 @@ void check_faults(cuda::DeviceContext& ctx) {
                            "; the results since then are not valid)"));
 }
 
-void enqueue_fault_readback(cuda::DeviceContext& ctx) {
+void enqueue_fault_readback(cuda::DeviceRuntime& ctx) {
   ACCRUE_CUDA_CHECK(cudaMemcpyAsync(ctx.fault_host, ctx.fault, sizeof(cuda::DeviceFault),
                                     cudaMemcpyDeviceToHost, ctx.stream));
 }
@@ -139,7 +139,7 @@ SystemMemory cuda_pinned_host_memory() {
 
 void synchronize(Device device) {
   if (!device.is_cuda()) return;
-  cuda::DeviceContext& ctx = cuda::context(device.index);
+  cuda::DeviceRuntime& ctx = cuda::runtime(device.index);
   enqueue_fault_readback(ctx);
   ACCRUE_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
   check_faults(ctx);
@@ -147,7 +147,7 @@ void synchronize(Device device) {
 
 std::string device_name(Device device) {
   if (device.is_cpu()) return cpu_model_name();
-  cuda::context(device.index);
+  cuda::runtime(device.index);
   cudaDeviceProp prop{};
   ACCRUE_CUDA_CHECK(cudaGetDeviceProperties(&prop, device.index));
   return prop.name;
@@ -157,13 +157,17 @@ void cuda_copy_bytes(void* dst, Device dst_device, const void* src, Device src_d
                      size_t nbytes) {
   if (nbytes == 0) return;
   const Device gpu = dst_device.is_cuda() ? dst_device : src_device;
-  cuda::DeviceContext& ctx = cuda::context(gpu.index);
+  cuda::DeviceRuntime& ctx = cuda::runtime(gpu.index);
+  if (dst_device == src_device) {  // within one device: stream order is enough
+    ACCRUE_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, ctx.stream));
+    return;
+  }
   cudaMemcpyKind kind = cudaMemcpyDeviceToDevice;
   if (dst_device.is_cpu()) kind = cudaMemcpyDeviceToHost;
   if (src_device.is_cpu()) kind = cudaMemcpyHostToDevice;
   if (dst_device.is_cuda() && src_device.is_cuda() && dst_device != src_device) {
     // The source is written on its own device's stream: the copy waits for that work first.
-    cuda::DeviceContext& src_ctx = cuda::context(src_device.index);
+    cuda::DeviceRuntime& src_ctx = cuda::runtime(src_device.index);
     cudaEvent_t written;
     ACCRUE_CUDA_CHECK(cudaEventCreateWithFlags(&written, cudaEventDisableTiming));
     const cudaError_t recorded = cudaEventRecord(written, src_ctx.stream);
@@ -171,7 +175,7 @@ void cuda_copy_bytes(void* dst, Device dst_device, const void* src, Device src_d
         recorded == cudaSuccess ? cudaStreamWaitEvent(ctx.stream, written, 0) : recorded;
     cudaEventDestroy(written);  // released once the wait has been satisfied
     ACCRUE_CUDA_CHECK(waited);
-    cuda::context(gpu.index);  // the destination device is current again
+    cuda::runtime(gpu.index);  // the destination device is current again
     ACCRUE_CUDA_CHECK(
         cudaMemcpyPeerAsync(dst, dst_device.index, src, src_device.index, nbytes, ctx.stream));
     // A fault on the source device belongs to its own next host read.
@@ -185,42 +189,16 @@ void cuda_copy_bytes(void* dst, Device dst_device, const void* src, Device src_d
   check_faults(ctx);
 }
 
-void cuda_copy_to_host_async(void* dst, const void* src, Device src_device, size_t nbytes) {
+void cuda_zero_bytes(void* dst, Device device, size_t nbytes) {
   if (nbytes == 0) return;
-  cuda::DeviceContext& ctx = cuda::context(src_device.index);
-  // The copy stream waits for what the compute stream has queued so far (the kernels that wrote
-  // these bytes), not for what it queues later.
-  ACCRUE_CUDA_CHECK(cudaEventRecord(ctx.copy_ready, ctx.stream));
-  ACCRUE_CUDA_CHECK(cudaStreamWaitEvent(ctx.copy_stream, ctx.copy_ready, 0));
-  ACCRUE_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, ctx.copy_stream));
-}
-
-void cuda_wait_copies_to_host(Device device, bool report_faults) {
-  cuda::DeviceContext& ctx = cuda::context(device.index);
-  ACCRUE_CUDA_CHECK(cudaStreamSynchronize(ctx.copy_stream));
-  if (!report_faults) {
-    ACCRUE_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
-    return;
-  }
-  // The host reads the gradient now: the kernels that made it report their faults first.
-  enqueue_fault_readback(ctx);
-  ACCRUE_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
-  check_faults(ctx);
-}
-
-void cuda_copy_from_host_async(void* dst, Device dst_device, const void* src, size_t nbytes) {
-  if (nbytes == 0) return;
-  cuda::DeviceContext& ctx = cuda::context(dst_device.index);
-  ACCRUE_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, ctx.stream));
+  cuda::DeviceRuntime& ctx = cuda::runtime(device.index);
+  ACCRUE_CUDA_CHECK(cudaMemsetAsync(dst, 0, nbytes, ctx.stream));
 }
 
 namespace cuda {
 
-namespace {
-
-// cudaMalloc for the context's own buffers, with the caching allocator's out-of-memory policy:
-// give the pool back and retry once, then throw OutOfMemoryError naming the sizes.
-void* context_malloc(int device, size_t nbytes) {
+void* runtime_malloc(int device, size_t nbytes, const char* what) {
+  ACCRUE_CUDA_CHECK(cudaSetDevice(device));
   void* ptr = nullptr;
   cudaError_t status = cudaMalloc(&ptr, nbytes);
   if (status == cudaErrorMemoryAllocation) {
@@ -231,19 +209,16 @@ void* context_malloc(int device, size_t nbytes) {
     if (status == cudaErrorMemoryAllocation) {
       cudaGetLastError();
       throw OutOfMemoryError(str_cat("[cuda] cuda:", device, ": out of memory allocating ", nbytes,
-                                     " bytes of context scratch (", device_memory_info(device),
-                                     ")"));
+                                     " bytes of ", what, " (", device_memory_info(device), ")"));
     }
   }
   ACCRUE_CUDA_CHECK(status);
   return ptr;
 }
 
-}  // namespace
-
-DeviceContext& context(int device) {
+DeviceRuntime& runtime(int device) {
   constexpr int kMaxDevices = 16;
-  static std::unique_ptr<DeviceContext> contexts[kMaxDevices];
+  static std::unique_ptr<DeviceRuntime> runtimes[kMaxDevices];
   static std::mutex mutex;
   if (device < 0 || device >= cuda_device_count() || device >= kMaxDevices) {
     throw DeviceError(str_cat("[cuda] device cuda:", device, " is not available (",
@@ -251,48 +226,21 @@ DeviceContext& context(int device) {
   }
   ACCRUE_CUDA_CHECK(cudaSetDevice(device));
   std::lock_guard<std::mutex> lock(mutex);
-  auto& slot = contexts[device];
+  auto& slot = runtimes[device];
   if (!slot) {
-    auto ctx = std::make_unique<DeviceContext>();
-    ctx->device = device;
-    ACCRUE_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
-    ACCRUE_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx->copy_stream, cudaStreamNonBlocking));
-    ACCRUE_CUDA_CHECK(cudaEventCreateWithFlags(&ctx->copy_ready, cudaEventDisableTiming));
-    ACCRUE_CUBLAS_CHECK(cublasCreate(&ctx->cublas));
-    ACCRUE_CUBLAS_CHECK(cublasSetStream(ctx->cublas, ctx->stream));
-    // A GEMM with a 16-bit C must sum split-K partials in float32, not in the output type.
-    ACCRUE_CUBLAS_CHECK(cublasSetMathMode(
-        ctx->cublas, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
-                                               CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
-    ACCRUE_CUBLAS_CHECK(cublasLtCreate(&ctx->cublas_lt));
-    ctx->reduce_partials = context_malloc(device, DeviceContext::kReducePartialBytes);
-    ctx->lt_workspace = context_malloc(device, DeviceContext::kLtWorkspaceBytes);
-    ctx->fault = static_cast<DeviceFault*>(context_malloc(device, sizeof(DeviceFault)));
-    ACCRUE_CUDA_CHECK(cudaMallocHost(&ctx->fault_host, sizeof(DeviceFault)));
-    *ctx->fault_host = DeviceFault{};
-    // On the context's own stream (non-blocking: the legacy default stream would not order it).
-    ACCRUE_CUDA_CHECK(cudaMemsetAsync(ctx->fault, 0, sizeof(DeviceFault), ctx->stream));
-    ACCRUE_CUDA_CHECK(cudaStreamSynchronize(ctx->stream));
-    slot = std::move(ctx);
+    auto rt = std::make_unique<DeviceRuntime>();
+    rt->device = device;
+    ACCRUE_CUDA_CHECK(cudaStreamCreateWithFlags(&rt->stream, cudaStreamNonBlocking));
+    rt->fault =
+        static_cast<DeviceFault*>(runtime_malloc(device, sizeof(DeviceFault), "fault record"));
+    ACCRUE_CUDA_CHECK(cudaMallocHost(&rt->fault_host, sizeof(DeviceFault)));
+    *rt->fault_host = DeviceFault{};
+    // On the device's own stream (non-blocking: the legacy default stream would not order it).
+    ACCRUE_CUDA_CHECK(cudaMemsetAsync(rt->fault, 0, sizeof(DeviceFault), rt->stream));
+    ACCRUE_CUDA_CHECK(cudaStreamSynchronize(rt->stream));
+    slot = std::move(rt);
   }
   return *slot;
-}
-
-void* row_scratch(DeviceContext& ctx, size_t nbytes) {
-  std::lock_guard<std::mutex> lock(ctx.mutex);
-  if (nbytes > ctx.row_scratch_bytes) {
-    const size_t grown = std::max(nbytes, 2 * ctx.row_scratch_bytes);
-    ACCRUE_CUDA_CHECK(cudaSetDevice(ctx.device));
-    if (ctx.row_scratch) {
-      ACCRUE_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));  // its last user may still run
-      ACCRUE_CUDA_CHECK(cudaFree(ctx.row_scratch));
-    }
-    ctx.row_scratch = nullptr;
-    ctx.row_scratch_bytes = 0;
-    ctx.row_scratch = context_malloc(ctx.device, grown);
-    ctx.row_scratch_bytes = grown;
-  }
-  return ctx.row_scratch;
 }
 
 }  // namespace cuda

@@ -1,6 +1,6 @@
 // The launcher's environment, the world of one process, and the choice of backend (see
 // communicator.h).
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 
 #include <cstdlib>
 #include <mutex>
@@ -8,13 +8,13 @@
 #include "core/error.h"
 #include "kernels/backend.h"
 
-namespace accrue::dist {
+namespace accrue::distributed {
 
 #ifdef ACCRUE_WITH_MPI
-std::unique_ptr<Communicator> make_mpi(const LaunchInfo& info);  // dist/mpi.cpp
+std::unique_ptr<Communicator> make_mpi(const LaunchInfo& info);  // distributed/mpi.cpp
 #endif
 #ifdef ACCRUE_WITH_NCCL
-std::unique_ptr<Communicator> make_nccl(Communicator& bootstrap, int device);  // dist/nccl.cu
+std::unique_ptr<Communicator> make_nccl(Communicator& bootstrap, int device);  // distributed/nccl.cu
 #endif
 
 namespace {
@@ -113,7 +113,7 @@ Communicator& world_for(Device device) {
   if (device.is_cpu() || cpu.world_size() == 1) return cpu;
 #ifdef ACCRUE_WITH_NCCL
   static std::mutex mutex;
-  static Communicator* nccl = nullptr;  // never destroyed: see dist/nccl.cu
+  static Communicator* nccl = nullptr;  // never destroyed: see distributed/nccl.cu
   static int nccl_device = -1;
   std::lock_guard<std::mutex> lock(mutex);
   if (nccl == nullptr) {
@@ -155,4 +155,4 @@ void check_gather(const char* op, const Tensor& in, const Tensor& out, int world
   }
 }
 
-}  // namespace accrue::dist
+}  // namespace accrue::distributed

@@ -1,7 +1,7 @@
 // Data-parallel communication: who this process is among the ranks of a job, and the collectives
 // the boundary step needs. Three backends behind one interface: the world of one process (no
-// library, every collective a no-op or a copy), MPI for CPU tensors (dist/mpi.cpp, Open MPI),
-// NCCL for CUDA tensors (dist/nccl.cu, its unique id bootstrapped over MPI). world() picks one
+// library, every collective a no-op or a copy), MPI for CPU tensors (distributed/mpi.cpp, Open MPI),
+// NCCL for CUDA tensors (distributed/nccl.cu, its unique id bootstrapped over MPI). world() picks one
 // from the launcher's environment: `mpirun -np N` (Open MPI: OMPI_COMM_WORLD_*), `srun`
 // (SLURM_STEP_NUM_TASKS, SLURM_PROCID, SLURM_LOCALID) or MPICH's mpiexec (PMI_SIZE, PMI_RANK).
 //
@@ -19,7 +19,7 @@
 
 #include "core/tensor.h"
 
-namespace accrue::dist {
+namespace accrue::distributed {
 
 // What the launcher says about this process (environment variables only: no library needed).
 struct LaunchInfo {
@@ -75,4 +75,4 @@ std::unique_ptr<Communicator> make_single_process();
 void check_gather(const char* op, const Tensor& in, const Tensor& out, int world_size,
                   int in_place_rank = -1);
 
-}  // namespace accrue::dist
+}  // namespace accrue::distributed

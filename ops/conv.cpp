@@ -1,13 +1,13 @@
 // conv2d, max_pool2d, avg_pool2d and flatten, NCHW. The convolution's backward accumulates the
 // filter and bias gradients straight into the parameters' gradient buffers (beta = 1, as the
 // Linear layers do) when they are leaves; the pooling backward nodes keep only what they need
-// (max: the argmax indices; average: nothing but the geometry). Read next: core/ops/norm.cpp.
+// (max: the argmax indices; average: nothing but the geometry). Read next: ops/norm.cpp.
 #include <memory>
 
-#include "core/autograd.h"
-#include "core/ops.h"
-#include "core/ops/check.h"
 #include "kernels/backend.h"
+#include "ops/autograd.h"
+#include "ops/check.h"
+#include "ops/ops.h"
 
 namespace accrue {
 

@@ -1,14 +1,14 @@
 // The differentiable collectives (see ops.h): forward through the communicator, a tape node
 // whose backward is the transposed collective.
-#include "dist/ops.h"
+#include "distributed/ops.h"
 
 #include <memory>
 
-#include "core/autograd.h"
+#include "ops/autograd.h"
 #include "core/error.h"
 #include "kernels/backend.h"
 
-namespace accrue::dist {
+namespace accrue::distributed {
 namespace {
 
 void check_input(const char* op, const Tensor& x) {
@@ -68,4 +68,4 @@ Tensor all_reduce_sum(const Tensor& x, Communicator& comm) {
   return out;
 }
 
-}  // namespace accrue::dist
+}  // namespace accrue::distributed
