@@ -15,14 +15,7 @@ Accumulator::Accumulator(Optimizer& optimizer, AccumulatorOptions options)
       options_(options),
       loss_sum_(Tensor::zeros({}, optimizer.arena().dtype(), optimizer.arena().device())) {
   if (std::isnan(options.max_norm)) throw ValueError("[accumulator] max_norm is NaN");
-  if (options_.bucket_bytes > 0 && (multi_rank() || optimizer_.offload() != nullptr)) {
-    if (optimizer_.sharded()) {
-      throw ValueError(
-          "[accumulator] overlapped all-reduce buckets and a sharded optimizer "
-          "(--zero 1, which reduce-scatters) do not combine");
-    }
-    plan_buckets();
-  }
+  if (options_.bucket_bytes > 0 && options_.gradients != nullptr) plan_buckets();
 }
 
 void Accumulator::plan_buckets() {
@@ -61,20 +54,10 @@ void Accumulator::leaf_ready(const TensorImpl& leaf) {
   start_ready_buckets();
 }
 
-bool Accumulator::multi_rank() const {
-  return options_.comm != nullptr && options_.comm->world_size() > 1;
-}
-
 void Accumulator::start_ready_buckets() {
   while (started_ < buckets_.size() && buckets_[started_].pending == 0) {
     const Bucket& b = buckets_[started_];
-    if (multi_rank()) {
-      // The offloaded optimizer's copy waits for the sum: step() fetches after wait_all().
-      Tensor range = optimizer_.arena().grads().narrow(b.begin, b.end - b.begin);
-      options_.comm->start_all_reduce_sum(range);
-    } else {
-      optimizer_.offload()->prefetch(b.begin, b.end);
-    }
+    options_.gradients->ready(b.begin, b.end);
     ++started_;
     ++(in_step_ ? at_step_ : overlapped_);
   }
@@ -147,7 +130,7 @@ void Accumulator::micro_step(int64_t samples, const std::function<Tensor()>& for
     }
     const bool overlap = !buckets_.empty() && seen_samples_ + samples == local_samples_;
     if (overlap) {
-      // The window's last backward: each bucket's all-reduce starts when its gradients are done.
+      // The window's last backward: each bucket goes to the consumer when its gradients are done.
       ScopedLeafReadyHook hook([this](const TensorImpl& leaf) { leaf_ready(leaf); });
       backward(loss, seed);
     } else {
@@ -178,28 +161,18 @@ StepResult Accumulator::step() {
   try {
     if (!buckets_.empty()) {
       // Buckets no backward finished (a rank with no samples in a short window, a parameter
-      // without gradient) start now, in order: all-reduces, waited for here, or copies to the
-      // host, which the optimizer's step completes. A failure abandons the window, which also
-      // clears in_step_.
-      if (optimizer_.sharded()) {
-        throw ValueError(
-            "[accumulator] the optimizer was sharded after the accumulator was "
-            "built with all-reduce buckets: the gradient would be summed twice");
-      }
+      // without gradient) go to the consumer now, in order. A failure abandons the window, which
+      // also clears in_step_.
       for (Bucket& b : buckets_) b.pending = 0;
-      in_step_ = true;  // counts the starts below as at the boundary
+      in_step_ = true;  // counts the hand-overs below as at the boundary
       start_ready_buckets();
       in_step_ = false;
-      if (multi_rank()) options_.comm->wait_all();
       reset_buckets();
-    } else if (multi_rank() && !optimizer_.sharded()) {
-      // The one exchange of the window: every rank's share of the window gradient, summed (a
-      // sharded optimizer reduce-scatters it itself).
-      options_.comm->all_reduce_sum(optimizer_.arena().grads());
     }
-    if (multi_rank()) options_.comm->all_reduce_sum(loss_sum_);
+    if (options_.gradients != nullptr) options_.gradients->finish();
+    if (options_.loss_reducer != nullptr) options_.loss_reducer->sum(loss_sum_);
     optimizer_.set_lr(r.lr);
-    optimizer_.step(options_.max_norm, 1.0);
+    optimizer_.step(options_.max_norm);
     // Reading the report waits for the device, after the whole step has been enqueued; it is
     // also where a fault a kernel recorded during the window is reported.
     report = optimizer_.report();
@@ -223,31 +196,22 @@ StepResult Accumulator::step() {
 
 Accumulator::~Accumulator() {
   try {
-    // All-reduces in flight write into the arena, which may go next; copies to the host started
-    // for an unfinished window would be skipped by the optimizer's next fetch.
-    if (started_ > 0 && multi_rank()) options_.comm->wait_all();
-    if (optimizer_.offload() != nullptr) optimizer_.offload()->discard();
+    // Work in flight writes into the arena, which may go next; copies to the host started for
+    // an unfinished window would be skipped by the optimizer's next fetch.
+    if (options_.gradients != nullptr) options_.gradients->abandon();
+    optimizer_.discard_window();
   } catch (...) {
   }
 }
 
 void Accumulator::abandon_window() {
-  // All-reduces in flight write into the arena: they finish before it is zeroed. If waiting
+  // Work in flight writes into the arena: it finishes before the arena is zeroed. If waiting
   // fails, the arena is left alone (the job is lost: the trainer aborts every rank).
-  bool arena_free = true;
-  if (started_ > 0 && multi_rank()) {
-    try {
-      options_.comm->wait_all();
-    } catch (...) {
-      arena_free = false;
-    }
-  }
-  if (optimizer_.offload() != nullptr) {
-    try {
-      optimizer_.offload()->discard();  // copies of this window's gradient to the host
-    } catch (...) {
-      arena_free = false;
-    }
+  bool arena_free = options_.gradients == nullptr || options_.gradients->abandon();
+  try {
+    optimizer_.discard_window();  // copies of this window's gradient to the host
+  } catch (...) {
+    arena_free = false;
   }
   if (!buckets_.empty()) reset_buckets();
   in_step_ = false;

@@ -5,13 +5,13 @@
 //      micro-batch sizes (this seed is the only place in accrue that normalises); with a loss
 //      scale S (Optimizer::set_loss_scaling) the seed is S / N_window, read on the device, and
 //      the optimizer's boundary step unscales, checks and moves S once for the whole window;
-//   2. at the boundary, with several data-parallel ranks, all-reduces the gradient arena and the
-//      loss sum once (never during micro-steps: N_window counts the samples of every rank, so
-//      the sum of the ranks' arenas is exactly the window's gradient); then sets the learning
-//      rate from the optimizer-step counter (the one clock) and runs the optimizer's fused step
-//      (norm -> clip -> update -> zero), the same on every rank on the same gradient; an
-//      offloaded optimizer (offload.h) runs it on the host, its gradient copied there bucket by
-//      bucket during the last backward.
+//   2. hands the window's gradient to its GradientConsumer (optim/seams.h), if any: bucket by
+//      bucket during the last micro-backward when buckets are planned, and finish() at the
+//      boundary (an all-reduce over data-parallel ranks, a reduce-scatter, a copy to the host;
+//      never during earlier micro-steps: N_window counts the samples of every rank, so the sum
+//      of the ranks' arenas is exactly the window's gradient), and the loss sum to its
+//      PartialSumReducer; then sets the learning rate from the optimizer-step clock and runs
+//      the optimizer's fused step (norm -> clip -> update -> zero).
 // It also measures what accumulation is for: the activation memory of one micro-step above
 // the baseline of parameters, gradients, optimizer state and data. Read next:
 // examples/mnist/trainer.cpp.
@@ -21,7 +21,6 @@
 #include <unordered_map>
 #include <vector>
 
-#include "distributed/communicator.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
 #include "optim/window.h"
@@ -32,12 +31,14 @@ struct AccumulatorOptions {
   double max_norm = 0.0;  // clip the window's gradient norm; <= 0: no clipping
   double base_lr = 1e-3;  // after batch scaling; the schedule multiplies it
   Schedule schedule;
-  // The data-parallel ranks to all-reduce with at each boundary; null: this process alone.
-  distributed::Communicator* comm = nullptr;
-  // > 0: overlap the boundary's transfer with the window's last backward. The arena is cut into
-  // buckets of about this many bytes in reverse layer order, and each bucket's all-reduce (with
-  // several ranks) or copy to the host (one rank, offloaded optimizer: optim/offload.h) starts as
-  // soon as backward has finished its gradients; step() waits for all. 0: all in step().
+  // Takes the window's gradient (optim/seams.h: an all-reduce, ZeRO's reduce-scatter, the
+  // offloaded optimizer's copy to the host); null: the optimizer reads the arena as it is.
+  GradientConsumer* gradients = nullptr;
+  // Sums the window's loss over the processes; null: this process alone.
+  PartialSumReducer* loss_reducer = nullptr;
+  // > 0 (with a consumer): overlap the consumer's work with the window's last backward. The
+  // arena is cut into buckets of about this many bytes in reverse layer order, and each bucket
+  // goes to the consumer as soon as backward has finished its gradients. 0: all at the boundary.
   size_t bucket_bytes = 0;
 };
 
@@ -62,7 +63,7 @@ struct MemoryStats {
 class Accumulator {
  public:
   Accumulator(Optimizer& optimizer, AccumulatorOptions options);
-  ~Accumulator();  // waits for all-reduces still in flight
+  ~Accumulator();  // the consumer waits for work still in flight
   Accumulator(const Accumulator&) = delete;
   Accumulator& operator=(const Accumulator&) = delete;
 
@@ -92,7 +93,7 @@ class Accumulator {
   const MemoryStats& memory() const { return memory_; }
   size_t last_micro_live_bytes() const { return last_live_; }  // live bytes after a micro-step
   int64_t skipped_steps() const { return skipped_; }
-  // Buckets whose all-reduce started during a backward (overlapped), and in step(), so far.
+  // Buckets handed to the consumer during a backward (overlapped), and in step(), so far.
   int64_t buckets_overlapped() const { return overlapped_; }
   int64_t buckets_at_step() const { return at_step_; }
 
@@ -108,15 +109,14 @@ class Accumulator {
   MemoryStats memory_;
   size_t last_live_ = 0;
 
-  // Overlapped all-reduce (bucket_bytes > 0): arena ranges in reverse layer order, the number of
-  // parameters of each still to finish, and how many have been started (always a prefix, so
-  // every rank starts them in the same order).
+  // Buckets (bucket_bytes > 0): arena ranges in reverse layer order, the number of parameters of
+  // each still to finish, and how many have gone to the consumer (always a prefix, so every
+  // rank hands them over in the same order).
   struct Bucket {
     int64_t begin, end;  // in arena elements
     int params;          // parameters in the bucket
     int pending;         // of which backward has not finished yet
   };
-  bool multi_rank() const;
   void plan_buckets();
   void leaf_ready(const TensorImpl& leaf);
   void start_ready_buckets();

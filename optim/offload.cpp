@@ -108,4 +108,13 @@ void HostOffload::send(const Tensor& host, Tensor& device) {
   }
 }
 
+bool HostOffload::abandon() {
+  try {
+    discard();
+  } catch (...) {
+    return false;
+  }
+  return true;
+}
+
 }  // namespace accrue::optim

@@ -9,9 +9,9 @@
 //      on the CPU backend, over the host gradient;
 //   3. push() copies the updated weights back: the 16-bit working copy the fused pass wrote on
 //      the host (2 bytes a parameter) or the masters themselves (4), without waiting.
-// On a GPU the copies are asynchronous (kernels/cuda/runtime.cu: a copy stream for the gradient,
-// the compute stream for the weights); with the model on the CPU they are memcpys done at once,
-// so the whole path runs and is tested without a GPU. Read next: optimizer.h.
+// On a GPU the copies are asynchronous (optim/cuda/offload_copies.cu: a copy stream for the
+// gradient, the compute stream for the weights); with the model on the CPU they are memcpys done at
+// once, so the whole path runs and is tested without a GPU. Read next: optimizer.h.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "optim/arena.h"
+#include "optim/seams.h"
 
 namespace accrue::optim {
 
@@ -31,14 +32,15 @@ struct OffloadTraffic {
   int64_t fetched_at_step = 0;  // copies started by fetch() (at the boundary)
 };
 
-class HostOffload {
+// Also the accumulator's GradientConsumer on one rank: ready() prefetches a finished bucket.
+class HostOffload : public GradientConsumer {
  public:
   // The arena's masters must be offloaded (ParameterArena::offload_masters) and one window's
   // gradient not yet started.
   explicit HostOffload(ParameterArena& arena);
   // Waits for every copy in flight (the host buffers go back to the pinned pool, which may hand
   // them out at once).
-  ~HostOffload();
+  ~HostOffload() override;
   HostOffload(const HostOffload&) = delete;
   HostOffload& operator=(const HostOffload&) = delete;
 
@@ -54,6 +56,11 @@ class HostOffload {
   void fetch();
   // Waits for copies in flight and forgets them: the window was abandoned.
   void discard();
+  // GradientConsumer: ready() is prefetch(); the optimizer's step fetches the rest, so finish()
+  // has nothing to do; abandon() is discard(), false when waiting failed.
+  void ready(int64_t begin, int64_t end) override { prefetch(begin, end); }
+  void finish() override {}
+  bool abandon() override;
   // Sends the updated weights to the device copy the model computes with (nothing if skipped).
   void push(bool skipped);
   // Copies a host tensor to a device tensor of the same shape and dtype without waiting (the

@@ -43,25 +43,26 @@ void Optimizer::send_loss_scale() {
   offload_->send(scaler_.narrow(0, 1), device_scale_);
 }
 
-void Optimizer::shard(distributed::Communicator& comm) {
-  if (stepped_) throw ValueError("[optimizer] shard() after the first step");
+void Optimizer::restrict_to_slice(int64_t offset, int64_t n) {
+  if (stepped_) throw ValueError("[optimizer] restrict_to_slice() after the first step");
   if (offload_) {
     throw ValueError(
         "[optimizer] an offloaded optimizer is not sharded (ZeRO stage 1 with offloading is not "
-        "built yet): offload or shard, not both");
+        "supported): offload or shard, not both");
   }
-  const int64_t world = comm.world_size();
-  if (arena_.size() % world != 0) {
-    throw ValueError(str_cat("[optimizer] an arena of ", arena_.size(), " elements does not split ",
-                             "into ", world, " equal shards; build it with ParameterArena(module, ",
-                             world, ")"));
+  if (offset < 0 || n <= 0 || n > arena_.size() - offset) {
+    throw ValueError(str_cat("[optimizer] slice [", offset, ", ", offset + n,
+                             ") is not inside an arena of ", arena_.size(), " elements"));
   }
-  const int64_t n = arena_.size() / world;
-  comm_ = &comm;
-  params_ = arena_.params().narrow(comm.rank() * n, n);
+  slice_offset_ = offset;
+  params_ = arena_.params().narrow(offset, n);
   grads_ = Tensor::zeros({n}, arena_.dtype(), arena_.device());
-  if (working_.defined()) working_ = arena_.working().narrow(comm.rank() * n, n);
+  if (working_.defined()) working_ = arena_.working().narrow(offset, n);
   resize_state(n);
+}
+
+void Optimizer::discard_window() {
+  if (offload_) offload_->discard();
 }
 
 void Optimizer::set_loss_scaling(const LossScaling& scaling, double initial_scale) {
@@ -105,32 +106,21 @@ void require_finite_at_least(const char* op, const char* name, double value, dou
   }
 }
 
-void Optimizer::step(double max_norm, double normalize) {
+void Optimizer::step(double max_norm) {
   Backend& be = backend_for(state_device());
   stepped_ = true;
   if (offload_) offload_->fetch();  // the window's gradient, on the host; the device's zeroed
-  if (comm_ != nullptr) {
-    // This rank's slice of the window gradient summed over ranks; the norm from every slice's
-    // {sum of squares, non-finite count}, summed, so every rank decides clip and skip alike.
-    comm_->reduce_scatter(arena_.grads(), grads_);
-    arena_.zero_grad();
-    be.norm_sq(grads_, norm_sq_);
-    comm_->all_reduce_sum(norm_sq_);
-  } else {
-    be.norm_sq(grads_, norm_sq_);
-  }
+  be.norm_sq(grads_, norm_sq_);
+  if (reducer_ != nullptr) reducer_->sum(norm_sq_);  // every process decides clip and skip alike
   const ScalerArgs scaler{scaling_.dynamic, scaling_.growth, scaling_.backoff,
                           scaling_.growth_interval};
-  be.boundary(norm_sq_, normalize, max_norm, scaler, scaler_, boundary_, steps_);
+  be.boundary(norm_sq_, 1.0, max_norm, scaler, scaler_, boundary_, steps_);
   update();
   if (offload_) {
     offload_->push(report().skipped);  // the host knows the skip flag without a device read
     send_loss_scale();
   }
-  if (comm_ != nullptr) {
-    comm_->all_gather(params_, arena_.params());  // in place
-    if (working_.defined()) comm_->all_gather(working_, arena_.working());
-  }
+  if (sync_ != nullptr) sync_->after_update();
   arena_.params().mark_modified();  // a forward's saved weights are stale now
   arena_.grads().mark_modified();
   if (arena_.working().defined()) arena_.working().mark_modified();
@@ -139,12 +129,15 @@ void Optimizer::step(double max_norm, double normalize) {
 std::vector<nn::NamedTensor> Optimizer::save_state() {
   std::vector<nn::NamedTensor> out;
   for (auto& [name, t] : element_state()) {
-    if (comm_ == nullptr) {
+    if (!restricted()) {
       out.emplace_back(name, t);
       continue;
     }
+    if (gather_ == nullptr) {
+      throw ValueError("[optimizer] save_state() of a restricted optimizer needs a SliceGather");
+    }
     Tensor full = Tensor::empty({arena_.size()}, t.dtype(), t.device());
-    comm_->all_gather(t, full);
+    gather_->gather(t, full);
     out.emplace_back(name, full);
   }
   out.emplace_back("steps", steps_);
@@ -167,7 +160,7 @@ void Optimizer::load_state(const std::map<std::string, Tensor>& state) {
   for (auto& [name, t] : element_state()) {
     const Tensor full = get(name, {arena_.size()}, t.dtype());
     const int64_t n = t.numel();
-    const int64_t offset = comm_ != nullptr ? comm_->rank() * n : 0;
+    const int64_t offset = restricted() ? slice_offset_ : 0;
     t.copy_(full.narrow(offset, n).to(t.device()));
   }
   steps_.copy_(get("steps", steps_.shape(), DType::kInt32).to(steps_.device()));

@@ -7,10 +7,10 @@
 // gradient through the clip coefficient and move the scale, once per step, on the device.
 // Subclasses (adam.h, sgd.h) supply only the fused pass and their state.
 //
-// Sharded (ZeRO stage 1, shard()): each of the ranks keeps the optimizer state of one slice of
-// the arena only. The step then reduce-scatters the gradient (this rank's slice of the sum over
-// ranks), takes the global norm from the all-reduced partial sums of squares, updates its slice
-// of the parameters and state, and all-gathers the parameters.
+// The step is the same whoever runs around it: a process that updates one slice of the arena
+// (ZeRO stage 1, distributed/zero.h) calls restrict_to_slice() and plugs in the seams of
+// optim/seams.h: a PartialSumReducer sums the norm's partial sums over the processes, a
+// ParameterSync runs after the update, a SliceGather builds full state for checkpoints.
 //
 // Offloaded (an arena whose masters were offloaded: ParameterArena::offload_masters): the state
 // (moments, momentum, step counter, boundary scalars, loss scaler) lives in pinned host memory
@@ -25,10 +25,10 @@
 #include <utility>
 #include <vector>
 
-#include "distributed/communicator.h"
 #include "kernels/backend.h"
 #include "optim/arena.h"
 #include "optim/offload.h"
+#include "optim/seams.h"
 
 namespace accrue::optim {
 
@@ -56,19 +56,27 @@ class Optimizer {
   Optimizer(ParameterArena& arena, double lr);
   virtual ~Optimizer();
 
-  // One boundary step. normalize multiplies the gradient before clipping (1 when backward was
-  // already seeded with 1 / N, as optim::Accumulator does); max_norm <= 0 disables clipping.
-  void step(double max_norm = 0.0, double normalize = 1.0);
+  // One boundary step over a gradient already normalised (backward seeded with 1 / N, as
+  // optim::Accumulator does); max_norm <= 0 disables clipping.
+  void step(double max_norm = 0.0);
   // The boundary scalars of the last step() (reads the device).
   StepReport report() const;
   // Updates applied so far (skipped steps do not count; reads the device).
   int64_t applied_steps() const;
 
-  // Shards the optimizer state over comm's ranks (before the first step; the arena's size must
-  // be a multiple of the world size: ParameterArena(module, world_size)). Afterwards step()
-  // takes the arena's unreduced gradient: do not all-reduce it first.
-  void shard(distributed::Communicator& comm);
-  bool sharded() const { return comm_ != nullptr; }
+  // From now on this process updates only elements [offset, offset + n) of the arena and keeps
+  // optimizer state for them alone, reading their gradient from slice_grads() (which a
+  // GradientConsumer fills before each step). Before the first step; not when offloaded.
+  void restrict_to_slice(int64_t offset, int64_t n);
+  bool restricted() const { return slice_offset_ >= 0; }
+  // [n] the gradient of this process's slice (restrict_to_slice), undefined otherwise.
+  Tensor& slice_grads() { return grads_; }
+  // The seams (optim/seams.h), null: none. Set before the first step; not owned.
+  void set_partial_sum_reducer(PartialSumReducer* reducer) { reducer_ = reducer; }
+  void set_parameter_sync(ParameterSync* sync) { sync_ = sync; }
+  void set_slice_gather(SliceGather* gather) { gather_ = gather; }
+  // The window was dropped: copies of its gradient still in flight are waited for and forgotten.
+  void discard_window();
   // The host side of an offloaded optimizer (the accumulator prefetches the gradient through
   // it), or null.
   HostOffload* offload() { return offload_.get(); }
@@ -77,7 +85,7 @@ class Optimizer {
   virtual size_t state_bytes() const = 0;
 
   // The whole training state of the optimizer, for checkpoints: its per-element state over the
-  // full arena (gathered from every rank when sharded: collective, every rank calls it), the
+  // full arena (through the SliceGather when restricted: collective, every process calls it), the
   // applied-step counter and the loss scaler, under fixed names ("exp_avg", "momentum_buffer",
   // "steps", "scaler"). load_state() takes the same (each rank keeps its slice) and throws
   // ValueError naming a missing or misshapen entry.
@@ -100,13 +108,13 @@ class Optimizer {
  protected:
   // The fused pass over params_ and grads_ below; reads boundary_ and steps_ on the device.
   virtual void update() = 0;
-  // Reallocates the state for `elements` elements (zeros): shard() calls it.
+  // Reallocates the state for `elements` elements (zeros): restrict_to_slice() calls it.
   virtual void resize_state(int64_t elements) = 0;
   // Where the state lives and runs: the arena's device, or the host when offloaded.
   Device state_device() const { return offload_ ? Device::cpu() : arena_.device(); }
   // Zeros for the state: on the arena's device, or pinned on the host when offloaded.
   Tensor state_zeros(const Shape& shape, DType dtype) const;
-  // The per-element state tensors (this rank's slice when sharded), by name.
+  // The per-element state tensors (this process's slice when restricted), by name.
   virtual std::vector<nn::NamedTensor> element_state() = 0;
 
   ParameterArena& arena_;
@@ -117,16 +125,19 @@ class Optimizer {
   Tensor steps_;                          // int32 [1] applied updates
   Tensor scaler_;  // [2] {loss scale, clean windows}, or undefined: no loss scaling
   LossScaling scaling_;
-  // What update() works on: the whole arena, or this rank's slice of the parameters and its
-  // slice of the reduced gradient when sharded; and the 16-bit working copy (or its slice) that
-  // the pass rewrites, undefined without one.
+  // What update() works on: the whole arena, or this process's slice of the parameters and the
+  // slice's gradient when restricted; and the 16-bit working copy (or its slice) that the pass
+  // rewrites, undefined without one.
   Tensor params_, grads_, working_;
 
  private:
   // Offloaded: the device copy of the loss scale for the backward seed, sent after every change.
   void send_loss_scale();
   Tensor device_scale_;
-  distributed::Communicator* comm_ = nullptr;
+  int64_t slice_offset_ = -1;  // restrict_to_slice; -1: the whole arena
+  PartialSumReducer* reducer_ = nullptr;
+  ParameterSync* sync_ = nullptr;
+  SliceGather* gather_ = nullptr;
   bool stepped_ = false;
 };
 

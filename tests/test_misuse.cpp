@@ -231,18 +231,19 @@ TEST(Misuse, ShardingNeedsEqualShardsAndComesBeforeTheFirstStep) {
   {
     optim::ParameterArena arena(layer);
     optim::Adam adam(arena);
-    expect_error<ValueError>([&] { adam.shard(world); },
+    expect_error<ValueError>([&] { distributed::ZeroOptimizerState zero(adam, world); },
                              {"32 elements", "3 equal shards", "ParameterArena(module, 3)"});
   }
   optim::ParameterArena arena(layer, 3);  // padded to 48: shards of 16
   EXPECT_EQ(arena.size(), 48);
   optim::Adam adam(arena);
   const size_t full = adam.state_bytes();
-  adam.shard(world);
+  distributed::ZeroOptimizerState zero(adam, world);
   EXPECT_EQ(adam.state_bytes(), full / 3);
   optim::SGD sgd(arena, {});
   sgd.step();
-  expect_error<ValueError>([&] { sgd.shard(world); }, {"after the first step"});
+  expect_error<ValueError>([&] { distributed::ZeroOptimizerState late(sgd, world); },
+                           {"after the first step"});
   expect_error<ValueError>(
       [&] { optim::ParameterArena bad(nn::Linear(2, 2).named_parameters(), 0); }, {"shards = 0"});
 }

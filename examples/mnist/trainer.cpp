@@ -327,7 +327,15 @@ Summary train(const Config& config, std::ostream& out) {
   const optim::ResolvedBatch batch = plan_for(0).batch;
   const double lr = plan_for(0).lr;
   if (!optimizer) optimizer = make_optimizer(c, arena, lr);
-  if (c.zero) optimizer->shard(comm);
+  // The pieces around the one-process optimizer: ZeRO-1 shards it, several replicated ranks
+  // all-reduce the gradient, an offloaded optimizer on one rank copies it to the host.
+  std::unique_ptr<distributed::ZeroOptimizerState> zero;
+  std::unique_ptr<distributed::GradientAllReduce> all_reduce;
+  if (c.zero) {
+    zero = std::make_unique<distributed::ZeroOptimizerState>(*optimizer, comm);
+  } else if (comm.world_size() > 1) {
+    all_reduce = std::make_unique<distributed::GradientAllReduce>(arena, comm);
+  }
   if (scaling.on) {
     optim::LossScaling ls;
     ls.dynamic = scaling.dynamic;
@@ -345,7 +353,15 @@ Summary train(const Config& config, std::ostream& out) {
   options.max_norm = c.clip;
   options.base_lr = lr;
   options.schedule = {optim::Schedule::parse(c.schedule), c.warmup, total_steps, 0.0};
-  options.comm = &comm;
+  if (zero) {
+    options.gradients = zero.get();
+    options.loss_reducer = zero.get();
+  } else if (all_reduce) {
+    options.gradients = all_reduce.get();
+    options.loss_reducer = all_reduce.get();
+  } else {
+    options.gradients = optimizer->offload();  // null unless offloaded
+  }
   const int64_t bucket_kib =
       c.bucket_kib >= 0 ? c.bucket_kib : (c.offload_optimizer && comm.world_size() == 1 ? 1024 : 0);
   options.bucket_bytes = static_cast<size_t>(bucket_kib) * 1024;

@@ -1,0 +1,55 @@
+// The seams around the one-process boundary step, where sharding, data parallelism, offloading
+// and pipeline stages plug in without the optimizer or the accumulator knowing which runs:
+//   GradientConsumer  takes the window's gradient as backward finishes it (the accumulator hands
+//                     it finished ranges of the gradient arena during the last micro-backward,
+//                     then finish() at the boundary, before the norm): an all-reduce, a
+//                     reduce-scatter, a copy to the host;
+//   PartialSumReducer sums small per-process partials (the norm's {sum of squares, non-finite
+//                     count}, the window's loss sum) so every process decides clip and skip alike;
+//   ParameterSync     runs after the fused update (an all-gather of the updated shards);
+//   SliceGather       builds the full optimizer state from the slices, for checkpoints.
+// Implementations: distributed/data_parallel.h and distributed/zero.h over a communicator,
+// optim/offload.h for the host copy. Read next: optimizer.h.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace accrue::optim {
+
+class GradientConsumer {
+ public:
+  virtual ~GradientConsumer() = default;
+  // Elements [begin, end) of the gradient arena are final for this window (ranges arrive in the
+  // same order on every process and do not overlap).
+  virtual void ready(int64_t begin, int64_t end) = 0;
+  // At the boundary, after every range was handed over: complete the work (wait, reduce-scatter).
+  virtual void finish() = 0;
+  // The window is dropped: wait for work in flight. Returns false when that failed and the
+  // gradient arena may still be written (the job is lost; it must not be zeroed).
+  virtual bool abandon() = 0;
+};
+
+class PartialSumReducer {
+ public:
+  virtual ~PartialSumReducer() = default;
+  // partials <- their sum over every process, in place.
+  virtual void sum(Tensor& partials) = 0;
+};
+
+class ParameterSync {
+ public:
+  virtual ~ParameterSync() = default;
+  // After the fused update of this process's parameters.
+  virtual void after_update() = 0;
+};
+
+class SliceGather {
+ public:
+  virtual ~SliceGather() = default;
+  // full <- every process's slice, in process order (checkpoints of restricted state).
+  virtual void gather(const Tensor& slice, Tensor& full) = 0;
+};
+
+}  // namespace accrue::optim
