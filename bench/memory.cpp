@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "accrue.h"
+#include "cnn.h"
 
 int main(int argc, char** argv) {
   using namespace accrue;
@@ -85,7 +86,7 @@ int main(int argc, char** argv) {
   for (int64_t b : {16, 32, 64}) {
     md << "| b = " << b << " |";
     for (int64_t k : cnn_steps) {
-      nn::MnistCNN model(nn::MnistCNN::Norm::kGroup);
+      mnist::MnistCNN model(mnist::MnistCNN::Norm::kGroup);
       model.to(device);
       optim::ParameterArena arena(model);
       optim::Adam adam(arena);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "accrue.h"
+#include "cnn.h"
 
 namespace {
 
@@ -35,7 +36,7 @@ int main() {
   std::printf("| norm | step 0 | step 10 | step 20 |\n|---|---|---|---|\n");
   for (const char* name : {"none", "batch", "group", "layer"}) {
     nn::manual_seed(1);
-    nn::MnistCNN model(nn::MnistCNN::parse_norm(name), DType::kFloat64);
+    mnist::MnistCNN model(mnist::MnistCNN::parse_norm(name), DType::kFloat64);
     optim::ParameterArena arena(model);
     optim::Adam adam(arena);
     optim::Accumulator acc(adam, {1.0, 1e-3, {}});

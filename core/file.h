@@ -2,7 +2,7 @@
 // reason (strerror) in every failure and the file name in every message. Writing: an AtomicFile
 // writes into a temporary beside the destination and renames it over the destination only after
 // every byte reached the disk (write, fsync, close, rename, fsync of the folder), so a crash or
-// a full disk mid-write never destroys the previous good copy. Read next: optim/checkpoint.h.
+// a full disk mid-write never destroys the previous good copy. Read next: optim/safetensors.h.
 #pragma once
 
 #include <cstddef>

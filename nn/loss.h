@@ -7,6 +7,14 @@
 
 namespace accrue::nn {
 
+// What a loss hands to the training loop: the sum of its per-item losses and the number of items
+// it summed (samples for classification, target tokens for a sequence model). The window's
+// normaliser is the item count of the whole window; the counts check it.
+struct LossSum {
+  Tensor sum;    // 0-d, requires grad
+  Tensor count;  // 0-d, any dtype (on the device: a count of unmasked tokens needs no host read)
+};
+
 class CrossEntropyLoss {
  public:
   explicit CrossEntropyLoss(Reduction reduction = Reduction::kSum) : reduction_(reduction) {}

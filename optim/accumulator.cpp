@@ -13,7 +13,8 @@ namespace accrue::optim {
 Accumulator::Accumulator(Optimizer& optimizer, AccumulatorOptions options)
     : optimizer_(optimizer),
       options_(options),
-      loss_sum_(Tensor::zeros({}, optimizer.arena().dtype(), optimizer.arena().device())) {
+      loss_sum_(Tensor::zeros({}, optimizer.arena().dtype(), optimizer.arena().device())),
+      count_sum_(Tensor::zeros({}, optimizer.arena().dtype(), optimizer.arena().device())) {
   if (std::isnan(options.max_norm)) throw ValueError("[accumulator] max_norm is NaN");
   if (options_.bucket_bytes > 0 && options_.gradients != nullptr) plan_buckets();
 }
@@ -83,27 +84,64 @@ double Accumulator::current_lr() const {
   return options_.base_lr * options_.schedule.factor(steps_);
 }
 
-void Accumulator::begin_window(int64_t samples, int64_t local_samples) {
-  if (local_samples < 0) local_samples = samples;
-  if (samples <= 0 || local_samples > samples) {
-    throw ValueError(str_cat("[accumulator] a window needs samples, got ", samples, " (",
-                             local_samples, " on this rank)"));
+void Accumulator::begin_window(int64_t items, int64_t local_items) {
+  if (local_items < 0) local_items = items;
+  if (items <= 0 || local_items > items) {
+    throw ValueError(str_cat("[accumulator] a window needs loss items, got ", items, " (",
+                             local_items, " on this rank)"));
   }
   if (window_open_) {
-    throw ValueError(str_cat("[accumulator] begin_window(", samples, ") while the open window has ",
-                             seen_samples_, " of ", local_samples_,
-                             " samples accumulated; call step() first"));
+    throw ValueError(str_cat("[accumulator] begin_window(", items, ") while the open window has ",
+                             seen_items_, " of ", local_items_,
+                             " items accumulated; call step() first"));
   }
-  window_samples_ = samples;
-  local_samples_ = local_samples;
+  window_items_ = items;
+  local_items_ = local_items;
   window_open_ = true;
 }
 
-void Accumulator::micro_step(int64_t samples, const std::function<Tensor()>& forward) {
+void Accumulator::micro_step(int64_t items, const std::function<Tensor()>& forward) {
+  if (window_open_ && seen_items_ > 0 && counted_) {
+    throw ValueError("[accumulator] a window's micro-steps all return counts (LossSum) or none");
+  }
+  run_micro_step(items, forward);
+}
+
+void Accumulator::micro_step(int64_t items, const std::function<nn::LossSum()>& forward) {
+  if (window_open_ && seen_items_ > 0 && !counted_) {
+    throw ValueError("[accumulator] a window's micro-steps all return counts (LossSum) or none");
+  }
+  counted_ = true;
+  run_micro_step(items, [&] {
+    const nn::LossSum loss = forward();
+    if (!loss.count.defined() || loss.count.numel() != 1) {
+      throw ValueError(str_cat("[accumulator] a LossSum's count must be one element, got ",
+                               loss.count.describe()));
+    }
+    backend_for(count_sum_.device())
+        .axpy(1.0, to_dtype(loss.count, count_sum_.dtype()).to(count_sum_.device()), count_sum_);
+    return loss.sum;
+  });
+}
+
+void Accumulator::check_counted_items() {
+  if (!counted_ && options_.loss_reducer == nullptr) return;
+  // A rank without micro-steps in this window sees the other ranks' counts, or none at all
+  // when no rank counted (micro-steps that return a bare loss).
+  const double counted = count_sum_.item();
+  if (!counted_ && counted == 0) return;
+  if (counted != static_cast<double>(window_items_)) {
+    throw ValueError(str_cat("[accumulator] the losses of step ", steps_ + 1, " counted ", counted,
+                             " items, but the window plans ", window_items_,
+                             " (the dataset's item counts and the loss disagree)"));
+  }
+}
+
+void Accumulator::run_micro_step(int64_t items, const std::function<Tensor()>& forward) {
   if (!window_open_) throw ValueError("[accumulator] micro_step() before begin_window()");
-  if (samples <= 0 || seen_samples_ + samples > local_samples_) {
-    throw ValueError(str_cat("[accumulator] micro-batch of ", samples, " samples overflows the ",
-                             "window: ", seen_samples_, " of ", local_samples_, " already seen"));
+  if (items <= 0 || seen_items_ + items > local_items_) {
+    throw ValueError(str_cat("[accumulator] micro-batch of ", items, " items overflows the ",
+                             "window: ", seen_items_, " of ", local_items_, " already seen"));
   }
   CachingAllocator& alloc = allocator_for(optimizer_.arena().device());
   const size_t before = alloc.stats().live_bytes;
@@ -119,7 +157,7 @@ void Accumulator::micro_step(int64_t samples, const std::function<Tensor()>& for
     backend_for(loss.device()).axpy(1.0, loss, loss_sum_);
     // The single normalisation: d(window mean loss) / d(micro-batch sum loss) = 1 / N, times
     // the loss scale S when there is one (read on the device: S / N).
-    const double inv_n = 1.0 / static_cast<double>(window_samples_);
+    const double inv_n = 1.0 / static_cast<double>(window_items_);
     Tensor seed;
     if (optimizer_.loss_scaled()) {
       seed = Tensor::empty(loss.shape(), loss.dtype(), loss.device());
@@ -128,7 +166,7 @@ void Accumulator::micro_step(int64_t samples, const std::function<Tensor()>& for
     } else {
       seed = full(loss.shape(), inv_n, loss.dtype(), loss.device());
     }
-    const bool overlap = !buckets_.empty() && seen_samples_ + samples == local_samples_;
+    const bool overlap = !buckets_.empty() && seen_items_ + items == local_items_;
     if (overlap) {
       // The window's last backward: each bucket goes to the consumer when its gradients are done.
       ScopedLeafReadyHook hook([this](const TensorImpl& leaf) { leaf_ready(leaf); });
@@ -140,7 +178,7 @@ void Accumulator::micro_step(int64_t samples, const std::function<Tensor()>& for
     abandon_window();
     throw;
   }
-  seen_samples_ += samples;
+  seen_items_ += items;
   const AllocatorStats s = alloc.stats();
   last_live_ = s.live_bytes;
   memory_.baseline_bytes = before;
@@ -150,13 +188,13 @@ void Accumulator::micro_step(int64_t samples, const std::function<Tensor()>& for
 }
 
 StepResult Accumulator::step() {
-  if (!window_open_ || seen_samples_ != local_samples_) {
-    throw ValueError(str_cat("[accumulator] step() after ", seen_samples_, " of ", local_samples_,
-                             " window samples; every sample must be seen once"));
+  if (!window_open_ || seen_items_ != local_items_) {
+    throw ValueError(str_cat("[accumulator] step() after ", seen_items_, " of ", local_items_,
+                             " window items; every item must be seen once"));
   }
   StepResult r;
   r.lr = current_lr();
-  r.samples = window_samples_;
+  r.items = window_items_;
   StepReport report;
   try {
     if (!buckets_.empty()) {
@@ -170,7 +208,13 @@ StepResult Accumulator::step() {
       reset_buckets();
     }
     if (options_.gradients != nullptr) options_.gradients->finish();
-    if (options_.loss_reducer != nullptr) options_.loss_reducer->sum(loss_sum_);
+    if (options_.loss_reducer != nullptr) {
+      // Every rank sums both, whether or not it ran a micro-step in this window (a short last
+      // window may leave a rank none): the collectives stay matched.
+      options_.loss_reducer->sum(loss_sum_);
+      options_.loss_reducer->sum(count_sum_);
+    }
+    check_counted_items();
     optimizer_.set_lr(r.lr);
     optimizer_.step(options_.max_norm);
     // Reading the report waits for the device, after the whole step has been enqueued; it is
@@ -186,11 +230,8 @@ StepResult Accumulator::step() {
   r.skipped = report.skipped;
   r.loss_scale = report.loss_scale;
   if (r.skipped) ++skipped_;
-  r.loss = loss_sum_.item() / static_cast<double>(window_samples_);
-  loss_sum_.zero_();
-  window_samples_ = local_samples_ = 0;
-  window_open_ = false;
-  seen_samples_ = 0;
+  r.loss = loss_sum_.item() / static_cast<double>(window_items_);
+  close_window();
   return r;
 }
 
@@ -217,10 +258,16 @@ void Accumulator::abandon_window() {
   in_step_ = false;
   clear_tape();
   if (arena_free) optimizer_.arena().zero_grad();
+  close_window();
+}
+
+void Accumulator::close_window() {
   loss_sum_.zero_();
-  window_samples_ = local_samples_ = 0;
+  count_sum_.zero_();
+  counted_ = false;
+  window_items_ = local_items_ = 0;
   window_open_ = false;
-  seen_samples_ = 0;
+  seen_items_ = 0;
 }
 
 StepResult Accumulator::run_window(const Window& window,

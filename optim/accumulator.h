@@ -1,14 +1,17 @@
 // The accumulation driver: the one owner of the window. For each window it
 //   1. runs every micro-step: forward (the caller's function returns the micro-batch's
-//      sum-reduced loss), then backward seeded with 1 / N_window, so each micro-batch adds
-//      exactly its share of the window's mean-loss gradient into the arena, whatever the
-//      micro-batch sizes (this seed is the only place in accrue that normalises); with a loss
+//      sum-reduced loss, and with a LossSum the number of loss items it sums over), then
+//      backward seeded with 1 / N_window, where N_window counts the window's loss items
+//      (samples for classification, target tokens for a sequence model) over every rank, known
+//      from the plan before the first micro-step; so each micro-batch adds exactly its share of
+//      the window's mean-loss gradient into the arena, whatever the micro-batch sizes (this
+//      seed is the only place in accrue that normalises); with a loss
 //      scale S (Optimizer::set_loss_scaling) the seed is S / N_window, read on the device, and
 //      the optimizer's boundary step unscales, checks and moves S once for the whole window;
 //   2. hands the window's gradient to its GradientConsumer (optim/seams.h), if any: bucket by
 //      bucket during the last micro-backward when buckets are planned, and finish() at the
 //      boundary (an all-reduce over data-parallel ranks, a reduce-scatter, a copy to the host;
-//      never during earlier micro-steps: N_window counts the samples of every rank, so the sum
+//      never during earlier micro-steps: N_window counts the items of every rank, so the sum
 //      of the ranks' arenas is exactly the window's gradient), and the loss sum to its
 //      PartialSumReducer; then sets the learning rate from the optimizer-step clock and runs
 //      the optimizer's fused step (norm -> clip -> update -> zero).
@@ -21,6 +24,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "nn/loss.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
 #include "optim/window.h"
@@ -45,8 +49,8 @@ struct AccumulatorOptions {
 // What one optimizer step did (read back from the device after the step).
 struct StepResult {
   int64_t step = 0;       // 1-based optimizer step
-  int64_t samples = 0;    // samples in the window
-  double loss = 0;        // mean loss over the window's samples
+  int64_t items = 0;      // loss items in the window (samples, or target tokens), every rank
+  double loss = 0;        // mean loss over the window's items
   double grad_norm = 0;   // of the window's mean-loss gradient, before clipping
   double lr = 0;          // used by this step
   bool skipped = false;   // non-finite gradient: no update
@@ -67,19 +71,24 @@ class Accumulator {
   Accumulator(const Accumulator&) = delete;
   Accumulator& operator=(const Accumulator&) = delete;
 
-  // Opens a window of `samples` samples over every rank, `local_samples` of them on this rank
-  // (the sum of its micro-batch sizes; -1: all of them, one rank).
-  void begin_window(int64_t samples, int64_t local_samples = -1);
-  // One micro-step of `samples` samples: forward() returns their sum-reduced loss (0-d). If
+  // Opens a window of `items` loss items over every rank, `local_items` of them on this rank
+  // (the sum over its micro-batches; -1: all of them, one rank).
+  void begin_window(int64_t items, int64_t local_items = -1);
+  // One micro-step of `items` loss items: forward() returns their sum-reduced loss (0-d). If
   // forward or backward throws, the window is abandoned (abandon_window()) before rethrowing.
-  void micro_step(int64_t samples, const std::function<Tensor()>& forward);
+  void micro_step(int64_t items, const std::function<Tensor()>& forward);
+  // The same with the loss's own count of its items (nn::LossSum): the counts are summed on the
+  // device, over the ranks too, and step() throws ValueError naming both when the window's sum
+  // differs from the planned items.
+  void micro_step(int64_t items, const std::function<nn::LossSum()>& forward);
   // Drops the open window: empties the tape, zeroes the gradient arena and the loss sum, so the
   // next window starts clean and no partial gradient reaches an update.
   void abandon_window();
   // Closes the window with one optimizer step; checks that every sample was seen.
   StepResult step();
 
-  // Convenience: one whole window of the plan, with forward(micro) per micro-batch.
+  // Convenience: one whole window of the plan whose items are its samples (one loss item per
+  // sample, as in classification), with forward(micro) per micro-batch.
   StepResult run_window(const Window& window,
                         const std::function<Tensor(const MicroBatch&)>& forward);
 
@@ -101,11 +110,19 @@ class Accumulator {
   Optimizer& optimizer_;
   AccumulatorOptions options_;
   int64_t steps_ = 0, skipped_ = 0;
-  int64_t window_samples_ = 0;  // N of the open window over every rank; 0: none open
-  int64_t local_samples_ = 0;   // of which this rank's
+  int64_t window_items_ = 0;  // N of the open window over every rank; 0: none open
+  int64_t local_items_ = 0;   // of which this rank's
   bool window_open_ = false;
-  int64_t seen_samples_ = 0;
-  Tensor loss_sum_;  // 0-d, on the arena's device: sum of micro-batch losses of the window
+  int64_t seen_items_ = 0;
+  Tensor loss_sum_;       // 0-d, on the arena's device: sum of micro-batch losses of the window
+  Tensor count_sum_;      // 0-d, beside it: the items the losses counted (LossSum micro-steps)
+  bool counted_ = false;  // the open window's micro-steps returned counts
+  // The micro-step without its bookkeeping of counts.
+  void run_micro_step(int64_t items, const std::function<Tensor()>& forward);
+  // Throws unless the counted items equal the window's (reads the device).
+  void check_counted_items();
+  // Zeroes the window's sums and closes it.
+  void close_window();
   MemoryStats memory_;
   size_t last_live_ = 0;
 

@@ -9,13 +9,34 @@
 
 #include "dataset.h"
 #include "idx.h"
+#include "mnist.h"
 #include "test_util.h"
-#include "trainer.h"
 
 namespace accrue::testing {
 
 namespace fs = std::filesystem;
 using mnist::IdxImages;
+
+// A run's summary with its per-step records, gathered through the engine's step callback.
+struct Recorded : train::Summary {
+  double test_accuracy = 0;
+  std::vector<double> step_losses, step_grad_norms, step_loss_scales;
+  std::vector<int64_t> step_batches;  // the effective batch of every step (its window's samples)
+};
+
+inline Recorded train_recorded(const mnist::Config& config, std::ostream& out) {
+  Recorded r;
+  train::Callbacks callbacks;
+  callbacks.on_step = [&](const train::StepEvent& e) {
+    r.step_losses.push_back(e.loss);
+    r.step_grad_norms.push_back(e.grad_norm);
+    r.step_loss_scales.push_back(e.loss_scale);
+    r.step_batches.push_back(e.samples);
+  };
+  static_cast<train::Summary&>(r) = mnist::train(config, out, callbacks);
+  r.test_accuracy = r.evaluation.value;
+  return r;
+}
 
 inline fs::path temp_dir(const std::string& name) {
   fs::path dir =

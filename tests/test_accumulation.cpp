@@ -174,7 +174,7 @@ TEST(Accumulation, ReportedLossAndNormDoNotDependOnTheSplit) {
     EXPECT_NEAR(results[i].loss, results[0].loss, 1e-6 * results[0].loss);
     EXPECT_NEAR(results[i].grad_norm, results[0].grad_norm, 1e-5 * results[0].grad_norm);
     EXPECT_LT(max_rel_error(params[i], params[0]), 1e-6);
-    EXPECT_EQ(results[i].samples, 64);
+    EXPECT_EQ(results[i].items, 64);
   }
   EXPECT_GT(results[0].grad_norm, 0.1) << "the test should exercise clipping";
 }

@@ -14,11 +14,15 @@
 #include "distributed/communicator.h"
 #include "distributed/ops.h"
 #include "mnist_fixture.h"
-#include "optim/checkpoint.h"
+#include "optim/safetensors.h"
 #include "test_util.h"
+#include "toy_task.h"
 
 namespace accrue {
 namespace {
+
+using testing::Recorded;
+using testing::train_recorded;
 
 distributed::Communicator& comm() {
   return distributed::world();
@@ -46,7 +50,8 @@ TEST(Dist, CollectivesOnCpuTensors) {
     const Tensor mine = to_dtype(Tensor::from_vector<double>({2}, {10.0 * r, 10.0 * r + 1}), dtype);
     Tensor all = Tensor::zeros({4}, dtype);
     comm().all_gather(mine, all);
-    EXPECT_EQ(to_dtype(all, DType::kFloat64).to_vector<double>(), (std::vector<double>{0, 1, 10, 11}));
+    EXPECT_EQ(to_dtype(all, DType::kFloat64).to_vector<double>(),
+              (std::vector<double>{0, 1, 10, 11}));
     // reduce_scatter: [4] per rank, summed, rank r keeps elements [2r, 2r + 2)
     const Tensor whole = to_dtype(Tensor::from_vector<double>({4}, {1, 2, 3, 4}), dtype);
     Tensor part = Tensor::zeros({2}, dtype);
@@ -122,8 +127,7 @@ double collective_gradcheck(const std::function<Tensor(const Tensor&)>& collecti
   const Tensor w = testing::random(out_shape, 200 + r);
   const auto total_loss = [&](const Tensor& input) {
     NoGradGuard no_grad;
-    Tensor l =
-        full({1}, sum(mul(accrue::tanh(collective(input)), w)).item(), DType::kFloat64);
+    Tensor l = full({1}, sum(mul(accrue::tanh(collective(input)), w)).item(), DType::kFloat64);
     comm().all_reduce_sum(l);
     return l.item();
   };
@@ -177,7 +181,7 @@ mnist::Config dp_config(const std::filesystem::path& data, const std::string& pr
 
 // {world summary, single-process summary, max relative difference of the final weights (rank 0)}
 struct Compared {
-  mnist::Summary dp, single;
+  Recorded dp, single;
   double weights = 0;
 };
 Compared train_both(const std::string& precision, const std::string& name) {
@@ -186,12 +190,12 @@ Compared train_both(const std::string& precision, const std::string& name) {
   mnist::Config c = dp_config(data, precision);
   c.accum_steps = 2;
   c.save = (data / "dp.safetensors").string();  // written by rank 0
-  out.dp = mnist::train(c, std::cout);
+  out.dp = train_recorded(c, std::cout);
   const auto single = distributed::make_single_process();
   c.comm = single.get();
   c.accum_steps = 4;
   c.save = (data / "single.safetensors").string();
-  out.single = mnist::train(c, std::cout);
+  out.single = train_recorded(c, std::cout);
   if (comm().rank() == 0) {
     const auto a = optim::read_safetensors((data / "dp.safetensors").string());
     const auto b = optim::read_safetensors((data / "single.safetensors").string());
@@ -247,7 +251,7 @@ TEST(Dist, ParametersAreBitwiseEqualOnEveryRank) {
   const auto data = testing::make_dataset("dist-hash", 1001, 64);
   mnist::Config c = dp_config(data, "fp32");
   c.accum_steps = 2;
-  const mnist::Summary s = mnist::train(c, std::cout);
+  const Recorded s = train_recorded(c, std::cout);
   expect_same_on_every_rank(s.parameter_hash);
 }
 
@@ -259,11 +263,11 @@ TEST(Dist, OverlappedBucketsGiveTheSameWeightsBitwise) {
     const auto data = testing::make_dataset("dist-overlap-" + std::to_string(samples), samples, 64);
     mnist::Config c = dp_config(data, "fp32");
     c.accum_steps = 2;
-    const mnist::Summary one = mnist::train(c, std::cout);
+    const Recorded one = train_recorded(c, std::cout);
     // 4 KiB buckets, last layer first: {fc2 bias, fc2 weight, fc1 bias, fc1 weight (4.5 KiB)},
     // then {fc0 bias, fc0 weight}: two buckets a window.
     c.bucket_kib = 4;
-    const mnist::Summary overlapped = mnist::train(c, std::cout);
+    const Recorded overlapped = train_recorded(c, std::cout);
     EXPECT_EQ(overlapped.parameter_hash, one.parameter_hash) << samples << " samples";
     EXPECT_EQ(overlapped.step_losses, one.step_losses);
     const int64_t windows = static_cast<int64_t>(one.step_losses.size());
@@ -284,11 +288,11 @@ TEST(Dist, OffloadedOptimizerTrainsTheSameWeightsBitwise) {
   for (const char* precision : {"fp32", "bf16"}) {
     mnist::Config c = dp_config(data, precision);
     c.accum_steps = 2;
-    const mnist::Summary plain = mnist::train(c, std::cout);
+    const Recorded plain = train_recorded(c, std::cout);
     for (int64_t bucket_kib : {0, 4}) {
       c.offload_optimizer = true;
       c.bucket_kib = bucket_kib;
-      const mnist::Summary offloaded = mnist::train(c, std::cout);
+      const Recorded offloaded = train_recorded(c, std::cout);
       SCOPED_TRACE(str_cat(precision, ", buckets of ", bucket_kib, " KiB"));
       EXPECT_EQ(offloaded.parameter_hash, plain.parameter_hash);
       EXPECT_EQ(offloaded.step_losses, plain.step_losses);
@@ -307,10 +311,10 @@ TEST(Dist, ShardedOptimizerStateTrainsTheSameWithHalfTheMemory) {
   mnist::Config c = dp_config(data, "fp64");
   c.accum_steps = 2;
   c.metrics = (data / "zero0.jsonl").string();
-  const mnist::Summary plain = mnist::train(c, std::cout);
+  const Recorded plain = train_recorded(c, std::cout);
   c.zero = 1;
   c.metrics = (data / "zero1.jsonl").string();
-  const mnist::Summary sharded = mnist::train(c, std::cout);
+  const Recorded sharded = train_recorded(c, std::cout);
   ASSERT_EQ(plain.step_losses.size(), sharded.step_losses.size());
   for (size_t i = 0; i < plain.step_losses.size(); ++i) {
     EXPECT_NEAR(sharded.step_losses[i], plain.step_losses[i], 1e-12 * plain.step_losses[i]) << i;
@@ -342,9 +346,9 @@ TEST(Dist, MixedPrecisionShardedOrNotTrainsTheSame) {
   for (const char* precision : {"bf16", "fp16"}) {
     mnist::Config c = dp_config(data, precision);
     c.accum_steps = 2;
-    const mnist::Summary plain = mnist::train(c, std::cout);
+    const Recorded plain = train_recorded(c, std::cout);
     c.zero = 1;
-    const mnist::Summary sharded = mnist::train(c, std::cout);
+    const Recorded sharded = train_recorded(c, std::cout);
     ASSERT_EQ(plain.step_losses.size(), sharded.step_losses.size());
     for (size_t i = 0; i < plain.step_losses.size(); ++i) {
       EXPECT_NEAR(sharded.step_losses[i], plain.step_losses[i], 1e-4 * plain.step_losses[i])
@@ -364,7 +368,7 @@ TEST(Dist, ShardedRunsResumeBitForBit) {
   c.accum_steps = 2;
   c.zero = 1;
   c.max_steps = 10;
-  const mnist::Summary whole = mnist::train(c, std::cout);
+  const Recorded whole = train_recorded(c, std::cout);
   // One folder for both ranks (each rank's fixture folder has its own name), as on a cluster's
   // shared file system; rank 0 writes it.
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / "accrue-dist-resume";
@@ -373,13 +377,34 @@ TEST(Dist, ShardedRunsResumeBitForBit) {
   c.max_steps = 5;
   c.checkpoint = dir.string();
   c.checkpoint_every = 5;
-  mnist::train(c, std::cout);
+  train_recorded(c, std::cout);
   c.max_steps = 10;
   c.checkpoint.clear();
   c.resume = dir.string();
-  const mnist::Summary resumed = mnist::train(c, std::cout);
+  const Recorded resumed = train_recorded(c, std::cout);
   EXPECT_EQ(resumed.parameter_hash, whole.parameter_hash);
   expect_same_on_every_rank(resumed.parameter_hash);
+}
+
+// The engine with token-counted items on 2 ranks: each rank's share of a window holds a different
+// number of tokens, and the window is still normalised by the tokens of both; the same run on
+// one rank (whose micro-batches are twice as large) gives the same steps and weights.
+TEST(Dist, TheEngineOnTwoRanksNormalisesByTheTokensOfBoth) {
+  using testing::run_toy;
+  using testing::toy_config;
+  std::unique_ptr<distributed::Communicator> single = distributed::make_single_process();
+  train::Config one = toy_config(8, 2);
+  one.comm = single.get();
+  train::Config two = toy_config(4, 2);
+  two.comm = &comm();
+  const testing::ToyRun a = run_toy(one), b = run_toy(two);
+  ASSERT_EQ(a.steps.size(), b.steps.size());
+  for (size_t i = 0; i < a.steps.size(); ++i) {
+    EXPECT_EQ(b.steps[i].items, a.steps[i].items) << i;
+    EXPECT_NEAR(b.steps[i].loss, a.steps[i].loss, 1e-12 * a.steps[i].loss) << i;
+    EXPECT_NEAR(b.steps[i].grad_norm, a.steps[i].grad_norm, 1e-12 * a.steps[i].grad_norm) << i;
+  }
+  EXPECT_GT(a.steps[0].items, a.steps[0].samples);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "mnist_fixture.h"
+#include "train/sample_order.h"
 
 namespace accrue::testing {
 namespace {
@@ -60,7 +61,7 @@ TEST(Cli, ABatchTheRanksDoNotDivideNamesTheNearestValidOnes) {
   c.base_batch = 2400;
   c.lr_scaling = "linear";
   try {
-    mnist::resolve_config_batch(c, 240);
+    train::resolve_config_batch(c, 240);
     FAIL() << "no throw";
   } catch (const ValueError& e) {
     EXPECT_EQ(std::string(e.what()),
@@ -71,11 +72,11 @@ TEST(Cli, ABatchTheRanksDoNotDivideNamesTheNearestValidOnes) {
   c.micro_batch = 0;
   c.accum_steps = 12;
   c.batch = 3072;  // 8 ranks x 12 steps = 96 divides 3072: micro-batch 32
-  EXPECT_EQ(mnist::resolve_config_batch(c, 8).str(),
+  EXPECT_EQ(train::resolve_config_batch(c, 8).str(),
             "effective batch 3072 = 8 ranks x micro-batch 32 x 12 accumulation steps");
   c.batch = 3000;
   try {
-    mnist::resolve_config_batch(c, 8);
+    train::resolve_config_batch(c, 8);
     FAIL() << "no throw";
   } catch (const ValueError& e) {
     EXPECT_NE(std::string(e.what()).find("2976 (micro-batch 31"), std::string::npos) << e.what();
@@ -216,10 +217,10 @@ TEST(Checkpoint, RoundTripAndRejection) {
 }
 
 TEST(Windows, HoldTheSameSamplesWhateverTheSplit) {
-  const auto order = mnist::epoch_order(1000, 42, 3, true);
-  EXPECT_EQ(order, mnist::epoch_order(1000, 42, 3, true));
-  EXPECT_NE(order, mnist::epoch_order(1000, 42, 4, true));
-  EXPECT_EQ(mnist::epoch_order(5, 42, 0, false), (std::vector<int32_t>{0, 1, 2, 3, 4}));
+  const auto order = train::epoch_order(1000, 42, 3, true);
+  EXPECT_EQ(order, train::epoch_order(1000, 42, 3, true));
+  EXPECT_NE(order, train::epoch_order(1000, 42, 4, true));
+  EXPECT_EQ(train::epoch_order(5, 42, 0, false), (std::vector<int32_t>{0, 1, 2, 3, 4}));
   const auto one = optim::plan_windows(1000, optim::resolve_batch({128, 128, 0, 1}));
   const auto four = optim::plan_windows(1000, optim::resolve_batch({128, 32, 0, 1}));
   ASSERT_EQ(one.size(), four.size());
@@ -262,10 +263,10 @@ TEST(Trainer, SplitsOfOneWindowGiveTheSameLosses) {
   c.epochs = 2;
   c.micro_batch = 128;
   c.accum_steps = 1;
-  const mnist::Summary whole = mnist::train(c, std::cout);
+  const Recorded whole = train_recorded(c, std::cout);
   c.micro_batch = 32;
   c.accum_steps = 4;
-  const mnist::Summary split = mnist::train(c, std::cout);
+  const Recorded split = train_recorded(c, std::cout);
   ASSERT_EQ(whole.step_losses.size(), 8u);
   ASSERT_EQ(split.step_losses.size(), 8u);
   for (size_t i = 0; i < 8; ++i) {
@@ -285,10 +286,10 @@ TEST(Trainer, Float64SplitsAgreeToTenDigitsIncludingTheShortLastWindow) {
   c.epochs = 1;
   c.train_limit = 1000;
   c.batch = 128;
-  std::vector<mnist::Summary> runs;
+  std::vector<Recorded> runs;
   for (int64_t micro : {128, 32, 8}) {
     c.micro_batch = micro;
-    runs.push_back(mnist::train(c, std::cout));
+    runs.push_back(train_recorded(c, std::cout));
     ASSERT_EQ(runs.back().step_losses.size(), 8u) << micro;
   }
   for (size_t r = 1; r < runs.size(); ++r) {
@@ -308,7 +309,7 @@ TEST(Trainer, LearnsTheGeneratedDigitsAndWritesMetrics) {
   c.epochs = 3;
   c.metrics = (data / "metrics.jsonl").string();
   c.save = (data / "final.safetensors").string();
-  const mnist::Summary s = mnist::train(c, std::cout);
+  const Recorded s = train_recorded(c, std::cout);
   EXPECT_GE(s.test_accuracy, 0.95);
   EXPECT_EQ(s.steps, 3 * 16);
   std::ifstream metrics(c.metrics);
@@ -333,7 +334,7 @@ TEST(Trainer, LearnsTheGeneratedDigitsAndWritesMetrics) {
   c.metrics.clear();
   c.max_steps = 1;
   c.lr = 0;
-  EXPECT_NEAR(mnist::train(c, std::cout).test_accuracy, s.test_accuracy, 1e-12);
+  EXPECT_NEAR(train_recorded(c, std::cout).test_accuracy, s.test_accuracy, 1e-12);
 }
 
 // Mixed precision end to end: bf16 and fp16 learn the generated digits as float32 does, the
@@ -343,12 +344,12 @@ TEST(Trainer, MixedPrecisionTrainsAndHalvesTheActivations) {
   const fs::path data = make_dataset("mixed", 2048, 512);
   mnist::Config c = small_config(data);
   c.epochs = 3;
-  const mnist::Summary fp32 = mnist::train(c, std::cout);
+  const Recorded fp32 = train_recorded(c, std::cout);
   for (const char* precision : {"bf16", "fp16"}) {
     c.precision = precision;
     c.metrics = (data / (std::string(precision) + ".jsonl")).string();
     c.save = (data / (std::string(precision) + ".safetensors")).string();
-    const mnist::Summary s = mnist::train(c, std::cout);
+    const Recorded s = train_recorded(c, std::cout);
     EXPECT_GE(s.test_accuracy, 0.95) << precision;
     EXPECT_NEAR(s.test_accuracy, fp32.test_accuracy, 0.02) << precision;
     EXPECT_EQ(s.skipped_steps, 0) << precision;
@@ -371,7 +372,8 @@ TEST(Trainer, MixedPrecisionTrainsAndHalvesTheActivations) {
     again.metrics.clear();
     again.max_steps = 1;
     again.lr = 0;
-    EXPECT_NEAR(mnist::train(again, std::cout).test_accuracy, s.test_accuracy, 1e-12) << precision;
+    EXPECT_NEAR(train_recorded(again, std::cout).test_accuracy, s.test_accuracy, 1e-12)
+        << precision;
   }
 }
 
@@ -387,7 +389,7 @@ TEST(Trainer, CnnTrainsWithEachNormAndSavesBatchNormBuffers) {
     c.norm = norm;
     c.epochs = 1;
     c.save = (data / (std::string(norm) + ".safetensors")).string();
-    const mnist::Summary s = mnist::train(c, std::cout);
+    const Recorded s = train_recorded(c, std::cout);
     EXPECT_GE(s.test_accuracy, 0.9) << norm;
     const auto saved = optim::read_safetensors(c.save);
     EXPECT_EQ(saved.count("conv1.weight"), 1u);
@@ -399,7 +401,7 @@ TEST(Trainer, CnnTrainsWithEachNormAndSavesBatchNormBuffers) {
     again.max_steps = 1;
     again.lr = 0;
     const double tolerance = std::string(norm) == "batch" ? 0.05 : 1e-12;
-    EXPECT_NEAR(mnist::train(again, std::cout).test_accuracy, s.test_accuracy, tolerance) << norm;
+    EXPECT_NEAR(train_recorded(again, std::cout).test_accuracy, s.test_accuracy, tolerance) << norm;
   }
 }
 
@@ -416,7 +418,7 @@ TEST(Trainer, AccumulationScheduleSetsTheBatchOfEveryStep) {
   c.lr_scaling = "linear";
   c.base_batch = 8;
   c.metrics = (data / "k.jsonl").string();
-  const mnist::Summary coarse = mnist::train(c, std::cout);
+  const Recorded coarse = train_recorded(c, std::cout);
   std::vector<int64_t> expect;
   for (int64_t batch : {8, 16, 32, 32}) {
     for (int64_t i = 0; i < 256 / batch; ++i) expect.push_back(batch);
@@ -438,7 +440,7 @@ TEST(Trainer, AccumulationScheduleSetsTheBatchOfEveryStep) {
   c.micro_batch = 4;
   c.accum_schedule = "1:2,2:4,3:8";
   c.metrics.clear();
-  const mnist::Summary fine = mnist::train(c, std::cout);
+  const Recorded fine = train_recorded(c, std::cout);
   ASSERT_EQ(fine.step_losses.size(), coarse.step_losses.size());
   for (size_t i = 0; i < fine.step_losses.size(); ++i) {
     EXPECT_NEAR(fine.step_losses[i], coarse.step_losses[i], 1e-10 * coarse.step_losses[i]) << i;
@@ -458,7 +460,7 @@ TEST(Trainer, MemoryBudgetPicksTheMicroBatchThatFits) {
   c.batch = 256;
   c.max_steps = 2;
   c.memory_budget = "1GiB";
-  const mnist::Summary roomy = mnist::train(c, std::cout);
+  const Recorded roomy = train_recorded(c, std::cout);
   EXPECT_EQ(roomy.micro_batch, 256);
   ASSERT_GT(roomy.activation_bytes_per_sample, 0);
   const double base =
@@ -467,14 +469,14 @@ TEST(Trainer, MemoryBudgetPicksTheMicroBatchThatFits) {
   for (double samples : {96.0, 48.0}) {  // room for 96 and for 48 samples
     const int64_t budget = static_cast<int64_t>(base + samples * roomy.activation_bytes_per_sample);
     c.memory_budget = std::to_string(budget);
-    const mnist::Summary s = mnist::train(c, std::cout);
+    const Recorded s = train_recorded(c, std::cout);
     EXPECT_LE(s.peak_bytes, static_cast<size_t>(budget)) << "budget " << budget;
     chosen.push_back(s.micro_batch);
   }
   EXPECT_EQ(chosen, (std::vector<int64_t>{64, 32}));
   c.memory_budget = std::to_string(roomy.memory_baseline_bytes / 2);
   try {
-    mnist::train(c, std::cout);
+    train_recorded(c, std::cout);
     ADD_FAILURE() << "a budget below the baseline was accepted";
   } catch (const ValueError& e) {
     EXPECT_NE(std::string(e.what()).find("below what one sample needs"), std::string::npos)
@@ -509,18 +511,18 @@ TEST(Trainer, ResumeContinuesBitForBit) {
     const std::string tag = str_cat(k.optimizer, "-", k.precision, *k.schedule ? "-k" : "");
     c.max_steps = 40;
     c.save = (data / (tag + "-whole.safetensors")).string();
-    const mnist::Summary whole = mnist::train(c, std::cout);
+    const Recorded whole = train_recorded(c, std::cout);
     const fs::path dir = data / ("ckpt-" + tag);
     c.max_steps = 20;
     c.save.clear();
     c.checkpoint = dir.string();
     c.checkpoint_every = 10;
-    mnist::train(c, std::cout);
+    train_recorded(c, std::cout);
     c.max_steps = 40;
     c.checkpoint.clear();
     c.resume = dir.string();
     c.save = (data / (tag + "-resumed.safetensors")).string();
-    const mnist::Summary resumed = mnist::train(c, std::cout);
+    const Recorded resumed = train_recorded(c, std::cout);
     EXPECT_EQ(resumed.parameter_hash, whole.parameter_hash) << tag;
     EXPECT_EQ(read_file_bytes(c.save),
               read_file_bytes((data / (tag + "-whole.safetensors")).string()))
@@ -553,12 +555,12 @@ TEST(Trainer, OffloadedOptimizerWritesTheSameWeights) {
     const std::string tag = str_cat(k.optimizer, "-", k.precision);
     SCOPED_TRACE(tag);
     c.save = (data / (tag + "-device.safetensors")).string();
-    const mnist::Summary plain = mnist::train(c, std::cout);
+    const Recorded plain = train_recorded(c, std::cout);
     c.offload_optimizer = true;
     c.bucket_kib = 1;  // {fc1 bias, fc1 weight: 1.3 KiB}, then {fc0 bias, fc0 weight}
     c.save = (data / (tag + "-offloaded.safetensors")).string();
     c.metrics = (data / (tag + "-offloaded.jsonl")).string();
-    const mnist::Summary offloaded = mnist::train(c, std::cout);
+    const Recorded offloaded = train_recorded(c, std::cout);
     EXPECT_EQ(offloaded.parameter_hash, plain.parameter_hash);
     EXPECT_EQ(read_file_bytes(c.save),
               read_file_bytes((data / (tag + "-device.safetensors")).string()));
@@ -593,17 +595,17 @@ TEST(Trainer, OffloadedOptimizerWritesTheSameWeights) {
   c.epochs = 3;
   c.max_steps = 30;
   c.save = (data / "whole.safetensors").string();
-  mnist::train(c, std::cout);
+  train_recorded(c, std::cout);
   c.max_steps = 15;
   c.save.clear();
   c.checkpoint = (data / "ckpt").string();
-  mnist::train(c, std::cout);
+  train_recorded(c, std::cout);
   c.max_steps = 30;
   c.checkpoint.clear();
   c.resume = (data / "ckpt").string();
   c.offload_optimizer = true;
   c.save = (data / "resumed.safetensors").string();
-  mnist::train(c, std::cout);
+  train_recorded(c, std::cout);
   EXPECT_EQ(read_file_bytes(c.save), read_file_bytes((data / "whole.safetensors").string()));
 }
 
@@ -617,7 +619,7 @@ TEST(Trainer, DamagedOrMismatchedCheckpointsAreRefused) {
   c.accum_steps = 2;
   c.checkpoint = (data / "ckpt").string();
   c.checkpoint_every = 2;
-  mnist::train(c, std::cout);
+  train_recorded(c, std::cout);
   std::vector<std::string> files;
   for (const auto& e : fs::directory_iterator(data / "ckpt")) files.push_back(e.path().filename());
   std::sort(files.begin(), files.end());
@@ -632,7 +634,7 @@ TEST(Trainer, DamagedOrMismatchedCheckpointsAreRefused) {
   // Another optimizer: named.
   r.optimizer = "sgd";
   try {
-    mnist::train(r, std::cout);
+    train_recorded(r, std::cout);
     ADD_FAILURE() << "a resume with another optimizer was accepted";
   } catch (const ValueError& e) {
     EXPECT_NE(std::string(e.what()).find("optimizer = \"adam\", this run has \"sgd\""),
@@ -649,7 +651,7 @@ TEST(Trainer, DamagedOrMismatchedCheckpointsAreRefused) {
                 static_cast<std::streamsize>(bytes.size()));
     }
     try {
-      mnist::train(r, std::cout);
+      train_recorded(r, std::cout);
       ADD_FAILURE() << "a damaged checkpoint was accepted";
     } catch (const FileError& e) {
       const std::string what = e.what();

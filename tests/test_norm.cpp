@@ -7,15 +7,16 @@
 // split. The CNN's names match PyTorch's.
 #include <numeric>
 
+#include "cnn.h"
 #include "test_util.h"
 
 namespace accrue::testing {
 namespace {
 
-using Norm = nn::MnistCNN::Norm;
+using Norm = mnist::MnistCNN::Norm;
 
 struct Rig {
-  std::shared_ptr<nn::MnistCNN> model;
+  std::shared_ptr<mnist::MnistCNN> model;
   std::unique_ptr<optim::ParameterArena> arena;
   std::unique_ptr<optim::Adam> adam;
   std::unique_ptr<optim::Accumulator> acc;
@@ -25,7 +26,7 @@ struct Rig {
 Rig make_rig(Norm norm, int64_t samples = 128) {
   Rig r;
   nn::manual_seed(3);
-  r.model = std::make_shared<nn::MnistCNN>(norm, DType::kFloat64);
+  r.model = std::make_shared<mnist::MnistCNN>(norm, DType::kFloat64);
   r.arena = std::make_unique<optim::ParameterArena>(*r.model);
   r.adam = std::make_unique<optim::Adam>(*r.arena);
   r.acc = std::make_unique<optim::Accumulator>(*r.adam, optim::AccumulatorOptions{});
@@ -149,7 +150,7 @@ TEST(NormModules, BuffersRoundTripThroughSafetensors) {
   const std::string path = ::testing::TempDir() + "accrue_bn.safetensors";
   optim::save_safetensors(path, r.model->named_state());
   nn::manual_seed(99);
-  nn::MnistCNN other(Norm::kBatch, DType::kFloat64);
+  mnist::MnistCNN other(Norm::kBatch, DType::kFloat64);
   optim::load_parameters(other, path);
   r.model->eval();
   other.eval();
@@ -163,7 +164,7 @@ TEST(NormModules, EmptyBatchesGiveEmptyGradients) {
   for (Device device : devices()) {
     for (Norm norm : {Norm::kNone, Norm::kGroup, Norm::kBatch}) {
       nn::manual_seed(1);
-      nn::MnistCNN model(norm);
+      mnist::MnistCNN model(norm);
       model.to(device);
       if (norm == Norm::kBatch) model.eval();  // training BatchNorm needs two values a channel
       for (auto& [name, p] : model.named_parameters())

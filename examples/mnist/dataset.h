@@ -1,7 +1,6 @@
 // An MNIST split in memory: images normalised as (x / 255 - 0.1307) / 0.3081 into float32
 // [N, 784] and labels int32 [N], on the training device (on CUDA the whole dataset lives on
-// the GPU). Also the per-epoch sample order: a seeded permutation, so window w of an epoch
-// holds the same samples however it is split into micro-batches.
+// the GPU).
 #pragma once
 
 #include <string>
@@ -24,9 +23,5 @@ struct Split {
 // (float32, or float64 for exactness studies).
 Split load_split(const std::string& dir, const std::string& prefix, int64_t limit, Device device,
                  DType dtype = DType::kFloat32);
-
-// The sample order of an epoch: file order without shuffling, else a permutation drawn from
-// (seed, epoch) by Fisher-Yates with a fixed generator, identical on every platform.
-std::vector<int32_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, bool shuffle);
 
 }  // namespace accrue::mnist

@@ -1,7 +1,7 @@
-// accrue-mnist: trains the MNIST MLP. See trainer.h, or run with --help.
+// accrue-mnist: trains an MLP or a CNN on MNIST. See mnist.h, or run with --help.
 #include <iostream>
 
-#include "trainer.h"
+#include "mnist.h"
 
 int main(int argc, char** argv) {
   return accrue::mnist::run_cli(argc, argv, std::cout, std::cerr);

@@ -1,9 +1,12 @@
 // The MNIST CNN (see cnn.h).
-#include "nn/cnn.h"
+#include "cnn.h"
 
+#include "nn/conv.h"
+#include "nn/linear.h"
+#include "nn/norm.h"
 #include "ops/ops.h"
 
-namespace accrue::nn {
+namespace accrue::mnist {
 
 MnistCNN::Norm MnistCNN::parse_norm(const std::string& name) {
   if (name == "none") return Norm::kNone;
@@ -13,14 +16,14 @@ MnistCNN::Norm MnistCNN::parse_norm(const std::string& name) {
   throw ValueError("[MnistCNN] norm '" + name + "': expected none, batch, group or layer");
 }
 
-std::shared_ptr<Module> MnistCNN::make_norm(Norm norm, int64_t channels, DType dtype) {
+std::shared_ptr<nn::Module> MnistCNN::make_norm(Norm norm, int64_t channels, DType dtype) {
   switch (norm) {
     case Norm::kBatch:
-      return std::make_shared<BatchNorm2d>(channels, 1e-5, 0.1, true, dtype);
+      return std::make_shared<nn::BatchNorm2d>(channels, 1e-5, 0.1, true, dtype);
     case Norm::kGroup:
-      return std::make_shared<GroupNorm>(8, channels, 1e-5, true, dtype);
+      return std::make_shared<nn::GroupNorm>(8, channels, 1e-5, true, dtype);
     case Norm::kLayer:
-      return std::make_shared<GroupNorm>(1, channels, 1e-5, true, dtype);
+      return std::make_shared<nn::GroupNorm>(1, channels, 1e-5, true, dtype);
     case Norm::kNone:
       break;
   }
@@ -29,12 +32,12 @@ std::shared_ptr<Module> MnistCNN::make_norm(Norm norm, int64_t channels, DType d
 
 MnistCNN::MnistCNN(Norm norm, DType dtype) {
   // Registered in forward order, so the arena and the checkpoint list them as PyTorch does.
-  conv1_ = register_module("conv1", std::make_shared<Conv2d>(1, 32, 3, 1, 1, 1, true, dtype));
+  conv1_ = register_module("conv1", std::make_shared<nn::Conv2d>(1, 32, 3, 1, 1, 1, true, dtype));
   if (auto n = make_norm(norm, 32, dtype)) norm1_ = register_module("norm1", n);
-  conv2_ = register_module("conv2", std::make_shared<Conv2d>(32, 64, 3, 1, 1, 1, true, dtype));
+  conv2_ = register_module("conv2", std::make_shared<nn::Conv2d>(32, 64, 3, 1, 1, 1, true, dtype));
   if (auto n = make_norm(norm, 64, dtype)) norm2_ = register_module("norm2", n);
-  fc1_ = register_module("fc1", std::make_shared<Linear>(64 * 7 * 7, 128, true, dtype));
-  fc2_ = register_module("fc2", std::make_shared<Linear>(128, 10, true, dtype));
+  fc1_ = register_module("fc1", std::make_shared<nn::Linear>(64 * 7 * 7, 128, true, dtype));
+  fc2_ = register_module("fc2", std::make_shared<nn::Linear>(128, 10, true, dtype));
 }
 
 Tensor MnistCNN::forward(const Tensor& x) {
@@ -56,4 +59,4 @@ Tensor MnistCNN::forward(const Tensor& x) {
   return (*fc2_)(h);
 }
 
-}  // namespace accrue::nn
+}  // namespace accrue::mnist

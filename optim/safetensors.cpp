@@ -2,7 +2,7 @@
 // JSON value is type-checked, sizes are multiplied with overflow checks and compared with the
 // file's size before anything is allocated, and tensors may not overlap. Writing goes through
 // AtomicFile, so the previous checkpoint survives a failed save.
-#include "optim/checkpoint.h"
+#include "optim/safetensors.h"
 
 #include <algorithm>
 #include <cmath>

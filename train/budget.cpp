@@ -1,12 +1,12 @@
 // The micro-batch from a memory budget (see budget.h).
-#include "budget.h"
+#include "train/budget.h"
 
 #include <cmath>
 #include <cstdio>
 
 #include "core/error.h"
 
-namespace accrue::mnist {
+namespace accrue::train {
 
 int64_t parse_bytes(const std::string& text) {
   const auto bad = [&] {
@@ -86,4 +86,4 @@ BudgetDecision fit_micro_batch(int64_t budget, int64_t batch_per_rank, size_t ba
                            " is below what one sample needs: ", bytes_str(minimum)));
 }
 
-}  // namespace accrue::mnist
+}  // namespace accrue::train

@@ -1,14 +1,14 @@
 // Training-state checkpoints (see resume.h).
-#include "resume.h"
+#include "train/checkpoint.h"
 
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
 #include "core/file.h"
-#include "optim/checkpoint.h"
+#include "optim/safetensors.h"
 
-namespace accrue::mnist {
+namespace accrue::train {
 
 namespace fs = std::filesystem;
 
@@ -149,4 +149,4 @@ void check_compatible(const nlohmann::json& saved, const nlohmann::json& current
   }
 }
 
-}  // namespace accrue::mnist
+}  // namespace accrue::train

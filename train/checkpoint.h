@@ -17,7 +17,7 @@
 
 #include "nn/module.h"
 
-namespace accrue::mnist {
+namespace accrue::train {
 
 struct TrainPosition {
   int64_t step = 0, skipped = 0;  // optimizer steps taken, of which skipped
@@ -46,4 +46,4 @@ Checkpoint read_latest_checkpoint(const std::string& dir);
 void check_compatible(const nlohmann::json& saved, const nlohmann::json& current,
                       const std::string& path);
 
-}  // namespace accrue::mnist
+}  // namespace accrue::train

@@ -10,7 +10,7 @@
 #include <functional>
 #include <string>
 
-namespace accrue::mnist {
+namespace accrue::train {
 
 // "64MiB", "1.5GiB", "512KiB", "1048576" (bytes) -> bytes. Throws ValueError naming the text.
 int64_t parse_bytes(const std::string& text);
@@ -33,4 +33,4 @@ struct BudgetDecision {
 BudgetDecision fit_micro_batch(int64_t budget, int64_t batch_per_rank, size_t baseline,
                                const std::function<size_t(int64_t)>& probe);
 
-}  // namespace accrue::mnist
+}  // namespace accrue::train

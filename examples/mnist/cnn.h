@@ -5,7 +5,7 @@
 //   flatten -> fc1 Linear(3136, 128) -> ReLU -> fc2 Linear(128, 10)
 // The norms are BatchNorm2d(C) (Norm::kBatch), GroupNorm(8, C) (kGroup), GroupNorm(1, C)
 // (kLayer: per sample over C x H x W with a per-channel affine) or absent (kNone). Input:
-// [N, 784] rows of 28 x 28 pixels, or [N, 1, 28, 28]. Read next: examples/mnist/trainer.cpp.
+// [N, 784] rows of 28 x 28 pixels, or [N, 1, 28, 28]. Read next: mnist.cpp.
 #pragma once
 
 #include <memory>
@@ -15,9 +15,9 @@
 #include "nn/linear.h"
 #include "nn/norm.h"
 
-namespace accrue::nn {
+namespace accrue::mnist {
 
-class MnistCNN : public Module {
+class MnistCNN : public nn::Module {
  public:
   enum class Norm { kNone, kBatch, kGroup, kLayer };
   // "none", "batch", "group", "layer"; throws ValueError otherwise.
@@ -27,10 +27,10 @@ class MnistCNN : public Module {
   Tensor forward(const Tensor& x) override;
 
  private:
-  std::shared_ptr<Module> make_norm(Norm norm, int64_t channels, DType dtype);
-  std::shared_ptr<Conv2d> conv1_, conv2_;
-  std::shared_ptr<Module> norm1_, norm2_;  // null for Norm::kNone
-  std::shared_ptr<Linear> fc1_, fc2_;
+  std::shared_ptr<nn::Module> make_norm(Norm norm, int64_t channels, DType dtype);
+  std::shared_ptr<nn::Conv2d> conv1_, conv2_;
+  std::shared_ptr<nn::Module> norm1_, norm2_;  // null for Norm::kNone
+  std::shared_ptr<nn::Linear> fc1_, fc2_;
 };
 
-}  // namespace accrue::nn
+}  // namespace accrue::mnist

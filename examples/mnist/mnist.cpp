@@ -1,0 +1,155 @@
+// accrue-mnist's task and flags (see mnist.h).
+#include "mnist.h"
+
+#include <filesystem>
+#include <memory>
+#include <sstream>
+
+#include "cnn.h"
+#include "core/error.h"
+#include "dataset.h"
+#include "nn/activation.h"
+#include "nn/mlp.h"
+#include "ops/ops.h"
+#include "train/flags.h"
+#include "train/run.h"
+
+namespace accrue::mnist {
+
+namespace {
+
+constexpr int64_t kMaxWidth = 1 << 20;
+
+std::vector<int64_t> parse_sizes(const std::string& text) {
+  std::vector<int64_t> sizes;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    size_t used = 0;
+    int64_t v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != item.size() || v <= 0 || v > kMaxWidth) {
+      throw ValueError(str_cat("--hidden: '", item, "' in '", text, "' is not an integer in [1, ",
+                               kMaxWidth, "] (e.g. 512,256,128)"));
+    }
+    sizes.push_back(v);
+  }
+  if (text.empty()) throw ValueError("--hidden: give at least one layer size");
+  return sizes;
+}
+
+std::unique_ptr<nn::Module> make_model(const Config& c, int64_t pixels, DType dtype) {
+  if (c.model == "cnn") {
+    if (pixels != 28 * 28) {
+      throw FileError(
+          str_cat("--model cnn needs 28 x 28 images, the data has ", pixels, " pixels per image"));
+    }
+    return std::make_unique<MnistCNN>(MnistCNN::parse_norm(c.norm), dtype);
+  }
+  std::vector<int64_t> sizes{pixels};
+  sizes.insert(sizes.end(), c.hidden.begin(), c.hidden.end());
+  sizes.push_back(10);
+  return std::make_unique<nn::MLP>(sizes, nn::activation<nn::ReLU>(), dtype);
+}
+
+// The share of test images classified right, in chunks of 1000.
+double accuracy(nn::Module& model, const Split& test) {
+  int64_t correct = 0;
+  for (int64_t start = 0; start < test.size(); start += 1000) {
+    const int64_t n = std::min<int64_t>(1000, test.size() - start);
+    correct +=
+        count_equal(argmax(model(test.images.narrow(start, n))), test.labels.narrow(start, n));
+  }
+  return test.size() ? static_cast<double>(correct) / static_cast<double>(test.size()) : 0.0;
+}
+
+}  // namespace
+
+train::Task make_task(const Config& c) {
+  struct Data {
+    Split train, test;
+  };
+  auto data = std::make_shared<Data>();
+  train::Task task;
+  task.program = "accrue-mnist";
+  task.prepare = [data, c](const train::Setup& setup) {
+    data->train = load_split(c.data, "train", c.train_limit, setup.device, setup.compute);
+    data->test = load_split(c.data, "t10k", 0, setup.device, setup.compute);
+    if (data->test.images.size(1) != data->train.images.size(1)) {
+      throw FileError(str_cat(data->test.image_path, ": images have ", data->test.images.size(1),
+                              " pixels but the training images (", data->train.image_path,
+                              ") have ", data->train.images.size(1)));
+    }
+    return data->train.size();
+  };
+  task.batch = [data](const Tensor& index) {
+    return train::Batch{gather_rows(data->train.images, index),
+                        gather_rows(data->train.labels, index)};
+  };
+  task.model = [data, c](DType master) {
+    return make_model(c, data->train.images.size(1), master);
+  };
+  // The softmax and the loss in float32 (or float64), whatever the activations are in.
+  task.loss = [](nn::Module& model, const train::Batch& b, DType loss_dtype) {
+    const Tensor logits = cast(model(b.input), loss_dtype);
+    return nn::LossSum{
+        cross_entropy(logits, b.target),
+        scalar(static_cast<double>(b.target.numel()), DType::kInt32, b.target.device())};
+  };
+  task.evaluate = [data](nn::Module& model) {
+    return train::Evaluation{"test_accuracy", "test accuracy", accuracy(model, data->test), true};
+  };
+  task.settings = {{"model", c.model}, {"norm", c.norm}, {"hidden", c.hidden}};
+  task.reported = {{"model", c.model}, {"norm", c.norm}};
+  return task;
+}
+
+train::Summary train(const Config& config, std::ostream& out, const train::Callbacks& callbacks) {
+  train::Task task = make_task(config);
+  return train::train(config, task, out, callbacks);
+}
+
+int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, std::ostream& err) {
+  CLI::App app{
+      "accrue-mnist: train an MLP or a CNN to classify MNIST digits, with gradient "
+      "accumulation"};
+  train::Flags flags(app, c);
+  std::string hidden = "512,256,128";
+  app.add_option("--data", c.data, "Folder with the four MNIST IDX files");
+  app.add_option("--model", c.model, "mlp, or cnn (conv-pool x 2, fc 128, fc 10)")
+      ->check(CLI::IsMember({"mlp", "cnn"}));
+  app.add_option("--norm", c.norm, "The CNN's normalisation: none, batch, group or layer")
+      ->check(CLI::IsMember({"none", "batch", "group", "layer"}));
+  app.add_option("--hidden", hidden, "The MLP's hidden layer sizes, comma-separated");
+  return train::parse_command_line(app, argc, argv, "accrue-mnist", out, err, [&] {
+    flags.check();
+    c.hidden = parse_sizes(hidden);
+    if (c.model != "cnn" && c.norm != "none") {
+      throw ValueError("--norm " + c.norm + " applies to --model cnn");
+    }
+    if (c.model == "cnn" && c.precision != "fp32" && c.precision != "fp64") {
+      throw ValueError(
+          "--model cnn runs in fp32 or fp64 (its convolution and normalisation kernels have no "
+          "16-bit versions), got --precision " +
+          c.precision);
+    }
+  });
+}
+
+int run_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
+  Config config;
+  const int status = parse_args(argc, argv, config, out, err);
+  if (status >= 0) return status;
+  return train::run_reporting_failure(
+      "accrue-mnist", err, [&] { train(config, out); },
+      [&](const FileError&) -> std::string {
+        if (std::filesystem::exists(config.data + "/train-images-idx3-ubyte")) return "";
+        return "accrue-mnist: fetch the data with scripts/fetch-mnist.sh " + config.data;
+      });
+}
+
+}  // namespace accrue::mnist

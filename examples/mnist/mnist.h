@@ -1,0 +1,43 @@
+// accrue-mnist: an MLP (nn::MLP) or the CNN of cnn.h on MNIST, handed to the training engine
+// (train/engine.h). All that is MNIST lives here: the data folder and the model flags, the IDX
+// files (idx.h), the splits (dataset.h), the model factory, the loss and the test accuracy;
+// config, the loop, checkpoints, metrics and exit statuses are the engine's. Read next:
+// mnist.cpp.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "train/config.h"
+#include "train/engine.h"
+
+namespace accrue::mnist {
+
+// The engine's settings plus MNIST's own.
+struct Config : train::Config {
+  std::string data = "data/mnist";
+  std::string model = "mlp";                   // or "cnn" (cnn.h)
+  std::string norm = "none";                   // the CNN's normalisation: none, batch, group, layer
+  std::vector<int64_t> hidden{512, 256, 128};  // the MLP's hidden layers
+};
+
+// The task the engine trains: MNIST's training split, the model, cross-entropy (a sum over the
+// micro-batch's samples and their count), and the accuracy on the test split.
+train::Task make_task(const Config& config);
+
+// Trains and evaluates (train::train with make_task).
+train::Summary train(const Config& config, std::ostream& out,
+                     const train::Callbacks& callbacks = {});
+
+// Parses argv into config: the engine's flags and --data, --model, --norm, --hidden. Returns -1
+// to go on, else the exit status main() should return (0 after --help, 2 after a mistake, with
+// one line on err saying what is wrong).
+int parse_args(int argc, const char* const* argv, Config& config, std::ostream& out,
+               std::ostream& err);
+
+// parse_args + train, with errors turned into exit statuses (train/run.h).
+int run_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& err);
+
+}  // namespace accrue::mnist

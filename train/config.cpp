@@ -1,0 +1,98 @@
+// The engine's settings (see config.h): dtypes, the loss scale and the batch arithmetic.
+#include "train/config.h"
+
+#include <cmath>
+#include <cstdlib>
+
+#include "core/error.h"
+#include "optim/schedule.h"
+
+namespace accrue::train {
+
+namespace {
+
+// Sample positions are int32: an effective batch beyond that cannot be indexed.
+constexpr int64_t kMaxBatch = INT32_MAX;
+
+}  // namespace
+
+DType compute_dtype(const std::string& precision) {
+  if (precision == "fp32") return DType::kFloat32;
+  if (precision == "fp64") return DType::kFloat64;
+  if (precision == "bf16") return DType::kBFloat16;
+  if (precision == "fp16") return DType::kFloat16;
+  throw ValueError("--precision " + precision + ": expected fp32, fp64, bf16 or fp16");
+}
+
+DType master_dtype(const std::string& precision) {
+  return precision == "fp64" ? DType::kFloat64 : DType::kFloat32;
+}
+
+LossScaleChoice resolve_loss_scale(const std::string& loss_scale, const std::string& precision) {
+  LossScaleChoice out;
+  if (loss_scale == "none" || (loss_scale == "auto" && precision != "fp16")) return out;
+  out.on = true;
+  if (loss_scale == "dynamic" || loss_scale == "auto") {
+    out.dynamic = true;
+    out.initial = 65536.0;  // 2^16, as torch.amp.GradScaler
+    return out;
+  }
+  char* end = nullptr;
+  out.initial = std::strtod(loss_scale.c_str(), &end);
+  if (loss_scale.empty() || end != loss_scale.c_str() + loss_scale.size() ||
+      !std::isfinite(out.initial) || !(out.initial > 0)) {
+    throw ValueError("--loss-scale " + loss_scale +
+                     ": expected auto, none, dynamic or a positive number");
+  }
+  return out;
+}
+
+namespace {
+
+// One line for a --batch that the world and the fixed size do not divide: the nearest valid
+// effective batches below and above, with the k (or micro-batch) and the learning rate of each.
+[[noreturn]] void throw_not_divisible(const Config& c, const optim::BatchConfig& b) {
+  const bool k_derived = b.accum_steps == 0;
+  const int64_t fixed = k_derived ? b.micro_batch : b.accum_steps;
+  const int64_t unit = fixed * b.world_size;  // both checked to be small before
+  const auto option = [&](int64_t batch) {
+    const double lr =
+        optim::scale_lr(c.lr, batch, c.base_batch, optim::parse_lr_scaling(c.lr_scaling));
+    return str_cat(batch, " (", k_derived ? "k = " : "micro-batch ", batch / unit, ", lr ", lr,
+                   ")");
+  };
+  const int64_t below = b.batch / unit * unit, above = below + unit;
+  throw ValueError(str_cat(
+      "--batch ", b.batch, " is not a multiple of ", b.world_size, " rank",
+      b.world_size == 1 ? "" : "s", " x ", k_derived ? "micro-batch " : "accumulation steps ",
+      fixed, " = ", unit,
+      "; nearest valid effective batches: ", below > 0 ? option(below) + " and " : std::string(),
+      option(above), " with --lr-scaling ", c.lr_scaling));
+}
+
+}  // namespace
+
+optim::ResolvedBatch resolve_config_batch(const Config& c, int64_t world_size) {
+  if (c.micro_batch < 0 || c.accum_steps < 0 || c.batch < 0) {
+    throw ValueError(str_cat("--micro-batch, --accum-steps and --batch must be positive, got ",
+                             c.micro_batch, ", ", c.accum_steps, ", ", c.batch));
+  }
+  // Fewer than two given: the default recipe's 32 x 4 fills in, micro-batch first.
+  optim::BatchConfig b{c.batch, c.micro_batch, c.accum_steps, world_size};
+  const int given = (b.batch > 0) + (b.micro_batch > 0) + (b.accum_steps > 0);
+  if (given < 2 && b.micro_batch == 0) b.micro_batch = 32;
+  if (given == 0 || (given == 1 && b.batch == 0 && b.accum_steps == 0)) b.accum_steps = 4;
+  const int64_t fixed = b.accum_steps == 0 ? b.micro_batch : b.accum_steps;
+  if (b.batch > 0 && (b.micro_batch == 0) != (b.accum_steps == 0) && fixed <= kMaxBatch &&
+      world_size <= kMaxBatch && b.batch % (fixed * world_size) != 0) {
+    throw_not_divisible(c, b);
+  }
+  const optim::ResolvedBatch r = optim::resolve_batch(b);
+  if (r.batch > kMaxBatch) {
+    throw ValueError(str_cat("--batch: ", r.str(), " exceeds ", kMaxBatch,
+                             " samples (sample positions are int32)"));
+  }
+  return r;
+}
+
+}  // namespace accrue::train

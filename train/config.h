@@ -1,0 +1,85 @@
+// The training engine's settings: everything that turns a model and a dataset into a training
+// run (device and ranks, precision, the batch and its accumulation, the learning rate and its
+// schedule, the optimizer, ZeRO, offloading, checkpoints, outputs), shared by every example and
+// declared once as command-line flags (flags.h). Read next: task.h.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/device.h"
+#include "core/dtype.h"
+#include "distributed/communicator.h"
+#include "optim/window.h"
+
+namespace accrue::train {
+
+struct Config {
+  Device device = Device::cpu();
+  // fp32; fp64 (model, data and optimizer in float64); bf16 or fp16: mixed precision, with
+  // float32 master weights, gradients and optimizer state and 16-bit activations and weights
+  // in the GEMMs (optim::ParameterArena::use_working_copy).
+  std::string precision = "fp32";
+  // auto (dynamic for fp16, none otherwise), none, dynamic, or a fixed scale.
+  std::string loss_scale = "auto";
+  int64_t micro_batch = 0, accum_steps = 0, batch = 0;  // any two; defaults 32 x 4
+  // "epoch:k,..." (optim::AccumSchedule): k follows the epoch; excludes --accum-steps and
+  // --batch (the micro-batch stays, the effective batch moves with k).
+  std::string accum_schedule;
+  // "64MiB" (budget.h): the micro-batch is the largest that fits, measured by probe micro-steps;
+  // k follows from --batch (default 128). Excludes --micro-batch, --accum-steps, --accum-schedule.
+  std::string memory_budget;
+  int64_t epochs = 5;
+  int64_t max_steps = 0;    // 0: no limit
+  int64_t train_limit = 0;  // 0: all samples; else the first N of the training set
+  double lr = 1e-3;
+  std::string lr_scaling = "none";
+  int64_t base_batch = 128;  // the batch lr was tuned for, for --lr-scaling
+  std::string schedule = "constant";
+  int64_t warmup = 0;
+  double clip = 1.0;
+  std::string optimizer = "adam";
+  double weight_decay = -1;  // < 0: the optimizer's default
+  double momentum = 0.9;     // sgd
+  uint64_t seed = 0;
+  bool shuffle = true;
+  int zero = 0;  // 1: shard the optimizer state over the ranks (ZeRO stage 1)
+  // > 0: overlap the boundary's all-reduce (several ranks) or copy to the host (offloaded, one
+  // rank) with the last backward, in buckets of this size; 0: at the boundary; < 0: 0, or 1024
+  // for an offloaded optimizer on one rank.
+  int64_t bucket_kib = -1;
+  // The float masters and the optimizer state in pinned host memory, the step on the CPU
+  // (optim/offload.h); excludes zero = 1.
+  bool offload_optimizer = false;
+  int threads = 0;  // 0: tuned while training (core/threads.h)
+  std::string metrics, save, init;
+  // checkpoint.h: write the training state into this folder every checkpoint_every optimizer
+  // steps and at the end; continue from the newest checkpoint in `resume`.
+  std::string checkpoint, resume;
+  int64_t checkpoint_every = 500;
+  bool quiet = false;  // no progress output (tests)
+  // The data-parallel ranks; null: distributed::world_for(device), from the launcher's
+  // environment.
+  distributed::Communicator* comm = nullptr;
+};
+
+// The dtype of the activations and of the weights the GEMMs read, and of the master weights,
+// the gradients and the optimizer state, for a --precision value.
+DType compute_dtype(const std::string& precision);
+DType master_dtype(const std::string& precision);
+
+// What --loss-scale resolves to for a precision: off, fixed at `initial`, or dynamic from
+// `initial` (2^16, GradScaler's default). Throws ValueError for a bad value.
+struct LossScaleChoice {
+  bool on = false, dynamic = false;
+  double initial = 1;
+};
+LossScaleChoice resolve_loss_scale(const std::string& loss_scale, const std::string& precision);
+
+// The batch arithmetic of a config: any two of --batch, --micro-batch, --accum-steps; with
+// fewer, the default recipe's micro-batch 32 and then 4 accumulation steps fill in.
+// world_size: the data-parallel ranks; a --batch they and the fixed size do not divide is an
+// error naming the nearest valid effective batches and the learning rate of each.
+optim::ResolvedBatch resolve_config_batch(const Config& config, int64_t world_size = 1);
+
+}  // namespace accrue::train

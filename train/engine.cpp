@@ -1,0 +1,601 @@
+// The training engine (see engine.h). One Run object holds a run's state; each member function is
+// one named part of the recipe, in the order train() calls them:
+//   ranks and threads -> data -> model and arena -> memory budget -> window plans -> optimizer
+//   and its pieces -> accumulator -> resume -> epochs (windows, evaluation) -> summary and save.
+#include "train/engine.h"
+
+#include <iomanip>
+#include <map>
+#include <optional>
+#include <sstream>
+
+#include "core/allocator.h"
+#include "core/threads.h"
+#include "distributed/data_parallel.h"
+#include "distributed/zero.h"
+#include "kernels/factories.h"
+#include "nn/init.h"
+#include "nn/norm.h"
+#include "ops/autograd.h"
+#include "optim/accumulator.h"
+#include "optim/adam.h"
+#include "optim/safetensors.h"
+#include "optim/schedule.h"
+#include "optim/sgd.h"
+#include "train/budget.h"
+#include "train/checkpoint.h"
+#include "train/report.h"
+#include "train/sample_order.h"
+
+namespace accrue::train {
+
+namespace {
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const Config& c, optim::ParameterArena& arena,
+                                                 double lr) {
+  if (c.optimizer == "sgd") {
+    optim::SgdOptions o;
+    o.lr = lr;
+    o.momentum = c.momentum;
+    o.weight_decay = c.weight_decay < 0 ? 0.0 : c.weight_decay;
+    return std::make_unique<optim::SGD>(arena, o);
+  }
+  optim::AdamOptions o = c.optimizer == "adamw" ? optim::AdamW::defaults() : optim::AdamOptions{};
+  o.lr = lr;
+  if (c.weight_decay >= 0) o.weight_decay = c.weight_decay;
+  if (c.optimizer == "adamw") return std::make_unique<optim::AdamW>(arena, o);
+  return std::make_unique<optim::Adam>(arena, o);
+}
+
+// An epoch's batch: its resolved sizes, its windows and its learning rate (before the schedule).
+struct EpochPlan {
+  optim::ResolvedBatch batch;
+  std::vector<optim::Window> windows;
+  double lr;
+};
+
+class Run {
+ public:
+  Run(const Config& config, Task& task, std::ostream& out, const Callbacks& callbacks)
+      : c_(config), task_(task), out_(out), callbacks_(callbacks) {}
+  Summary train();
+
+ private:
+  void log(const std::string& line) const {
+    if (!c_.quiet) out_ << line << "\n";
+  }
+  void setup_ranks_and_threads();
+  void build_model();
+  void fit_memory_budget();
+  const EpochPlan& plan_for(int64_t epoch);
+  void build_optimizer();
+  void build_accumulator();
+  nlohmann::json run_config();
+  void resume();
+  void write_checkpoint(const TrainPosition& position);
+  void run_epoch(int64_t epoch);
+  optim::StepResult run_window(const optim::Window& w, const Tensor& order,
+                               const std::vector<int32_t>& order_host);
+  Evaluation evaluate();
+  void finish();
+  void report_summary();
+
+  Config c_;
+  Task& task_;
+  std::ostream& out_;
+  const Callbacks& callbacks_;
+  distributed::Communicator* comm_ = nullptr;
+  bool lead_ = true;
+  std::optional<ThreadTuner> tuner_;
+  DType compute_ = DType::kFloat32, master_ = DType::kFloat32;
+  LossScaleChoice scaling_;
+  int64_t train_samples_ = 0;
+  size_t device_bytes_before_ = 0, host_bytes_before_ = 0;
+  std::unique_ptr<nn::Module> model_;
+  std::unique_ptr<optim::ParameterArena> arena_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  std::optional<BudgetDecision> budget_;
+  std::optional<optim::AccumSchedule> k_schedule_;
+  std::map<int64_t, EpochPlan> plans_;  // by k
+  std::unique_ptr<distributed::ZeroOptimizerState> zero_;
+  std::unique_ptr<distributed::GradientAllReduce> all_reduce_;
+  std::unique_ptr<optim::Accumulator> acc_;
+  int64_t total_steps_ = 0;
+  nlohmann::json run_config_;
+  TrainPosition start_, position_;
+  int64_t last_checkpoint_ = -1;
+  std::unique_ptr<MetricsLog> metrics_;
+  std::unique_ptr<Progress> progress_;
+  Summary summary_;
+  int64_t samples_seen_ = 0;
+};
+
+// Data parallel: every rank trains; rank 0 alone prints, writes metrics and saves. Each rank
+// takes the GPU of its local rank when the device is CUDA.
+void Run::setup_ranks_and_threads() {
+  const distributed::LaunchInfo launch = distributed::launch_info();
+  if (c_.device.is_cuda() && c_.comm == nullptr && launch.world_size > 1) {
+    // One GPU per rank. Under srun --gpus-per-task each rank sees one GPU: its cuda:0.
+    const int visible = cuda_device_count();
+    if (visible > 1 && launch.local_rank >= visible) {
+      throw DeviceError(str_cat("rank ", launch.rank, " has local rank ", launch.local_rank,
+                                " but this node shows ", visible, " GPUs: one GPU per rank"));
+    }
+    c_.device = Device::cuda(visible == 1 ? 0 : launch.local_rank);
+  }
+  comm_ = c_.comm != nullptr ? c_.comm : &distributed::world_for(c_.device);
+  lead_ = comm_->rank() == 0;
+  if (!lead_) c_.quiet = true;
+  // --threads N fixes the team; 0 lets the tuner pick among 1, 2, 4, ..., every core by timing
+  // windows as they run (core/threads.h). Either way the weights are the same to the bit.
+  if (c_.threads > 0) {
+    set_cpu_threads(c_.threads);
+  } else {
+    tuner_.emplace(ThreadTuner::default_candidates(cpu_cores()));
+  }
+  compute_ = compute_dtype(c_.precision);
+  master_ = master_dtype(c_.precision);
+  scaling_ = resolve_loss_scale(c_.loss_scale, c_.precision);
+}
+
+void Run::build_model() {
+  train_samples_ =
+      task_.prepare(Setup{c_.device, compute_, master_, comm_->rank(), comm_->world_size()});
+  if (c_.train_limit > 0) train_samples_ = std::min(train_samples_, c_.train_limit);
+  if (train_samples_ <= 0) throw ValueError(task_.program + ": the training set is empty");
+  // What the model, its arena and its optimizer hold is measured from here.
+  device_bytes_before_ = allocator_for(c_.device).stats().live_bytes;
+  host_bytes_before_ = pinned_host_allocator().stats().live_bytes;
+  nn::manual_seed(c_.seed);
+  model_ = task_.model(master_);
+  if (!c_.init.empty()) optim::load_parameters(*model_, c_.init);
+  model_->to(c_.device);
+  // --zero 1 pads the arena to equal shards and keeps this rank's shard of the state only.
+  arena_ = std::make_unique<optim::ParameterArena>(*model_, c_.zero ? comm_->world_size() : 1);
+  if (compute_ != master_) arena_->use_working_copy(compute_);
+  if (c_.offload_optimizer) arena_->offload_masters();
+}
+
+// --memory-budget: the optimizer's state is allocated first (it is part of the baseline), then
+// probe micro-steps of the first b samples pick the micro-batch; everything after sees it in c_.
+// A probe's gradients are zeroed and the model's buffers restored, so training starts as
+// without it.
+void Run::fit_memory_budget() {
+  if (c_.memory_budget.empty()) return;
+  const int64_t batch_size = c_.batch > 0 ? c_.batch : 128;
+  optimizer_ = make_optimizer(
+      c_, *arena_,
+      optim::scale_lr(c_.lr, batch_size, c_.base_batch, optim::parse_lr_scaling(c_.lr_scaling)));
+  if (batch_size % comm_->world_size() != 0) {
+    throw ValueError(
+        str_cat("--batch ", batch_size, " does not split over ", comm_->world_size(), " ranks"));
+  }
+  const auto probe = [&](int64_t b) -> size_t {
+    b = std::min<int64_t>(b, train_samples_);
+    std::vector<Tensor> buffers;
+    for (const auto& [name, t] : model_->named_buffers()) buffers.push_back(t.clone());
+    std::vector<int32_t> first(static_cast<size_t>(b));
+    int64_t items = 0;
+    for (int64_t i = 0; i < b; ++i) {
+      first[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+      items += task_.items ? task_.items(i) : 1;
+    }
+    const Tensor index = Tensor::from_vector<int32_t>({b}, first, c_.device);
+    CachingAllocator& alloc = allocator_for(c_.device);
+    const size_t before = alloc.stats().live_bytes;
+    alloc.reset_peak();
+    {
+      const nn::SampleKeys keys(0, 0, index);
+      const nn::LossSum loss = task_.loss(*model_, task_.batch(index), master_);
+      backward(loss.sum, 1.0 / static_cast<double>(std::max<int64_t>(items, 1)));
+    }
+    const size_t peak = alloc.stats().peak_bytes - before;
+    arena_->zero_grad();
+    size_t i = 0;
+    for (auto& [name, t] : model_->named_buffers()) t.copy_(buffers[i++]);
+    return peak;
+  };
+  const int64_t budget = parse_bytes(c_.memory_budget);
+  budget_ = fit_micro_batch(budget, batch_size / comm_->world_size(),
+                            allocator_for(c_.device).stats().live_bytes, probe);
+  c_.batch = batch_size;
+  c_.micro_batch = budget_->micro_batch;
+  c_.accum_steps = 0;
+  log(budget_->str(budget, batch_size));
+}
+
+// The batch plan of an epoch (0-based): one for the whole run, or, with --accum-schedule, one
+// per k.
+const EpochPlan& Run::plan_for(int64_t epoch) {
+  Config ce = c_;
+  if (k_schedule_) {
+    ce.accum_steps = k_schedule_->k_at(epoch + 1);
+    ce.batch = 0;
+  }
+  const optim::ResolvedBatch b = resolve_config_batch(ce, comm_->world_size());
+  auto it = plans_.find(b.accum_steps);
+  if (it == plans_.end()) {
+    const optim::LrScaling rule = optim::parse_lr_scaling(c_.lr_scaling);
+    EpochPlan plan{b,
+                   optim::plan_windows(train_samples_, b, optim::LastWindow::kFlush, comm_->rank()),
+                   optim::scale_lr(c_.lr, b.batch, c_.base_batch, rule)};
+    it = plans_.emplace(b.accum_steps, std::move(plan)).first;
+  }
+  return it->second;
+}
+
+// The optimizer and the pieces around it: ZeRO-1 shards it, several replicated ranks all-reduce
+// the gradient, an offloaded optimizer on one rank copies it to the host.
+void Run::build_optimizer() {
+  if (!c_.accum_schedule.empty()) {
+    k_schedule_ = optim::AccumSchedule::parse(c_.accum_schedule, INT32_MAX);
+  }
+  if (!optimizer_) optimizer_ = make_optimizer(c_, *arena_, plan_for(0).lr);
+  if (c_.zero) {
+    zero_ = std::make_unique<distributed::ZeroOptimizerState>(*optimizer_, *comm_);
+  } else if (comm_->world_size() > 1) {
+    all_reduce_ = std::make_unique<distributed::GradientAllReduce>(*arena_, *comm_);
+  }
+  if (scaling_.on) {
+    optim::LossScaling ls;
+    ls.dynamic = scaling_.dynamic;
+    optimizer_->set_loss_scaling(ls, scaling_.initial);
+  }
+}
+
+void Run::build_accumulator() {
+  total_steps_ = 0;
+  for (int64_t e = 0; e < c_.epochs && total_steps_ < INT64_MAX; ++e) {
+    const int64_t n = static_cast<int64_t>(plan_for(e).windows.size());
+    if (__builtin_add_overflow(total_steps_, n, &total_steps_)) total_steps_ = INT64_MAX;
+    if (!k_schedule_ && __builtin_mul_overflow(n, c_.epochs, &total_steps_)) {
+      total_steps_ = INT64_MAX;
+    }
+    if (!k_schedule_) break;  // every epoch alike
+  }
+  if (c_.max_steps > 0) total_steps_ = std::min(total_steps_, c_.max_steps);
+  optim::AccumulatorOptions options;
+  options.max_norm = c_.clip;
+  options.base_lr = plan_for(0).lr;
+  options.schedule = {optim::Schedule::parse(c_.schedule), c_.warmup, total_steps_, 0.0};
+  if (zero_) {
+    options.gradients = zero_.get();
+    options.loss_reducer = zero_.get();
+  } else if (all_reduce_) {
+    options.gradients = all_reduce_.get();
+    options.loss_reducer = all_reduce_.get();
+  } else {
+    options.gradients = optimizer_->offload();  // null unless offloaded
+  }
+  const int64_t bucket_kib = c_.bucket_kib >= 0
+                                 ? c_.bucket_kib
+                                 : (c_.offload_optimizer && comm_->world_size() == 1 ? 1024 : 0);
+  options.bucket_bytes = static_cast<size_t>(bucket_kib) * 1024;
+  acc_ = std::make_unique<optim::Accumulator>(*optimizer_, options);
+}
+
+// What a resume must match to continue this run bit for bit: the engine's settings and the
+// task's.
+nlohmann::json Run::run_config() {
+  const optim::ResolvedBatch batch = plan_for(0).batch;
+  nlohmann::json j = {{"precision", c_.precision},
+                      {"loss_scale", c_.loss_scale},
+                      {"optimizer", c_.optimizer},
+                      {"weight_decay", c_.weight_decay},
+                      {"momentum", c_.momentum},
+                      {"lr", c_.lr},
+                      {"lr_scaling", c_.lr_scaling},
+                      {"base_batch", c_.base_batch},
+                      {"schedule", c_.schedule},
+                      {"warmup", c_.warmup},
+                      {"clip", c_.clip},
+                      {"batch", batch.batch},
+                      {"micro_batch", batch.micro_batch},
+                      {"accum_steps", k_schedule_ ? 0 : batch.accum_steps},
+                      {"accum_schedule", c_.accum_schedule},
+                      {"ranks", comm_->world_size()},
+                      {"zero", c_.zero},
+                      {"seed", c_.seed},
+                      {"shuffle", c_.shuffle},
+                      {"train_samples", train_samples_}};
+  for (auto it = task_.settings.begin(); it != task_.settings.end(); ++it) j[it.key()] = *it;
+  return j;
+}
+
+// --resume: the masters and buffers, then the working copy from the masters (what it always
+// is), the optimizer's state and the step clock.
+void Run::resume() {
+  if (c_.resume.empty()) return;
+  const Checkpoint saved = read_latest_checkpoint(c_.resume);
+  check_compatible(saved.config, run_config_, saved.path);
+  auto state = arena_->named_masters();
+  for (auto& b : model_->named_buffers()) state.push_back(b);
+  for (auto& [name, t] : state) {
+    const auto it = saved.model.find(name);
+    if (it == saved.model.end() || it->second.shape() != t.shape() ||
+        it->second.dtype() != t.dtype()) {
+      throw FileError(str_cat(saved.path, ": the checkpoint's '", name, "' is ",
+                              it == saved.model.end() ? "missing" : it->second.describe(),
+                              ", the model's is ", t.describe()));
+    }
+    t.copy_(it->second.to(t.device()));
+  }
+  if (arena_->working().defined()) {
+    arena_->working().copy_(to_dtype(arena_->params(), arena_->working().dtype()));
+  }
+  optimizer_->load_state(saved.optimizer);
+  acc_->restore_clock(saved.position.step, saved.position.skipped);
+  start_ = saved.position;
+  log(str_cat("resumed from ", saved.path, ": step ", start_.step, ", epoch ", start_.epoch + 1,
+              ", window ", start_.window + 1));
+}
+
+// What --save and a checkpoint's model part hold: the master parameters, then the buffers.
+std::vector<nn::NamedTensor> saved_state(optim::ParameterArena& arena, const nn::Module& model) {
+  std::vector<nn::NamedTensor> state = arena.named_masters();
+  for (auto& b : model.named_buffers()) state.push_back(b);
+  return state;
+}
+
+// A checkpoint of the state after position.step windows (every rank takes part: a sharded
+// optimizer gathers its state; rank 0 writes).
+void Run::write_checkpoint(const TrainPosition& position) {
+  if (c_.checkpoint.empty() || position.step == last_checkpoint_) return;
+  auto optimizer_state = optimizer_->save_state();
+  if (lead_) {
+    train::write_checkpoint(c_.checkpoint, run_config_, position, saved_state(*arena_, *model_),
+                            optimizer_state);
+  }
+  if (comm_->world_size() > 1) comm_->barrier();  // no rank reads it before it is complete
+  last_checkpoint_ = position.step;
+  if (callbacks_.on_checkpoint) callbacks_.on_checkpoint({position.step, c_.checkpoint});
+}
+
+// One window: each micro-batch's samples, their loss and its count, through the accumulator.
+// The window's items (its normaliser) come from the plan: the dataset's per-sample counts over
+// every rank's share, summed without a collective.
+optim::StepResult Run::run_window(const optim::Window& w, const Tensor& order,
+                                  const std::vector<int32_t>& order_host) {
+  const auto items_of = [&](int64_t start, int64_t count) {
+    if (!task_.items) return count;
+    int64_t n = 0;
+    for (int64_t i = start; i < start + count; ++i) n += task_.items(order_host[i]);
+    return n;
+  };
+  acc_->begin_window(items_of(w.start, w.samples), [&] {
+    int64_t n = 0;
+    for (const optim::MicroBatch& mb : w.micro) n += items_of(mb.start, mb.count);
+    return n;
+  }());
+  for (const optim::MicroBatch& mb : w.micro) {
+    acc_->micro_step(items_of(mb.start, mb.count), [&] {
+      const Tensor index = order.narrow(mb.start, mb.count);
+      // Dropout's masks are keyed by the samples and the optimizer step, not the split.
+      const nn::SampleKeys keys(c_.seed, acc_->steps(), index);
+      return task_.loss(*model_, task_.batch(index), master_);
+    });
+  }
+  return acc_->step();
+}
+
+Evaluation Run::evaluate() {
+  NoGradGuard no_grad;
+  model_->eval();  // BatchNorm: running statistics; Dropout: off
+  struct BackToTraining {
+    nn::Module& m;
+    ~BackToTraining() { m.train(); }
+  } back{*model_};
+  return task_.evaluate ? task_.evaluate(*model_) : Evaluation{};
+}
+
+void Run::run_epoch(int64_t epoch) {
+  const EpochPlan& plan = plan_for(epoch);
+  if (k_schedule_ &&
+      (epoch == 0 || plan.batch.accum_steps != plan_for(epoch - 1).batch.accum_steps)) {
+    log(str_cat("epoch ", epoch + 1, ": ", plan.batch.str(), ", lr ", plan.lr));
+  }
+  acc_->set_base_lr(plan.lr);
+  progress_->set_steps_per_epoch(static_cast<int64_t>(plan.windows.size()));
+  const auto order_host = epoch_order(train_samples_, c_.seed, epoch, c_.shuffle);
+  const Tensor order = Tensor::from_vector<int32_t>({train_samples_}, order_host, c_.device);
+  const auto epoch_start = Clock::now();
+  int64_t step_in_epoch = 0, epoch_items = 0;
+  double epoch_loss = 0;
+  const size_t first = epoch == start_.epoch ? static_cast<size_t>(start_.window) : 0;
+  for (size_t wi = first; wi < plan.windows.size(); ++wi) {
+    const optim::Window& w = plan.windows[wi];
+    if (tuner_) set_cpu_threads(tuner_->next());
+    const auto window_start = Clock::now();
+    const optim::StepResult r = run_window(w, order, order_host);
+    if (tuner_) tuner_->record(seconds_since(window_start) / static_cast<double>(w.samples));
+    samples_seen_ += w.samples;
+    epoch_items += r.items;
+    epoch_loss += r.loss * static_cast<double>(r.items);
+    ++step_in_epoch;
+    if (r.skipped) {
+      log(str_cat("step ", r.step, ": non-finite gradient, update skipped",
+                  scaling_.dynamic ? str_cat(" (loss scale ", r.loss_scale, " -> ",
+                                             r.loss_scale * optim::LossScaling{}.backoff, ")")
+                                   : ""));
+    }
+    const StepEvent event{
+        r.step,          epoch + 1, w.samples, r.items,      r.loss,
+        r.grad_norm,     r.lr,      r.skipped, r.loss_scale, plan.batch.accum_steps,
+        plan.batch.batch};
+    metrics_->emit({{"step", r.step},
+                    {"epoch", epoch + 1},
+                    {"samples", samples_seen_},
+                    {"loss", json_number(r.loss)},
+                    {"grad_norm", json_number(r.grad_norm)},
+                    {"lr", r.lr},
+                    {"skipped", r.skipped},
+                    {"loss_scale", r.loss_scale},
+                    {"k", plan.batch.accum_steps},
+                    {"batch", plan.batch.batch},
+                    {"threads", cpu_threads()}});
+    if (callbacks_.on_step) callbacks_.on_step(event);
+    const double elapsed = summary_.train_seconds + seconds_since(epoch_start);
+    progress_->update(epoch, step_in_epoch, r.step, r.loss, r.grad_norm, r.lr,
+                      static_cast<double>(samples_seen_) / std::max(elapsed, 1e-9));
+    const bool last = wi + 1 == plan.windows.size();
+    position_ = {acc_->steps(), acc_->skipped_steps(), last ? epoch + 1 : epoch,
+                 last ? 0 : static_cast<int64_t>(wi + 1)};
+    if (c_.checkpoint_every > 0 && acc_->steps() % c_.checkpoint_every == 0) {
+      write_checkpoint(position_);
+    }
+    if (acc_->steps() >= total_steps_) break;
+  }
+  const double epoch_seconds = seconds_since(epoch_start);
+  summary_.train_seconds += epoch_seconds;
+  progress_->end_epoch();
+  summary_.evaluation = evaluate();
+  const EpochEvent event{epoch + 1,
+                         epoch_loss / static_cast<double>(std::max<int64_t>(epoch_items, 1)),
+                         summary_.evaluation, epoch_seconds};
+  std::ostringstream line;
+  line << "epoch " << epoch + 1 << ": train loss " << std::fixed << std::setprecision(4)
+       << event.train_loss << ", " << summary_.evaluation.label << " " << std::setprecision(2)
+       << (summary_.evaluation.percent ? 100 * summary_.evaluation.value
+                                       : summary_.evaluation.value)
+       << (summary_.evaluation.percent ? "%" : "") << ", " << std::setprecision(2) << epoch_seconds
+       << " s";
+  log(line.str());
+  metrics_->emit({{"event", "epoch"},
+                  {"epoch", epoch + 1},
+                  {"train_loss", json_number(event.train_loss)},
+                  {summary_.evaluation.key, summary_.evaluation.value},
+                  {"seconds", epoch_seconds}});
+  if (callbacks_.on_epoch) callbacks_.on_epoch(event);
+}
+
+// The summary: counters, memory, the offloaded optimizer's traffic, one line and one record.
+void Run::report_summary() {
+  summary_.steps = acc_->steps();
+  summary_.skipped_steps = acc_->skipped_steps();
+  summary_.final_loss_scale = optimizer_->scaler_state().first;
+  const optim::MemoryStats& mem = acc_->memory();
+  summary_.peak_activation_bytes = mem.peak_activation_bytes;
+  summary_.peak_bytes = mem.peak_bytes;
+  const optim::ResolvedBatch batch = plan_for(0).batch;
+  summary_.micro_batch = batch.micro_batch;
+  if (budget_) {
+    summary_.activation_bytes_per_sample = budget_->per_sample;
+    summary_.activation_fixed_bytes = budget_->fixed;
+    summary_.memory_baseline_bytes = budget_->baseline;
+  }
+  summary_.samples_per_second =
+      static_cast<double>(samples_seen_) / std::max(summary_.train_seconds, 1e-9);
+  std::string offload_line;
+  if (const optim::HostOffload* off = optimizer_->offload()) {
+    summary_.offload = off->traffic();
+    const auto per_step = [&](size_t bytes) {
+      return mib(bytes / static_cast<size_t>(std::max<int64_t>(summary_.offload.steps, 1)));
+    };
+    offload_line = str_cat(
+        " | offloaded: training state ", mib(summary_.device_state_bytes), " on ", c_.device.str(),
+        ", ", mib(summary_.host_state_bytes), " pinned on the host; per step ",
+        per_step(summary_.offload.to_host_bytes), " to the host (", summary_.offload.prefetched,
+        " copies during backward, ", summary_.offload.fetched_at_step, " at the boundary), ",
+        per_step(summary_.offload.from_host_bytes), " back");
+  }
+  const Evaluation& e = summary_.evaluation;
+  std::ostringstream line;
+  line << "done: " << e.label << " " << std::fixed << std::setprecision(2)
+       << (e.percent ? 100 * e.value : e.value) << (e.percent ? "%" : "") << " after "
+       << summary_.steps << " steps | train " << summary_.train_seconds << " s, "
+       << std::setprecision(0) << summary_.samples_per_second << " samples/s | "
+       << (k_schedule_ ? str_cat("accumulation schedule ", k_schedule_->str(), ", micro-batch ",
+                                 batch.micro_batch)
+                       : batch.str())
+       << " | device " << c_.device.str() << " | peak " << mib(mem.peak_bytes) << ", activations "
+       << mib(mem.peak_activation_bytes) << ", optimizer state " << mib(optimizer_->state_bytes())
+       << (comm_->world_size() > 1 ? " per rank" : "") << offload_line << " | " << c_.precision
+       << (scaling_.on ? str_cat(", loss scale ", optimizer_->scaler_state().first) : "")
+       << " | skipped steps " << acc_->skipped_steps() << " | "
+       << (tuner_ ? tuner_->describe() : std::to_string(c_.threads) + " threads (fixed)");
+  log(line.str());
+  nlohmann::json record = {{"event", "summary"},
+                           {e.key, e.value},
+                           {"train_seconds", summary_.train_seconds},
+                           {"samples_per_second", summary_.samples_per_second},
+                           {"steps", summary_.steps},
+                           {"skipped_steps", acc_->skipped_steps()},
+                           {"peak_bytes", mem.peak_bytes},
+                           {"peak_activation_bytes", mem.peak_activation_bytes},
+                           {"optimizer_state_bytes", optimizer_->state_bytes()},
+                           {"device_state_bytes", summary_.device_state_bytes},
+                           {"host_state_bytes", summary_.host_state_bytes},
+                           {"offload_optimizer", c_.offload_optimizer},
+                           {"offload_to_host_bytes", summary_.offload.to_host_bytes},
+                           {"offload_from_host_bytes", summary_.offload.from_host_bytes},
+                           {"ranks", comm_->world_size()},
+                           {"zero", c_.zero},
+                           {"batch", batch.batch},
+                           {"micro_batch", batch.micro_batch},
+                           {"accum_steps", batch.accum_steps},
+                           {"device", c_.device.str()},
+                           {"precision", c_.precision},
+                           {"loss_scale", summary_.final_loss_scale},
+                           {"threads", cpu_threads()},
+                           {"thread_switches", tuner_ ? tuner_->switches() : 0}};
+  for (auto it = task_.reported.begin(); it != task_.reported.end(); ++it) {
+    record[it.key()] = *it;
+  }
+  metrics_->emit(record);
+}
+
+// The end of the run: its last checkpoint, the summary, the metrics file, and --save.
+void Run::finish() {
+  write_checkpoint(position_);  // unless that step was just written
+  report_summary();
+  metrics_->commit();
+  if (summary_.steps > 0 && summary_.skipped_steps == summary_.steps) {
+    throw std::runtime_error(str_cat("no update was applied: all ", summary_.steps,
+                                     " steps were skipped (non-finite gradients)",
+                                     c_.save.empty() ? "" : "; nothing saved"));
+  }
+  summary_.parameter_hash = tensor_hash(arena_->named_masters());
+  summary_.buckets_overlapped = acc_->buckets_overlapped();
+  summary_.buckets_at_step = acc_->buckets_at_step();
+  if (!c_.save.empty() && lead_) {
+    optim::save_safetensors(c_.save, saved_state(*arena_, *model_), {{"format", "pt"}});
+    log("saved weights to " + c_.save);
+  }
+}
+
+Summary Run::train() {
+  setup_ranks_and_threads();
+  build_model();
+  fit_memory_budget();
+  build_optimizer();
+  build_accumulator();
+  run_config_ = run_config();
+  resume();
+  metrics_ = std::make_unique<MetricsLog>(lead_ ? c_.metrics : std::string());
+  const EpochPlan& first = plan_for(0);
+  log(task_.program + ": " + first.batch.str() + ", lr " + std::to_string(first.lr) + " (" +
+      c_.lr_scaling + " scaling)" +
+      (k_schedule_ ? ", accumulation schedule " + k_schedule_->str() : "") + ", " +
+      std::to_string(model_->num_parameters()) + " parameters, device " + c_.device.str() + ", " +
+      std::to_string(train_samples_) + " training samples");
+  // The training state's bytes, now that the optimizer exists.
+  summary_.device_state_bytes = allocator_for(c_.device).stats().live_bytes - device_bytes_before_;
+  summary_.host_state_bytes = pinned_host_allocator().stats().live_bytes - host_bytes_before_;
+  progress_ =
+      std::make_unique<Progress>(out_, c_.quiet, static_cast<int64_t>(first.windows.size()));
+  position_ = start_;
+  for (int64_t epoch = start_.epoch; epoch < c_.epochs && acc_->steps() < total_steps_; ++epoch) {
+    run_epoch(epoch);
+  }
+  finish();
+  return summary_;
+}
+
+}  // namespace
+
+Summary train(const Config& config, Task& task, std::ostream& out, const Callbacks& callbacks) {
+  Run run(config, task, out, callbacks);
+  return run.train();
+}
+
+}  // namespace accrue::train

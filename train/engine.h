@@ -1,0 +1,84 @@
+// The training engine: turns a Task (task.h) and a Config (config.h) into a training run. It owns
+// the launcher's ranks and the device of each, the CPU threads, the precision policy, the window
+// plan of every epoch (the k schedule, the memory budget's micro-batch), the learning rate's
+// scaling and schedule, the optimizer and the pieces around it (ZeRO-1, the gradient all-reduce,
+// the offloaded optimizer), checkpoints and bitwise resume, progress, JSON Lines metrics, the
+// summary and saving. Per-step, per-epoch and per-checkpoint records reach the caller through
+// Callbacks. A micro-step is the recipe of the whole library:
+//   index = order[micro-batch]; batch = task.batch(index); loss = task.loss(model, batch)
+//   -> optim::Accumulator (backward seeded with 1 / items of the window) -> boundary step.
+// Read next: engine.cpp, then run.h for exit statuses.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <string>
+
+#include "optim/offload.h"
+#include "train/config.h"
+#include "train/task.h"
+
+namespace accrue::train {
+
+struct StepEvent {
+  int64_t step = 0;     // 1-based optimizer step
+  int64_t epoch = 0;    // 1-based
+  int64_t samples = 0;  // in the window, over every rank
+  int64_t items = 0;    // loss items in the window (the normaliser)
+  double loss = 0;      // mean over the window's items
+  double grad_norm = 0;
+  double lr = 0;
+  bool skipped = false;
+  double loss_scale = 1;
+  int64_t accum_steps = 0, batch = 0;  // the window's k and effective batch
+};
+
+struct EpochEvent {
+  int64_t epoch = 0;  // 1-based
+  double train_loss = 0;
+  Evaluation evaluation;
+  double seconds = 0;
+};
+
+struct CheckpointEvent {
+  int64_t step = 0;
+  std::string dir;
+};
+
+struct Callbacks {
+  std::function<void(const StepEvent&)> on_step;
+  std::function<void(const EpochEvent&)> on_epoch;
+  std::function<void(const CheckpointEvent&)> on_checkpoint;
+};
+
+struct Summary {
+  Evaluation evaluation;  // after the last epoch
+  double train_seconds = 0;
+  double samples_per_second = 0;
+  int64_t steps = 0;                       // optimizer steps taken
+  int64_t skipped_steps = 0;               // of which skipped (non-finite gradient): no update
+  double final_loss_scale = 1;             // after the last step (1 without loss scaling)
+  size_t peak_activation_bytes = 0;        // of a micro-step, above the baseline
+  int64_t micro_batch = 0;                 // used (chosen by --memory-budget, or given)
+  size_t peak_bytes = 0;                   // live bytes at the highest point of any micro-step
+  double activation_bytes_per_sample = 0;  // --memory-budget's probes
+  double activation_fixed_bytes = 0;
+  size_t memory_baseline_bytes = 0;
+  int64_t buckets_overlapped = 0;  // buckets handed over during backward (--bucket-kib)
+  int64_t buckets_at_step = 0;     // and at the boundary
+  uint64_t parameter_hash = 0;     // FNV-1a of the final parameters' bytes: equal on every rank
+  // Measured with the allocators' statistics once the model, arena and optimizer are built:
+  // bytes they hold on the compute device, and in pinned host memory (the offloaded optimizer).
+  size_t device_state_bytes = 0;
+  size_t host_state_bytes = 0;
+  optim::OffloadTraffic offload;  // bytes moved by the offloaded optimizer (zeros otherwise)
+};
+
+// Trains and evaluates; prints progress and the summary to out (rank 0 only). Metrics
+// (--metrics) are written to a temporary beside the file and renamed over it when training
+// ends. Throws on failure (run.h turns that into an exit status), and when every step was
+// skipped.
+Summary train(const Config& config, Task& task, std::ostream& out, const Callbacks& callbacks = {});
+
+}  // namespace accrue::train

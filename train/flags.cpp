@@ -1,0 +1,240 @@
+// The engine's command-line flags (see flags.h), declared once with CLI11: every flag with its
+// default in --help; a mistake prints one line and exits with status 2.
+#include "train/flags.h"
+
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <ostream>
+
+#include "core/error.h"
+#include "core/file.h"
+#include "optim/schedule.h"
+#include "train/budget.h"
+
+namespace accrue::train {
+
+namespace {
+
+// Upper limits of the integer flags: sample positions are int32, and products of these stay far
+// inside int64 (steps per epoch x epochs, batch x hidden width).
+constexpr int64_t kMaxBatch = INT32_MAX;
+constexpr int64_t kMaxEpochs = 1000000;
+
+}  // namespace
+
+namespace {
+
+// Which ends of a finite_in interval are excluded.
+enum class Open { kNeither, kLow, kHigh };
+
+// A CLI11 check: a finite number in [low, high], with one end excluded when `open` says so. The
+// message is one short line naming the value (never DBL_MAX in 309 digits).
+CLI::Validator finite_in(double low, double high, Open open = Open::kNeither) {
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(text, v)) return "'" + text + "' is not a number";
+        if (!std::isfinite(v)) return "'" + text + "' is not a finite number";
+        const bool above = open == Open::kLow ? v > low : v >= low;
+        const bool below = open == Open::kHigh ? v < high : v <= high;
+        if (above && below) return "";
+        const char* from = open == Open::kLow ? "(" : "[";
+        if (high == std::numeric_limits<double>::max()) {
+          return str_cat("'", text, "' must be ", open == Open::kLow ? "> " : ">= ", low);
+        }
+        return str_cat("'", text, "' must be in ", from, low, ", ", high,
+                       open == Open::kHigh ? ")" : "]");
+      },
+      "");
+}
+
+// A CLI11 check: an integer in [low, high].
+CLI::Validator int_in(int64_t low, int64_t high) {
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        int64_t v = 0;
+        if (!CLI::detail::lexical_cast(text, v) || v < low || v > high) {
+          return str_cat("'", text, "' is not an integer in [", low, ", ", high, "]");
+        }
+        return "";
+      },
+      "");
+}
+
+constexpr double kHuge = std::numeric_limits<double>::max();
+
+}  // namespace
+
+Flags::Flags(CLI::App& app, Config& config) : app_(app), c_(config) {
+  app_.option_defaults()->always_capture_default();
+  device_ = cuda_device_count() > 0 ? "cuda" : "cpu";
+  app_.add_option("--device", device_, "cpu or cuda[:N] (default: cuda when present)");
+  app_.add_option("--precision", c_.precision,
+                  "fp32; fp64 (everything in float64, for exactness studies); bf16 or fp16 (mixed: "
+                  "16-bit activations, float32 master weights, gradients and optimizer state)")
+      ->check(CLI::IsMember({"fp32", "fp64", "bf16", "fp16"}));
+  app_.add_option("--loss-scale", c_.loss_scale,
+                  "auto (dynamic for fp16, none otherwise), none, dynamic, or a fixed scale");
+  app_.add_option("--micro-batch", c_.micro_batch, "Samples per micro-step b (default 32)")
+      ->check(int_in(0, kMaxBatch));
+  app_.add_option("--accum-steps", c_.accum_steps, "Micro-steps per optimizer step k (default 4)")
+      ->check(int_in(0, kMaxBatch));
+  app_.add_option("--accum-schedule", c_.accum_schedule,
+                  "k by epoch, e.g. 1:1,2:2,3:4,5:8 (the effective batch follows; excludes "
+                  "--accum-steps and --batch)");
+  app_.add_option("--memory-budget", c_.memory_budget,
+                  "Device bytes a run may use (e.g. 64MiB, 1GiB): the largest micro-batch that "
+                  "fits is measured and chosen; k follows from --batch");
+  app_.add_option("--batch", c_.batch, "Effective batch B = b * k (give any two of the three)")
+      ->check(int_in(0, kMaxBatch));
+  app_.add_option("--epochs", c_.epochs, "Passes over the training set")
+      ->check(int_in(1, kMaxEpochs));
+  app_.add_option("--max-steps", c_.max_steps, "Stop after this many optimizer steps (0: no limit)")
+      ->check(int_in(0, INT64_MAX));
+  app_.add_option("--train-limit", c_.train_limit, "Use the first N training samples (0: all)")
+      ->check(int_in(0, INT32_MAX));
+  app_.add_option("--lr", c_.lr, "Learning rate at --base-batch")
+      ->check(finite_in(0, kHuge, Open::kLow));
+  app_.add_option("--lr-scaling", c_.lr_scaling, "Scale lr with the batch: none, linear, sqrt")
+      ->check(CLI::IsMember({"none", "linear", "sqrt"}));
+  app_.add_option("--base-batch", c_.base_batch, "Batch size --lr was tuned for")
+      ->check(int_in(1, kMaxBatch));
+  app_.add_option("--schedule", c_.schedule, "LR schedule: constant, warmup, cosine")
+      ->check(CLI::IsMember({"constant", "warmup", "cosine"}));
+  app_.add_option("--warmup", c_.warmup, "Linear warmup steps")->check(int_in(0, INT32_MAX));
+  app_.add_option("--clip", c_.clip, "Clip the gradient norm to this (0: off)")
+      ->check(finite_in(0, kHuge));
+  app_.add_option("--optimizer", c_.optimizer, "adam, adamw or sgd")
+      ->check(CLI::IsMember({"adam", "adamw", "sgd"}));
+  app_.add_option("--weight-decay", c_.weight_decay,
+                  "Weight decay (default: 0 for adam and sgd, 0.01 for adamw)")
+      ->check(finite_in(0, kHuge));
+  app_.add_option("--momentum", c_.momentum, "SGD momentum")->check(finite_in(0, 1, Open::kHigh));
+  app_.add_option("--seed", c_.seed, "Seed for initialisation and shuffling");
+  app_.add_flag("--no-shuffle", no_shuffle_, "Keep the file order of the samples");
+  app_.add_option("--threads", c_.threads,
+                  "CPU threads (0: tuned while training among 1, 2, 4, ..., every core)")
+      ->check(int_in(0, 4096));
+  app_.add_option("--zero", c_.zero,
+                  "1: shard the optimizer state over the data-parallel ranks (ZeRO stage 1)")
+      ->check(int_in(0, 1));
+  app_.add_option("--bucket-kib", c_.bucket_kib,
+                  "Overlap the boundary's transfer (the all-reduce with several ranks, the copy to "
+                  "the host with --offload-optimizer) with the last backward, in buckets of this "
+                  "many KiB (0: all at the boundary; default 0, or 1024 with --offload-optimizer "
+                  "on one rank)")
+      ->check(int_in(0, 1 << 20));
+  app_.add_flag("--offload-optimizer", c_.offload_optimizer,
+                "Keep the float master weights and the optimizer state in pinned host memory and "
+                "run the optimizer step on the CPU (ZeRO-Offload)");
+  app_.add_option("--metrics", c_.metrics, "Write JSON Lines metrics to this file");
+  app_.add_option("--save", c_.save, "Save the final weights (safetensors)");
+  app_.add_option("--init", c_.init, "Start from these weights (safetensors)");
+  app_.add_option("--checkpoint", c_.checkpoint,
+                  "Write the whole training state into this folder (the newest two are kept)");
+  app_.add_option("--checkpoint-every", c_.checkpoint_every,
+                  "Optimizer steps between checkpoints (and one at the end)")
+      ->check(int_in(1, INT64_MAX));
+  app_.add_option("--resume", c_.resume,
+                  "Continue from the newest checkpoint in this folder, bit for bit");
+  app_.add_flag("--quiet", c_.quiet, "No progress output");
+}
+
+void Flags::check() {
+  c_.device = Device::parse(device_);
+  if (c_.device.is_cuda() && c_.device.index >= cuda_device_count()) {
+    throw ValueError("--device " + device_ + ": no such GPU (" +
+                     (cuda_unavailable_reason().empty()
+                          ? "only " + std::to_string(cuda_device_count()) + " present"
+                          : cuda_unavailable_reason()) +
+                     ")");
+  }
+  resolve_loss_scale(c_.loss_scale, c_.precision);
+  c_.shuffle = !no_shuffle_;
+  // The world size comes from the launcher's environment: no MPI call before the data is read.
+  const distributed::LaunchInfo launch = distributed::launch_info();
+  // Every k the run will use: one, or each of --accum-schedule's; with --memory-budget the
+  // micro-batch is measured later, and only the effective batch is known here.
+  std::vector<Config> variants{c_};
+  if (!c_.memory_budget.empty()) {
+    parse_bytes(c_.memory_budget);
+    if (c_.micro_batch > 0 || c_.accum_steps > 0 || !c_.accum_schedule.empty()) {
+      throw ValueError(
+          "--memory-budget chooses the micro-batch; it excludes --micro-batch, --accum-steps "
+          "and --accum-schedule");
+    }
+    variants.front().micro_batch = 1;  // any divisor: the batch and lr checks below
+    if (variants.front().batch == 0) variants.front().batch = 128;
+  }
+  if (!c_.accum_schedule.empty()) {
+    if (c_.accum_steps > 0 || c_.batch > 0) {
+      throw ValueError("--accum-schedule sets k by epoch; it excludes --accum-steps and --batch");
+    }
+    variants.clear();
+    for (const auto& [epoch, k] :
+         optim::AccumSchedule::parse(c_.accum_schedule, kMaxBatch).points) {
+      Config v = c_;
+      v.accum_steps = k;
+      variants.push_back(v);
+    }
+  }
+  for (const Config& v : variants) {
+    const optim::ResolvedBatch batch = resolve_config_batch(v, launch.world_size);
+    const double lr =
+        optim::scale_lr(c_.lr, batch.batch, c_.base_batch, optim::parse_lr_scaling(c_.lr_scaling));
+    if (!std::isfinite(lr) || !(lr > 0)) {
+      throw ValueError(str_cat("--lr ", c_.lr, " scaled (", c_.lr_scaling, ") from --base-batch ",
+                               c_.base_batch, " to batch ", batch.batch, " gives ", lr,
+                               ", not a usable learning rate"));
+    }
+  }
+  if (c_.zero == 1 && c_.bucket_kib > 0) {
+    throw ValueError(
+        "--zero 1 reduce-scatters the gradient at the boundary; it does not "
+        "combine with --bucket-kib (overlapped all-reduce)");
+  }
+  if (c_.offload_optimizer && c_.zero == 1) {
+    throw ValueError(
+        "--offload-optimizer keeps the whole optimizer state on the host; it does not combine "
+        "with --zero 1 (sharded optimizer state)");
+  }
+  if (launch.rank == 0) {  // rank 0 alone writes them
+    if (!c_.metrics.empty()) check_writable(c_.metrics, "--metrics");
+    if (!c_.save.empty()) check_writable(c_.save, "--save");
+  }
+  if (!c_.resume.empty() && !std::filesystem::is_directory(c_.resume)) {
+    throw ValueError("--resume " + c_.resume + ": no such folder");
+  }
+  if (!c_.resume.empty() && !c_.init.empty()) {
+    throw ValueError("--resume continues a run; it excludes --init");
+  }
+  if (!c_.init.empty() && !std::filesystem::is_regular_file(c_.init)) {
+    throw ValueError("--init " + c_.init + ": no such file");
+  }
+}
+
+int parse_command_line(CLI::App& app, int argc, const char* const* argv, const std::string& program,
+                       std::ostream& out, std::ostream& err, const std::function<void()>& check) {
+  try {
+    app.parse(argc, argv);
+    check();
+  } catch (const CLI::CallForHelp&) {
+    out << app.help();
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    std::string what = e.what();
+    what = what.substr(0, what.find('\n'));
+    err << program << ": " << what << " (see --help)\n";
+    return 2;
+  } catch (const std::invalid_argument& e) {
+    err << program << ": " << e.what() << "\n";
+    return 2;
+  } catch (const FileError& e) {
+    err << program << ": " << e.what() << "\n";
+    return 2;
+  }
+  return -1;
+}
+
+}  // namespace accrue::train

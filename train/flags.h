@@ -1,0 +1,43 @@
+// The engine's command-line flags, declared once with CLI11, so every example gets the same
+// flags, defaults and validation and adds only its own (the data, the model):
+//   CLI::App app{"accrue-x: train ..."};
+//   train::Flags flags(app, config);          // --device ... --quiet
+//   app.add_option("--data", data, "...");    // the example's own
+//   return train::parse_command_line(app, argc, argv, "accrue-x", out, err, [&] {
+//     flags.check();                          // throws ValueError: one line, exit 2
+//     ...the example's own checks...
+//   });
+// Read next: engine.h.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <iosfwd>
+#include <string>
+
+#include "train/config.h"
+
+namespace accrue::train {
+
+class Flags {
+ public:
+  // Declares every shared flag on app, bound to config.
+  Flags(CLI::App& app, Config& config);
+  // After parsing: resolves the device and checks the combination before any data is read (the
+  // batch arithmetic on the launcher's world size, the learning rate it scales to, exclusive
+  // flags, output paths). Throws ValueError or FileError with one line naming the flag.
+  void check();
+
+ private:
+  CLI::App& app_;
+  Config& c_;
+  std::string device_;
+  bool no_shuffle_ = false;
+};
+
+// Parses argv with app, then runs check. Returns -1 to go on, else the exit status main()
+// should return: 0 after --help, 2 after a mistake (one line on err: "program: what").
+int parse_command_line(CLI::App& app, int argc, const char* const* argv, const std::string& program,
+                       std::ostream& out, std::ostream& err, const std::function<void()>& check);
+
+}  // namespace accrue::train

@@ -1,0 +1,59 @@
+// What a run reports as it goes: the progress bar or lines, the JSON Lines metrics file, and
+// small formatting helpers. Read next: engine.cpp.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "core/file.h"
+#include "nn/module.h"
+
+namespace accrue::train {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t);
+
+// "12.34 MiB"
+std::string mib(size_t bytes);
+
+// A JSON number, or for NaN and infinities the strings "nan", "inf", "-inf" (JSON has no
+// non-finite numbers, and null would hide which one it was).
+nlohmann::json json_number(double v);
+
+// The --metrics file: one JSON record a line, written to a temporary and renamed over the file
+// at commit(). Without a path (or on ranks other than 0) every call does nothing.
+class MetricsLog {
+ public:
+  explicit MetricsLog(const std::string& path);
+  void emit(const nlohmann::json& record);
+  void commit();
+
+ private:
+  std::unique_ptr<AtomicFile> file_;
+};
+
+// A progress bar on a terminal, a plain line every tenth of an epoch otherwise.
+class Progress {
+ public:
+  Progress(std::ostream& out, bool quiet, int64_t steps_per_epoch);
+  void set_steps_per_epoch(int64_t steps);
+  void update(int64_t epoch, int64_t step_in_epoch, int64_t step, double loss, double grad_norm,
+              double lr, double samples_per_second);
+  void end_epoch();
+
+ private:
+  std::ostream& out_;
+  bool quiet_, tty_;
+  int64_t every_, total_;
+  Clock::time_point last_ = Clock::now();
+};
+
+// FNV-1a over the bytes of every tensor, in order (read back to the host).
+uint64_t tensor_hash(const std::vector<nn::NamedTensor>& tensors);
+
+}  // namespace accrue::train

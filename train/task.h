@@ -1,0 +1,61 @@
+// What a user hands the engine to train a model of their own: a dataset (its sample count, each
+// sample's loss-item count, and a function that materialises the samples of given indices on the
+// device), a model factory, a loss returning a sum and a count (nn::LossSum), and an evaluation.
+// The engine owns everything else (engine.h). tests/test_engine.cpp trains a model that is not
+// MNIST through it in a few lines. Read next: engine.h.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "core/tensor.h"
+#include "nn/loss.h"
+#include "nn/module.h"
+
+namespace accrue::train {
+
+// A micro-batch's tensors, on the run's device.
+struct Batch {
+  Tensor input, target;
+};
+
+// What evaluate() measured: reported after every epoch as "<label> <value>" (a percentage when
+// percent) and in the metrics under `key`.
+struct Evaluation {
+  std::string key = "test_accuracy";
+  std::string label = "test accuracy";
+  double value = 0;
+  bool percent = true;
+};
+
+// What the engine resolved before it asks for data: where the run computes, in which dtypes.
+struct Setup {
+  Device device = Device::cpu();  // this rank's device
+  DType compute = DType::kFloat32, master = DType::kFloat32;
+  int rank = 0, world_size = 1;
+};
+
+struct Task {
+  std::string program = "accrue";  // prefixes messages: "accrue-mnist: ..."
+  // Called once, first: loads the data onto setup.device; returns the training samples' count.
+  std::function<int64_t(const Setup& setup)> prepare;
+  // The loss items of sample i (1 for a classified sample, its target tokens for a sequence);
+  // null: one each. The window's normaliser is their sum over the window, known from the plan.
+  std::function<int64_t(int64_t sample)> items;
+  // The samples of `index` (int32 [b], positions in the training set, on the device).
+  std::function<Batch(const Tensor& index)> batch;
+  // The model, its parameters in `master` (built under the run's seed, before --init).
+  std::function<std::unique_ptr<nn::Module>(DType master)> model;
+  // The micro-batch's sum-reduced loss and its item count; logits should be cast to loss_dtype
+  // (float32 or float64) for the softmax, whatever the activations are in.
+  std::function<nn::LossSum(nn::Module& model, const Batch& batch, DType loss_dtype)> loss;
+  // Measures the model (the engine puts it in eval mode under NoGradGuard around the call).
+  std::function<Evaluation(nn::Module& model)> evaluate;
+  // The model's settings: a resume must match `settings`; `reported` goes into the summary.
+  nlohmann::json settings = nlohmann::json::object();
+  nlohmann::json reported = nlohmann::json::object();
+};
+
+}  // namespace accrue::train
