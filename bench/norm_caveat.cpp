@@ -34,7 +34,7 @@ int main() {
   for (auto& l : labels) l = static_cast<int32_t>(rng() % 10);
   const Tensor y = Tensor::from_vector<int32_t>({windows * batch}, labels);
   std::printf("| norm | step 0 | step 10 | step 20 |\n|---|---|---|---|\n");
-  for (const char* name : {"none", "batch", "group", "layer"}) {
+  for (const char* name : {"none", "batch", "group", "group1"}) {
     nn::manual_seed(1);
     mnist::MnistCNN model(mnist::MnistCNN::parse_norm(name), DType::kFloat64);
     optim::ParameterArena arena(model);

@@ -6,7 +6,7 @@
 
 namespace accrue {
 
-// The geometry of a 2-D convolution (NCHW, groups = 1) and of a pooling window. Output sizes:
+// The geometry of a 2-D convolution (NCHW, groups = 1) and of a pooling region. Output sizes:
 // out = (in + 2 pad - dilation (kernel - 1) - 1) / stride + 1 (conv2d_out_size).
 struct Conv2dGeometry {
   int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dilation_h = 1, dilation_w = 1;

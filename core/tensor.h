@@ -1,4 +1,4 @@
-// Tensor: a shape, a dtype and a contiguous window (offset + numel) into a reference-counted
+// Tensor: a shape, a dtype and a contiguous span (offset + numel) of a reference-counted
 // Storage block from the device's caching allocator. Tensors are handles: copying one shares the
 // data. Views (reshape, narrow on dim 0, the parameter arena's slices) share storage too.
 // Every tensor is contiguous; that keeps every kernel a flat loop over numel elements.

@@ -32,7 +32,7 @@ bool accumulates_in_float(const char* op, DType out) {
 
 // f(pointer to out's elements), typed T or float as accumulates_in_float says (host loops).
 template <typename T, typename F>
-void with_accumulator(Tensor& out, const char* op, F f) {
+void with_wide_output(Tensor& out, const char* op, F f) {
   if constexpr (is_half_v<T>) {
     if (accumulates_in_float<T>(op, out.dtype())) return f(out.data<float>());
   } else {

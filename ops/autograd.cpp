@@ -138,7 +138,7 @@ bool GradSink::needs(size_t i) const {
   return node_.inputs.at(i).active();
 }
 
-Tensor GradSink::accumulator(size_t i) {
+Tensor GradSink::grad_buffer(size_t i) {
   const Edge& edge = node_.inputs.at(i);
   if (!edge.leaf) return Tensor();
   if (!edge.leaf->grad) {

@@ -6,7 +6,7 @@
 //
 // Gradients of leaves are accumulated in place into their persistent `grad` buffer (for
 // parameters, a view of the gradient arena). A node that can write its input gradient directly
-// (the weight-gradient GEMM with beta = 1) asks GradSink::accumulator() for that buffer; other
+// (the weight-gradient GEMM with beta = 1) asks GradSink::grad_buffer() for that buffer; other
 // nodes hand a fresh tensor to GradSink::add(). Read next: ops/linear.cpp.
 #pragma once
 
@@ -58,7 +58,7 @@ class GradSink {
   bool needs(size_t i) const;
   // For a leaf input: its persistent gradient buffer (created as zeros on first use), into which
   // the node may accumulate directly, e.g. with a GEMM's beta = 1. Undefined for other inputs.
-  Tensor accumulator(size_t i);
+  Tensor grad_buffer(size_t i);
   // Adds g to input i's gradient: in place into a leaf's buffer, or into the tape slot.
   void add(size_t i, const Tensor& g);
 

@@ -22,7 +22,7 @@ void check_nchw(const char* op, const Tensor& x) {
   }
 }
 
-// The output height or width; throws when the window does not fit.
+// The output height or width; throws when the kernel does not fit.
 int64_t out_size(const char* op, const char* axis, int64_t in, int64_t kernel, int64_t stride,
                  int64_t pad, int64_t dilation) {
   if (kernel < 1 || stride < 1 || pad < 0 || dilation < 1) {
@@ -33,7 +33,7 @@ int64_t out_size(const char* op, const char* axis, int64_t in, int64_t kernel, i
   const int64_t out = conv2d_out_size(in, kernel, stride, pad, dilation);
   if (out < 1) {
     throw ShapeError(str_cat("[", op, "] ", axis, " ", in, " with padding ", pad,
-                             " is smaller than the window (kernel ", kernel, ", dilation ",
+                             " is smaller than the kernel (size ", kernel, ", dilation ",
                              dilation, ")"));
   }
   return out;
@@ -49,7 +49,7 @@ struct Conv2dBackward : Node {
     if (x.size(0) == 0) {  // an empty batch: no input gradient, nothing to add to the others
       if (sink.needs(0)) sink.add(0, Tensor::empty(x.shape(), x.dtype(), x.device()));
       for (size_t i : {size_t{1}, size_t{2}}) {
-        if (sink.needs(i) && !sink.accumulator(i).defined()) {
+        if (sink.needs(i) && !sink.grad_buffer(i).defined()) {
           sink.add(i, Tensor::zeros(i == 1 ? w.shape() : Shape{w.size(0)}, w.dtype(), w.device()));
         }
       }
@@ -61,7 +61,7 @@ struct Conv2dBackward : Node {
       sink.add(0, dx);
     }
     if (!sink.needs(1) && !sink.needs(2)) return;
-    Tensor dw = sink.accumulator(1), db = sink.needs(2) ? sink.accumulator(2) : Tensor();
+    Tensor dw = sink.grad_buffer(1), db = sink.needs(2) ? sink.grad_buffer(2) : Tensor();
     const bool direct = dw.defined() && (!sink.needs(2) || db.defined());
     if (direct) {  // parameters: straight into their gradient buffers
       be.conv2d_backward_filter(dy, x, g, 1.0, dw, db);

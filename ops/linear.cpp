@@ -19,7 +19,7 @@ void add_gemm(GradSink& sink, size_t i, bool trans_a, bool trans_b, const Tensor
               const Tensor& b, int64_t rows, int64_t cols) {
   if (!sink.needs(i)) return;
   Backend& be = backend_for(a.device());
-  Tensor acc = sink.accumulator(i);
+  Tensor acc = sink.grad_buffer(i);
   if (acc.defined()) {
     be.gemm(trans_a, trans_b, 1.0, a, b, 1.0, acc);
     return;
@@ -33,7 +33,7 @@ void add_gemm(GradSink& sink, size_t i, bool trans_a, bool trans_b, const Tensor
 void add_row_sum(GradSink& sink, size_t i, const Tensor& dy) {
   if (!sink.needs(i)) return;
   Backend& be = backend_for(dy.device());
-  Tensor acc = sink.accumulator(i);
+  Tensor acc = sink.grad_buffer(i);
   if (acc.defined()) {
     be.sum_rows(dy, 1.0, 1.0, acc);
     return;
@@ -86,7 +86,7 @@ struct LinearReluBackward : Node {
   void backward(const Tensor& dy, GradSink& sink) override {  // dy [N, out]
     Backend& be = backend_for(dy.device());
     Tensor dz = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
-    Tensor dbias = sink.needs(2) ? sink.accumulator(2) : Tensor();
+    Tensor dbias = sink.needs(2) ? sink.grad_buffer(2) : Tensor();
     if (sink.needs(2) && !dbias.defined()) {
       Tensor g = Tensor::empty({dy.size(1)}, dy.dtype(), dy.device());
       be.relu_bias_backward(y, dy, dz, 0.0, g);

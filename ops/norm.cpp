@@ -38,8 +38,8 @@ void check_affine(const char* op, const Tensor& x, const Tensor& t, const char* 
 template <typename Run>
 void affine_backward(GradSink& sink, const Tensor& like, int64_t channels, const Shape& w_shape,
                      const Shape& b_shape, Run run) {
-  Tensor dw = sink.needs(1) ? sink.accumulator(1) : Tensor();
-  Tensor db = sink.needs(2) ? sink.accumulator(2) : Tensor();
+  Tensor dw = sink.needs(1) ? sink.grad_buffer(1) : Tensor();
+  Tensor db = sink.needs(2) ? sink.grad_buffer(2) : Tensor();
   if ((!sink.needs(1) || dw.defined()) && (!sink.needs(2) || db.defined())) {
     run(1.0, dw, db);
     return;
@@ -57,7 +57,7 @@ void empty_backward(GradSink& sink, const Tensor& x, const Shape& input_shape, c
                     const Shape& b_shape) {
   if (sink.needs(0)) sink.add(0, Tensor::empty(input_shape, x.dtype(), x.device()));
   for (size_t i : {size_t{1}, size_t{2}}) {
-    if (sink.needs(i) && !sink.accumulator(i).defined()) {
+    if (sink.needs(i) && !sink.grad_buffer(i).defined()) {
       sink.add(i, Tensor::zeros(i == 1 ? w_shape : b_shape, x.dtype(), x.device()));
     }
   }

@@ -50,7 +50,7 @@ Tensor argmax(const Tensor& x);
 int64_t count_equal(const Tensor& a, const Tensor& b);
 
 // Convolution and pooling, NCHW (ops/conv.cpp). conv2d: x [N, C, H, W], weight [O, C, KH,
-// KW], bias [O] or undefined -> [N, O, OH, OW] (groups = 1). Pooling windows never cross planes;
+// KW], bias [O] or undefined -> [N, O, OH, OW] (groups = 1). Pooling regions never cross planes;
 // padding counts in the average (PyTorch's count_include_pad). flatten: [N, ...] -> [N, rest].
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
               const Conv2dGeometry& geometry = {});

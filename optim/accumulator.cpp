@@ -69,7 +69,7 @@ void Accumulator::restore_clock(int64_t steps, int64_t skipped) {
     throw ValueError(str_cat("[accumulator] restore_clock(", steps, ", ", skipped,
                              ") needs no open window and 0 <= skipped <= steps"));
   }
-  steps_ = steps;
+  step_clock_ = steps;
   skipped_ = skipped;
 }
 
@@ -81,7 +81,7 @@ void Accumulator::set_base_lr(double lr) {
 }
 
 double Accumulator::current_lr() const {
-  return options_.base_lr * options_.schedule.factor(steps_);
+  return options_.base_lr * options_.schedule.factor(step_clock_);
 }
 
 void Accumulator::begin_window(int64_t items, int64_t local_items) {
@@ -131,7 +131,7 @@ void Accumulator::check_counted_items() {
   const double counted = count_sum_.item();
   if (!counted_ && counted == 0) return;
   if (counted != static_cast<double>(window_items_)) {
-    throw ValueError(str_cat("[accumulator] the losses of step ", steps_ + 1, " counted ", counted,
+    throw ValueError(str_cat("[accumulator] the losses of step ", step_clock_ + 1, " counted ", counted,
                              " items, but the window plans ", window_items_,
                              " (the dataset's item counts and the loss disagree)"));
   }
@@ -224,8 +224,8 @@ StepResult Accumulator::step() {
     abandon_window();
     throw;
   }
-  ++steps_;
-  r.step = steps_;
+  ++step_clock_;
+  r.step = step_clock_;
   r.grad_norm = report.grad_norm;
   r.skipped = report.skipped;
   r.loss_scale = report.loss_scale;

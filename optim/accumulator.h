@@ -92,7 +92,7 @@ class Accumulator {
   StepResult run_window(const Window& window,
                         const std::function<Tensor(const MicroBatch&)>& forward);
 
-  int64_t steps() const { return steps_; }  // the clock schedules read
+  int64_t steps() const { return step_clock_; }  // the clock schedules read
   // The learning rate before the schedule's factor, from the next step on (an accumulation
   // schedule moves the effective batch, and --lr-scaling moves the rate with it).
   void set_base_lr(double lr);
@@ -109,7 +109,7 @@ class Accumulator {
  private:
   Optimizer& optimizer_;
   AccumulatorOptions options_;
-  int64_t steps_ = 0, skipped_ = 0;
+  int64_t step_clock_ = 0, skipped_ = 0;
   int64_t window_items_ = 0;  // N of the open window over every rank; 0: none open
   int64_t local_items_ = 0;   // of which this rank's
   bool window_open_ = false;

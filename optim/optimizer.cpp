@@ -14,7 +14,7 @@ Optimizer::Optimizer(ParameterArena& arena, double lr)
       offload_(arena.offloaded() ? std::make_unique<HostOffload>(arena) : nullptr),
       norm_sq_(state_zeros({2}, arena.dtype())),
       boundary_(state_zeros({4}, arena.dtype())),
-      steps_(state_zeros({1}, DType::kInt32)),
+      applied_steps_(state_zeros({1}, DType::kInt32)),
       params_(arena.params()),
       grads_(offload_ ? offload_->grads() : arena.grads()),
       working_(offload_ ? offload_->working() : arena.working()) {
@@ -114,7 +114,7 @@ void Optimizer::step(double max_norm) {
   if (reducer_ != nullptr) reducer_->sum(norm_sq_);  // every process decides clip and skip alike
   const ScalerArgs scaler{scaling_.dynamic, scaling_.growth, scaling_.backoff,
                           scaling_.growth_interval};
-  be.boundary(norm_sq_, 1.0, max_norm, scaler, scaler_, boundary_, steps_);
+  be.boundary(norm_sq_, 1.0, max_norm, scaler, scaler_, boundary_, applied_steps_);
   update();
   if (offload_) {
     offload_->push(report().skipped);  // the host knows the skip flag without a device read
@@ -140,7 +140,7 @@ std::vector<nn::NamedTensor> Optimizer::save_state() {
     gather_->gather(t, full);
     out.emplace_back(name, full);
   }
-  out.emplace_back("steps", steps_);
+  out.emplace_back("steps", applied_steps_);
   if (scaler_.defined()) out.emplace_back("scaler", scaler_);
   return out;
 }
@@ -163,7 +163,7 @@ void Optimizer::load_state(const std::map<std::string, Tensor>& state) {
     const int64_t offset = restricted() ? slice_offset_ : 0;
     t.copy_(full.narrow(offset, n).to(t.device()));
   }
-  steps_.copy_(get("steps", steps_.shape(), DType::kInt32).to(steps_.device()));
+  applied_steps_.copy_(get("steps", applied_steps_.shape(), DType::kInt32).to(applied_steps_.device()));
   if (scaler_.defined()) {
     scaler_.copy_(get("scaler", scaler_.shape(), scaler_.dtype()).to(scaler_.device()));
     send_loss_scale();
@@ -180,7 +180,7 @@ StepReport Optimizer::report() const {
 }
 
 int64_t Optimizer::applied_steps() const {
-  return static_cast<int64_t>(steps_.item());
+  return static_cast<int64_t>(applied_steps_.item());
 }
 
 }  // namespace accrue::optim

@@ -106,7 +106,7 @@ class Optimizer {
   ParameterArena& arena() { return arena_; }
 
  protected:
-  // The fused pass over params_ and grads_ below; reads boundary_ and steps_ on the device.
+  // The fused pass over params_ and grads_ below; reads boundary_ and applied_steps_ on the device.
   virtual void update() = 0;
   // Reallocates the state for `elements` elements (zeros): restrict_to_slice() calls it.
   virtual void resize_state(int64_t elements) = 0;
@@ -122,7 +122,7 @@ class Optimizer {
   std::unique_ptr<HostOffload> offload_;  // null unless the arena's masters are offloaded
   Tensor norm_sq_;                        // [2] {sum g^2, non-finite count}
   Tensor boundary_;                       // [4] {norm, coef, skip, scale}
-  Tensor steps_;                          // int32 [1] applied updates
+  Tensor applied_steps_;                  // int32 [1] applied updates
   Tensor scaler_;  // [2] {loss scale, clean windows}, or undefined: no loss scaling
   LossScaling scaling_;
   // What update() works on: the whole arena, or this process's slice of the parameters and the

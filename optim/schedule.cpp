@@ -9,9 +9,8 @@
 namespace accrue::optim {
 
 double Schedule::factor(int64_t step) const {
-  if (kind == ScheduleKind::kConstant) return 1.0;
   if (step < warmup_steps) return static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
-  if (kind == ScheduleKind::kWarmup) return 1.0;
+  if (kind == ScheduleKind::kConstant) return 1.0;
   const int64_t span = std::max<int64_t>(total_steps - warmup_steps, 1);
   const double progress = std::min(1.0, static_cast<double>(step - warmup_steps) / span);
   return min_factor + (1.0 - min_factor) * 0.5 * (1.0 + std::cos(M_PI * progress));
@@ -19,9 +18,8 @@ double Schedule::factor(int64_t step) const {
 
 ScheduleKind Schedule::parse(const std::string& name) {
   if (name == "constant") return ScheduleKind::kConstant;
-  if (name == "warmup") return ScheduleKind::kWarmup;
   if (name == "cosine") return ScheduleKind::kCosine;
-  throw ValueError("[schedule] unknown schedule '" + name + "': expected constant, warmup, cosine");
+  throw ValueError("[schedule] unknown schedule '" + name + "': expected constant or cosine (a warmup applies to either)");
 }
 
 LrScaling parse_lr_scaling(const std::string& name) {

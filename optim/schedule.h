@@ -9,17 +9,18 @@
 
 namespace accrue::optim {
 
-enum class ScheduleKind { kConstant, kWarmup, kCosine };
+// After an optional linear warmup (any kind): constant, or a cosine decay to min_factor.
+enum class ScheduleKind { kConstant, kCosine };
 
 struct Schedule {
   ScheduleKind kind = ScheduleKind::kConstant;
-  int64_t warmup_steps = 0;  // linear ramp from lr / warmup to lr (kWarmup and kCosine)
+  int64_t warmup_steps = 0;  // linear ramp from lr / warmup to lr, before either kind
   int64_t total_steps = 0;   // kCosine: the step at which the decay reaches min_factor
   double min_factor = 0.0;   // kCosine: final lr as a fraction of the base lr
 
   // The lr multiplier for 0-based optimizer step `step`.
   double factor(int64_t step) const;
-  static ScheduleKind parse(const std::string& name);  // constant | warmup | cosine
+  static ScheduleKind parse(const std::string& name);  // constant | cosine
 };
 
 enum class LrScaling { kNone, kLinear, kSqrt };

@@ -199,7 +199,7 @@ TEST(Accumulation, EvaluationInsideAWindowDoesNotStep) {
 TEST(Accumulation, ScheduleTicksOncePerOptimizerStep) {
   AccumulatorOptions options;
   options.base_lr = 0.02;
-  options.schedule = {optim::ScheduleKind::kWarmup, 20, 0, 0};
+  options.schedule = {optim::ScheduleKind::kConstant, 20, 0, 0};
   Rig s = make_setup(DType::kFloat32, Device::cpu(), 64, options);
   const auto batch = optim::resolve_batch({0, 4, 4, 1});  // 16 per window, 4 windows per epoch
   int micro_steps = 0;
@@ -230,6 +230,13 @@ TEST(Schedule, FactorsAndScaling) {
   EXPECT_DOUBLE_EQ(cosine.factor(110), 0.1);
   EXPECT_DOUBLE_EQ(cosine.factor(500), 0.1);
   EXPECT_DOUBLE_EQ(optim::Schedule{}.factor(1000), 1.0);
+  // The warmup applies to either kind: a constant schedule ramps too.
+  const optim::Schedule constant{optim::ScheduleKind::kConstant, 4, 0, 0};
+  EXPECT_DOUBLE_EQ(constant.factor(0), 0.25);
+  EXPECT_DOUBLE_EQ(constant.factor(3), 1.0);
+  EXPECT_DOUBLE_EQ(constant.factor(100), 1.0);
+  expect_error<ValueError>([] { optim::Schedule::parse("warmup"); },
+                           {"'warmup'", "constant or cosine", "warmup applies to either"});
   EXPECT_DOUBLE_EQ(optim::scale_lr(1e-3, 128, 32, optim::LrScaling::kLinear), 4e-3);
   EXPECT_DOUBLE_EQ(optim::scale_lr(1e-3, 128, 32, optim::LrScaling::kSqrt), 2e-3);
   EXPECT_DOUBLE_EQ(optim::scale_lr(1e-3, 128, 32, optim::LrScaling::kNone), 1e-3);

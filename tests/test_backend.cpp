@@ -33,7 +33,7 @@ struct Maker {
     return to_dtype(to_dtype(Tensor::from_vector<double>(shape, v), inputs), dtype).to(device);
   }
   // The dtype an accumulating output takes: float32 under 16-bit inputs, else the row's own.
-  DType accumulator() const { return is_half(dtype) ? DType::kFloat32 : dtype; }
+  DType wide_output() const { return is_half(dtype) ? DType::kFloat32 : dtype; }
   Tensor ints(std::vector<int32_t> v) const {
     return Tensor::from_vector<int32_t>({static_cast<int64_t>(v.size())}, v, device);
   }
@@ -126,7 +126,7 @@ std::vector<Row> rows() {
        }},
       {"axpy/into_float32",
        [](const Maker& m) {
-         Tensor y = to_dtype(random({kFlat}, 5), m.accumulator()).to(m.device);
+         Tensor y = to_dtype(random({kFlat}, 5), m.wide_output()).to(m.device);
          m.be().axpy(-0.75, m.uniform({kFlat}, 4), y);
          return Outputs{y};
        }},
@@ -163,14 +163,14 @@ std::vector<Row> rows() {
        }},
       {"sum_rows/into_float32",
        [](const Maker& m) {
-         Tensor out = to_dtype(random({kCols}, 9), m.accumulator()).to(m.device);
+         Tensor out = to_dtype(random({kCols}, 9), m.wide_output()).to(m.device);
          m.be().sum_rows(m.uniform({kRows, kCols}, 8), 1.0, 1.0, out);
          return Outputs{out};
        }},
       {"relu_bias_backward/into_float32",
        [](const Maker& m) {
          Tensor dz = m.empty({kRows, kCols});
-         Tensor dbias = to_dtype(random({kCols}, 10), m.accumulator()).to(m.device);
+         Tensor dbias = to_dtype(random({kCols}, 10), m.wide_output()).to(m.device);
          m.be().relu_bias_backward(m.uniform({kRows, kCols}, 8), m.uniform({kRows, kCols}, 9), dz,
                                    1.0, dbias);
          return Outputs{dz, dbias};
@@ -456,7 +456,7 @@ std::vector<Row> rows() {
              // accumulated into a float32 C with beta = 1
              Tensor a = m.uniform(ta ? Shape{kCols, 37} : Shape{37, kCols}, 25);
              Tensor b = m.uniform(tb ? Shape{45, kCols} : Shape{kCols, 45}, 26);
-             Tensor c = to_dtype(random({37, 45}, 27), m.accumulator()).to(m.device);
+             Tensor c = to_dtype(random({37, 45}, 27), m.wide_output()).to(m.device);
              m.be().gemm(ta, tb, 1.0, a, b, 1.0, c);
              return Outputs{c};
            }});

@@ -430,7 +430,7 @@ void Run::run_epoch(int64_t epoch) {
                     {"lr", r.lr},
                     {"skipped", r.skipped},
                     {"loss_scale", r.loss_scale},
-                    {"k", plan.batch.accum_steps},
+                    {"accum_steps", plan.batch.accum_steps},
                     {"batch", plan.batch.batch},
                     {"threads", cpu_threads()}});
     if (callbacks_.on_step) callbacks_.on_step(event);

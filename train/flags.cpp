@@ -100,9 +100,12 @@ Flags::Flags(CLI::App& app, Config& config) : app_(app), c_(config) {
       ->check(CLI::IsMember({"none", "linear", "sqrt"}));
   app_.add_option("--base-batch", c_.base_batch, "Batch size --lr was tuned for")
       ->check(int_in(1, kMaxBatch));
-  app_.add_option("--schedule", c_.schedule, "LR schedule: constant, warmup, cosine")
-      ->check(CLI::IsMember({"constant", "warmup", "cosine"}));
-  app_.add_option("--warmup", c_.warmup, "Linear warmup steps")->check(int_in(0, INT32_MAX));
+  app_.add_option("--schedule", c_.schedule,
+                  "LR schedule after the warmup: constant, or cosine decay to 0 at the last step")
+      ->check(CLI::IsMember({"constant", "cosine"}));
+  app_.add_option("--warmup", c_.warmup,
+                  "Optimizer steps of linear warmup before either schedule (0: none)")
+      ->check(int_in(0, INT32_MAX));
   app_.add_option("--clip", c_.clip, "Clip the gradient norm to this (0: off)")
       ->check(finite_in(0, kHuge));
   app_.add_option("--optimizer", c_.optimizer, "adam, adamw or sgd")

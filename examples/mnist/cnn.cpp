@@ -12,8 +12,8 @@ MnistCNN::Norm MnistCNN::parse_norm(const std::string& name) {
   if (name == "none") return Norm::kNone;
   if (name == "batch") return Norm::kBatch;
   if (name == "group") return Norm::kGroup;
-  if (name == "layer") return Norm::kLayer;
-  throw ValueError("[MnistCNN] norm '" + name + "': expected none, batch, group or layer");
+  if (name == "group1") return Norm::kGroup1;
+  throw ValueError("[MnistCNN] norm '" + name + "': expected none, batch, group or group1");
 }
 
 std::shared_ptr<nn::Module> MnistCNN::make_norm(Norm norm, int64_t channels, DType dtype) {
@@ -22,7 +22,7 @@ std::shared_ptr<nn::Module> MnistCNN::make_norm(Norm norm, int64_t channels, DTy
       return std::make_shared<nn::BatchNorm2d>(channels, 1e-5, 0.1, true, dtype);
     case Norm::kGroup:
       return std::make_shared<nn::GroupNorm>(8, channels, 1e-5, true, dtype);
-    case Norm::kLayer:
+    case Norm::kGroup1:
       return std::make_shared<nn::GroupNorm>(1, channels, 1e-5, true, dtype);
     case Norm::kNone:
       break;

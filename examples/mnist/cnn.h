@@ -4,7 +4,8 @@
 //   conv2 Conv2d(32, 64, 3, padding 1) -> norm2 -> ReLU -> MaxPool2d(2)
 //   flatten -> fc1 Linear(3136, 128) -> ReLU -> fc2 Linear(128, 10)
 // The norms are BatchNorm2d(C) (Norm::kBatch), GroupNorm(8, C) (kGroup), GroupNorm(1, C)
-// (kLayer: per sample over C x H x W with a per-channel affine) or absent (kNone). Input:
+// (kGroup1: LayerNorm's statistics, per sample over C x H x W, with GroupNorm's per-channel
+// affine rather than LayerNorm's per-element one) or absent (kNone). Input:
 // [N, 784] rows of 28 x 28 pixels, or [N, 1, 28, 28]. Read next: mnist.cpp.
 #pragma once
 
@@ -19,8 +20,8 @@ namespace accrue::mnist {
 
 class MnistCNN : public nn::Module {
  public:
-  enum class Norm { kNone, kBatch, kGroup, kLayer };
-  // "none", "batch", "group", "layer"; throws ValueError otherwise.
+  enum class Norm { kNone, kBatch, kGroup, kGroup1 };
+  // "none", "batch", "group", "group1"; throws ValueError otherwise.
   static Norm parse_norm(const std::string& name);
 
   explicit MnistCNN(Norm norm = Norm::kNone, DType dtype = DType::kFloat32);

@@ -122,8 +122,10 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
   app.add_option("--data", c.data, "Folder with the four MNIST IDX files");
   app.add_option("--model", c.model, "mlp, or cnn (conv-pool x 2, fc 128, fc 10)")
       ->check(CLI::IsMember({"mlp", "cnn"}));
-  app.add_option("--norm", c.norm, "The CNN's normalisation: none, batch, group or layer")
-      ->check(CLI::IsMember({"none", "batch", "group", "layer"}));
+  app.add_option("--norm", c.norm,
+                 "The CNN's normalisation: none, batch (BatchNorm2d), group (GroupNorm, 8 groups) "
+                 "or group1 (GroupNorm, one group: LayerNorm's statistics, per-channel affine)")
+      ->check(CLI::IsMember({"none", "batch", "group", "group1"}));
   app.add_option("--hidden", hidden, "The MLP's hidden layer sizes, comma-separated");
   return train::parse_command_line(app, argc, argv, "accrue-mnist", out, err, [&] {
     flags.check();

@@ -61,7 +61,7 @@ void CpuBackend::scale(double alpha, const Tensor& x, Tensor& y) {
 void CpuBackend::axpy(double alpha, const Tensor& x, Tensor& y) {
   // y may be float32 under a 16-bit x: a gradient added into the float32 arena.
   ACCRUE_DISPATCH_FLOATING_AND_HALF(x.dtype(), "axpy", [&] {
-    with_accumulator<T>(
+    with_wide_output<T>(
         y, "axpy", [&](auto* out) { map2(x.numel(), x.data<T>(), out, out, fn::Axpy{alpha}); });
   });
 }

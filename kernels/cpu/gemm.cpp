@@ -228,7 +228,7 @@ void CpuBackend::gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a,
   if (is_half(a.dtype())) {
     ACCRUE_DISPATCH_FLOATING_AND_HALF(a.dtype(), "gemm", [&] {
       if constexpr (is_half_v<T>) {
-        with_accumulator<T>(c, "gemm", [&](auto* out) {
+        with_wide_output<T>(c, "gemm", [&](auto* out) {
           half_gemm(trans_a, trans_b, m, n, k, float(alpha), a.data<T>(), lda, b.data<T>(), ldb,
                     float(beta), out, NoEpilogue{});
         });

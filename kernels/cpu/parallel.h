@@ -30,7 +30,7 @@ void map1(int64_t n, const T* x, T* y, F f) {
   for (int64_t i = 0; i < n; ++i) y[i] = store<T>(f(load(x[i])));
 }
 
-// out[i] = f(a[i], b[i]); out may have another type than the inputs (a float32 accumulator
+// out[i] = f(a[i], b[i]); out may have another type than the inputs (a float32 sum
 // fed by 16-bit values), the arithmetic is in the inputs' compute type.
 template <typename T, typename O, typename F>
 void map2(int64_t n, const T* a, const O* b, O* out, F f) {

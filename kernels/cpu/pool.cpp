@@ -1,6 +1,6 @@
 // CPU pooling over NCHW planes, one (sample, channel) plane per iteration: max pooling keeps the
-// flat input index of each window's first maximum for its backward, average pooling divides by
-// the whole window, padding included (PyTorch's count_include_pad default).
+// flat input index of each region's first maximum for its backward, average pooling divides by
+// the whole region, padding included (PyTorch's count_include_pad default).
 #include <cstring>
 #include <limits>
 
@@ -20,10 +20,10 @@ PlaneShape plane_shape(const Tensor& x, const Tensor& y) {
   return {x.size(0) * x.size(1), x.size(2), x.size(3), y.size(2), y.size(3)};
 }
 
-// body(plane, oh, ow, h0, h1, w0, w1) for every output position: the window clipped to the
+// body(plane, oh, ow, h0, h1, w0, w1) for every output position: its pooling region clipped to the
 // input, [h0, h1) x [w0, w1).
 template <typename F>
-void for_windows(const PlaneShape& s, const Pool2dGeometry& g, F body) {
+void for_regions(const PlaneShape& s, const Pool2dGeometry& g, F body) {
   for_range(s.planes, s.planes * s.oh * s.ow * g.kernel_h * g.kernel_w, [&](int64_t p) {
     for (int64_t oh = 0; oh < s.oh; ++oh) {
       const int64_t start_h = oh * g.stride_h - g.pad_h;
@@ -45,7 +45,7 @@ void CpuBackend::max_pool2d(const Tensor& x, const Pool2dGeometry& g, Tensor& y,
     const T* in = x.data<T>();
     T* out = y.data<T>();
     int32_t* at = argmax.data<int32_t>();
-    for_windows(
+    for_regions(
         s, g,
         [&](int64_t p, int64_t oh, int64_t ow, int64_t h0, int64_t h1, int64_t w0, int64_t w1) {
           const T* plane = in + p * s.h * s.w;
@@ -54,7 +54,7 @@ void CpuBackend::max_pool2d(const Tensor& x, const Pool2dGeometry& g, Tensor& y,
           for (int64_t ih = h0; ih < h1; ++ih) {
             for (int64_t iw = w0; iw < w1; ++iw) {
               const T v = plane[ih * s.w + iw];
-              // NaN wins (and stays), as in PyTorch: the first NaN of the window is the maximum.
+              // NaN wins (and stays), as in PyTorch: the first NaN of the region is the maximum.
               if (v > best || (v != v && best == best)) {
                 best = v;
                 best_at = ih * s.w + iw;
@@ -90,7 +90,7 @@ void CpuBackend::avg_pool2d(const Tensor& x, const Pool2dGeometry& g, Tensor& y)
     const T* in = x.data<T>();
     T* out = y.data<T>();
     const T inv = T(1) / T(g.kernel_h * g.kernel_w);
-    for_windows(
+    for_regions(
         s, g,
         [&](int64_t p, int64_t oh, int64_t ow, int64_t h0, int64_t h1, int64_t w0, int64_t w1) {
           const T* plane = in + p * s.h * s.w;
@@ -110,8 +110,8 @@ void CpuBackend::avg_pool2d_backward(const Tensor& dy, const Pool2dGeometry& g, 
     T* out = dx.data<T>();
     std::memset(out, 0, dx.nbytes());
     const T inv = T(1) / T(g.kernel_h * g.kernel_w);
-    // A plane's windows run in order on one thread, so overlapping windows add in order.
-    for_windows(
+    // A plane's regions run in order on one thread, so overlapping regions add in order.
+    for_regions(
         s, g,
         [&](int64_t p, int64_t oh, int64_t ow, int64_t h0, int64_t h1, int64_t w0, int64_t w1) {
           T* plane = out + p * s.h * s.w;

@@ -65,7 +65,7 @@ namespace {
 
 // For each block of columns [c0, c1) of an [rows, cols] matrix of T, in parallel: row(r, c0,
 // c1, acc) adds row r's contribution to acc [c1 - c0] (rows in order, in T's compute type), then
-// out = blend(out, acc), out being of T or of float32 (with_accumulator). The shared skeleton of
+// out = blend(out, acc), out being of T or of float32 (with_wide_output). The shared skeleton of
 // sum_rows and the fused ReLU + bias backward, so both sum in one order.
 template <typename T, typename O, typename Row>
 void column_sums(int64_t rows, int64_t cols, fn::Blend blend, O* out, Row row) {
@@ -90,7 +90,7 @@ void CpuBackend::sum_rows(const Tensor& x, double alpha, double beta, Tensor& ou
   ACCRUE_DISPATCH_FLOATING_AND_HALF(x.dtype(), "sum_rows", [&] {
     const int64_t cols = x.size(1);
     const T* in = x.data<T>();
-    with_accumulator<T>(out, "sum_rows", [&](auto* o) {
+    with_wide_output<T>(out, "sum_rows", [&](auto* o) {
       column_sums<T>(x.size(0), cols, fn::Blend{alpha, beta}, o,
                      [=](int64_t r, int64_t c0, int64_t c1, compute_t<T>* acc) {
                        add_into(acc, in + r * cols + c0, c1 - c0);
@@ -115,7 +115,7 @@ void CpuBackend::relu_bias_backward(const Tensor& y, const Tensor& dy, Tensor& d
                      });
     };
     if (dbias.defined()) {
-      with_accumulator<T>(dbias, "relu_bias_backward", run);
+      with_wide_output<T>(dbias, "relu_bias_backward", run);
     } else {
       run(static_cast<T*>(nullptr));
     }

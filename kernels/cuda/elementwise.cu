@@ -101,7 +101,7 @@ void CudaBackend::scale(double alpha, const Tensor& x, Tensor& y) {
 void CudaBackend::axpy(double alpha, const Tensor& x, Tensor& y) {
   // y [n] += alpha * x [n]; y may be float32 under a 16-bit x (a gradient into the arena)
   ACCRUE_DISPATCH_FLOATING_AND_HALF(x.dtype(), "axpy", [&] {
-    with_accumulator<T>(y, "axpy", [&](auto* out) {
+    with_wide_output<T>(y, "axpy", [&](auto* out) {
       map2(x.numel(), x.data<T>(), out, out, fn::Axpy{alpha}, stream_of(y));
     });
   });

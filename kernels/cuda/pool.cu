@@ -1,5 +1,5 @@
 // CUDA pooling, NCHW: one thread per output element for the forward passes and for average
-// pooling's backward (each input element gathers the windows that cover it: no atomics, a fixed
+// pooling's backward (each input element gathers the pooling regions that cover it: no atomics, a fixed
 // order); max pooling's backward scatters dy at the saved argmax one plane per thread, in order.
 #include <cfloat>
 
@@ -11,10 +11,10 @@ namespace accrue::cuda {
 
 namespace {
 
-// The input rows [h0, h1) and columns [w0, w1) of output o's window, clipped to the plane.
-struct Window {
+// The input rows [h0, h1) and columns [w0, w1) of output o's pooling region, clipped to the plane.
+struct Region {
   int64_t plane, h0, h1, w0, w1;
-  __device__ Window(int64_t o, int64_t h, int64_t w, int64_t oh, int64_t ow,
+  __device__ Region(int64_t o, int64_t h, int64_t w, int64_t oh, int64_t ow,
                     const Pool2dGeometry& g) {
     plane = o / (oh * ow);
     const int64_t sh = o / ow % oh * g.stride_h - g.pad_h, sw = o % ow * g.stride_w - g.pad_w;
@@ -29,7 +29,7 @@ template <typename T>
 void max_pool(const T* in, int64_t planes, int64_t h, int64_t w, int64_t oh, int64_t ow,
               Pool2dGeometry g, T* out, int32_t* at, cudaStream_t stream) {
   for_each(planes * oh * ow, stream, [=] __device__(int64_t o) {
-    const Window win(o, h, w, oh, ow, g);
+    const Region win(o, h, w, oh, ow, g);
     const int64_t h0 = win.h0, h1 = win.h1, w0 = win.w0, w1 = win.w1;
     const T* plane = in + win.plane * h * w;
     T best = -T(INFINITY);
@@ -53,7 +53,7 @@ void avg_pool(const T* in, int64_t planes, int64_t h, int64_t w, int64_t oh, int
               Pool2dGeometry g, T* out, cudaStream_t stream) {
   const T inv = T(1) / T(g.kernel_h * g.kernel_w);
   for_each(planes * oh * ow, stream, [=] __device__(int64_t o) {
-    const Window win(o, h, w, oh, ow, g);
+    const Region win(o, h, w, oh, ow, g);
     const T* plane = in + win.plane * h * w;
     T total = 0;
     for (int64_t ih = win.h0; ih < win.h1; ++ih) {
@@ -63,7 +63,7 @@ void avg_pool(const T* in, int64_t planes, int64_t h, int64_t w, int64_t oh, int
   });
 }
 
-// dx [planes, h, w]: each input element sums dy / window size over the windows covering it.
+// dx [planes, h, w]: each input element sums dy / region size over the regions covering it.
 template <typename T>
 void avg_pool_backward(const T* dy, int64_t planes, int64_t h, int64_t w, int64_t oh, int64_t ow,
                        Pool2dGeometry g, T* dx, cudaStream_t stream) {

@@ -90,7 +90,7 @@ void reduce_all(const T* x, int64_t n, Device device, F f, W write) {
 }  // namespace
 
 // x [N, C] -> out [C] = blend(out, sum_n x[n, :]); one thread per column, rows in order, the sum
-// in x's compute type; out of T or float32 (with_accumulator).
+// in x's compute type; out of T or float32 (with_wide_output).
 template <typename T, typename O>
 void column_sums(const T* in, int64_t rows, int64_t cols, fn::Blend blend, O* out,
                  cudaStream_t stream) {
@@ -105,7 +105,7 @@ void column_sums(const T* in, int64_t rows, int64_t cols, fn::Blend blend, O* ou
 void CudaBackend::sum_rows(const Tensor& x, double alpha, double beta, Tensor& out) {
   // x [N, C] -> out [C] = beta * out + alpha * sum_n x[n, :]
   ACCRUE_DISPATCH_FLOATING_AND_HALF(x.dtype(), "sum_rows", [&] {
-    with_accumulator<T>(out, "sum_rows", [&](auto* o) {
+    with_wide_output<T>(out, "sum_rows", [&](auto* o) {
       column_sums(x.data<T>(), x.size(0), x.size(1), fn::Blend{alpha, beta}, o, stream_of(x));
     });
   });
