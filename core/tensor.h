@@ -2,8 +2,10 @@
 // Storage block from the device's caching allocator. Tensors are handles: copying one shares the
 // data. Views (reshape, narrow on dim 0, the parameter arena's slices) share storage too.
 // Every tensor is contiguous; that keeps every kernel a flat loop over numel elements.
-// The autograd fields (requires_grad, grad, tape slot) are read by ops/autograd.h.
-// Read next: ops/autograd.h.
+// This is the base layer: a Tensor moves bytes (copies between devices, zeros) but computes
+// nothing. Factories and conversions that run kernels (full, fill_, to_dtype, uniform, normal)
+// are in kernels/factories.h; backward() is in ops/autograd.h, which reads the autograd fields
+// (requires_grad, grad, tape slot) kept here. Read next: kernels/backend.h.
 #pragma once
 
 #include <cstdint>

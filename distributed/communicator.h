@@ -9,7 +9,7 @@
 // the same order. A failure on one rank must not leave the others waiting in a collective:
 // abort() ends every rank of the job (MPI_Abort), and the trainers call it from their error
 // handler. world_for(cuda) is itself collective the first time (NCCL's bootstrap): every rank
-// makes that first call at the same point. Read next: optim/accumulator.h, which all-reduces once
+// makes that first call at the same point. Read next: data_parallel.h, which all-reduces once
 // per window.
 #pragma once
 

@@ -1,7 +1,7 @@
 // The element-wise math of accrue, written once. Each functor is a __host__ __device__ struct:
 // the CPU backend runs it in an OpenMP loop (kernels/cpu/), the CUDA backend in one grid-stride
 // launcher (kernels/cuda/). Forward functors take x; backward functors take what the forward
-// saved and dy. Read next: optim/arena.h (the reading order of the README).
+// saved and dy. Read next: ops/autograd.h (the reading order of the README).
 #pragma once
 
 #include <cmath>

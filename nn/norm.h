@@ -5,7 +5,7 @@
 // channels) and LayerNorm(normalized_shape) normalise each sample on its own, so accumulation
 // stays exact with them; BatchNorm's statistics are the micro-batch's, so it does not.
 // Dropout draws counter-based masks keyed by the samples a forward runs on (SampleKeys), so a
-// sample gets the same mask however the window is split. Read next: nn/cnn.h.
+// sample gets the same mask however the window is split. Read next: examples/mnist/cnn.h.
 #pragma once
 
 #include <vector>

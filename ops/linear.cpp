@@ -2,7 +2,7 @@
 // gradients in place: when an input is a leaf (a parameter), its gradient GEMM writes into the
 // leaf's grad buffer with beta = 1, and its bias gradient is a row-sum added into the buffer. No
 // temporary gradient tensor and no separate "add into .grad" pass exist for parameters. Read next:
-// kernels/backend.h.
+// optim/arena.h.
 #include <memory>
 
 #include "kernels/backend.h"

@@ -17,7 +17,7 @@
 //      the optimizer's fused step (norm -> clip -> update -> zero).
 // It also measures what accumulation is for: the activation memory of one micro-step above
 // the baseline of parameters, gradients, optimizer state and data. Read next:
-// examples/mnist/trainer.cpp.
+// train/task.h.
 #pragma once
 
 #include <functional>

@@ -13,7 +13,7 @@
 // values move to pinned host memory and the compute device keeps only what forward and backward
 // touch: the gradient arena and the working copy, which is then the 16-bit copy or, without mixed
 // precision, a device copy of the masters in their own dtype. device() stays the compute device.
-// Read next: optimizer.h.
+// Read next: seams.h.
 #pragma once
 
 #include <string>

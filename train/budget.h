@@ -2,7 +2,7 @@
 // samples) measure the activation memory of a micro-step with the allocator's statistics, above
 // the baseline that is live before it (parameters, gradients, optimizer state, the data); the
 // largest micro-batch that divides the effective batch and whose measured peak fits the budget
-// wins, and k follows from --batch. Read next: trainer.cpp.
+// wins, and k follows from --batch. Read next: engine.cpp.
 #pragma once
 
 #include <cstddef>

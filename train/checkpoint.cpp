@@ -1,4 +1,4 @@
-// Training-state checkpoints (see resume.h).
+// Training-state checkpoints (see checkpoint.h).
 #include "train/checkpoint.h"
 
 #include <algorithm>

@@ -7,7 +7,7 @@
 // hash). Each is written to a temporary and renamed; the JSON comes last, so a checkpoint
 // without its JSON never existed, and the two newest complete checkpoints are kept. The sample
 // order of an epoch is a function of (seed, epoch), so the position is all a resume needs to see
-// the same samples. Read next: trainer.cpp.
+// the same samples. Read next: engine.cpp.
 #pragma once
 
 #include <map>

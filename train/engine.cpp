@@ -74,6 +74,9 @@ class Run {
   void resume();
   void write_checkpoint(const TrainPosition& position);
   void run_epoch(int64_t epoch);
+  void report_step(const optim::StepResult& r, const EpochPlan& plan, int64_t epoch,
+                   int64_t samples);
+  void end_epoch(int64_t epoch, double epoch_loss, int64_t epoch_items, double epoch_seconds);
   optim::StepResult run_window(const optim::Window& w, const Tensor& order,
                                const std::vector<int32_t>& order_host);
   Evaluation evaluate();
@@ -388,6 +391,56 @@ Evaluation Run::evaluate() {
   return task_.evaluate ? task_.evaluate(*model_) : Evaluation{};
 }
 
+// A step's log line when skipped, its metrics record and its callback.
+void Run::report_step(const optim::StepResult& r, const EpochPlan& plan, int64_t epoch,
+                      int64_t samples) {
+  if (r.skipped) {
+    log(str_cat("step ", r.step, ": non-finite gradient, update skipped",
+                scaling_.dynamic ? str_cat(" (loss scale ", r.loss_scale, " -> ",
+                                           r.loss_scale * optim::LossScaling{}.backoff, ")")
+                                 : ""));
+  }
+  const StepEvent event{r.step,          epoch + 1, samples,   r.items,      r.loss,
+                        r.grad_norm,     r.lr,      r.skipped, r.loss_scale, plan.batch.accum_steps,
+                        plan.batch.batch};
+  metrics_->emit({{"step", r.step},
+                  {"epoch", epoch + 1},
+                  {"samples", samples_seen_},
+                  {"loss", json_number(r.loss)},
+                  {"grad_norm", json_number(r.grad_norm)},
+                  {"lr", r.lr},
+                  {"skipped", r.skipped},
+                  {"loss_scale", r.loss_scale},
+                  {"accum_steps", plan.batch.accum_steps},
+                  {"batch", plan.batch.batch},
+                  {"threads", cpu_threads()}});
+  if (callbacks_.on_step) callbacks_.on_step(event);
+}
+
+// The end of an epoch: its time, the evaluation, its log line, metrics record and callback.
+void Run::end_epoch(int64_t epoch, double epoch_loss, int64_t epoch_items, double epoch_seconds) {
+  summary_.train_seconds += epoch_seconds;
+  progress_->end_epoch();
+  summary_.evaluation = evaluate();
+  const EpochEvent event{epoch + 1,
+                         epoch_loss / static_cast<double>(std::max<int64_t>(epoch_items, 1)),
+                         summary_.evaluation, epoch_seconds};
+  std::ostringstream line;
+  line << "epoch " << epoch + 1 << ": train loss " << std::fixed << std::setprecision(4)
+       << event.train_loss << ", " << summary_.evaluation.label << " " << std::setprecision(2)
+       << (summary_.evaluation.percent ? 100 * summary_.evaluation.value
+                                       : summary_.evaluation.value)
+       << (summary_.evaluation.percent ? "%" : "") << ", " << std::setprecision(2) << epoch_seconds
+       << " s";
+  log(line.str());
+  metrics_->emit({{"event", "epoch"},
+                  {"epoch", epoch + 1},
+                  {"train_loss", json_number(event.train_loss)},
+                  {summary_.evaluation.key, summary_.evaluation.value},
+                  {"seconds", epoch_seconds}});
+  if (callbacks_.on_epoch) callbacks_.on_epoch(event);
+}
+
 void Run::run_epoch(int64_t epoch) {
   const EpochPlan& plan = plan_for(epoch);
   if (k_schedule_ &&
@@ -412,28 +465,7 @@ void Run::run_epoch(int64_t epoch) {
     epoch_items += r.items;
     epoch_loss += r.loss * static_cast<double>(r.items);
     ++step_in_epoch;
-    if (r.skipped) {
-      log(str_cat("step ", r.step, ": non-finite gradient, update skipped",
-                  scaling_.dynamic ? str_cat(" (loss scale ", r.loss_scale, " -> ",
-                                             r.loss_scale * optim::LossScaling{}.backoff, ")")
-                                   : ""));
-    }
-    const StepEvent event{
-        r.step,          epoch + 1, w.samples, r.items,      r.loss,
-        r.grad_norm,     r.lr,      r.skipped, r.loss_scale, plan.batch.accum_steps,
-        plan.batch.batch};
-    metrics_->emit({{"step", r.step},
-                    {"epoch", epoch + 1},
-                    {"samples", samples_seen_},
-                    {"loss", json_number(r.loss)},
-                    {"grad_norm", json_number(r.grad_norm)},
-                    {"lr", r.lr},
-                    {"skipped", r.skipped},
-                    {"loss_scale", r.loss_scale},
-                    {"accum_steps", plan.batch.accum_steps},
-                    {"batch", plan.batch.batch},
-                    {"threads", cpu_threads()}});
-    if (callbacks_.on_step) callbacks_.on_step(event);
+    report_step(r, plan, epoch, w.samples);
     const double elapsed = summary_.train_seconds + seconds_since(epoch_start);
     progress_->update(epoch, step_in_epoch, r.step, r.loss, r.grad_norm, r.lr,
                       static_cast<double>(samples_seen_) / std::max(elapsed, 1e-9));
@@ -445,27 +477,7 @@ void Run::run_epoch(int64_t epoch) {
     }
     if (acc_->steps() >= total_steps_) break;
   }
-  const double epoch_seconds = seconds_since(epoch_start);
-  summary_.train_seconds += epoch_seconds;
-  progress_->end_epoch();
-  summary_.evaluation = evaluate();
-  const EpochEvent event{epoch + 1,
-                         epoch_loss / static_cast<double>(std::max<int64_t>(epoch_items, 1)),
-                         summary_.evaluation, epoch_seconds};
-  std::ostringstream line;
-  line << "epoch " << epoch + 1 << ": train loss " << std::fixed << std::setprecision(4)
-       << event.train_loss << ", " << summary_.evaluation.label << " " << std::setprecision(2)
-       << (summary_.evaluation.percent ? 100 * summary_.evaluation.value
-                                       : summary_.evaluation.value)
-       << (summary_.evaluation.percent ? "%" : "") << ", " << std::setprecision(2) << epoch_seconds
-       << " s";
-  log(line.str());
-  metrics_->emit({{"event", "epoch"},
-                  {"epoch", epoch + 1},
-                  {"train_loss", json_number(event.train_loss)},
-                  {summary_.evaluation.key, summary_.evaluation.value},
-                  {"seconds", epoch_seconds}});
-  if (callbacks_.on_epoch) callbacks_.on_epoch(event);
+  end_epoch(epoch, epoch_loss, epoch_items, seconds_since(epoch_start));
 }
 
 // The summary: counters, memory, the offloaded optimizer's traffic, one line and one record.

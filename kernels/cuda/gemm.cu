@@ -91,6 +91,53 @@ void set_preference(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAtt
   ACCRUE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)));
 }
 
+// The cuBLASLt algorithm for key, from the context's cache, or found by one heuristic query
+// and cached.
+LtPlan cached_plan(DeviceContext& ctx, LtDescriptors& desc, const LtKey& key) {
+  std::lock_guard<std::mutex> lock(ctx.mutex);
+  auto it = ctx.lt_plans.find(key);
+  if (it != ctx.lt_plans.end()) return it->second;
+  ACCRUE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&desc.pref));
+  const uint64_t workspace = DeviceContext::kLtWorkspaceBytes;
+  ACCRUE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      desc.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)));
+  set_preference(desc.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_w);
+  set_preference(desc.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_x);
+  set_preference(desc.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_y);
+  set_preference(desc.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_y);
+  // Partial sums (split-K) in the compute type, never in a 16-bit output type.
+  set_preference(desc.pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                 CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE);
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+      ctx.cublas_lt, desc.op, desc.a, desc.b, desc.d, desc.d, desc.pref, 1, &result, &found);
+  if (status != CUBLAS_STATUS_NOT_SUPPORTED) ACCRUE_CUBLAS_CHECK(status);
+  LtPlan plan{};
+  plan.found =
+      status == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
+  plan.algo = result.algo;
+  ctx.lt_plans.emplace(key, plan);
+  return plan;
+}
+
+// No cuBLASLt kernel for these alignments: the same result as a GEMM and a bias add; for 16-bit
+// y through a float32 block, so y is rounded once, as by the epilogue.
+void gemm_then_bias(CudaBackend& be, const Tensor& x, const Tensor& w, const Tensor& bias,
+                    Tensor& y) {
+  if (bias.defined() && is_half(y.dtype())) {
+    Tensor wide = Tensor::empty(y.shape(), DType::kFloat32, y.device());
+    Tensor wide_bias = Tensor::empty(bias.shape(), DType::kFloat32, y.device());
+    be.gemm(false, true, 1.0, x, w, 0.0, wide);
+    be.cast(bias, wide_bias);
+    be.bias_add(wide, wide_bias, wide);
+    be.cast(wide, y);
+    return;
+  }
+  be.gemm(false, true, 1.0, x, w, 0.0, y);
+  if (bias.defined()) be.bias_add(y, bias, y);
+}
+
 // y = x @ w^T + bias through one cuBLASLt call with a bias epilogue (or GEMM + bias add when no
 // algorithm fits the operands' alignments).
 void linear_bias(CudaBackend& be, const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) {
@@ -136,49 +183,9 @@ void linear_bias(CudaBackend& be, const Tensor& x, const Tensor& w, const Tensor
                   alignment_of(x.raw()),
                   alignment_of(y.raw()),
                   bias.defined() ? alignment_of(bias.raw()) : 0u};
-  LtPlan plan{};
-  {
-    std::lock_guard<std::mutex> lock(ctx.mutex);
-    auto it = ctx.lt_plans.find(key);
-    if (it != ctx.lt_plans.end()) {
-      plan = it->second;
-    } else {
-      ACCRUE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&desc.pref));
-      const uint64_t workspace = DeviceContext::kLtWorkspaceBytes;
-      ACCRUE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-          desc.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)));
-      set_preference(desc.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_w);
-      set_preference(desc.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_x);
-      set_preference(desc.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_y);
-      set_preference(desc.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_y);
-      // Partial sums (split-K) in the compute type, never in a 16-bit output type.
-      set_preference(desc.pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-                     CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE);
-      cublasLtMatmulHeuristicResult_t result{};
-      int found = 0;
-      const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-          ctx.cublas_lt, desc.op, desc.a, desc.b, desc.d, desc.d, desc.pref, 1, &result, &found);
-      if (status != CUBLAS_STATUS_NOT_SUPPORTED) ACCRUE_CUBLAS_CHECK(status);
-      plan.found =
-          status == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
-      plan.algo = result.algo;
-      ctx.lt_plans.emplace(key, plan);
-    }
-  }
+  const LtPlan plan = cached_plan(ctx, desc, key);
   if (!plan.found) {
-    // No cuBLASLt kernel for these alignments: the same result as a GEMM and a bias add; for
-    // 16-bit y through a float32 block, so y is rounded once, as by the epilogue.
-    if (bias.defined() && is_half(y.dtype())) {
-      Tensor wide = Tensor::empty(y.shape(), DType::kFloat32, y.device());
-      Tensor wide_bias = Tensor::empty(bias.shape(), DType::kFloat32, y.device());
-      be.gemm(false, true, 1.0, x, w, 0.0, wide);
-      be.cast(bias, wide_bias);
-      be.bias_add(wide, wide_bias, wide);
-      be.cast(wide, y);
-      return;
-    }
-    be.gemm(false, true, 1.0, x, w, 0.0, y);
-    if (bias.defined()) be.bias_add(y, bias, y);
+    gemm_then_bias(be, x, w, bias, y);
     return;
   }
   const float alpha32 = 1.0f, beta32 = 0.0f;
