@@ -131,8 +131,8 @@ void Accumulator::check_counted_items() {
   const double counted = count_sum_.item();
   if (!counted_ && counted == 0) return;
   if (counted != static_cast<double>(window_items_)) {
-    throw ValueError(str_cat("[accumulator] the losses of step ", step_clock_ + 1, " counted ", counted,
-                             " items, but the window plans ", window_items_,
+    throw ValueError(str_cat("[accumulator] the losses of step ", step_clock_ + 1, " counted ",
+                             counted, " items, but the window plans ", window_items_,
                              " (the dataset's item counts and the loss disagree)"));
   }
 }
@@ -237,10 +237,9 @@ StepResult Accumulator::step() {
 
 Accumulator::~Accumulator() {
   try {
-    // Work in flight writes into the arena, which may go next; copies to the host started for
-    // an unfinished window would be skipped by the optimizer's next fetch.
+    // Work in flight writes into the arena, which may go next (an all-reduce), or was started
+    // for an unfinished window (a copy to the host).
     if (options_.gradients != nullptr) options_.gradients->abandon();
-    optimizer_.discard_window();
   } catch (...) {
   }
 }
@@ -248,12 +247,7 @@ Accumulator::~Accumulator() {
 void Accumulator::abandon_window() {
   // Work in flight writes into the arena: it finishes before the arena is zeroed. If waiting
   // fails, the arena is left alone (the job is lost: the trainer aborts every rank).
-  bool arena_free = options_.gradients == nullptr || options_.gradients->abandon();
-  try {
-    optimizer_.discard_window();  // copies of this window's gradient to the host
-  } catch (...) {
-    arena_free = false;
-  }
+  const bool arena_free = options_.gradients == nullptr || options_.gradients->abandon();
   if (!buckets_.empty()) reset_buckets();
   in_step_ = false;
   clear_tape();

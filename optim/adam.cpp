@@ -22,7 +22,8 @@ Adam::Adam(ParameterArena& arena, AdamOptions options, bool decoupled)
 void Adam::update() {
   const AdamArgs hp{lr_,          options_.beta1,        options_.beta2,
                     options_.eps, options_.weight_decay, decoupled_};
-  backend_for(state_device()).adam_step(hp, boundary_, applied_steps_, params_, grads_, m_, v_, working_);
+  backend_for(state_device())
+      .adam_step(hp, boundary_, applied_steps_, params_, grads_, m_, v_, working_);
 }
 
 void Adam::resize_state(int64_t elements) {

@@ -104,7 +104,13 @@ void ParameterArena::offload_masters() {
   for (Entry& e : entries_) {
     e.master = params_.narrow(e.offset, e.param.numel()).view(e.param.shape());
   }
+  host_grads_ = Tensor::zeros_pinned({size()}, dtype());
+  if (working_.dtype() != dtype()) host_working_ = Tensor::zeros_pinned({size()}, working_.dtype());
   offloaded_ = true;
+}
+
+Tensor ParameterArena::state_zeros(const Shape& shape, DType dtype) const {
+  return offloaded_ ? Tensor::zeros_pinned(shape, dtype) : Tensor::zeros(shape, dtype, device());
 }
 
 std::vector<nn::NamedTensor> ParameterArena::named_masters() const {

@@ -10,10 +10,10 @@
 // optimizer's fused pass updates the master and rewrites the working copy in the same loop.
 //
 // Offloaded masters (offload_masters, for the offloaded optimizer of offload.h): the master
-// values move to pinned host memory and the compute device keeps only what forward and backward
-// touch: the gradient arena and the working copy, which is then the 16-bit copy or, without mixed
-// precision, a device copy of the masters in their own dtype. device() stays the compute device.
-// Read next: seams.h.
+// values, and host copies of the gradient and the working copy, live in pinned host memory and the
+// compute device keeps only what forward and backward touch: the gradient arena and the working
+// copy, which is then the 16-bit copy or, without mixed precision, a device copy of the masters in
+// their own dtype. device() stays the compute device. Read next: seams.h.
 #pragma once
 
 #include <string>
@@ -56,6 +56,16 @@ class ParameterArena {
   void offload_masters();
   bool offloaded() const { return offloaded_; }
 
+  // Where the optimizer works: beside the masters. The gradient it reads and the 16-bit copy it
+  // writes are grads() and working() themselves or, when offloaded, their counterparts in pinned
+  // host memory (master_working() is then undefined without a 16-bit copy: the device copy has
+  // the masters' own dtype and is sent the masters).
+  Tensor& master_grads() { return offloaded_ ? host_grads_ : grads_; }
+  Tensor& master_working() { return offloaded_ ? host_working_ : working_; }
+  Device masters_device() const { return params_.device(); }
+  // Zeros for optimizer state, beside the masters (pinned host memory when offloaded).
+  Tensor state_zeros(const Shape& shape, DType dtype) const;
+
   Tensor& params() { return params_; }  // [size()] the master values (on the host if offloaded)
   Tensor& grads() { return grads_; }    // [size()]
   // [size()] what the model computes with when it is not params(): the 16-bit copy, or the
@@ -72,6 +82,7 @@ class ParameterArena {
 
  private:
   Tensor params_, grads_, working_;
+  Tensor host_grads_, host_working_;  // offloaded: the gradient's and working copy's host copies
   std::vector<Entry> entries_;
   bool offloaded_ = false;
 };

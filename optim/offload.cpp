@@ -8,16 +8,17 @@
 
 namespace accrue::optim {
 
-HostOffload::HostOffload(ParameterArena& arena) : arena_(arena), device_(arena.device()) {
-  if (!arena.offloaded()) {
+HostOffload::HostOffload(Optimizer& optimizer)
+    : optimizer_(optimizer), arena_(optimizer.arena()), device_(arena_.device()) {
+  if (!arena_.offloaded()) {
     throw ValueError(
         "[offload] the arena's masters are on the compute device; call "
         "ParameterArena::offload_masters() before building the optimizer");
   }
-  grads_ = Tensor::zeros_pinned({arena.size()}, arena.dtype());
-  if (arena.working().dtype() != arena.dtype()) {
-    working_ = Tensor::zeros_pinned({arena.size()}, arena.working().dtype());
-  }
+  grads_ = arena_.master_grads();
+  working_ = arena_.master_working();
+  optimizer.set_parameter_sync(this);
+  send_loss_scale();
 }
 
 HostOffload::~HostOffload() {
@@ -115,6 +116,24 @@ bool HostOffload::abandon() {
     return false;
   }
   return true;
+}
+
+void HostOffload::after_update() {
+  push(optimizer_.report().skipped);  // the host knows the skip flag without a device read
+  send_loss_scale();
+}
+
+void HostOffload::send_loss_scale() {
+  if (!optimizer_.loss_scaled()) return;
+  if (!device_scale_.defined()) {
+    device_scale_ = Tensor::zeros({1}, optimizer_.scaler().dtype(), device_);
+    optimizer_.mirror_loss_scale(device_scale_);
+  }
+  send(optimizer_.scaler().narrow(0, 1), device_scale_);
+}
+
+void HostOffload::quiesce() {
+  synchronize(device_);
 }
 
 }  // namespace accrue::optim

@@ -1,14 +1,17 @@
-// The offloaded optimizer's traffic (ZeRO-Offload, for one device): the float masters and the
-// optimizer state live in pinned host memory (ParameterArena::offload_masters, Optimizer), the
-// compute device keeps the gradient arena and the copy of the weights it computes with. Once per
-// window:
-//   1. the gradient goes to the host: prefetch() starts copying a finished range while the last
-//      micro-backward goes on (optim::Accumulator calls it bucket by bucket), fetch() copies
-//      what was not started, waits for every copy and zeroes the device gradient;
+// The offloaded optimizer's traffic (ZeRO-Offload, for one device): the float masters, the
+// optimizer state and host copies of the gradient live in pinned host memory
+// (ParameterArena::offload_masters; the Optimizer's state sits beside the masters), the compute
+// device keeps the gradient arena and the copy of the weights it computes with. HostOffload is
+// the piece around the optimizer that moves the bytes, once per window:
+//   1. as the accumulator's GradientConsumer it takes the gradient to the host: prefetch()
+//      (ready()) starts copying a finished range while the last micro-backward goes on, fetch()
+//      (finish()) copies what was not started, waits for every copy and zeroes the device
+//      gradient;
 //   2. the optimizer's usual pipeline (norm, boundary scalars, fused update) runs on the host,
 //      on the CPU backend, over the host gradient;
-//   3. push() copies the updated weights back: the 16-bit working copy the fused pass wrote on
-//      the host (2 bytes a parameter) or the masters themselves (4), without waiting.
+//   3. as its ParameterSync, push() copies the updated weights back: the 16-bit working copy the
+//      fused pass wrote on the host (2 bytes a parameter) or the masters themselves (4), without
+//      waiting, and the loss scale the next backward seeds with.
 // On a GPU the copies are asynchronous (optim/cuda/offload_copies.cu: a copy stream for the
 // gradient, the compute stream for the weights); with the model on the CPU they are memcpys done at
 // once, so the whole path runs and is tested without a GPU. Read next: optimizer.h.
@@ -19,6 +22,7 @@
 #include <vector>
 
 #include "optim/arena.h"
+#include "optim/optimizer.h"
 #include "optim/seams.h"
 
 namespace accrue::optim {
@@ -32,22 +36,17 @@ struct OffloadTraffic {
   int64_t fetched_at_step = 0;  // copies started by fetch() (at the boundary)
 };
 
-// Also the accumulator's GradientConsumer on one rank: ready() prefetches a finished bucket.
-class HostOffload : public GradientConsumer {
+class HostOffload : public GradientConsumer, public ParameterSync {
  public:
-  // The arena's masters must be offloaded (ParameterArena::offload_masters) and one window's
-  // gradient not yet started.
-  explicit HostOffload(ParameterArena& arena);
+  // The optimizer's arena must have offloaded masters (ParameterArena::offload_masters); this
+  // becomes the optimizer's ParameterSync. Build it before set_loss_scaling, so the scale reaches
+  // the device; destroy it before the optimizer.
+  explicit HostOffload(Optimizer& optimizer);
   // Waits for every copy in flight (the host buffers go back to the pinned pool, which may hand
   // them out at once).
   ~HostOffload() override;
   HostOffload(const HostOffload&) = delete;
   HostOffload& operator=(const HostOffload&) = delete;
-
-  // [size] the window's gradient on the host, and the 16-bit working copy the fused pass writes
-  // there (undefined without mixed precision: push() then sends the masters).
-  Tensor& grads() { return grads_; }
-  Tensor& working() { return working_; }
 
   // Starts copying the device gradient's elements [begin, end) to the host (their backward is
   // done). Ranges of one window do not overlap.
@@ -56,11 +55,16 @@ class HostOffload : public GradientConsumer {
   void fetch();
   // Waits for copies in flight and forgets them: the window was abandoned.
   void discard();
-  // GradientConsumer: ready() is prefetch(); the optimizer's step fetches the rest, so finish()
-  // has nothing to do; abandon() is discard(), false when waiting failed.
+  // GradientConsumer: ready() is prefetch(), finish() is fetch(), abandon() is discard() (false
+  // when waiting failed).
   void ready(int64_t begin, int64_t end) override { prefetch(begin, end); }
-  void finish() override {}
+  void finish() override { fetch(); }
   bool abandon() override;
+  // ParameterSync: the new weights (unless the step was skipped) and the loss scale to the
+  // device; before the state is overwritten, waits for copies still reading it.
+  void after_update() override;
+  void scalars_changed() override { send_loss_scale(); }
+  void quiesce() override;
   // Sends the updated weights to the device copy the model computes with (nothing if skipped).
   void push(bool skipped);
   // Copies a host tensor to a device tensor of the same shape and dtype without waiting (the
@@ -71,13 +75,16 @@ class HostOffload : public GradientConsumer {
 
  private:
   void copy_range(int64_t begin, int64_t end);
+  void send_loss_scale();
   // Waits for the copies in flight both ways; report_faults: see wait_copies_to_host
   // (offload_copies.h).
   void wait(bool report_faults);
 
+  Optimizer& optimizer_;
   ParameterArena& arena_;
-  Device device_;  // the arena's compute device
-  Tensor grads_, working_;
+  Device device_;           // the arena's compute device
+  Tensor grads_, working_;  // the arena's host copies of the gradient and the 16-bit copy
+  Tensor device_scale_;     // the loss scale on the device, for the backward seed
   std::vector<std::pair<int64_t, int64_t>> started_;  // this window's copied ranges
   bool in_flight_ = false;  // copies to or from the host may still be running (a GPU)
   OffloadTraffic traffic_;

@@ -11,41 +11,25 @@ namespace accrue::optim {
 Optimizer::Optimizer(ParameterArena& arena, double lr)
     : arena_(arena),
       lr_(lr),
-      offload_(arena.offloaded() ? std::make_unique<HostOffload>(arena) : nullptr),
       norm_sq_(state_zeros({2}, arena.dtype())),
       boundary_(state_zeros({4}, arena.dtype())),
       applied_steps_(state_zeros({1}, DType::kInt32)),
       params_(arena.params()),
-      grads_(offload_ ? offload_->grads() : arena.grads()),
-      working_(offload_ ? offload_->working() : arena.working()) {
+      grads_(arena.master_grads()),
+      working_(arena.master_working()) {
   set_lr(lr);
 }
 
-Optimizer::~Optimizer() {
-  // Offloaded: the copies in flight read the loss scaler, destroyed after this body; wait first.
-  offload_.reset();
-}
-
-Tensor Optimizer::state_zeros(const Shape& shape, DType dtype) const {
-  return offload_ ? Tensor::zeros_pinned(shape, dtype)
-                  : Tensor::zeros(shape, dtype, arena_.device());
-}
+Optimizer::~Optimizer() = default;
 
 Tensor Optimizer::loss_scale() const {
   if (!loss_scaled()) return Tensor();
-  return offload_ ? device_scale_ : scaler_.narrow(0, 1);
-}
-
-void Optimizer::send_loss_scale() {
-  if (!offload_ || !scaler_.defined()) return;
-  if (!device_scale_.defined())
-    device_scale_ = Tensor::zeros({1}, scaler_.dtype(), arena_.device());
-  offload_->send(scaler_.narrow(0, 1), device_scale_);
+  return scale_mirror_.defined() ? scale_mirror_ : scaler_.narrow(0, 1);
 }
 
 void Optimizer::restrict_to_slice(int64_t offset, int64_t n) {
   if (stepped_) throw ValueError("[optimizer] restrict_to_slice() after the first step");
-  if (offload_) {
+  if (arena_.offloaded()) {
     throw ValueError(
         "[optimizer] an offloaded optimizer is not sharded (ZeRO stage 1 with offloading is not "
         "supported): offload or shard, not both");
@@ -59,10 +43,6 @@ void Optimizer::restrict_to_slice(int64_t offset, int64_t n) {
   grads_ = Tensor::zeros({n}, arena_.dtype(), arena_.device());
   if (working_.defined()) working_ = arena_.working().narrow(offset, n);
   resize_state(n);
-}
-
-void Optimizer::discard_window() {
-  if (offload_) offload_->discard();
 }
 
 void Optimizer::set_loss_scaling(const LossScaling& scaling, double initial_scale) {
@@ -80,11 +60,11 @@ void Optimizer::set_loss_scaling(const LossScaling& scaling, double initial_scal
     }
   }
   scaling_ = scaling;
-  // An offloaded scaler may still be read by its copy to the device: write it, never free it.
+  // A scaler on the host may still be read by its copy to the device: write it, never free it.
   if (!scaler_.defined()) scaler_ = state_zeros({2}, arena_.dtype());
   scaler_.copy_(to_dtype(Tensor::from_vector<double>({2}, {initial_scale, 0.0}, scaler_.device()),
                          arena_.dtype()));
-  send_loss_scale();
+  if (sync_ != nullptr) sync_->scalars_changed();
 }
 
 std::pair<double, double> Optimizer::scaler_state() const {
@@ -109,17 +89,12 @@ void require_finite_at_least(const char* op, const char* name, double value, dou
 void Optimizer::step(double max_norm) {
   Backend& be = backend_for(state_device());
   stepped_ = true;
-  if (offload_) offload_->fetch();  // the window's gradient, on the host; the device's zeroed
   be.norm_sq(grads_, norm_sq_);
   if (reducer_ != nullptr) reducer_->sum(norm_sq_);  // every process decides clip and skip alike
   const ScalerArgs scaler{scaling_.dynamic, scaling_.growth, scaling_.backoff,
                           scaling_.growth_interval};
   be.boundary(norm_sq_, 1.0, max_norm, scaler, scaler_, boundary_, applied_steps_);
   update();
-  if (offload_) {
-    offload_->push(report().skipped);  // the host knows the skip flag without a device read
-    send_loss_scale();
-  }
   if (sync_ != nullptr) sync_->after_update();
   arena_.params().mark_modified();  // a forward's saved weights are stale now
   arena_.grads().mark_modified();
@@ -146,8 +121,8 @@ std::vector<nn::NamedTensor> Optimizer::save_state() {
 }
 
 void Optimizer::load_state(const std::map<std::string, Tensor>& state) {
-  // Offloaded state may still be read by copies to the device: let them finish first.
-  if (offload_) synchronize(arena_.device());
+  // Copies in flight may still read the state (the offloaded optimizer's): they finish first.
+  if (sync_ != nullptr) sync_->quiesce();
   const auto get = [&](const std::string& name, const Shape& shape, DType dtype) {
     const auto it = state.find(name);
     if (it == state.end() || it->second.shape() != shape || it->second.dtype() != dtype) {
@@ -163,10 +138,11 @@ void Optimizer::load_state(const std::map<std::string, Tensor>& state) {
     const int64_t offset = restricted() ? slice_offset_ : 0;
     t.copy_(full.narrow(offset, n).to(t.device()));
   }
-  applied_steps_.copy_(get("steps", applied_steps_.shape(), DType::kInt32).to(applied_steps_.device()));
+  applied_steps_.copy_(
+      get("steps", applied_steps_.shape(), DType::kInt32).to(applied_steps_.device()));
   if (scaler_.defined()) {
     scaler_.copy_(get("scaler", scaler_.shape(), scaler_.dtype()).to(scaler_.device()));
-    send_loss_scale();
+    if (sync_ != nullptr) sync_->scalars_changed();
   } else if (state.count("scaler")) {
     throw ValueError("[optimizer] the checkpoint has a loss scaler; this run has no loss scaling");
   }

@@ -12,10 +12,10 @@
 // optim/seams.h: a PartialSumReducer sums the norm's partial sums over the processes, a
 // ParameterSync runs after the update, a SliceGather builds full state for checkpoints.
 //
-// Offloaded (an arena whose masters were offloaded: ParameterArena::offload_masters): the state
-// (moments, momentum, step counter, boundary scalars, loss scaler) lives in pinned host memory
-// and the same pipeline runs on the host, between fetching the gradient and pushing the new
-// weights back (offload.h). Only the loss scale has a device copy, for the backward seed.
+// The state lives beside the master weights (ParameterArena::masters_device): on the compute
+// device, or in pinned host memory when the masters were offloaded, where the same pipeline runs
+// on the CPU backend; the copies to and from the device are optim/offload.h's, a GradientConsumer
+// and a ParameterSync like any other piece.
 // Read next: accumulator.h.
 #pragma once
 
@@ -27,7 +27,6 @@
 
 #include "kernels/backend.h"
 #include "optim/arena.h"
-#include "optim/offload.h"
 #include "optim/seams.h"
 
 namespace accrue::optim {
@@ -75,12 +74,9 @@ class Optimizer {
   void set_partial_sum_reducer(PartialSumReducer* reducer) { reducer_ = reducer; }
   void set_parameter_sync(ParameterSync* sync) { sync_ = sync; }
   void set_slice_gather(SliceGather* gather) { gather_ = gather; }
-  // The window was dropped: copies of its gradient still in flight are waited for and forgotten.
-  void discard_window();
-  // The host side of an offloaded optimizer (the accumulator prefetches the gradient through
-  // it), or null.
-  HostOffload* offload() { return offload_.get(); }
-  const HostOffload* offload() const { return offload_.get(); }
+  // A copy of the loss scale on the compute device, which the ParameterSync keeps current (the
+  // offloaded optimizer's scaler is on the host): the backward seed reads it instead.
+  void mirror_loss_scale(const Tensor& device_copy) { scale_mirror_ = device_copy; }
   // Bytes of optimizer state this rank holds (moments, momentum).
   virtual size_t state_bytes() const = 0;
 
@@ -100,6 +96,8 @@ class Optimizer {
   Tensor loss_scale() const;
   // {scale, clean windows in a row} read back (checkpoints); {1, 0} without loss scaling.
   std::pair<double, double> scaler_state() const;
+  // [2] {loss scale, clean windows} beside the masters; undefined without loss scaling.
+  const Tensor& scaler() const { return scaler_; }
 
   double lr() const { return lr_; }
   void set_lr(double lr);  // throws ValueError unless finite and >= 0
@@ -110,20 +108,20 @@ class Optimizer {
   virtual void update() = 0;
   // Reallocates the state for `elements` elements (zeros): restrict_to_slice() calls it.
   virtual void resize_state(int64_t elements) = 0;
-  // Where the state lives and runs: the arena's device, or the host when offloaded.
-  Device state_device() const { return offload_ ? Device::cpu() : arena_.device(); }
-  // Zeros for the state: on the arena's device, or pinned on the host when offloaded.
-  Tensor state_zeros(const Shape& shape, DType dtype) const;
+  // Where the state lives and runs, and zeros there: beside the masters.
+  Device state_device() const { return arena_.masters_device(); }
+  Tensor state_zeros(const Shape& shape, DType dtype) const {
+    return arena_.state_zeros(shape, dtype);
+  }
   // The per-element state tensors (this process's slice when restricted), by name.
   virtual std::vector<nn::NamedTensor> element_state() = 0;
 
   ParameterArena& arena_;
   double lr_;
-  std::unique_ptr<HostOffload> offload_;  // null unless the arena's masters are offloaded
-  Tensor norm_sq_;                        // [2] {sum g^2, non-finite count}
-  Tensor boundary_;                       // [4] {norm, coef, skip, scale}
-  Tensor applied_steps_;                  // int32 [1] applied updates
-  Tensor scaler_;  // [2] {loss scale, clean windows}, or undefined: no loss scaling
+  Tensor norm_sq_;        // [2] {sum g^2, non-finite count}
+  Tensor boundary_;       // [4] {norm, coef, skip, scale}
+  Tensor applied_steps_;  // int32 [1] applied updates
+  Tensor scaler_;         // [2] {loss scale, clean windows}, or undefined: no loss scaling
   LossScaling scaling_;
   // What update() works on: the whole arena, or this process's slice of the parameters and the
   // slice's gradient when restricted; and the 16-bit working copy (or its slice) that the pass
@@ -131,9 +129,7 @@ class Optimizer {
   Tensor params_, grads_, working_;
 
  private:
-  // Offloaded: the device copy of the loss scale for the backward seed, sent after every change.
-  void send_loss_scale();
-  Tensor device_scale_;
+  Tensor scale_mirror_;        // mirror_loss_scale(), or undefined
   int64_t slice_offset_ = -1;  // restrict_to_slice; -1: the whole arena
   PartialSumReducer* reducer_ = nullptr;
   ParameterSync* sync_ = nullptr;

@@ -19,7 +19,8 @@ double Schedule::factor(int64_t step) const {
 ScheduleKind Schedule::parse(const std::string& name) {
   if (name == "constant") return ScheduleKind::kConstant;
   if (name == "cosine") return ScheduleKind::kCosine;
-  throw ValueError("[schedule] unknown schedule '" + name + "': expected constant or cosine (a warmup applies to either)");
+  throw ValueError("[schedule] unknown schedule '" + name +
+                   "': expected constant or cosine (a warmup applies to either)");
 }
 
 LrScaling parse_lr_scaling(const std::string& name) {

@@ -9,7 +9,8 @@
 //   ParameterSync     runs after the fused update (an all-gather of the updated shards);
 //   SliceGather       builds the full optimizer state from the slices, for checkpoints.
 // Implementations: distributed/data_parallel.h and distributed/zero.h over a communicator,
-// optim/offload.h for the host copy. Read next: optimizer.h.
+// optim/offload.h for the host copy (a GradientConsumer and a ParameterSync), ConsumerChain below
+// for both. Read next: optimizer.h.
 #pragma once
 
 #include <cstdint>
@@ -43,6 +44,32 @@ class ParameterSync {
   virtual ~ParameterSync() = default;
   // After the fused update of this process's parameters.
   virtual void after_update() = 0;
+  // After the optimizer's scalars changed outside a step (loss scaling set, state loaded).
+  virtual void scalars_changed() {}
+  // Before the optimizer's state is overwritten: nothing in flight may still read it.
+  virtual void quiesce() {}
+};
+
+// Two consumers in turn, for a gradient that is first summed over the ranks and then copied to
+// the host: ranges go to the first only (the second must see the sum); at the boundary the first
+// finishes, then the second takes the whole arena.
+class ConsumerChain : public GradientConsumer {
+ public:
+  ConsumerChain(GradientConsumer& first, GradientConsumer& second)
+      : first_(first), second_(second) {}
+  void ready(int64_t begin, int64_t end) override { first_.ready(begin, end); }
+  void finish() override {
+    first_.finish();
+    second_.finish();
+  }
+  bool abandon() override {
+    const bool first = first_.abandon();
+    return second_.abandon() && first;
+  }
+
+ private:
+  GradientConsumer& first_;
+  GradientConsumer& second_;
 };
 
 class SliceGather {

@@ -20,7 +20,8 @@ SGD::SGD(ParameterArena& arena, SgdOptions options)
 void SGD::update() {
   const SgdArgs hp{lr_, options_.momentum, options_.dampening, options_.weight_decay,
                    options_.nesterov};
-  backend_for(state_device()).sgd_step(hp, boundary_, applied_steps_, params_, grads_, momentum_, working_);
+  backend_for(state_device())
+      .sgd_step(hp, boundary_, applied_steps_, params_, grads_, momentum_, working_);
 }
 
 void SGD::resize_state(int64_t elements) {

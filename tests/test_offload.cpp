@@ -15,6 +15,7 @@ struct Trainee {
   std::shared_ptr<nn::Sequential> model;
   std::unique_ptr<optim::ParameterArena> arena;
   std::unique_ptr<optim::Optimizer> optimizer;
+  std::unique_ptr<optim::HostOffload> offload;  // the copies, when offloaded
   std::unique_ptr<optim::Accumulator> acc;
   Tensor x, y;
 };
@@ -63,6 +64,7 @@ Trainee make_trainee(const Variant& v, bool offload) {
       s.optimizer = std::make_unique<optim::SGD>(*s.arena, o);
     }
   }
+  if (offload) s.offload = std::make_unique<optim::HostOffload>(*s.optimizer);
   if (v.loss_scale > 0) {
     optim::LossScaling ls;
     ls.dynamic = true;
@@ -73,7 +75,7 @@ Trainee make_trainee(const Variant& v, bool offload) {
   o.max_norm = 0.5;  // clips some windows
   o.base_lr = v.opt == Opt::kSgd ? 0.05 : 3e-3;
   o.bucket_bytes = v.bucket_bytes;
-  o.gradients = s.optimizer->offload();  // null on the device: nothing to consume
+  o.gradients = s.offload.get();  // null on the device: nothing to consume
   s.acc = std::make_unique<optim::Accumulator>(*s.optimizer, o);
   s.x = to_dtype(random({96, 10}, 8, DType::kFloat64, -2, 2), v.working).to(v.device);
   std::vector<int32_t> labels(96);
@@ -226,7 +228,7 @@ TEST(Offload, GradientCopiesStartDuringTheLastBackwardAndWeightsReturnOnce) {
     Trainee s = make_trainee(v, true);
     const int64_t n = s.arena->size();
     for (int step = 1; step <= 3; ++step) window(s, 0, 32, 8);
-    const optim::OffloadTraffic& t = s.optimizer->offload()->traffic();
+    const optim::OffloadTraffic& t = s.offload->traffic();
     EXPECT_EQ(t.steps, 3);
     EXPECT_EQ(t.to_host_bytes, size_t(3 * 4 * n)) << "the gradient once a step";
     EXPECT_EQ(t.from_host_bytes, size_t(3 * back * n)) << "the weights once a step";
@@ -238,8 +240,8 @@ TEST(Offload, GradientCopiesStartDuringTheLastBackwardAndWeightsReturnOnce) {
     v.loss_scale = 1024;
     Trainee k = make_trainee(v, true);
     EXPECT_TRUE(window(k, 0, 32, 8, 1e30).skipped);
-    EXPECT_EQ(k.optimizer->offload()->traffic().from_host_bytes, 0u);
-    EXPECT_EQ(k.optimizer->offload()->traffic().to_host_bytes, size_t(4 * n));
+    EXPECT_EQ(k.offload->traffic().from_host_bytes, 0u);
+    EXPECT_EQ(k.offload->traffic().to_host_bytes, size_t(4 * n));
   }
 }
 
@@ -251,7 +253,7 @@ TEST(Offload, AnAbandonedWindowLeavesNoCopiedGradientBehind) {
   a.acc->begin_window(32);
   a.acc->micro_step(8,
                     [&] { return cross_entropy((*a.model)(a.x.narrow(0, 8)), a.y.narrow(0, 8)); });
-  a.optimizer->offload()->prefetch(0, 64);
+  a.offload->prefetch(0, 64);
   a.acc->abandon_window();
   EXPECT_EQ(as_doubles(a.arena->grads()), std::vector<double>(a.arena->size(), 0.0));
   const optim::StepResult ra = window(a, 32, 32, 8), rb = window(b, 32, 32, 8);
@@ -283,7 +285,7 @@ TEST(Offload, MisuseIsRejectedWithTheReason) {
       {"a host offload of an arena on the device",
        [&] {
          Trainee s = make_trainee(v, false);
-         optim::HostOffload h(*s.arena);
+         optim::HostOffload h(*s.optimizer);
        },
        {"offload_masters()"}},
       {"sharding an offloaded optimizer",
@@ -295,14 +297,14 @@ TEST(Offload, MisuseIsRejectedWithTheReason) {
       {"a prefetch outside the arena",
        [&] {
          Trainee s = make_trainee(v, true);
-         s.optimizer->offload()->prefetch(0, s.arena->size() + 1);
+         s.offload->prefetch(0, s.arena->size() + 1);
        },
        {"prefetch of elements [0, ", "outside the arena"}},
       {"a prefetch that overlaps an earlier one",
        [&] {
          Trainee s = make_trainee(v, true);
-         s.optimizer->offload()->prefetch(0, 64);
-         s.optimizer->offload()->prefetch(32, 96);
+         s.offload->prefetch(0, 64);
+         s.offload->prefetch(32, 96);
        },
        {"[32, 96)", "overlaps [0, 64)"}},
   };

@@ -19,6 +19,7 @@
 #include "ops/autograd.h"
 #include "optim/accumulator.h"
 #include "optim/adam.h"
+#include "optim/offload.h"
 #include "optim/safetensors.h"
 #include "optim/schedule.h"
 #include "optim/sgd.h"
@@ -102,6 +103,8 @@ class Run {
   std::map<int64_t, EpochPlan> plans_;  // by k
   std::unique_ptr<distributed::ZeroOptimizerState> zero_;
   std::unique_ptr<distributed::GradientAllReduce> all_reduce_;
+  std::unique_ptr<optim::HostOffload> offload_;
+  std::unique_ptr<optim::ConsumerChain> all_reduce_then_offload_;
   std::unique_ptr<optim::Accumulator> acc_;
   int64_t total_steps_ = 0;
   nlohmann::json run_config_;
@@ -228,7 +231,7 @@ const EpochPlan& Run::plan_for(int64_t epoch) {
 }
 
 // The optimizer and the pieces around it: ZeRO-1 shards it, several replicated ranks all-reduce
-// the gradient, an offloaded optimizer on one rank copies it to the host.
+// the gradient, an offloaded optimizer copies it to the host (after the all-reduce).
 void Run::build_optimizer() {
   if (!c_.accum_schedule.empty()) {
     k_schedule_ = optim::AccumSchedule::parse(c_.accum_schedule, INT32_MAX);
@@ -238,6 +241,10 @@ void Run::build_optimizer() {
     zero_ = std::make_unique<distributed::ZeroOptimizerState>(*optimizer_, *comm_);
   } else if (comm_->world_size() > 1) {
     all_reduce_ = std::make_unique<distributed::GradientAllReduce>(*arena_, *comm_);
+  }
+  if (arena_->offloaded()) offload_ = std::make_unique<optim::HostOffload>(*optimizer_);
+  if (all_reduce_ && offload_) {
+    all_reduce_then_offload_ = std::make_unique<optim::ConsumerChain>(*all_reduce_, *offload_);
   }
   if (scaling_.on) {
     optim::LossScaling ls;
@@ -265,10 +272,12 @@ void Run::build_accumulator() {
     options.gradients = zero_.get();
     options.loss_reducer = zero_.get();
   } else if (all_reduce_) {
-    options.gradients = all_reduce_.get();
+    options.gradients = all_reduce_then_offload_
+                            ? all_reduce_then_offload_.get()
+                            : static_cast<optim::GradientConsumer*>(all_reduce_.get());
     options.loss_reducer = all_reduce_.get();
   } else {
-    options.gradients = optimizer_->offload();  // null unless offloaded
+    options.gradients = offload_.get();  // null unless offloaded
   }
   const int64_t bucket_kib = c_.bucket_kib >= 0
                                  ? c_.bucket_kib
@@ -498,8 +507,8 @@ void Run::report_summary() {
   summary_.samples_per_second =
       static_cast<double>(samples_seen_) / std::max(summary_.train_seconds, 1e-9);
   std::string offload_line;
-  if (const optim::HostOffload* off = optimizer_->offload()) {
-    summary_.offload = off->traffic();
+  if (offload_) {
+    summary_.offload = offload_->traffic();
     const auto per_step = [&](size_t bytes) {
       return mib(bytes / static_cast<size_t>(std::max<int64_t>(summary_.offload.steps, 1)));
     };
