@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "core/file.h"
 #include "dataset.h"
 #include "idx.h"
 #include "mnist.h"
@@ -38,6 +39,33 @@ inline Recorded train_recorded(const mnist::Config& config, std::ostream& out) {
   return r;
 }
 
+// IDX writers for the fixtures (the format of examples/mnist/idx.h).
+inline void put_big_endian(std::string& out, uint32_t v) {
+  out += {char(v >> 24), char(v >> 16), char(v >> 8), char(v)};
+}
+
+inline void write_idx_images(const std::string& path, const IdxImages& images) {
+  std::string head;
+  put_big_endian(head, 0x800 | 3);
+  put_big_endian(head, static_cast<uint32_t>(images.count));
+  put_big_endian(head, static_cast<uint32_t>(images.rows));
+  put_big_endian(head, static_cast<uint32_t>(images.cols));
+  AtomicFile out(path);
+  out.write(head);
+  out.write(images.pixels.data(), images.pixels.size());
+  out.commit();
+}
+
+inline void write_idx_labels(const std::string& path, const std::vector<uint8_t>& labels) {
+  std::string head;
+  put_big_endian(head, 0x800 | 1);
+  put_big_endian(head, static_cast<uint32_t>(labels.size()));
+  AtomicFile out(path);
+  out.write(head);
+  out.write(labels.data(), labels.size());
+  out.commit();
+}
+
 inline fs::path temp_dir(const std::string& name) {
   fs::path dir =
       fs::temp_directory_path() / ("accrue-test-" + name + "-" + std::to_string(getpid()));
@@ -62,8 +90,8 @@ inline void write_fixture(const fs::path& dir, const std::string& prefix, int64_
     for (int r = r0; r < r0 + 4; ++r)
       for (int c = c0; c < c0 + 4; ++c) img[r * 28 + c] = 255;
   }
-  mnist::write_idx_images((dir / (prefix + "-images-idx3-ubyte")).string(), images);
-  mnist::write_idx_labels((dir / (prefix + "-labels-idx1-ubyte")).string(), labels);
+  write_idx_images((dir / (prefix + "-images-idx3-ubyte")).string(), images);
+  write_idx_labels((dir / (prefix + "-labels-idx1-ubyte")).string(), labels);
 }
 
 inline fs::path make_dataset(const std::string& name, int64_t train = 1024, int64_t test = 256) {

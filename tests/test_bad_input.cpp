@@ -95,14 +95,14 @@ TEST(BadInput, IdxFilesAreRejectedNamingFileAndFault) {
 
 TEST(BadInput, DatasetsWithoutSamplesOrOfTwoImageSizesAreRejected) {
   const fs::path data = make_dataset("bad-splits", 64, 16);
-  mnist::write_idx_images((data / "train-images-idx3-ubyte").string(), {0, 28, 28, {}});
-  mnist::write_idx_labels((data / "train-labels-idx1-ubyte").string(), {});
+  write_idx_images((data / "train-images-idx3-ubyte").string(), {0, 28, 28, {}});
+  write_idx_labels((data / "train-labels-idx1-ubyte").string(), {});
   CliResult r = cli({"--data", data.string(), "--quiet"});
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find("train-images-idx3-ubyte: holds no samples"), std::string::npos) << r.err;
 
   write_fixture(data, "train", 64, 1);
-  mnist::write_idx_images((data / "t10k-images-idx3-ubyte").string(),
+  write_idx_images((data / "t10k-images-idx3-ubyte").string(),
                           {16, 20, 20, std::vector<uint8_t>(16 * 400, 0)});
   r = cli({"--data", data.string(), "--quiet", "--epochs", "1"});
   EXPECT_EQ(r.status, 1);

@@ -41,10 +41,10 @@ TEST(Idx, RejectsBadFilesNamingThem) {
   expect_error<FileError>([&] { mnist::read_idx_images(labels); }, {labels, "magic", "803"});
   // Mismatched counts between images and labels.
   write_fixture(dir, "train", 20, 1);
-  mnist::write_idx_labels(labels, std::vector<uint8_t>(19, 1));
+  write_idx_labels(labels, std::vector<uint8_t>(19, 1));
   expect_error<FileError>([&] { mnist::load_split(dir.string(), "train", 0, Device::cpu()); },
                           {"19 labels", "20 images"});
-  mnist::write_idx_labels(labels, std::vector<uint8_t>(20, 11));
+  write_idx_labels(labels, std::vector<uint8_t>(20, 11));
   expect_error<FileError>([&] { mnist::load_split(dir.string(), "train", 0, Device::cpu()); },
                           {labels, "label 11"});
   expect_error<FileError>([&] { mnist::read_idx_images((dir / "missing").string()); },

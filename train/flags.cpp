@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <limits>
 #include <ostream>
+#include <sstream>
 
 #include "core/error.h"
 #include "core/file.h"
@@ -215,6 +216,29 @@ void Flags::check() {
   if (!c_.init.empty() && !std::filesystem::is_regular_file(c_.init)) {
     throw ValueError("--init " + c_.init + ": no such file");
   }
+}
+
+std::vector<int64_t> parse_size_list(const std::string& flag, const std::string& text, int64_t max,
+                                     const std::string& example) {
+  std::vector<int64_t> sizes;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    size_t used = 0;
+    int64_t v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != item.size() || v <= 0 || v > max) {
+      throw ValueError(str_cat(flag, ": '", item, "' in '", text, "' is not an integer in [1, ",
+                               max, "] (e.g. ", example, ")"));
+    }
+    sizes.push_back(v);
+  }
+  if (text.empty()) throw ValueError(flag + ": give at least one size");
+  return sizes;
 }
 
 int parse_command_line(CLI::App& app, int argc, const char* const* argv, const std::string& program,

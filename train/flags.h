@@ -14,6 +14,7 @@
 #include <functional>
 #include <iosfwd>
 #include <string>
+#include <vector>
 
 #include "train/config.h"
 
@@ -34,6 +35,11 @@ class Flags {
   std::string device_;
   bool no_shuffle_ = false;
 };
+
+// "512,256,128" -> {512, 256, 128}: positive integers up to max, comma-separated. Throws
+// ValueError naming the flag, the bad item and an example.
+std::vector<int64_t> parse_size_list(const std::string& flag, const std::string& text, int64_t max,
+                                     const std::string& example);
 
 // Parses argv with app, then runs check. Returns -1 to go on, else the exit status main()
 // should return: 0 after --help, 2 after a mistake (one line on err: "program: what").

@@ -18,10 +18,6 @@ uint32_t big_endian(const std::vector<uint8_t>& b, size_t at) {
          uint32_t(b[at + 3]);
 }
 
-void put_big_endian(std::string& out, uint32_t v) {
-  out += {char(v >> 24), char(v >> 16), char(v >> 8), char(v)};
-}
-
 // Checks the header of an IDX file of unsigned bytes with `dims` dimensions; returns them.
 std::vector<int64_t> header(const std::vector<uint8_t>& b, const std::string& path, size_t dims) {
   const char* kind = dims == 1 ? "labels" : "images";
@@ -81,28 +77,6 @@ std::vector<uint8_t> read_idx_labels(const std::string& path) {
   const std::vector<uint8_t> b = read_file_bytes(path);
   header(b, path, 1);
   return std::vector<uint8_t>(b.begin() + 8, b.end());
-}
-
-void write_idx_images(const std::string& path, const IdxImages& images) {
-  std::string head;
-  put_big_endian(head, 0x800 | 3);
-  put_big_endian(head, static_cast<uint32_t>(images.count));
-  put_big_endian(head, static_cast<uint32_t>(images.rows));
-  put_big_endian(head, static_cast<uint32_t>(images.cols));
-  AtomicFile out(path);
-  out.write(head);
-  out.write(images.pixels.data(), images.pixels.size());
-  out.commit();
-}
-
-void write_idx_labels(const std::string& path, const std::vector<uint8_t>& labels) {
-  std::string head;
-  put_big_endian(head, 0x800 | 1);
-  put_big_endian(head, static_cast<uint32_t>(labels.size()));
-  AtomicFile out(path);
-  out.write(head);
-  out.write(labels.data(), labels.size());
-  out.commit();
 }
 
 }  // namespace accrue::mnist

@@ -18,8 +18,4 @@ struct IdxImages {
 IdxImages read_idx_images(const std::string& path);
 std::vector<uint8_t> read_idx_labels(const std::string& path);
 
-// Writers, for test fixtures.
-void write_idx_images(const std::string& path, const IdxImages& images);
-void write_idx_labels(const std::string& path, const std::vector<uint8_t>& labels);
-
 }  // namespace accrue::mnist

@@ -20,28 +20,6 @@ namespace {
 
 constexpr int64_t kMaxWidth = 1 << 20;
 
-std::vector<int64_t> parse_sizes(const std::string& text) {
-  std::vector<int64_t> sizes;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    size_t used = 0;
-    int64_t v = 0;
-    try {
-      v = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != item.size() || v <= 0 || v > kMaxWidth) {
-      throw ValueError(str_cat("--hidden: '", item, "' in '", text, "' is not an integer in [1, ",
-                               kMaxWidth, "] (e.g. 512,256,128)"));
-    }
-    sizes.push_back(v);
-  }
-  if (text.empty()) throw ValueError("--hidden: give at least one layer size");
-  return sizes;
-}
-
 std::unique_ptr<nn::Module> make_model(const Config& c, int64_t pixels, DType dtype) {
   if (c.model == "cnn") {
     if (pixels != 28 * 28) {
@@ -129,7 +107,7 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
   app.add_option("--hidden", hidden, "The MLP's hidden layer sizes, comma-separated");
   return train::parse_command_line(app, argc, argv, "accrue-mnist", out, err, [&] {
     flags.check();
-    c.hidden = parse_sizes(hidden);
+    c.hidden = train::parse_size_list("--hidden", hidden, kMaxWidth, "512,256,128");
     if (c.model != "cnn" && c.norm != "none") {
       throw ValueError("--norm " + c.norm + " applies to --model cnn");
     }
