@@ -27,7 +27,9 @@ std::string folder_of(const std::string& path) {
 }  // namespace
 
 std::vector<uint8_t> read_file_bytes(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO would otherwise wait for a writer; the type check below refuses
+  // it, and reads of a regular file ignore the flag.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw FileError(str_cat(path, ": cannot open: ", reason(errno)));
   struct Closer {
     int fd;

@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "mnist_fixture.h"
+#include "train/checkpoint.h"
 
 namespace accrue::testing {
 namespace {
@@ -103,7 +104,7 @@ TEST(BadInput, DatasetsWithoutSamplesOrOfTwoImageSizesAreRejected) {
 
   write_fixture(data, "train", 64, 1);
   write_idx_images((data / "t10k-images-idx3-ubyte").string(),
-                          {16, 20, 20, std::vector<uint8_t>(16 * 400, 0)});
+                   {16, 20, 20, std::vector<uint8_t>(16 * 400, 0)});
   r = cli({"--data", data.string(), "--quiet", "--epochs", "1"});
   EXPECT_EQ(r.status, 1);
   for (const char* word : {"t10k-images-idx3-ubyte", "400 pixels", "have 784"}) {
@@ -269,6 +270,8 @@ struct CliCase {
 // row that got as far as loading would exit 1 complaining about the data instead.
 TEST(BadInput, CommandLineMistakesExitTwoBeforeReadingData) {
   const fs::path dir = temp_dir("bad-cli");
+  fs::create_symlink(dir / "loop-b", dir / "loop-a");
+  fs::create_symlink(dir / "loop-a", dir / "loop-b");
   const std::vector<CliCase> table{
       {{"--lr", "nan"}, {"--lr", "nan", "not a finite number"}},
       {{"--lr", "inf"}, {"--lr", "inf"}},
@@ -333,7 +336,14 @@ TEST(BadInput, CommandLineMistakesExitTwoBeforeReadingData) {
       {{"--save", dir.string()}, {"--save", "is a directory"}},
       {{"--metrics", (dir / "missing/m.jsonl").string()}, {"--metrics", "No such file"}},
       {{"--init", (dir / "none.safetensors").string()}, {"--init", "none.safetensors"}},
+      // A symbolic link loop is a clear error, not an uncaught filesystem_error (exit 134).
+      {{"--resume", (dir / "loop-a").string()}, {"--resume", "loop-a", "symbolic links"}},
+      {{"--init", (dir / "loop-a").string()}, {"--init", "loop-a", "symbolic links"}},
   };
+  // Data behind a symbolic link loop: exit 1 naming the file, not an abort.
+  const CliResult loop = cli({"--data", (dir / "loop-a").string(), "--quiet"});
+  EXPECT_EQ(loop.status, 1) << loop.err;
+  EXPECT_NE(loop.err.find("loop-a/train-images-idx3-ubyte"), std::string::npos) << loop.err;
   for (const CliCase& c : table) {
     std::vector<std::string> args = c.args;
     args.insert(args.end(), {"--data", "/nonexistent-accrue"});
@@ -370,6 +380,20 @@ TEST(BadInput, ARunWithoutAnyAppliedUpdateFails) {
   std::getline(in, first);
   EXPECT_NE(first.find(R"("loss":"nan")"), std::string::npos) << first;
   EXPECT_NE(first.find(R"("skipped":true)"), std::string::npos) << first;
+}
+
+// A FIFO where a file is read (data, a checkpoint's JSON) is refused at once, never waited on.
+TEST(BadInput, AFifoIsRefusedWithoutBlocking) {
+  const fs::path dir = temp_dir("fifo");
+  const std::string images = (dir / "train-images-idx3-ubyte").string();
+  ASSERT_EQ(::mkfifo(images.c_str(), 0600), 0);
+  expect_error<FileError>([&] { mnist::read_idx_images(images); }, {images, "not a regular file"});
+  const fs::path ckpt = dir / "ckpt";
+  fs::create_directories(ckpt);
+  ASSERT_EQ(::mkfifo((ckpt / "step-0000000001.json").c_str(), 0600), 0);
+  expect_error<FileError>([&] { train::read_latest_checkpoint(ckpt.string()); },
+                          {"step-0000000001.json", "not a regular file"});
+  fs::remove_all(dir);
 }
 
 }  // namespace

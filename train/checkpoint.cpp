@@ -31,8 +31,11 @@ std::string stem(int64_t step) {
 // The steps of the checkpoints whose JSON exists in dir, newest first.
 std::vector<int64_t> listed_steps(const std::string& dir) {
   std::vector<int64_t> steps;
-  if (!fs::is_directory(dir)) return steps;
-  for (const auto& entry : fs::directory_iterator(dir)) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return steps;
+  fs::directory_iterator entries(dir, ec);
+  if (ec) throw FileError(str_cat(dir, ": cannot list the checkpoints (", ec.message(), ")"));
+  for (const auto& entry : entries) {
     const std::string name = entry.path().filename().string();
     long long step = 0;
     char tail[8] = {};

@@ -65,6 +65,18 @@ CLI::Validator int_in(int64_t low, int64_t high) {
 
 constexpr double kHuge = std::numeric_limits<double>::max();
 
+// What a path names, following links (not_found when nothing is there); a path that cannot be
+// resolved (a symbolic link loop, a component that is no folder, no permission) throws
+// ValueError naming the flag, the path and the system's reason.
+std::filesystem::file_type input_kind(const char* flag, const std::string& path) {
+  std::error_code ec;
+  const std::filesystem::file_status status = std::filesystem::status(path, ec);
+  if (ec && status.type() != std::filesystem::file_type::not_found) {
+    throw ValueError(str_cat(flag, " ", path, ": ", ec.message()));
+  }
+  return status.type();
+}
+
 }  // namespace
 
 Flags::Flags(CLI::App& app, Config& config) : app_(app), c_(config) {
@@ -207,13 +219,14 @@ void Flags::check() {
     if (!c_.metrics.empty()) check_writable(c_.metrics, "--metrics");
     if (!c_.save.empty()) check_writable(c_.save, "--save");
   }
-  if (!c_.resume.empty() && !std::filesystem::is_directory(c_.resume)) {
+  if (!c_.resume.empty() &&
+      input_kind("--resume", c_.resume) != std::filesystem::file_type::directory) {
     throw ValueError("--resume " + c_.resume + ": no such folder");
   }
   if (!c_.resume.empty() && !c_.init.empty()) {
     throw ValueError("--resume continues a run; it excludes --init");
   }
-  if (!c_.init.empty() && !std::filesystem::is_regular_file(c_.init)) {
+  if (!c_.init.empty() && input_kind("--init", c_.init) != std::filesystem::file_type::regular) {
     throw ValueError("--init " + c_.init + ": no such file");
   }
 }
@@ -259,6 +272,9 @@ int parse_command_line(CLI::App& app, int argc, const char* const* argv, const s
     return 2;
   } catch (const FileError& e) {
     err << program << ": " << e.what() << "\n";
+    return 2;
+  } catch (const std::filesystem::filesystem_error& e) {
+    err << program << ": " << e.path1().string() << ": " << e.code().message() << "\n";
     return 2;
   }
   return -1;

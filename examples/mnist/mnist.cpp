@@ -127,7 +127,8 @@ int run_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& 
   return train::run_reporting_failure(
       "accrue-mnist", err, [&] { train(config, out); },
       [&](const FileError&) -> std::string {
-        if (std::filesystem::exists(config.data + "/train-images-idx3-ubyte")) return "";
+        std::error_code ec;  // a folder that cannot be looked into gets the hint too
+        if (std::filesystem::exists(config.data + "/train-images-idx3-ubyte", ec)) return "";
         return "accrue-mnist: fetch the data with scripts/fetch-mnist.sh " + config.data;
       });
 }
