@@ -76,7 +76,8 @@ train::Task make_task(const Config& c) {
     const Tensor logits = cast(model(b.input), loss_dtype);
     return nn::LossSum{
         cross_entropy(logits, b.target),
-        scalar(static_cast<double>(b.target.numel()), DType::kInt32, b.target.device())};
+        // In the loss dtype, the accumulator's own: its count sum adds it without a cast.
+        scalar(static_cast<double>(b.target.numel()), loss_dtype, b.target.device())};
   };
   task.evaluate = [data](nn::Module& model) {
     return train::Evaluation{"test_accuracy", "test accuracy", accuracy(model, data->test), true};
