@@ -54,34 +54,106 @@ std::vector<uint8_t> read_file_bytes(const std::string& path) {
   return bytes;
 }
 
-void check_writable(const std::string& path, const std::string& what) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) {
-    throw FileError(str_cat(what, " ", path, ": is a directory, not a file"));
+std::string resolve_output(const std::string& path) {
+  namespace fs = std::filesystem;
+  fs::path at = path;
+  for (int hops = 0;; ++hops) {
+    std::error_code ec;
+    if (!fs::is_symlink(fs::symlink_status(at, ec))) return at.string();
+    if (hops == 40) throw FileError(str_cat(path, ": ", reason(ELOOP)));
+    const fs::path target = fs::read_symlink(at, ec);
+    if (ec)
+      throw FileError(str_cat(path, ": cannot read the link ", at.string(), ": ", ec.message()));
+    at = target.is_absolute() ? target : at.parent_path() / target;
   }
-  const std::string folder = folder_of(path);
+}
+
+OutputKind check_output(const std::string& path, const std::string& what) {
+  if (path.empty()) throw FileError(what + ": the path is empty");
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) {
+    if (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode)) {
+      if (::access(path.c_str(), W_OK) != 0) {
+        throw FileError(str_cat(what, " ", path, ": cannot write to it: ", reason(errno)));
+      }
+      return OutputKind::kStream;
+    }
+    if (S_ISDIR(st.st_mode))
+      throw FileError(str_cat(what, " ", path, ": is a directory, not a file"));
+    if (S_ISSOCK(st.st_mode))
+      throw FileError(str_cat(what, " ", path, ": is a socket, not a file"));
+    if (S_ISBLK(st.st_mode)) {
+      throw FileError(str_cat(what, " ", path, ": is a block device, not a file"));
+    }
+  } else if (errno != ENOENT) {
+    throw FileError(str_cat(what, " ", path, ": ", reason(errno)));
+  }
+  std::string target;
+  try {
+    target = resolve_output(path);
+  } catch (const FileError& e) {
+    throw FileError(what + " " + e.what());
+  }
+  const std::string folder = folder_of(target);
+  struct stat dir {};
+  if (::stat(folder.c_str(), &dir) != 0) {
+    throw FileError(str_cat(what, " ", path, ": cannot write into ", folder, ": ", reason(errno)));
+  }
+  if (!S_ISDIR(dir.st_mode)) {
+    throw FileError(
+        str_cat(what, " ", path, ": cannot write into ", folder, ": ", reason(ENOTDIR)));
+  }
   if (::access(folder.c_str(), W_OK | X_OK) != 0) {
     throw FileError(str_cat(what, " ", path, ": cannot write into ", folder, ": ", reason(errno)));
+  }
+  return S_ISREG(st.st_mode) && ::stat(path.c_str(), &st) == 0 ? OutputKind::kRegular
+                                                               : OutputKind::kNew;
+}
+
+void remove_stale_temporaries(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path target = path;
+  const std::string prefix = target.filename().string() + ".tmp.";
+  std::error_code ec;
+  fs::directory_iterator entries(folder_of(path), ec);
+  if (ec) return;
+  for (const auto& entry : entries) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() == prefix.size() + 6 && name.compare(0, prefix.size(), prefix) == 0 &&
+        entry.is_regular_file(ec)) {
+      fs::remove(entry.path(), ec);
+    }
   }
 }
 
 AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path_, ec)) {
-    throw FileError(str_cat(path_, ": is a directory, not a file"));
+  struct stat st {};
+  if (::stat(path_.c_str(), &st) == 0 && (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode))) {
+    // A device or a FIFO has no folder entry to replace: its bytes go straight to it.
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd_ < 0) throw FileError(str_cat(path_, ": cannot open for writing: ", reason(errno)));
+    stream_ = true;
+    return;
   }
-  std::string pattern = path_ + ".tmp.XXXXXX";
+  if (::stat(path_.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    throw FileError(str_cat(path_, S_ISDIR(st.st_mode)
+                                       ? ": is a directory, not a file"
+                                       : ": is not a regular file, a device or a FIFO"));
+  }
+  const std::string target = resolve_output(path_);  // the link stays; its target is replaced
+  std::string pattern = target + ".tmp.XXXXXX";
   fd_ = ::mkstemp(pattern.data());
   if (fd_ < 0) {
-    throw FileError(str_cat(path_, ": cannot create a temporary file in ", folder_of(path_), ": ",
+    throw FileError(str_cat(path_, ": cannot create a temporary file in ", folder_of(target), ": ",
                             reason(errno)));
   }
   temp_ = pattern;
+  target_ = target;
   // mkstemp creates 0600; give the file the mode an ordinary create would (or the mode of the
   // file it replaces).
   struct stat existing {};
   mode_t mode = 0;
-  if (::stat(path_.c_str(), &existing) == 0) {
+  if (::stat(target_.c_str(), &existing) == 0) {
     mode = existing.st_mode & 07777;
   } else {
     const mode_t mask = ::umask(0);
@@ -99,11 +171,10 @@ AtomicFile::~AtomicFile() {
 void AtomicFile::fail(const std::string& what, int err) {
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
-  ::unlink(temp_.c_str());
+  if (!temp_.empty()) ::unlink(temp_.c_str());
   temp_.clear();
   throw FileError(str_cat(path_, ": ", what, ": ", reason(err),
-                          " (the previous file, if any, is "
-                          "untouched)"));
+                          stream_ ? "" : " (the previous file, if any, is untouched)"));
 }
 
 void AtomicFile::write(const void* data, size_t nbytes) {
@@ -120,6 +191,14 @@ void AtomicFile::write(const void* data, size_t nbytes) {
 
 void AtomicFile::commit() {
   if (fd_ < 0) throw FileError(str_cat(path_, ": commit after the file was closed"));
+  if (stream_) {
+    // Devices and pipes: nothing to rename; fsync means nothing to most of them (EINVAL).
+    const int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) throw FileError(str_cat(path_, ": close failed: ", reason(errno)));
+    committed_ = true;
+    return;
+  }
   if (::fsync(fd_) != 0) fail("fsync failed", errno);
   const int fd = fd_;
   fd_ = -1;
@@ -128,14 +207,14 @@ void AtomicFile::commit() {
     ::unlink(temp_.c_str());
     throw FileError(str_cat(path_, ": close failed: ", reason(err)));
   }
-  if (::rename(temp_.c_str(), path_.c_str()) != 0) {
+  if (::rename(temp_.c_str(), target_.c_str()) != 0) {
     const int err = errno;
     ::unlink(temp_.c_str());
     throw FileError(str_cat(path_, ": cannot rename the temporary over it: ", reason(err)));
   }
   committed_ = true;
   // The rename itself reaches the disk with the folder's metadata.
-  const int dir = ::open(folder_of(path_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  const int dir = ::open(folder_of(target_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir >= 0) {
     ::fsync(dir);
     ::close(dir);

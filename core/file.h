@@ -2,7 +2,15 @@
 // reason (strerror) in every failure and the file name in every message. Writing: an AtomicFile
 // writes into a temporary beside the destination and renames it over the destination only after
 // every byte reached the disk (write, fsync, close, rename, fsync of the folder), so a crash or
-// a full disk mid-write never destroys the previous good copy. Read next: optim/safetensors.h.
+// a full disk mid-write never destroys the previous good copy. What the destination is decides
+// how it is written:
+//   missing or a regular file   temporary and rename (through symbolic links: the link stays,
+//                               its target is replaced)
+//   character device or FIFO    written directly (/dev/null discards, /dev/full fails, a pipe
+//                               reads the bytes as they come)
+//   folder, socket, block device refused (check_output, before a run starts)
+// A file that outgrows `ulimit -f` fails like a full disk (EFBIG) once SIGXFSZ is ignored, which
+// the training engine does. Read next: optim/safetensors.h.
 #pragma once
 
 #include <cstddef>
@@ -16,13 +24,29 @@ namespace accrue {
 // directory or other non-regular file, or a short read.
 std::vector<uint8_t> read_file_bytes(const std::string& path);
 
-// Throws FileError unless a file could be created at path: its folder exists and is writable,
-// and path is not a folder. For checking output flags before a long run starts.
-void check_writable(const std::string& path, const std::string& what);
+// What an output path names, following symbolic links.
+enum class OutputKind {
+  kNew,      // nothing there yet: created by a rename
+  kRegular,  // replaced by a rename
+  kStream,   // a character device or a FIFO: written directly
+};
+
+// Throws FileError naming `what` (the flag) and the path unless an output could be written
+// there: a symbolic link loop, a folder, a socket or a block device, a missing or unwritable
+// folder are refused. For checking output flags before a long run starts.
+OutputKind check_output(const std::string& path, const std::string& what);
+
+// The file a path resolves to through its symbolic links (itself when it is none); a dangling
+// link resolves to where its target would be created. Throws FileError on a loop.
+std::string resolve_output(const std::string& path);
+
+// Removes "<path>.tmp.XXXXXX" files beside path: temporaries a killed writer left behind.
+void remove_stale_temporaries(const std::string& path);
 
 class AtomicFile {
  public:
-  // Creates the temporary "<path>.tmp.XXXXXX" in the destination's folder.
+  // Creates the temporary "<path>.tmp.XXXXXX" in the destination's folder (the folder of the
+  // file path resolves to), or opens a character device or FIFO for writing.
   explicit AtomicFile(std::string path);
   // Removes the temporary unless commit() succeeded.
   ~AtomicFile();
@@ -38,12 +62,14 @@ class AtomicFile {
   void commit();
   const std::string& path() const { return path_; }
   const std::string& temp_path() const { return temp_; }
+  bool streaming() const { return stream_; }  // a device or FIFO, written directly
 
  private:
   [[noreturn]] void fail(const std::string& what, int err);
-  std::string path_, temp_;
+  std::string path_, temp_, target_;  // target_: what path_ resolves to, renamed over
   int fd_ = -1;
   bool committed_ = false;
+  bool stream_ = false;
 };
 
 }  // namespace accrue

@@ -13,8 +13,10 @@ namespace accrue::optim {
 Accumulator::Accumulator(Optimizer& optimizer, AccumulatorOptions options)
     : optimizer_(optimizer),
       options_(options),
-      loss_sum_(Tensor::zeros({}, optimizer.arena().dtype(), optimizer.arena().device())),
-      count_sum_(Tensor::zeros({}, optimizer.arena().dtype(), optimizer.arena().device())) {
+      boundary_sums_(Tensor::zeros({3}, optimizer.arena().dtype(), optimizer.arena().device())),
+      loss_sum_(boundary_sums_.narrow(0, 1).view({})),
+      count_sum_(boundary_sums_.narrow(1, 1).view({})),
+      stop_votes_(boundary_sums_.narrow(2, 1).view({})) {
   if (std::isnan(options.max_norm)) throw ValueError("[accumulator] max_norm is NaN");
   if (options_.bucket_bytes > 0 && options_.gradients != nullptr) plan_buckets();
 }
@@ -208,11 +210,11 @@ StepResult Accumulator::step() {
       reset_buckets();
     }
     if (options_.gradients != nullptr) options_.gradients->finish();
+    if (stop_vote_) fill_(stop_votes_, 1.0);
     if (options_.loss_reducer != nullptr) {
-      // Every rank sums both, whether or not it ran a micro-step in this window (a short last
+      // Every rank sums them, whether or not it ran a micro-step in this window (a short last
       // window may leave a rank none): the collectives stay matched.
-      options_.loss_reducer->sum(loss_sum_);
-      options_.loss_reducer->sum(count_sum_);
+      options_.loss_reducer->sum(boundary_sums_);
     }
     check_counted_items();
     optimizer_.set_lr(r.lr);
@@ -230,7 +232,10 @@ StepResult Accumulator::step() {
   r.skipped = report.skipped;
   r.loss_scale = report.loss_scale;
   if (r.skipped) ++skipped_;
-  r.loss = loss_sum_.item() / static_cast<double>(window_items_);
+  const Tensor sums = boundary_sums_.to(Device::cpu());
+  r.loss = sums.narrow(0, 1).item() / static_cast<double>(window_items_);
+  r.stop = sums.narrow(2, 1).item() > 0;
+  stop_vote_ = false;
   close_window();
   return r;
 }
@@ -256,8 +261,7 @@ void Accumulator::abandon_window() {
 }
 
 void Accumulator::close_window() {
-  loss_sum_.zero_();
-  count_sum_.zero_();
+  boundary_sums_.zero_();
   counted_ = false;
   window_items_ = local_items_ = 0;
   window_open_ = false;

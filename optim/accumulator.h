@@ -55,6 +55,7 @@ struct StepResult {
   double lr = 0;          // used by this step
   bool skipped = false;   // non-finite gradient: no update
   double loss_scale = 1;  // the loss scale of the window (mixed precision), before its update
+  bool stop = false;      // some rank asked to stop after this step (request_stop)
 };
 
 struct MemoryStats {
@@ -86,6 +87,10 @@ class Accumulator {
   void abandon_window();
   // Closes the window with one optimizer step; checks that every sample was seen.
   StepResult step();
+  // This process asks every rank to stop after the next step: the vote is summed with the
+  // window's loss in the boundary's all-reduce, and that step's StepResult::stop is true on
+  // every rank.
+  void request_stop() { stop_vote_ = true; }
 
   // Convenience: one whole window of the plan whose items are its samples (one loss item per
   // sample, as in classification), with forward(micro) per micro-batch.
@@ -114,8 +119,11 @@ class Accumulator {
   int64_t local_items_ = 0;   // of which this rank's
   bool window_open_ = false;
   int64_t seen_items_ = 0;
-  Tensor loss_sum_;       // 0-d, on the arena's device: sum of micro-batch losses of the window
-  Tensor count_sum_;      // 0-d, beside it: the items the losses counted (LossSum micro-steps)
+  // [3] on the arena's device, summed over the ranks in one collective at the boundary: the
+  // window's loss sum, the items its losses counted (LossSum micro-steps), the stop votes.
+  Tensor boundary_sums_;
+  Tensor loss_sum_, count_sum_, stop_votes_;  // 0-d views of its elements
+  bool stop_vote_ = false;
   bool counted_ = false;  // the open window's micro-steps returned counts
   // The micro-step without its bookkeeping of counts.
   void run_micro_step(int64_t items, const std::function<Tensor()>& forward);

@@ -107,8 +107,19 @@ TEST(BadInput, DatasetsWithoutSamplesOrOfTwoImageSizesAreRejected) {
                    {16, 20, 20, std::vector<uint8_t>(16 * 400, 0)});
   r = cli({"--data", data.string(), "--quiet", "--epochs", "1"});
   EXPECT_EQ(r.status, 1);
-  for (const char* word : {"t10k-images-idx3-ubyte", "400 pixels", "have 784"}) {
+  for (const char* word : {"t10k-images-idx3-ubyte", "20 x 20", "MNIST's are 28 x 28"}) {
     EXPECT_NE(r.err.find(word), std::string::npos) << word << " in " << r.err;
+  }
+  // As many pixels as MNIST's, in another shape: not MNIST either.
+  write_fixture(data, "t10k", 16, 2);
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{14, 56}, {784, 1}}) {
+    write_idx_images((data / "train-images-idx3-ubyte").string(),
+                     {64, rows, cols, std::vector<uint8_t>(64 * 784, 0)});
+    r = cli({"--data", data.string(), "--quiet", "--epochs", "1"});
+    EXPECT_EQ(r.status, 1);
+    EXPECT_NE(r.err.find(str_cat("train-images-idx3-ubyte: images are ", rows, " x ", cols)),
+              std::string::npos)
+        << r.err;
   }
 }
 
@@ -339,6 +350,25 @@ TEST(BadInput, CommandLineMistakesExitTwoBeforeReadingData) {
       // A symbolic link loop is a clear error, not an uncaught filesystem_error (exit 134).
       {{"--resume", (dir / "loop-a").string()}, {"--resume", "loop-a", "symbolic links"}},
       {{"--init", (dir / "loop-a").string()}, {"--init", "loop-a", "symbolic links"}},
+      // Found before the data, not after training (#22).
+      {{"--precision", "fp16", "--loss-scale", "1e39"}, {"--loss-scale 1e39", "float32"}},
+      {{"--loss-scale", "1e300"}, {"--loss-scale 1e300", "float32"}},
+      {{"--loss-scale", "1e-45"}, {"--loss-scale 1e-45", "float32"}},
+      {{"--loss-scale", "1e-320"}, {"--loss-scale 1e-320", "float32"}},
+      {{"--hidden", "1048576,1048576"}, {"--hidden 1048576,1048576", "parameters", "GiB"}},
+      {{"--hidden", "64,"}, {"--hidden", "'' in '64,'"}},
+      {{"--hidden", ",64"}, {"--hidden", "'' in ',64'"}},
+      {{"--hidden", "+64"}, {"--hidden", "'+64'"}},
+      {{"--hidden", "0x40"}, {"--hidden", "'0x40'"}},
+      {{"--micro-batch", "0x10"}, {"--micro-batch", "0x10"}},
+      {{"--epochs", "+3"}, {"--epochs", "+3"}},
+      {{"--seed", "-1"}, {"--seed", "'-1'"}},
+      {{"--seed", "18446744073709551616"}, {"--seed", "18446744073709551616"}},
+      {{"--seed", "0x5"}, {"--seed", "0x5"}},
+      {{"--accum-schedule", ""}, {"--accum-schedule", "empty"}},
+      {{"--memory-budget", ""}, {"--memory-budget", "empty"}},
+      {{"--resume", ""}, {"--resume", "empty"}},
+      {{"--init", ""}, {"--init", "empty"}},
   };
   // Data behind a symbolic link loop: exit 1 naming the file, not an abort.
   const CliResult loop = cli({"--data", (dir / "loop-a").string(), "--quiet"});

@@ -152,7 +152,7 @@ TEST(Cli, MistakesPrintOneLineAndExitTwo) {
       {"--batch", "100", "--micro-batch", "32"},
       {"--batch", "128", "--micro-batch", "32", "--accum-steps", "3"},
       {"--schedule", "step"},
-      {"--schedule", "warmup"},  // --warmup N ramps any schedule
+      {"--schedule", "warmup"},               // --warmup N ramps any schedule
       {"--model", "cnn", "--norm", "layer"},  // GroupNorm with one group is --norm group1
       {"--device", "tpu"},
   };
@@ -626,9 +626,9 @@ TEST(Trainer, DamagedOrMismatchedCheckpointsAreRefused) {
   std::vector<std::string> files;
   for (const auto& e : fs::directory_iterator(data / "ckpt")) files.push_back(e.path().filename());
   std::sort(files.begin(), files.end());
-  EXPECT_EQ(files,
-            (std::vector<std::string>{"step-0000000004.json", "step-0000000004.safetensors",
-                                      "step-0000000006.json", "step-0000000006.safetensors"}));
+  EXPECT_EQ(files, (std::vector<std::string>{".lock", "step-0000000004.json",
+                                             "step-0000000004.safetensors", "step-0000000006.json",
+                                             "step-0000000006.safetensors"}));
   mnist::Config r = small_config(data);
   r.micro_batch = 16;
   r.accum_steps = 2;

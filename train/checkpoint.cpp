@@ -1,9 +1,16 @@
 // Training-state checkpoints (see checkpoint.h).
 #include "train/checkpoint.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <random>
 
 #include "core/file.h"
 #include "optim/safetensors.h"
@@ -48,28 +55,90 @@ std::vector<int64_t> listed_steps(const std::string& dir) {
   return steps;
 }
 
+// A field of a checkpoint's JSON as an integer in [low, high]: anything else (a string, a
+// fraction, 1e30, a negative step) throws FileError naming the file and the field.
+int64_t integer_field(const nlohmann::json& j, const char* key, int64_t low, int64_t high,
+                      const std::string& path) {
+  const auto it = j.find(key);
+  if (it == j.end()) throw FileError(str_cat(path, ": '", key, "' is missing"));
+  if (!it->is_number_integer() ||
+      (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))) {
+    throw FileError(str_cat(path, ": '", key, "' is ", it->dump(), ", not an integer"));
+  }
+  const int64_t v = it->get<int64_t>();
+  if (v < low || v > high) {
+    throw FileError(str_cat(path, ": '", key, "' is ", v, ", outside [", low, ", ", high, "]"));
+  }
+  return v;
+}
+
+std::string string_field(const nlohmann::json& j, const char* key, const std::string& path) {
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_string()) {
+    throw FileError(str_cat(path, ": '", key, "' is ", it == j.end() ? "missing" : it->dump(),
+                            ", not a string"));
+  }
+  return it->get<std::string>();
+}
+
+// The run id in a checkpoint's JSON ("" when unreadable or absent: an older format).
+std::string run_id_of(const std::string& json_path) {
+  try {
+    const std::vector<uint8_t> text = read_file_bytes(json_path);
+    const auto j = nlohmann::json::parse(text.begin(), text.end());
+    const auto it = j.find("run_id");
+    return it != j.end() && it->is_string() ? it->get<std::string>() : "";
+  } catch (const std::exception&) {
+    return "";
+  }
+}
+
 // Reads one checkpoint; throws FileError naming its file and the problem.
-Checkpoint read_checkpoint(const std::string& dir, int64_t step) {
+Checkpoint read_checkpoint(const std::string& dir, int64_t step,
+                           const std::function<void(const Checkpoint&)>& validate) {
   Checkpoint c;
   c.path = (fs::path(dir) / (stem(step) + ".json")).string();
   const std::vector<uint8_t> text = read_file_bytes(c.path);
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text.begin(), text.end());
-    c.config = j.at("config");
-    const auto& p = j.at("position");
-    c.position = {p.at("step").get<int64_t>(), p.at("skipped").get<int64_t>(),
-                  p.at("epoch").get<int64_t>(), p.at("window").get<int64_t>()};
   } catch (const std::exception& e) {
-    throw FileError(c.path + ": not a valid checkpoint description (" + e.what() + ")");
+    throw FileError(c.path + ": not JSON (" + e.what() + ")");
   }
-  const std::string tensors = (fs::path(dir) / j.value("tensors", "")).string();
+  if (!j.is_object()) throw FileError(c.path + ": not a checkpoint description (not an object)");
+  if (string_field(j, "format", c.path) != "accrue-checkpoint-1") {
+    throw FileError(
+        str_cat(c.path, ": format ", j["format"].dump(), ", expected \"accrue-checkpoint-1\""));
+  }
+  c.run_id = j.contains("run_id") ? string_field(j, "run_id", c.path) : "";
+  const auto config = j.find("config");
+  if (config == j.end() || !config->is_object()) {
+    throw FileError(c.path + ": 'config' is missing or not an object");
+  }
+  c.config = *config;
+  const auto position = j.find("position");
+  if (position == j.end() || !position->is_object()) {
+    throw FileError(c.path + ": 'position' is missing or not an object");
+  }
+  const std::string at = c.path + " position";
+  c.position.step = integer_field(*position, "step", step, step, at);  // the file's own step
+  c.position.skipped = integer_field(*position, "skipped", 0, c.position.step, at);
+  c.position.epoch = integer_field(*position, "epoch", 0, INT32_MAX, at);
+  c.position.window = integer_field(*position, "window", 0, INT32_MAX, at);
+  const std::string tensors_name = string_field(j, "tensors", c.path);
+  if (tensors_name != stem(step) + ".safetensors") {
+    throw FileError(str_cat(c.path, ": 'tensors' is \"", tensors_name, "\", expected \"",
+                            stem(step), ".safetensors\""));
+  }
+  const int64_t expected_bytes = integer_field(j, "bytes", 0, INT64_MAX, c.path);
+  const std::string expected_hash = string_field(j, "fnv1a", c.path);
+  const std::string tensors = (fs::path(dir) / tensors_name).string();
   const std::vector<uint8_t> bytes = read_file_bytes(tensors);
-  if (static_cast<int64_t>(bytes.size()) != j.value("bytes", int64_t{-1})) {
+  if (static_cast<int64_t>(bytes.size()) != expected_bytes) {
     throw FileError(str_cat(tensors, ": ", bytes.size(), " bytes, but ", c.path, " says ",
-                            j.value("bytes", int64_t{-1}), " (truncated or replaced)"));
+                            expected_bytes, " (truncated or replaced)"));
   }
-  if (fnv1a_hex(bytes) != j.value("fnv1a", std::string())) {
+  if (fnv1a_hex(bytes) != expected_hash) {
     throw FileError(str_cat(tensors, ": its contents do not match the hash in ", c.path,
                             " (modified after it was written)"));
   }
@@ -77,13 +146,108 @@ Checkpoint read_checkpoint(const std::string& dir, int64_t step) {
     if (name.rfind("model/", 0) == 0) c.model.emplace(name.substr(6), t);
     if (name.rfind("optimizer/", 0) == 0) c.optimizer.emplace(name.substr(10), t);
   }
+  // The optimizer counts the updates it applied: every step that was not skipped.
+  const auto applied = c.optimizer.find("steps");
+  if (applied != c.optimizer.end() && applied->second.numel() == 1 &&
+      static_cast<int64_t>(applied->second.item()) != c.position.step - c.position.skipped) {
+    throw FileError(str_cat(c.path, ": step ", c.position.step, " with ", c.position.skipped,
+                            " skipped, but the optimizer in ", tensors_name, " applied ",
+                            static_cast<int64_t>(applied->second.item()), " updates"));
+  }
+  if (validate) validate(c);
   return c;
 }
 
 }  // namespace
 
-void write_checkpoint(const std::string& dir, const nlohmann::json& config,
-                      const TrainPosition& position,
+std::string new_run_id() {
+  std::random_device entropy;
+  const uint64_t id = (static_cast<uint64_t>(entropy()) << 32) ^ entropy();
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(id));
+  return buf;
+}
+
+void check_checkpoint_folder(const std::string& dir, const std::string& resume) {
+  const std::string flag = "--checkpoint " + dir;
+  if (dir.empty()) throw FileError("--checkpoint: the path is empty");
+  std::error_code ec;
+  const fs::file_status status = fs::status(dir, ec);
+  if (ec && status.type() != fs::file_type::not_found) {
+    throw FileError(str_cat(flag, ": ", ec.message()));
+  }
+  if (status.type() == fs::file_type::not_found) {
+    // Created at the start: the nearest existing ancestor must be a writable folder.
+    fs::path up = fs::path(dir).parent_path();
+    while (!up.empty() && !fs::exists(up, ec)) up = up.parent_path();
+    const std::string folder = up.empty() ? "." : up.string();
+    if (!fs::is_directory(folder, ec)) {
+      throw FileError(str_cat(flag, ": cannot create it: ", folder, " is not a folder"));
+    }
+    if (::access(folder.c_str(), W_OK | X_OK) != 0) {
+      throw FileError(str_cat(flag, ": cannot create it in ", folder, ": ", std::strerror(errno)));
+    }
+    return;
+  }
+  if (status.type() != fs::file_type::directory) {
+    throw FileError(str_cat(flag, ": exists and is not a folder"));
+  }
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+    throw FileError(str_cat(flag, ": cannot write into it: ", std::strerror(errno)));
+  }
+  const std::vector<int64_t> steps = listed_steps(dir);
+  if (steps.empty()) return;
+  std::string continued;  // the run --resume continues
+  if (!resume.empty()) {
+    const std::vector<int64_t> resumed = listed_steps(resume);
+    if (!resumed.empty()) {
+      continued = run_id_of((fs::path(resume) / (stem(resumed.front()) + ".json")).string());
+    }
+  }
+  for (int64_t step : steps) {
+    const std::string json = (fs::path(dir) / (stem(step) + ".json")).string();
+    const std::string id = run_id_of(json);
+    if (continued.empty() || id != continued) {
+      throw FileError(str_cat(flag, ": holds checkpoints of another run (", stem(step),
+                              ".json, run id ", id.empty() ? "unknown" : id,
+                              "): continue that run with --resume ", dir,
+                              ", or choose another folder"));
+    }
+  }
+}
+
+CheckpointLock::CheckpointLock(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw FileError(str_cat("--checkpoint ", dir, ": cannot create it (", ec.message(), ")"));
+  const std::string lock = (fs::path(dir) / ".lock").string();
+  fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0)
+    throw FileError(str_cat(lock, ": cannot open the lock file: ", std::strerror(errno)));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    ::close(fd_);
+    fd_ = -1;
+    throw FileError(err == EWOULDBLOCK
+                        ? str_cat("--checkpoint ", dir, ": another run is writing into it (", lock,
+                                  " is locked)")
+                        : str_cat(lock, ": cannot lock it: ", std::strerror(err)));
+  }
+  // Nobody else writes here now: temporaries are what a killed writer left.
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("step-", 0) == 0 && name.find(".tmp.") != std::string::npos) {
+      fs::remove(entry.path(), ec);
+    }
+  }
+}
+
+CheckpointLock::~CheckpointLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the lock
+}
+
+void write_checkpoint(const std::string& dir, const std::string& run_id,
+                      const nlohmann::json& config, const TrainPosition& position,
                       const std::vector<nn::NamedTensor>& model_state,
                       const std::vector<nn::NamedTensor>& optimizer_state) {
   std::error_code ec;
@@ -98,6 +262,7 @@ void write_checkpoint(const std::string& dir, const nlohmann::json& config,
   const std::vector<uint8_t> bytes = read_file_bytes(tensors);
   nlohmann::json j;
   j["format"] = "accrue-checkpoint-1";
+  j["run_id"] = run_id;
   j["tensors"] = name + ".safetensors";
   j["bytes"] = bytes.size();
   j["fnv1a"] = fnv1a_hex(bytes);
@@ -117,18 +282,19 @@ void write_checkpoint(const std::string& dir, const nlohmann::json& config,
   }
 }
 
-Checkpoint read_latest_checkpoint(const std::string& dir) {
+Checkpoint read_latest_checkpoint(const std::string& dir,
+                                  const std::function<void(const Checkpoint&)>& validate) {
   const std::vector<int64_t> steps = listed_steps(dir);
   if (steps.empty()) {
     throw FileError("--resume " + dir + ": no checkpoint (step-*.json) in it");
   }
   try {
-    return read_checkpoint(dir, steps.front());
+    return read_checkpoint(dir, steps.front(), validate);
   } catch (const FileError& e) {
     std::string older;
     for (size_t i = 1; i < steps.size() && older.empty(); ++i) {
       try {
-        read_checkpoint(dir, steps[i]);
+        read_checkpoint(dir, steps[i], validate);
         older = stem(steps[i]);
       } catch (const FileError&) {
       }

@@ -7,9 +7,13 @@
 // hash). Each is written to a temporary and renamed; the JSON comes last, so a checkpoint
 // without its JSON never existed, and the two newest complete checkpoints are kept. The sample
 // order of an epoch is a function of (seed, epoch), so the position is all a resume needs to see
-// the same samples. Read next: engine.cpp.
+// the same samples. Every run has an id, written into each of its checkpoints: a folder holding
+// another run's checkpoints is refused unless --resume continues that run, and a run holds a lock
+// on its folder (flock on DIR/.lock, released by the kernel even on SIGKILL) while it writes, so
+// no two runs prune each other's checkpoints. Read next: engine.cpp.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -24,23 +28,49 @@ struct TrainPosition {
   int64_t epoch = 0, window = 0;  // the next window to run (0-based)
 };
 
+// A new run's id: 16 hex digits from the system's entropy.
+std::string new_run_id();
+
+// For --checkpoint before a run starts: throws FileError (naming the flag, the folder and the
+// problem) unless dir is a writable folder, or one could be created there, holding no
+// checkpoints of a run other than the one `resume` continues (empty: a new run).
+void check_checkpoint_folder(const std::string& dir, const std::string& resume);
+
+// The lock a run holds on its checkpoint folder while it runs (created if missing). Throws
+// FileError when another live process holds it. Stale temporaries of killed writers go.
+class CheckpointLock {
+ public:
+  explicit CheckpointLock(const std::string& dir);
+  ~CheckpointLock();
+  CheckpointLock(const CheckpointLock&) = delete;
+  CheckpointLock& operator=(const CheckpointLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 // Writes step-<step>.{safetensors,json} into dir (created if missing) and removes older
-// checkpoints beyond the newest two.
-void write_checkpoint(const std::string& dir, const nlohmann::json& config,
-                      const TrainPosition& position,
+// checkpoints of this run beyond the newest two.
+void write_checkpoint(const std::string& dir, const std::string& run_id,
+                      const nlohmann::json& config, const TrainPosition& position,
                       const std::vector<nn::NamedTensor>& model_state,
                       const std::vector<nn::NamedTensor>& optimizer_state);
 
 struct Checkpoint {
   std::string path;  // the JSON file
+  std::string run_id;
   nlohmann::json config;
   TrainPosition position;
   std::map<std::string, Tensor> model, optimizer;
 };
 
-// The newest complete checkpoint in dir. Throws FileError naming the file and what is wrong
-// for a truncated or tampered one (and which older checkpoint is intact), or when there is none.
-Checkpoint read_latest_checkpoint(const std::string& dir);
+// The newest complete checkpoint in dir. Every field of the JSON is checked (type, range, the
+// step in the file name, the tensor file's size and hash, the optimizer's applied steps =
+// step - skipped), then `validate` (the caller's checks against its data and plan), which throws
+// FileError. Throws FileError naming the file and what is wrong for a truncated or tampered one
+// (and which older checkpoint is intact), or when there is none.
+Checkpoint read_latest_checkpoint(const std::string& dir,
+                                  const std::function<void(const Checkpoint&)>& validate = {});
 
 // Throws ValueError naming the first setting in which the two configurations differ.
 void check_compatible(const nlohmann::json& saved, const nlohmann::json& current,

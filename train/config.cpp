@@ -1,8 +1,11 @@
 // The engine's settings (see config.h): dtypes, the loss scale and the batch arithmetic.
 #include "train/config.h"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 
 #include "core/error.h"
 #include "optim/schedule.h"
@@ -44,7 +47,30 @@ LossScaleChoice resolve_loss_scale(const std::string& loss_scale, const std::str
     throw ValueError("--loss-scale " + loss_scale +
                      ": expected auto, none, dynamic or a positive number");
   }
+  // The scale multiplies a float32 loss and divides float32 gradients: beyond float32's normal
+  // range it overflows to inf (every step skipped) or flushes to 0.
+  if (out.initial > std::numeric_limits<float>::max() ||
+      out.initial < std::numeric_limits<float>::min()) {
+    throw ValueError(str_cat("--loss-scale ", loss_scale, ": outside float32's normal range [",
+                             std::numeric_limits<float>::min(), ", ",
+                             std::numeric_limits<float>::max(), "]"));
+  }
   return out;
+}
+
+void check_model_fits(const std::string& what, int64_t parameters, const Config& config) {
+  const double master = static_cast<double>(dtype_size(master_dtype(config.precision)));
+  const double moments = config.optimizer == "sgd" ? 1 : 2;
+  const double working = compute_dtype(config.precision) == master_dtype(config.precision) ? 0 : 2;
+  const double bytes = static_cast<double>(parameters) * (master * (2 + moments) + working);
+  const double memory =
+      static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
+  if (memory > 0 && bytes > memory) {
+    throw ValueError(str_cat(what, ": ", parameters, " parameters need ", bytes / (1 << 30),
+                             " GiB of training state (weights, gradients, optimizer state), more "
+                             "than this machine's ",
+                             memory / (1 << 30), " GiB"));
+  }
 }
 
 namespace {

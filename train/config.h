@@ -76,6 +76,12 @@ struct LossScaleChoice {
 };
 LossScaleChoice resolve_loss_scale(const std::string& loss_scale, const std::string& precision);
 
+// Before any data is read: throws ValueError naming `what` (the flag that sized the model) when
+// the training state of `parameters` parameters -- master weights, gradients, the optimizer's
+// moments and a 16-bit working copy, as the precision and optimizer need -- exceeds this
+// machine's physical memory.
+void check_model_fits(const std::string& what, int64_t parameters, const Config& config);
+
 // The batch arithmetic of a config: any two of --batch, --micro-batch, --accum-steps; with
 // fewer, the default recipe's micro-batch 32 and then 4 accumulation steps fill in.
 // world_size: the data-parallel ranks; a --batch they and the fixed size do not divide is an

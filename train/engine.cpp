@@ -4,6 +4,8 @@
 //   and its pieces -> accumulator -> resume -> epochs (windows, evaluation) -> summary and save.
 #include "train/engine.h"
 
+#include <signal.h>
+
 #include <iomanip>
 #include <map>
 #include <optional>
@@ -23,10 +25,12 @@
 #include "optim/safetensors.h"
 #include "optim/schedule.h"
 #include "optim/sgd.h"
+#include "train/agreement.h"
 #include "train/budget.h"
 #include "train/checkpoint.h"
 #include "train/report.h"
 #include "train/sample_order.h"
+#include "train/signals.h"
 
 namespace accrue::train {
 
@@ -67,14 +71,18 @@ class Run {
   }
   void setup_ranks_and_threads();
   void build_model();
+  void check_ranks_agree_before_training();
   void fit_memory_budget();
   const EpochPlan& plan_for(int64_t epoch);
   void build_optimizer();
   void build_accumulator();
   nlohmann::json run_config();
   void resume();
+  void validate_position(const Checkpoint& saved);
   void write_checkpoint(const TrainPosition& position);
+  void broadcast_buffers();
   void run_epoch(int64_t epoch);
+  [[noreturn]] void stop(const optim::StepResult& last);
   void report_step(const optim::StepResult& r, const EpochPlan& plan, int64_t epoch,
                    int64_t samples);
   void end_epoch(int64_t epoch, double epoch_loss, int64_t epoch_items, double epoch_seconds);
@@ -110,6 +118,8 @@ class Run {
   nlohmann::json run_config_;
   TrainPosition start_, position_;
   int64_t last_checkpoint_ = -1;
+  std::optional<CheckpointLock> checkpoint_lock_;  // rank 0 with --checkpoint
+  std::string run_id_;
   std::unique_ptr<MetricsLog> metrics_;
   std::unique_ptr<Progress> progress_;
   Summary summary_;
@@ -160,6 +170,58 @@ void Run::build_model() {
   arena_ = std::make_unique<optim::ParameterArena>(*model_, c_.zero ? comm_->world_size() : 1);
   if (compute_ != master_) arena_->use_working_copy(compute_);
   if (c_.offload_optimizer) arena_->offload_masters();
+}
+
+// Before any other collective: every rank must train the same model on the same data with the
+// same recipe (agreement.h). Left out: what may differ per rank (threads, outputs, quiet, which
+// GPU).
+void Run::check_ranks_agree_before_training() {
+  if (comm_->world_size() == 1) return;
+  nlohmann::json settings = {{"program", task_.program},
+                             {"device_type", c_.device.is_cuda() ? "cuda" : "cpu"},
+                             {"precision", c_.precision},
+                             {"loss_scale", c_.loss_scale},
+                             {"micro_batch", c_.micro_batch},
+                             {"accum_steps", c_.accum_steps},
+                             {"batch", c_.batch},
+                             {"accum_schedule", c_.accum_schedule},
+                             {"memory_budget", c_.memory_budget},
+                             {"epochs", c_.epochs},
+                             {"max_steps", c_.max_steps},
+                             {"train_limit", c_.train_limit},
+                             {"lr", c_.lr},
+                             {"lr_scaling", c_.lr_scaling},
+                             {"base_batch", c_.base_batch},
+                             {"schedule", c_.schedule},
+                             {"warmup", c_.warmup},
+                             {"clip", c_.clip},
+                             {"optimizer", c_.optimizer},
+                             {"weight_decay", c_.weight_decay},
+                             {"momentum", c_.momentum},
+                             {"seed", c_.seed},
+                             {"shuffle", c_.shuffle},
+                             {"zero", c_.zero},
+                             {"bucket_kib", c_.bucket_kib},
+                             {"offload_optimizer", c_.offload_optimizer},
+                             {"checkpoint", !c_.checkpoint.empty()},
+                             {"checkpoint_every", c_.checkpoint_every},
+                             {"resume", !c_.resume.empty()},
+                             {"init", !c_.init.empty()}};
+  for (auto it = task_.settings.begin(); it != task_.settings.end(); ++it) {
+    settings["task." + it.key()] = *it;
+  }
+  settings["train_samples"] = train_samples_;
+  nlohmann::json layout = nlohmann::json::array();
+  const auto add = [&](const std::vector<nn::NamedTensor>& tensors) {
+    for (const auto& [name, t] : tensors) {
+      layout.push_back(str_cat(name, " ", dtype_name(t.dtype()), shape_str(t.shape())));
+    }
+  };
+  add(model_->named_parameters());
+  add(model_->named_buffers());
+  settings["parameter_layout"] = layout;
+  settings["initial_parameters"] = tensor_hash(model_->named_parameters());
+  check_ranks_agree(*comm_, settings);
 }
 
 // --memory-budget: the optimizer's state is allocated first (it is part of the baseline), then
@@ -318,8 +380,10 @@ nlohmann::json Run::run_config() {
 // is), the optimizer's state and the step clock.
 void Run::resume() {
   if (c_.resume.empty()) return;
-  const Checkpoint saved = read_latest_checkpoint(c_.resume);
+  const Checkpoint saved =
+      read_latest_checkpoint(c_.resume, [&](const Checkpoint& c) { validate_position(c); });
   check_compatible(saved.config, run_config_, saved.path);
+  if (!saved.run_id.empty()) run_id_ = saved.run_id;
   auto state = arena_->named_masters();
   for (auto& b : model_->named_buffers()) state.push_back(b);
   for (auto& [name, t] : state) {
@@ -338,8 +402,36 @@ void Run::resume() {
   optimizer_->load_state(saved.optimizer);
   acc_->restore_clock(saved.position.step, saved.position.skipped);
   start_ = saved.position;
+  last_checkpoint_ = start_.step;  // already on disk
+  // The samples seen before the position: whole epochs, then the windows of its epoch.
+  samples_seen_ = start_.epoch * train_samples_;
+  const auto& windows = plan_for(start_.epoch).windows;
+  for (int64_t w = 0; w < start_.window; ++w)
+    samples_seen_ += windows[static_cast<size_t>(w)].samples;
   log(str_cat("resumed from ", saved.path, ": step ", start_.step, ", epoch ", start_.epoch + 1,
               ", window ", start_.window + 1));
+}
+
+// A checkpoint's position must be one this run's plan reaches: the windows of the epochs before
+// it plus its window are its step, and the window exists in its epoch. An edited step, epoch or
+// window would otherwise silently move the run to other samples or another schedule point.
+void Run::validate_position(const Checkpoint& saved) {
+  const TrainPosition& p = saved.position;
+  constexpr int64_t kMaxEpochs = 1000000;  // the --epochs flag's limit
+  if (p.epoch > kMaxEpochs) {
+    throw FileError(str_cat(saved.path, ": epoch ", p.epoch, " is beyond any run (", kMaxEpochs,
+                            " epochs at most)"));
+  }
+  int64_t steps = 0;
+  for (int64_t e = 0; e < p.epoch && steps <= p.step; ++e) {
+    steps += static_cast<int64_t>(plan_for(e).windows.size());
+  }
+  const int64_t windows = static_cast<int64_t>(plan_for(p.epoch).windows.size());
+  if (p.window >= windows || steps + p.window != p.step) {
+    throw FileError(str_cat(saved.path, ": position step ", p.step, ", epoch ", p.epoch,
+                            ", window ", p.window, " is not one this run reaches (epoch ", p.epoch,
+                            " starts at step ", steps, " and has ", windows, " windows)"));
+  }
 }
 
 // What --save and a checkpoint's model part hold: the master parameters, then the buffers.
@@ -355,8 +447,9 @@ void Run::write_checkpoint(const TrainPosition& position) {
   if (c_.checkpoint.empty() || position.step == last_checkpoint_) return;
   auto optimizer_state = optimizer_->save_state();
   if (lead_) {
-    train::write_checkpoint(c_.checkpoint, run_config_, position, saved_state(*arena_, *model_),
-                            optimizer_state);
+    train::write_checkpoint(c_.checkpoint, run_id_, run_config_, position,
+                            saved_state(*arena_, *model_), optimizer_state);
+    metrics_->publish();  // its records up to this step survive a kill from here on
   }
   if (comm_->world_size() > 1) comm_->barrier();  // no rank reads it before it is complete
   last_checkpoint_ = position.step;
@@ -387,7 +480,19 @@ optim::StepResult Run::run_window(const optim::Window& w, const Tensor& order,
       return task_.loss(*model_, task_.batch(index), master_);
     });
   }
-  return acc_->step();
+  if (stop_requested() != 0) acc_->request_stop();
+  const optim::StepResult r = acc_->step();
+  broadcast_buffers();
+  return r;
+}
+
+// Buffers (BatchNorm's running statistics) are rank 0's on every rank, as with PyTorch's DDP:
+// each rank updates its own from its own samples, training-mode BatchNorm never reads them, and
+// after every boundary rank 0's overwrite the rest -- so evaluation, saving and checkpoints see
+// the same buffers on every rank, and no collective runs inside a window.
+void Run::broadcast_buffers() {
+  if (comm_->world_size() == 1) return;
+  for (auto& [name, t] : model_->named_buffers()) comm_->broadcast(t, 0);
 }
 
 Evaluation Run::evaluate() {
@@ -450,6 +555,8 @@ void Run::end_epoch(int64_t epoch, double epoch_loss, int64_t epoch_items, doubl
   if (callbacks_.on_epoch) callbacks_.on_epoch(event);
 }
 
+// Runs the epoch's windows from the run's position. A requested stop ends it after the window in
+// progress (the epoch's end is reported only if that was its last window).
 void Run::run_epoch(int64_t epoch) {
   const EpochPlan& plan = plan_for(epoch);
   if (k_schedule_ &&
@@ -484,9 +591,28 @@ void Run::run_epoch(int64_t epoch) {
     if (c_.checkpoint_every > 0 && acc_->steps() % c_.checkpoint_every == 0) {
       write_checkpoint(position_);
     }
+    if (r.stop) {
+      if (last) end_epoch(epoch, epoch_loss, epoch_items, seconds_since(epoch_start));
+      stop(r);
+    }
     if (acc_->steps() >= total_steps_) break;
   }
   end_epoch(epoch, epoch_loss, epoch_items, seconds_since(epoch_start));
+}
+
+// A requested stop, after the window it interrupted: the checkpoint of this step, the metrics,
+// then Stopped (run.h: exit status 75 on every rank).
+void Run::stop(const optim::StepResult& last) {
+  write_checkpoint(position_);
+  metrics_->commit();
+  const int signal = stop_requested();
+  const std::string why =
+      signal != 0 ? "stopped by " + signal_name(signal) : "stopped at another rank's request";
+  throw Stopped(str_cat(why, " after step ", last.step,
+                        c_.checkpoint.empty()
+                            ? "; no --checkpoint was given, so nothing can be resumed"
+                            : "; continue with --resume " + c_.checkpoint,
+                        c_.metrics.empty() ? "" : " (metrics written to " + c_.metrics + ")"));
 }
 
 // The summary: counters, memory, the offloaded optimizer's traffic, one line and one record.
@@ -585,14 +711,20 @@ void Run::finish() {
 }
 
 Summary Run::train() {
+  const StopSignals stop_signals;
+  ::signal(SIGXFSZ, SIG_IGN);  // a file beyond `ulimit -f`: EFBIG, a named failed write
   setup_ranks_and_threads();
+  if (lead_ && !c_.checkpoint.empty()) checkpoint_lock_.emplace(c_.checkpoint);
+  run_id_ = new_run_id();
   build_model();
+  check_ranks_agree_before_training();
   fit_memory_budget();
   build_optimizer();
   build_accumulator();
   run_config_ = run_config();
   resume();
   metrics_ = std::make_unique<MetricsLog>(lead_ ? c_.metrics : std::string());
+  if (!c_.resume.empty()) metrics_->continue_from(start_.step);
   const EpochPlan& first = plan_for(0);
   log(task_.program + ": " + first.batch.str() + ", lr " + std::to_string(first.lr) + " (" +
       c_.lr_scaling + " scaling)" +
@@ -605,6 +737,13 @@ Summary Run::train() {
   progress_ =
       std::make_unique<Progress>(out_, c_.quiet, static_cast<int64_t>(first.windows.size()));
   position_ = start_;
+  if (start_.epoch >= c_.epochs || acc_->steps() >= total_steps_) {
+    // A finished run resumed: its model is evaluated, nothing is trained.
+    log(str_cat("nothing left to train: the checkpoint is at step ", start_.step, " of ",
+                total_steps_, " (", c_.epochs, " epochs", c_.max_steps > 0 ? ", --max-steps" : "",
+                ")"));
+    summary_.evaluation = evaluate();
+  }
   for (int64_t epoch = start_.epoch; epoch < c_.epochs && acc_->steps() < total_steps_; ++epoch) {
     run_epoch(epoch);
   }

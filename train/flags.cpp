@@ -2,9 +2,12 @@
 // default in --help; a mistake prints one line and exits with status 2.
 #include "train/flags.h"
 
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <ostream>
 #include <sstream>
 
@@ -12,6 +15,7 @@
 #include "core/file.h"
 #include "optim/schedule.h"
 #include "train/budget.h"
+#include "train/checkpoint.h"
 
 namespace accrue::train {
 
@@ -50,13 +54,42 @@ CLI::Validator finite_in(double low, double high, Open open = Open::kNeither) {
       "");
 }
 
-// A CLI11 check: an integer in [low, high].
+// A whole decimal integer (an optional minus, then digits: no '+', no hex or octal, no spaces),
+// or nothing when it is not one or does not fit.
+std::optional<int64_t> decimal_integer(const std::string& text) {
+  const size_t digits = !text.empty() && text[0] == '-' ? 1 : 0;
+  if (text.size() == digits || text.find_first_not_of("0123456789", digits) != std::string::npos) {
+    return std::nullopt;
+  }
+  errno = 0;
+  const long long v = std::strtoll(text.c_str(), nullptr, 10);
+  if (errno == ERANGE) return std::nullopt;
+  return static_cast<int64_t>(v);
+}
+
+// A CLI11 check: a decimal integer in [low, high].
 CLI::Validator int_in(int64_t low, int64_t high) {
   return CLI::Validator(
       [=](std::string& text) -> std::string {
-        int64_t v = 0;
-        if (!CLI::detail::lexical_cast(text, v) || v < low || v > high) {
+        const std::optional<int64_t> v = decimal_integer(text);
+        if (!v || *v < low || *v > high) {
           return str_cat("'", text, "' is not an integer in [", low, ", ", high, "]");
+        }
+        return "";
+      },
+      "");
+}
+
+// A CLI11 check: a decimal integer in [0, 2^64 - 1] (a seed: never wrapped).
+CLI::Validator unsigned_64() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        errno = 0;
+        const bool digits =
+            !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
+        if (digits) std::strtoull(text.c_str(), nullptr, 10);
+        if (!digits || errno == ERANGE) {
+          return str_cat("'", text, "' is not an integer in [0, 18446744073709551615]");
         }
         return "";
       },
@@ -127,7 +160,7 @@ Flags::Flags(CLI::App& app, Config& config) : app_(app), c_(config) {
                   "Weight decay (default: 0 for adam and sgd, 0.01 for adamw)")
       ->check(finite_in(0, kHuge));
   app_.add_option("--momentum", c_.momentum, "SGD momentum")->check(finite_in(0, 1, Open::kHigh));
-  app_.add_option("--seed", c_.seed, "Seed for initialisation and shuffling");
+  app_.add_option("--seed", c_.seed, "Seed for initialisation and shuffling")->check(unsigned_64());
   app_.add_flag("--no-shuffle", no_shuffle_, "Keep the file order of the samples");
   app_.add_option("--threads", c_.threads,
                   "CPU threads (0: tuned while training among 1, 2, 4, ..., every core)")
@@ -157,7 +190,49 @@ Flags::Flags(CLI::App& app, Config& config) : app_(app), c_(config) {
   app_.add_flag("--quiet", c_.quiet, "No progress output");
 }
 
+// Every output before any data is read: each one writable where it points, and no two the same
+// file (a device such as /dev/null may take several).
+void Flags::check_outputs() {
+  struct Output {
+    std::string flag, path;
+    bool stream;
+  };
+  std::vector<Output> outputs;
+  if (!c_.metrics.empty()) {
+    outputs.push_back(
+        {"--metrics", c_.metrics, check_output(c_.metrics, "--metrics") == OutputKind::kStream});
+  }
+  if (!c_.save.empty()) {
+    outputs.push_back({"--save", c_.save, check_output(c_.save, "--save") == OutputKind::kStream});
+  }
+  if (!c_.checkpoint.empty()) {
+    check_checkpoint_folder(c_.checkpoint, c_.resume);
+    outputs.push_back({"--checkpoint", c_.checkpoint, false});
+  }
+  const auto identity = [](const Output& o) {
+    std::error_code ec;
+    const std::filesystem::path p = std::filesystem::weakly_canonical(resolve_output(o.path), ec);
+    return ec ? std::filesystem::absolute(o.path).lexically_normal() : p;
+  };
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    for (size_t j = i + 1; j < outputs.size(); ++j) {
+      if (outputs[i].stream && outputs[j].stream) continue;
+      if (identity(outputs[i]) == identity(outputs[j])) {
+        throw ValueError(str_cat(outputs[i].flag, " ", outputs[i].path, " and ", outputs[j].flag,
+                                 " ", outputs[j].path, " name the same file"));
+      }
+    }
+  }
+}
+
 void Flags::check() {
+  // An empty value is a mistake (a variable that was never set), never "not given".
+  for (const CLI::Option* option : app_.get_options()) {
+    if (option->count() == 0 || option->get_type_size() == 0) continue;
+    for (const std::string& value : option->results()) {
+      if (value.empty()) throw ValueError(option->get_name() + ": the value is empty");
+    }
+  }
   c_.device = Device::parse(device_);
   if (c_.device.is_cuda() && c_.device.index >= cuda_device_count()) {
     throw ValueError("--device " + device_ + ": no such GPU (" +
@@ -215,10 +290,7 @@ void Flags::check() {
         "--offload-optimizer keeps the whole optimizer state on the host; it does not combine "
         "with --zero 1 (sharded optimizer state)");
   }
-  if (launch.rank == 0) {  // rank 0 alone writes them
-    if (!c_.metrics.empty()) check_writable(c_.metrics, "--metrics");
-    if (!c_.save.empty()) check_writable(c_.save, "--save");
-  }
+  if (launch.rank == 0) check_outputs();  // rank 0 alone writes them
   if (!c_.resume.empty() &&
       input_kind("--resume", c_.resume) != std::filesystem::file_type::directory) {
     throw ValueError("--resume " + c_.resume + ": no such folder");
@@ -233,24 +305,21 @@ void Flags::check() {
 
 std::vector<int64_t> parse_size_list(const std::string& flag, const std::string& text, int64_t max,
                                      const std::string& example) {
+  if (text.empty()) throw ValueError(flag + ": give at least one size");
   std::vector<int64_t> sizes;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    size_t used = 0;
-    int64_t v = 0;
-    try {
-      v = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != item.size() || v <= 0 || v > max) {
+  size_t begin = 0;
+  while (true) {  // every item between commas, the empty ones of "64," and ",64" included
+    const size_t end = std::min(text.find(',', begin), text.size());
+    const std::string item = text.substr(begin, end - begin);
+    const std::optional<int64_t> v = decimal_integer(item);
+    if (!v || *v <= 0 || *v > max) {
       throw ValueError(str_cat(flag, ": '", item, "' in '", text, "' is not an integer in [1, ",
                                max, "] (e.g. ", example, ")"));
     }
-    sizes.push_back(v);
+    sizes.push_back(*v);
+    if (end == text.size()) break;
+    begin = end + 1;
   }
-  if (text.empty()) throw ValueError(flag + ": give at least one size");
   return sizes;
 }
 

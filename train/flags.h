@@ -30,6 +30,7 @@ class Flags {
   void check();
 
  private:
+  void check_outputs();
   CLI::App& app_;
   Config& c_;
   std::string device_;

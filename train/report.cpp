@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
@@ -26,16 +27,62 @@ nlohmann::json json_number(double v) {
   return v;
 }
 
-MetricsLog::MetricsLog(const std::string& path) {
-  if (!path.empty()) file_ = std::make_unique<AtomicFile>(path);
+MetricsLog::MetricsLog(const std::string& path) : path_(path) {
+  if (path_.empty()) return;
+  auto file = std::make_unique<AtomicFile>(path_);
+  if (file->streaming()) stream_ = std::move(file);  // else: written at publish()
+}
+
+void MetricsLog::continue_from(int64_t step) {
+  if (path_.empty() || stream_) return;
+  std::error_code ec;
+  if (!std::filesystem::exists(path_, ec)) return;
+  const std::vector<uint8_t> bytes = read_file_bytes(path_);
+  std::istringstream in(std::string(bytes.begin(), bytes.end()));
+  std::string line, kept;
+  for (int64_t number = 1; std::getline(in, line); ++number) {
+    nlohmann::json record;
+    try {
+      record = nlohmann::json::parse(line);
+    } catch (const std::exception&) {
+      throw FileError(str_cat(path_, ": line ", number,
+                              " is not JSON; the resumed run would lose its records: give "
+                              "--metrics another file"));
+    }
+    const bool past =
+        record.is_object() && ((record.contains("step") && record["step"].is_number_integer() &&
+                                record["step"].get<int64_t>() > step) ||
+                               record.value("event", "") == "summary");
+    if (past) break;
+    kept += line + "\n";
+  }
+  text_ = kept;
 }
 
 void MetricsLog::emit(const nlohmann::json& record) {
-  if (file_) file_->write(record.dump() + "\n");
+  if (path_.empty()) return;
+  if (stream_) {
+    stream_->write(record.dump() + "\n");
+  } else {
+    text_ += record.dump() + "\n";
+  }
+}
+
+void MetricsLog::publish() {
+  if (path_.empty() || stream_) return;
+  AtomicFile out(path_);
+  out.write(text_);
+  out.commit();
 }
 
 void MetricsLog::commit() {
-  if (file_) file_->commit();
+  if (stream_) {
+    stream_->commit();
+    stream_.reset();
+    path_.clear();
+  } else {
+    publish();
+  }
 }
 
 Progress::Progress(std::ostream& out, bool quiet, int64_t steps_per_epoch)

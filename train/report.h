@@ -25,16 +25,26 @@ std::string mib(size_t bytes);
 // non-finite numbers, and null would hide which one it was).
 nlohmann::json json_number(double v);
 
-// The --metrics file: one JSON record a line, written to a temporary and renamed over the file
-// at commit(). Without a path (or on ranks other than 0) every call does nothing.
+// The --metrics file: one JSON record a line. A regular file is republished whole (temporary
+// and rename) at every publish() -- each checkpoint -- and at commit(), so a run killed by
+// SIGKILL or the OOM killer keeps its records up to its last checkpoint; a device or FIFO gets
+// each record as it is emitted. A resumed run continues the file: continue_from(step) keeps the
+// records of the run up to the checkpoint's step. Without a path (or on ranks other than 0) every
+// call does nothing.
 class MetricsLog {
  public:
   explicit MetricsLog(const std::string& path);
+  // Keeps the file's records before the first one past `step` (and before any summary); throws
+  // FileError naming the file and line when it is not JSON Lines (it is then left as it is).
+  void continue_from(int64_t step);
   void emit(const nlohmann::json& record);
+  void publish();
   void commit();
 
  private:
-  std::unique_ptr<AtomicFile> file_;
+  std::string path_;
+  std::string text_;                    // every record so far (a regular file)
+  std::unique_ptr<AtomicFile> stream_;  // a device or FIFO
 };
 
 // A progress bar on a terminal, a plain line every tenth of an epoch otherwise.

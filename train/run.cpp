@@ -1,9 +1,12 @@
 // Exit statuses and aborting the job (see run.h).
 #include "train/run.h"
 
+#include <signal.h>
+
 #include <ostream>
 
 #include "distributed/communicator.h"
+#include "train/signals.h"
 
 namespace accrue::train {
 
@@ -33,8 +36,18 @@ int fail(const std::string& program, std::ostream& err, const std::string& messa
 int run_reporting_failure(const std::string& program, std::ostream& err,
                           const std::function<void()>& body,
                           const std::function<std::string(const FileError&)>& hint) {
+  // A file beyond `ulimit -f` is then a failed write (EFBIG), not a silent death by SIGXFSZ.
+  ::signal(SIGXFSZ, SIG_IGN);
   try {
     body();
+  } catch (const Stopped& e) {
+    distributed::LaunchInfo info;
+    try {
+      info = distributed::launch_info();
+    } catch (const std::exception&) {
+    }
+    if (info.rank == 0) err << program << ": " << e.what() << "\n" << std::flush;
+    return kExitStopped;
   } catch (const FileError& e) {
     const std::string more = hint ? hint(e) : std::string();
     return fail(program, err, more.empty() ? e.what() : std::string(e.what()) + "\n" + more, 1);

@@ -1,8 +1,15 @@
-// A training program's exit statuses, in one place: 0 after a run (or --help), 2 for a bad
-// command line (before any data is read: flags.h), 1 for bad data, a failure, or a run whose
-// every step was skipped. With several ranks a failure on one ends them all at once (the
-// communicator aborts the job) instead of leaving the others waiting in the next collective;
-// the message names the rank. Read next: examples/mnist/main.cpp.
+// A training program's exit statuses, in one place:
+//   0   the run finished (or --help)
+//   1   bad data, a failed write, a failure, ranks that disagree, or a run whose every step was
+//       skipped
+//   2   a bad command line, found before any data is read (flags.h)
+//   75  stopped by SIGTERM, SIGINT or SIGUSR1 after the window in progress, with a checkpoint
+//       (given --checkpoint) and the metrics written: --resume continues (signals.h)
+// With several ranks a failure on one ends them all at once (the communicator aborts the job)
+// instead of leaving the others waiting in the next collective; the message names the rank. A
+// stop ends every rank with 75 after the same step, without an abort. SIGXFSZ is ignored while
+// a program runs: a write beyond `ulimit -f` fails with EFBIG like a full disk, names the file
+// and keeps the previous one. Read next: examples/mnist/main.cpp.
 #pragma once
 
 #include <functional>
@@ -14,7 +21,8 @@
 namespace accrue::train {
 
 // Runs body; returns 0, or prints "program: [rank R: ]message" (plus hint(e) for a FileError
-// when it says something) to err and returns 1, aborting the job when several ranks run.
+// when it says something) to err and returns 1, aborting the job when several ranks run; or,
+// for a Stopped run, prints its message (rank 0) and returns kExitStopped.
 int run_reporting_failure(const std::string& program, std::ostream& err,
                           const std::function<void()>& body,
                           const std::function<std::string(const FileError&)>& hint = {});

@@ -26,6 +26,12 @@ Split load_split(const std::string& dir, const std::string& prefix, int64_t limi
     }
   }
   if (images.count == 0) throw FileError(str_cat(image_path, ": holds no samples"));
+  // MNIST's images are 28 x 28: a 14 x 56 or 784 x 1 file has as many pixels and is another
+  // dataset (or a damaged one).
+  if (images.rows != 28 || images.cols != 28) {
+    throw FileError(str_cat(image_path, ": images are ", images.rows, " x ", images.cols,
+                            ", MNIST's are 28 x 28"));
+  }
   if (images.count > INT32_MAX) {
     throw FileError(str_cat(image_path, ": holds ", images.count,
                             " samples, more than int32 sample indices can address"));

@@ -34,6 +34,22 @@ std::unique_ptr<nn::Module> make_model(const Config& c, int64_t pixels, DType dt
   return std::make_unique<nn::MLP>(sizes, nn::activation<nn::ReLU>(), dtype);
 }
 
+// The MLP's parameter count on 28 x 28 images, saturating at INT64_MAX.
+int64_t mlp_parameters(const std::vector<int64_t>& hidden) {
+  int64_t total = 0, in = 28 * 28;
+  std::vector<int64_t> outs = hidden;
+  outs.push_back(10);
+  for (int64_t out : outs) {
+    int64_t layer = 0;
+    if (__builtin_mul_overflow(in, out, &layer) || __builtin_add_overflow(layer, out, &layer) ||
+        __builtin_add_overflow(total, layer, &total)) {
+      return INT64_MAX;
+    }
+    in = out;
+  }
+  return total;
+}
+
 // The share of test images classified right, in chunks of 1000.
 double accuracy(nn::Module& model, const Split& test) {
   int64_t correct = 0;
@@ -56,12 +72,7 @@ train::Task make_task(const Config& c) {
   task.program = "accrue-mnist";
   task.prepare = [data, c](const train::Setup& setup) {
     data->train = load_split(c.data, "train", c.train_limit, setup.device, setup.compute);
-    data->test = load_split(c.data, "t10k", 0, setup.device, setup.compute);
-    if (data->test.images.size(1) != data->train.images.size(1)) {
-      throw FileError(str_cat(data->test.image_path, ": images have ", data->test.images.size(1),
-                              " pixels but the training images (", data->train.image_path,
-                              ") have ", data->train.images.size(1)));
-    }
+    data->test = load_split(c.data, "t10k", 0, setup.device, setup.compute);  // both 28 x 28
     return data->train.size();
   };
   task.batch = [data](const Tensor& index) {
@@ -109,6 +120,8 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
   return train::parse_command_line(app, argc, argv, "accrue-mnist", out, err, [&] {
     flags.check();
     c.hidden = train::parse_size_list("--hidden", hidden, kMaxWidth, "512,256,128");
+    if (c.model == "mlp")
+      train::check_model_fits("--hidden " + hidden, mlp_parameters(c.hidden), c);
     if (c.model != "cnn" && c.norm != "none") {
       throw ValueError("--norm " + c.norm + " applies to --model cnn");
     }
@@ -128,7 +141,14 @@ int run_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& 
   return train::run_reporting_failure(
       "accrue-mnist", err, [&] { train(config, out); },
       [&](const FileError&) -> std::string {
-        std::error_code ec;  // a folder that cannot be looked into gets the hint too
+        // The hint only where the script could put the files: a folder without them, or a
+        // path not there yet (never a file such as /etc/passwd).
+        std::error_code ec;
+        const auto kind = std::filesystem::status(config.data, ec).type();
+        if (kind != std::filesystem::file_type::directory &&
+            kind != std::filesystem::file_type::not_found) {
+          return "";
+        }
         if (std::filesystem::exists(config.data + "/train-images-idx3-ubyte", ec)) return "";
         return "accrue-mnist: fetch the data with scripts/fetch-mnist.sh " + config.data;
       });

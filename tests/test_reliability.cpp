@@ -1,0 +1,485 @@
+// What a hostile user or a cluster does to a run (issue #22), one table per kind: outputs that are
+// devices, links, sockets or each other; checkpoint folders of another run or locked by a live
+// one; checkpoint descriptions edited by hand; a run stopped by a real signal and resumed; a file
+// beyond `ulimit -f`; a finished run resumed; metrics continued across a resume. The multi-rank
+// cases (ranks that disagree, a stop on two ranks, BatchNorm buffers) are in test_dist.cpp and
+// tests/dist/. Every file is made here; every row names the words its message must contain.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "mnist_fixture.h"
+#include "optim/safetensors.h"
+#include "train/checkpoint.h"
+#include "train/signals.h"
+
+namespace accrue::testing {
+namespace {
+
+std::string slurp(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+std::vector<nlohmann::json> records(const fs::path& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+std::vector<int64_t> steps_in(const std::vector<nlohmann::json>& recs) {
+  std::vector<int64_t> steps;
+  for (const auto& r : recs) {
+    if (r.contains("step")) steps.push_back(r["step"].get<int64_t>());
+  }
+  return steps;
+}
+
+std::vector<int64_t> one_to(int64_t n) {
+  std::vector<int64_t> v;
+  for (int64_t i = 1; i <= n; ++i) v.push_back(i);
+  return v;
+}
+
+bool is_root() {
+  return ::geteuid() == 0;
+}
+
+// A device node made with mknod (as root, as CI runs; false where it is not allowed).
+bool make_node(const fs::path& path, mode_t type, int major, int minor) {
+  return ::mknod(path.c_str(), type | 0666, makedev(major, minor)) == 0;
+}
+
+// The short run of the issue's cases: 512 samples, micro-batch 8 x k 2, one thread.
+std::vector<std::string> short_run(const fs::path& data, const std::string& hidden = "16",
+                                   const std::string& epochs = "1") {
+  return {"--data",        data.string(), "--train-limit", "512", "--epochs",  epochs,
+          "--micro-batch", "8",           "--accum-steps", "2",   "--threads", "1",
+          "--hidden",      hidden,        "--quiet"};
+}
+
+CliResult run(const fs::path& data, std::vector<std::string> more) {
+  std::vector<std::string> args = short_run(data);
+  args.insert(args.end(), more.begin(), more.end());
+  return cli(args);
+}
+
+void expect_words(const std::string& text, const std::vector<std::string>& words) {
+  for (const std::string& w : words) {
+    EXPECT_NE(text.find(w), std::string::npos) << "'" << w << "' not in: " << text;
+  }
+}
+
+// ---- outputs ----
+
+// Regular files through links: the link stays, its target is replaced. Devices and FIFOs are
+// written directly: /dev/null discards, /dev/full fails with exit 1 naming the file. Folders,
+// sockets and block devices are refused with exit 2 before any data is read.
+TEST(Reliability, OutputsAreWrittenAsWhatTheyAre) {
+  const fs::path data = make_dataset("outputs", 512, 64);
+  const fs::path dir = temp_dir("outputs-out");
+  // A link to a regular file: the target gets the weights, the link stays a link.
+  const fs::path target = dir / "real.safetensors";
+  std::ofstream(target) << "old";
+  fs::create_symlink(target, dir / "link.safetensors");
+  CliResult r = run(data, {"--save", (dir / "link.safetensors").string()});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(fs::is_symlink(dir / "link.safetensors"));
+  EXPECT_NO_THROW(optim::read_safetensors(target.string()));
+  // A dangling link: its target is created.
+  fs::create_symlink(dir / "made.jsonl", dir / "dangling.jsonl");
+  r = run(data, {"--metrics", (dir / "dangling.jsonl").string()});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(fs::is_symlink(dir / "dangling.jsonl"));
+  EXPECT_FALSE(records(dir / "made.jsonl").empty());
+
+  // A socket and a folder: exit 2, before the data is read.
+  const fs::path socket_path = dir / "sock";
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::snprintf(address.sun_path, sizeof address.sun_path, "%s", socket_path.c_str());
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  struct Row {
+    std::vector<std::string> args;
+    std::vector<std::string> words;
+  };
+  std::vector<Row> refused{
+      {{"--metrics", socket_path.string()}, {"--metrics", "is a socket"}},
+      {{"--save", socket_path.string()}, {"--save", "is a socket"}},
+      {{"--metrics", dir.string()}, {"--metrics", "is a directory"}},
+  };
+  if (make_node(dir / "block", S_IFBLK, 7, 0)) {
+    refused.push_back({{"--save", (dir / "block").string()}, {"--save", "is a block device"}});
+  }
+  for (const Row& row : refused) {
+    SCOPED_TRACE(row.args[0] + " " + row.args[1]);
+    const CliResult bad = cli({"--data", "/nonexistent-accrue", row.args[0], row.args[1]});
+    EXPECT_EQ(bad.status, 2) << bad.err;
+    expect_words(bad.err, row.words);
+  }
+  ::close(fd);
+
+  // Character devices: made with mknod (root, as CI runs), else the system's own.
+  fs::path null_device = dir / "null", full_device = dir / "full";
+  if (!make_node(null_device, S_IFCHR, 1, 3) || !make_node(full_device, S_IFCHR, 1, 7)) {
+    null_device = "/dev/null";
+    full_device = "/dev/full";
+  }
+  fs::create_symlink(null_device, dir / "null-link");
+  for (const fs::path& sink : {null_device, dir / "null-link"}) {
+    r = run(data, {"--metrics", sink.string(), "--save", sink.string()});
+    EXPECT_EQ(r.status, 0) << r.err;
+    EXPECT_TRUE(fs::is_character_file(sink)) << sink << " was replaced";
+  }
+  for (const char* flag : {"--metrics", "--save"}) {
+    r = run(data, {flag, full_device.string()});
+    EXPECT_EQ(r.status, 1) << flag << ": " << r.err;
+    expect_words(r.err, {full_device.string(), "No space left on device"});
+    EXPECT_TRUE(fs::is_character_file(full_device));
+  }
+  // A FIFO with a reader gets every record as it is written.
+  const fs::path fifo = dir / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::string piped;
+  std::thread reader([&] { piped = slurp(fifo); });
+  r = run(data, {"--metrics", fifo.string()});
+  reader.join();
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(piped.find("\"event\":\"summary\""), std::string::npos) << piped;
+  fs::remove_all(dir);
+}
+
+// Every output path is checked, and against the others, before the data is read.
+TEST(Reliability, OutputPathsAreCheckedBeforeTheDataIsRead) {
+  const fs::path dir = temp_dir("output-paths");
+  std::ofstream(dir / "file") << "x";
+  fs::create_symlink(dir / "loop-b", dir / "loop-a");
+  fs::create_symlink(dir / "loop-a", dir / "loop-b");
+  const std::string same = (dir / "out").string();
+  struct Row {
+    std::vector<std::string> args;
+    std::vector<std::string> words;
+  };
+  std::vector<Row> table{
+      {{"--checkpoint", (dir / "file").string()}, {"--checkpoint", "not a folder"}},
+      {{"--checkpoint", (dir / "file/sub").string()}, {"--checkpoint", "not a folder"}},
+      {{"--checkpoint", (dir / "loop-a").string()}, {"--checkpoint", "loop-a", "symbolic links"}},
+      {{"--save", (dir / "loop-a").string()}, {"--save", "loop-a", "symbolic links"}},
+      {{"--checkpoint", same, "--metrics", same}, {"--metrics", "--checkpoint", "the same file"}},
+      {{"--save", same, "--metrics", same}, {"--metrics", "--save", "the same file"}},
+      {{"--save", same, "--metrics", (dir / "." / "out").string()}, {"the same file"}},
+      {{"--save", (dir / "file/w.safetensors").string()}, {"--save", "Not a directory"}},
+      {{"--checkpoint", ""}, {"--checkpoint", "empty"}},
+      {{"--save", ""}, {"--save", "empty"}},
+      {{"--metrics", ""}, {"--metrics", "empty"}},
+  };
+  if (!is_root()) {  // root writes into any folder
+    fs::create_directories(dir / "read-only");
+    fs::permissions(dir / "read-only", fs::perms::owner_read | fs::perms::owner_exec);
+    table.push_back(
+        {{"--checkpoint", (dir / "read-only").string()}, {"--checkpoint", "Permission denied"}});
+  }
+  for (const Row& row : table) {
+    std::vector<std::string> args = row.args;
+    args.insert(args.end(), {"--data", "/nonexistent-accrue"});
+    const CliResult r = cli(args);
+    SCOPED_TRACE(row.args[0] + " " + row.args[1]);
+    EXPECT_EQ(r.status, 2) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_EQ(r.err.find("nonexistent-accrue"), std::string::npos) << "read data: " << r.err;
+    expect_words(r.err, row.words);
+  }
+  fs::permissions(dir, fs::perms::all);
+  fs::remove_all(dir);
+}
+
+// A write beyond `ulimit -f` fails like a full disk: exit 1 naming the file, the previous file
+// intact, no temporary left (not death by SIGXFSZ, exit 153). Run as a child process: the limit
+// is the process's.
+TEST(Reliability, AFileBeyondUlimitFIsAFailedWriteNotADeath) {
+  const fs::path data = make_dataset("ulimit", 512, 64);
+  const fs::path dir = temp_dir("ulimit-out");
+  for (const char* flag : {"--save", "--metrics", "--checkpoint"}) {
+    const bool folder = std::string(flag) == "--checkpoint";
+    const fs::path out = dir / (folder ? "ckpt" : "out");
+    if (!folder) std::ofstream(out) << "previous";
+    std::string command = "ulimit -f 4; '" ACCRUE_MNIST_BINARY "'";
+    for (const std::string& a : short_run(data, "256")) command += " '" + a + "'";
+    command +=
+        std::string(" ") + flag + " '" + out.string() + "' 2>'" + (dir / "err").string() + "'";
+    const int status = std::system(command.c_str());
+    SCOPED_TRACE(flag);
+    ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+    EXPECT_EQ(WEXITSTATUS(status), 1);
+    const std::string err = slurp(dir / "err");
+    expect_words(err, {"File too large"});
+    if (!folder) {
+      EXPECT_EQ(slurp(out), "previous");
+      expect_words(err, {out.string()});
+    }
+    for (const auto& e : fs::recursive_directory_iterator(dir)) {
+      EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << e.path();
+    }
+  }
+  fs::remove_all(dir);
+}
+
+// ---- checkpoint folders ----
+
+// A folder holding another run's checkpoints is refused (exit 2) unless --resume continues that
+// run; a folder another live run holds is refused (exit 1); the lock dies with its process.
+TEST(Reliability, ACheckpointFolderBelongsToOneRun) {
+  const fs::path data = make_dataset("run-id", 512, 64);
+  const std::string ckpt = (data / "ckpt").string();
+  CliResult r = run(data, {"--checkpoint", ckpt, "--checkpoint-every", "4", "--max-steps", "12"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  // A new run into the same folder, with fewer steps (it would have pruned the old run's).
+  r = run(data, {"--checkpoint", ckpt, "--max-steps", "4"});
+  EXPECT_EQ(r.status, 2) << r.err;
+  expect_words(r.err, {"--checkpoint", "holds checkpoints of another run", "--resume"});
+  // Continuing that run into its own folder is fine.
+  r = run(data, {"--checkpoint", ckpt, "--resume", ckpt, "--max-steps", "16"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  // A live writer's lock.
+  const fs::path other = data / "locked";
+  {
+    train::CheckpointLock held(other.string());
+    r = run(data, {"--checkpoint", other.string()});
+    EXPECT_EQ(r.status, 1) << r.err;
+    expect_words(r.err, {"--checkpoint", "another run is writing into it"});
+  }
+  // A writer killed with SIGKILL leaves no lock behind (the kernel drops it) and its
+  // temporaries go when the next run takes the folder.
+  std::ofstream(other / "step-0000000002.json.tmp.AbCdEf") << "{";
+  const pid_t child = ::fork();
+  if (child == 0) {
+    train::CheckpointLock lock(other.string());
+    ::raise(SIGKILL);
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFSIGNALED(status));
+  EXPECT_NO_THROW(train::CheckpointLock(other.string()));
+  EXPECT_FALSE(fs::exists(other / "step-0000000002.json.tmp.AbCdEf"));
+}
+
+// Every field of a checkpoint's JSON is checked: exit 1 naming the file and the field, and the
+// older intact checkpoint.
+TEST(Reliability, EditedCheckpointDescriptionsAreRefused) {
+  const fs::path data = make_dataset("ckpt-json", 512, 64);
+  const fs::path ckpt = data / "ckpt";
+  CliResult r =
+      run(data, {"--checkpoint", ckpt.string(), "--checkpoint-every", "5", "--max-steps", "10"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const fs::path json = ckpt / "step-0000000010.json";
+  const std::string good = slurp(json);
+  struct Row {
+    std::string name;
+    std::function<void(nlohmann::json&)> edit;
+    std::vector<std::string> words;
+  };
+  const std::vector<Row> table{
+      {"step as a string",
+       [](auto& j) { j["position"]["step"] = "10"; },
+       {"'step'", "not an integer"}},
+      {"step 1e30", [](auto& j) { j["position"]["step"] = 1e30; }, {"'step'", "not an integer"}},
+      {"step 10 -> 3", [](auto& j) { j["position"]["step"] = 3; }, {"'step' is 3", "[10, 10]"}},
+      {"window -3", [](auto& j) { j["position"]["window"] = -3; }, {"'window' is -3"}},
+      {"epoch -1", [](auto& j) { j["position"]["epoch"] = -1; }, {"'epoch' is -1"}},
+      {"window moved",
+       [](auto& j) { j["position"]["window"] = 3; },
+       {"position step 10, epoch 0, window 3", "not one this run reaches"}},
+      {"epoch moved", [](auto& j) { j["position"]["epoch"] = 1; }, {"not one this run reaches"}},
+      {"epoch 1e9", [](auto& j) { j["position"]["epoch"] = 1000000000; }, {"epoch 1000000000"}},
+      {"skipped > step", [](auto& j) { j["position"]["skipped"] = 11; }, {"'skipped' is 11"}},
+      {"skipped edited",
+       [](auto& j) { j["position"]["skipped"] = 2; },
+       {"with 2 skipped", "applied 10 updates"}},
+      {"position missing", [](auto& j) { j.erase("position"); }, {"'position'"}},
+      {"config a list", [](auto& j) { j["config"] = nlohmann::json::array(); }, {"'config'"}},
+      {"tensors elsewhere", [](auto& j) { j["tensors"] = "../x.safetensors"; }, {"'tensors'"}},
+      {"bytes a string", [](auto& j) { j["bytes"] = "many"; }, {"'bytes'", "not an integer"}},
+      {"hash a number", [](auto& j) { j["fnv1a"] = 5; }, {"'fnv1a'", "not a string"}},
+      {"format", [](auto& j) { j["format"] = "other"; }, {"format \"other\""}},
+      {"run id a number", [](auto& j) { j["run_id"] = 7; }, {"'run_id'"}},
+      {"not an object", [](auto& j) { j = nlohmann::json::array(); }, {"not an object"}},
+  };
+  for (const Row& row : table) {
+    SCOPED_TRACE(row.name);
+    nlohmann::json j = nlohmann::json::parse(good);
+    row.edit(j);
+    std::ofstream(json, std::ios::trunc) << j.dump();
+    r = run(data, {"--resume", ckpt.string(), "--max-steps", "12"});
+    EXPECT_EQ(r.status, 1) << r.err;
+    expect_words(r.err, {json.string(), "step-0000000005 is intact"});
+    expect_words(r.err, row.words);
+  }
+  std::ofstream(json, std::ios::trunc) << good;
+  r = run(data, {"--resume", ckpt.string(), "--max-steps", "12"});
+  EXPECT_EQ(r.status, 0) << r.err;
+}
+
+// ---- stopping and resuming ----
+
+// A real SIGTERM (SIGINT, SIGUSR1) raised during step 3: the window in progress finishes, the
+// run writes a checkpoint at step 4 and its metrics, and ends with status 75; --resume then
+// continues bit for bit, its metrics continuing the file.
+TEST(Reliability, ASignalStopsAfterTheWindowWithACheckpoint) {
+  const fs::path data = make_dataset("signal", 512, 64);
+  mnist::Config c;
+  c.data = data.string();
+  c.hidden = {16};
+  c.quiet = true;
+  c.threads = 1;
+  c.micro_batch = 8;
+  c.accum_steps = 2;
+  c.epochs = 2;
+  c.max_steps = 40;
+  c.seed = 3;
+  c.save = (data / "whole.safetensors").string();
+  train_recorded(c, std::cout);
+  for (int signal : {SIGTERM, SIGINT, SIGUSR1}) {
+    SCOPED_TRACE(train::signal_name(signal));
+    const fs::path ckpt = data / ("ckpt-" + std::to_string(signal));
+    mnist::Config s = c;
+    s.save = (data / "resumed.safetensors").string();
+    s.checkpoint = ckpt.string();
+    s.metrics = (data / ("m-" + std::to_string(signal) + ".jsonl")).string();
+    train::Callbacks callbacks;
+    callbacks.on_step = [&](const train::StepEvent& e) {
+      if (e.step == 3) ::raise(signal);
+    };
+    try {
+      mnist::train(s, std::cout, callbacks);
+      ADD_FAILURE() << "the run did not stop";
+    } catch (const train::Stopped& e) {
+      expect_words(e.what(), {"stopped by " + train::signal_name(signal), "after step 4",
+                              "--resume " + ckpt.string()});
+    }
+    EXPECT_TRUE(fs::exists(ckpt / "step-0000000004.json"));
+    EXPECT_FALSE(fs::exists(s.save)) << "an unfinished run saves no final weights";
+    EXPECT_EQ(steps_in(records(s.metrics)), one_to(4));
+    s.resume = ckpt.string();
+    train_recorded(s, std::cout);
+    EXPECT_EQ(read_file_bytes(s.save), read_file_bytes(c.save));
+    EXPECT_EQ(steps_in(records(s.metrics)), one_to(40)) << "the records continue, none twice";
+    fs::remove(s.save);
+  }
+  // Through the command line: the documented status, and without --checkpoint the metrics.
+  const std::string metrics = (data / "cli.jsonl").string();
+  mnist::Config s = c;
+  s.save.clear();
+  s.metrics = metrics;
+  train::Callbacks callbacks;
+  callbacks.on_step = [](const train::StepEvent& e) {
+    if (e.step == 2) ::raise(SIGTERM);
+  };
+  EXPECT_THROW(mnist::train(s, std::cout, callbacks), train::Stopped);
+  EXPECT_EQ(steps_in(records(metrics)), one_to(3));
+}
+
+// The program: SIGTERM from outside (as a cluster sends it) ends a long run with status 75, a
+// checkpoint and one line saying how to continue.
+TEST(Reliability, SigtermEndsTheProgramWithStatus75) {
+  const fs::path data = make_dataset("sigterm", 512, 64);
+  const fs::path ckpt = data / "ckpt";
+  std::string command = "timeout --preserve-status -s TERM 3 '" ACCRUE_MNIST_BINARY "'";
+  for (const std::string& a : short_run(data, "16", "100000")) command += " '" + a + "'";
+  command += " --checkpoint '" + ckpt.string() + "' 2>'" + (data / "err").string() + "'";
+  const int status = std::system(command.c_str());
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), train::kExitStopped);
+  const std::string err = slurp(data / "err");
+  expect_words(err, {"stopped by SIGTERM after step", "continue with --resume " + ckpt.string()});
+  EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+  bool checkpoint = false;
+  for (const auto& e : fs::directory_iterator(ckpt)) {
+    checkpoint |= e.path().extension() == ".json";
+  }
+  EXPECT_TRUE(checkpoint);
+}
+
+// Checkpoints republish the metrics file, so a run killed later keeps its records up to the
+// checkpoint; a resumed run continues the file from the checkpoint's step.
+TEST(Reliability, MetricsSurviveAKillAndContinueOnResume) {
+  const fs::path data = make_dataset("metrics-resume", 512, 64);
+  const fs::path ckpt = data / "ckpt";
+  const fs::path metrics = data / "m.jsonl";
+  mnist::Config c;
+  c.data = data.string();
+  c.hidden = {16};
+  c.quiet = true;
+  c.threads = 1;
+  c.micro_batch = 8;
+  c.accum_steps = 2;
+  c.max_steps = 10;
+  c.checkpoint = ckpt.string();
+  c.checkpoint_every = 4;
+  c.metrics = metrics.string();
+  std::vector<std::vector<int64_t>> seen;
+  train::Callbacks callbacks;
+  callbacks.on_checkpoint = [&](const train::CheckpointEvent&) {
+    seen.push_back(steps_in(records(metrics)));
+  };
+  mnist::train(c, std::cout, callbacks);
+  ASSERT_GE(seen.size(), 2u);
+  EXPECT_EQ(seen[0], one_to(4));
+  EXPECT_EQ(seen[1], one_to(8));
+  // Resumed from step 10 (the last checkpoint) with records 1-10 and a summary in the file.
+  c.resume = ckpt.string();
+  c.max_steps = 14;
+  mnist::train(c, std::cout);
+  const auto recs = records(metrics);
+  EXPECT_EQ(steps_in(recs), one_to(14));
+  EXPECT_EQ(std::count_if(recs.begin(), recs.end(),
+                          [](const auto& r) { return r.value("event", "") == "summary"; }),
+            1);
+  // The samples count on from where the checkpoint was (16 per step).
+  EXPECT_EQ(recs.back()["steps"], 14);
+  for (const auto& r : recs) {
+    if (r.contains("step")) EXPECT_EQ(r["samples"], 16 * r["step"].get<int64_t>()) << r;
+  }
+  // A metrics file that is not JSON Lines is not overwritten by a resume.
+  const std::string kept = slurp(metrics);
+  std::ofstream(metrics, std::ios::trunc) << "not json\n" << kept;
+  c.max_steps = 16;
+  const std::string before = slurp(metrics);
+  expect_error<FileError>([&] { mnist::train(c, std::cout); }, {metrics.string(), "not JSON"});
+  EXPECT_EQ(slurp(metrics), before);
+}
+
+// A finished run resumed evaluates the model it loaded and says nothing is left to train.
+TEST(Reliability, ResumingAFinishedRunEvaluatesIt) {
+  const fs::path data = make_dataset("finished", 512, 64);
+  const fs::path ckpt = data / "ckpt";
+  mnist::Config c;
+  c.data = data.string();
+  c.hidden = {16};
+  c.quiet = true;
+  c.epochs = 1;
+  c.checkpoint = ckpt.string();
+  const Recorded done = train_recorded(c, std::cout);
+  c.resume = ckpt.string();
+  c.quiet = false;
+  std::ostringstream out;
+  const Recorded again = train_recorded(c, out);
+  EXPECT_EQ(again.test_accuracy, done.test_accuracy);
+  EXPECT_GT(again.test_accuracy, 0.0);
+  EXPECT_EQ(again.steps, done.steps);
+  expect_words(out.str(), {"nothing left to train"});
+}
+
+}  // namespace
+}  // namespace accrue::testing

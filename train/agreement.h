@@ -1,0 +1,21 @@
+// Ranks that disagree are stopped before they train. Launched by hand (`mpirun -np 1 prog A :
+// -np 1 prog B`) or from a stale script, the ranks of one job can start with different settings:
+// a different model width crashes inside the first all-reduce, a different sample count leaves
+// one rank waiting forever, a different --lr or --seed trains diverged replicas and exits 0. At
+// start-up every rank hashes each of its resolved settings (what may differ per rank -- threads,
+// output paths, quiet, the local device -- is left out by the caller), all-gathers the hashes
+// once, and throws naming the first setting that differs and the ranks. Read next: engine.cpp.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include "distributed/communicator.h"
+
+namespace accrue::train {
+
+// Throws ValueError "the ranks disagree on <key>: rank R differs from rank 0 (this rank has V)"
+// for the first key (in the object's order) whose value is not the same on every rank. A
+// collective: every rank calls it at the same point. Nothing happens on one rank.
+void check_ranks_agree(distributed::Communicator& comm, const nlohmann::json& settings);
+
+}  // namespace accrue::train
