@@ -1,8 +1,8 @@
 // Data-parallel communication: who this process is among the ranks of a job, and the collectives
 // the boundary step needs. Three backends behind one interface: the world of one process (no
-// library, every collective a no-op or a copy), MPI for CPU tensors (distributed/mpi.cpp, Open MPI),
-// NCCL for CUDA tensors (distributed/nccl.cu, its unique id bootstrapped over MPI). world() picks one
-// from the launcher's environment: `mpirun -np N` (Open MPI: OMPI_COMM_WORLD_*), `srun`
+// library, every collective a no-op or a copy), MPI for CPU tensors (distributed/mpi.cpp, Open
+// MPI), NCCL for CUDA tensors (distributed/nccl.cu, its unique id bootstrapped over MPI). world()
+// picks one from the launcher's environment: `mpirun -np N` (Open MPI: OMPI_COMM_WORLD_*), `srun`
 // (SLURM_STEP_NUM_TASKS, SLURM_PROCID, SLURM_LOCALID) or MPICH's mpiexec (PMI_SIZE, PMI_RANK).
 //
 // Collectives work in place on contiguous tensors of one dtype and are called by every rank in
@@ -53,6 +53,34 @@ class Communicator {
   virtual void wait_all() {}
   // Ends every rank of the job with this exit code; does not return.
   [[noreturn]] virtual void abort(int code) = 0;
+
+  // The watchdog: a wait for the other ranks (a collective, a barrier, point-to-point) that has
+  // not completed after this many seconds throws TimeoutError naming the operation and this
+  // rank, and the trainer's handler aborts the job -- instead of a stopped or hung rank leaving
+  // the others waiting forever. 600 s by default, as PyTorch's process groups; <= 0: no limit.
+  void set_timeout(double seconds) { timeout_ = seconds; }
+  double timeout() const { return timeout_ + allowance_; }
+
+ protected:
+  double timeout_ = 600;
+  double allowance_ = 0;  // extra seconds for waits that follow long work on one rank
+  friend class LongWaitAllowance;
+};
+
+// While it lives, waits may take `seconds` longer: for the waits that follow work one rank does
+// alone (rank 0 writing a checkpoint while the others wait at the barrier after it).
+class LongWaitAllowance {
+ public:
+  LongWaitAllowance(Communicator& comm, double seconds) : comm_(comm), before_(comm.allowance_) {
+    comm_.allowance_ = before_ + seconds;
+  }
+  ~LongWaitAllowance() { comm_.allowance_ = before_; }
+  LongWaitAllowance(const LongWaitAllowance&) = delete;
+  LongWaitAllowance& operator=(const LongWaitAllowance&) = delete;
+
+ private:
+  Communicator& comm_;
+  double before_;
 };
 
 // The process-wide communicator, made on first use from launch_info(): the world of one when the

@@ -2,22 +2,26 @@
 // MPI_THREAD_FUNNELED (only the thread that first calls distributed::world(), the main thread in
 // practice, calls MPI; OpenMP threads never do) and finalised at exit. Errors return instead of
 // aborting (MPI_ERRORS_RETURN) and are thrown with MPI's own message and file:line, so the
-// trainer's handler can report them and abort every rank.
+// trainer's handler can report them and abort every rank. Every collective is started
+// nonblocking and waited for by polling (MPI_Testall, which also drives MPI's progress) against
+// the communicator's timeout: the watchdog of communicator.h.
 #include <mpi.h>
 #include <cstring>
 
+#include <chrono>
 #include <cstdlib>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
 #include "distributed/communicator.h"
 
-#define ACCRUE_MPI_CHECK(call)                                                       \
-  do {                                                                               \
-    const int accrue_mpi_status = (call);                                            \
-    if (accrue_mpi_status != MPI_SUCCESS) {                                          \
+#define ACCRUE_MPI_CHECK(call)                                                              \
+  do {                                                                                      \
+    const int accrue_mpi_status = (call);                                                   \
+    if (accrue_mpi_status != MPI_SUCCESS) {                                                 \
       ::accrue::distributed::throw_mpi_error(accrue_mpi_status, #call, __FILE__, __LINE__); \
-    }                                                                                \
+    }                                                                                       \
   } while (0)
 
 namespace accrue::distributed {
@@ -96,15 +100,20 @@ class Mpi final : public Communicator {
   const char* backend() const override { return "mpi"; }
 
   void all_reduce_sum(Tensor& t) override {
-    ACCRUE_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, t.raw(), mpi_count(t, "all_reduce_sum"),
-                                   mpi_type(t, "all_reduce_sum"), MPI_SUM, MPI_COMM_WORLD));
+    MPI_Request request = MPI_REQUEST_NULL;
+    ACCRUE_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.raw(), mpi_count(t, "all_reduce_sum"),
+                                    mpi_type(t, "all_reduce_sum"), MPI_SUM, MPI_COMM_WORLD,
+                                    &request));
+    wait(&request, 1, "all_reduce_sum");
   }
   void broadcast(Tensor& t, int root) override {
     if (root < 0 || root >= size_) {
       throw ValueError(str_cat("[broadcast] root ", root, " in a world of ", size_, " ranks"));
     }
-    ACCRUE_MPI_CHECK(MPI_Bcast(t.raw(), mpi_count(t, "broadcast"), mpi_type(t, "broadcast"), root,
-                               MPI_COMM_WORLD));
+    MPI_Request request = MPI_REQUEST_NULL;
+    ACCRUE_MPI_CHECK(MPI_Ibcast(t.raw(), mpi_count(t, "broadcast"), mpi_type(t, "broadcast"), root,
+                                MPI_COMM_WORLD, &request));
+    wait(&request, 1, "broadcast");
   }
   void all_gather(const Tensor& in, Tensor& out) override {
     check_gather("all_gather", in, out, size_, rank_);
@@ -113,16 +122,24 @@ class Mpi final : public Communicator {
     // In place when in is this rank's slice of out (MPI forbids other aliasing).
     const bool in_place = static_cast<const char*>(in.raw()) ==
                           static_cast<const char*>(out.raw()) + rank_ * in.nbytes();
-    ACCRUE_MPI_CHECK(MPI_Allgather(in_place ? MPI_IN_PLACE : in.raw(), n, type, out.raw(), n, type,
-                                   MPI_COMM_WORLD));
+    MPI_Request request = MPI_REQUEST_NULL;
+    ACCRUE_MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : in.raw(), n, type, out.raw(), n, type,
+                                    MPI_COMM_WORLD, &request));
+    wait(&request, 1, "all_gather");
   }
   void reduce_scatter(const Tensor& in, Tensor& out) override {
     check_gather("reduce_scatter", out, in, size_);
-    ACCRUE_MPI_CHECK(MPI_Reduce_scatter_block(in.raw(), out.raw(), mpi_count(out, "reduce_scatter"),
-                                              mpi_type(in, "reduce_scatter"), MPI_SUM,
-                                              MPI_COMM_WORLD));
+    MPI_Request request = MPI_REQUEST_NULL;
+    ACCRUE_MPI_CHECK(MPI_Ireduce_scatter_block(
+        in.raw(), out.raw(), mpi_count(out, "reduce_scatter"), mpi_type(in, "reduce_scatter"),
+        MPI_SUM, MPI_COMM_WORLD, &request));
+    wait(&request, 1, "reduce_scatter");
   }
-  void barrier() override { ACCRUE_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD)); }
+  void barrier() override {
+    MPI_Request request = MPI_REQUEST_NULL;
+    ACCRUE_MPI_CHECK(MPI_Ibarrier(MPI_COMM_WORLD, &request));
+    wait(&request, 1, "barrier");
+  }
   void start_all_reduce_sum(Tensor& t) override {
     MPI_Request request = MPI_REQUEST_NULL;
     ACCRUE_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.raw(), mpi_count(t, "all_reduce_sum"),
@@ -132,8 +149,7 @@ class Mpi final : public Communicator {
   }
   void wait_all() override {
     // Completed requests become MPI_REQUEST_NULL; on an error the rest stay for a later wait.
-    ACCRUE_MPI_CHECK(
-        MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE));
+    wait(requests_.data(), static_cast<int>(requests_.size()), "all_reduce_sum (overlapped)");
     requests_.clear();
   }
   [[noreturn]] void abort(int code) override {
@@ -142,6 +158,35 @@ class Mpi final : public Communicator {
   }
 
  private:
+  // Polls the requests until all completed: spinning first (a collective between busy ranks
+  // completes in microseconds), then sleeping up to a millisecond between polls. Past the
+  // timeout, throws BackendError naming the operation, this rank and the limit.
+  void wait(MPI_Request* requests, int count, const char* op) {
+    using Clock = std::chrono::steady_clock;
+    const auto start = Clock::now();
+    const double limit = timeout();
+    auto pause = std::chrono::microseconds(0);
+    ++waits_;
+    for (;;) {
+      int done = 0;
+      ACCRUE_MPI_CHECK(MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE));
+      if (done) return;
+      const double waited = std::chrono::duration<double>(Clock::now() - start).count();
+      if (limit > 0 && waited > limit) {
+        throw BackendError(str_cat("[watchdog] rank ", rank_, ": MPI ", op, " (wait ", waits_,
+                                   ") did not complete within ", limit,
+                                   " s: another rank is stopped, hung or much slower "
+                                   "(--comm-timeout sets the limit)"));
+      }
+      if (waited > 1e-3) {
+        std::this_thread::sleep_for(pause);
+        pause =
+            std::min(pause * 2 + std::chrono::microseconds(10), std::chrono::microseconds(1000));
+      }
+    }
+  }
+
+  int64_t waits_ = 0;  // numbered in the message: where in the run the job stopped
   int rank_ = 0, size_ = 1, local_rank_ = 0;
   std::vector<MPI_Request> requests_;  // started, not yet waited for
 };

@@ -7,6 +7,7 @@
 // hang in it) and at exit the CUDA runtime may already be gone; the process's end frees it.
 #include <nccl.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 
@@ -119,7 +120,9 @@ class Nccl final : public Communicator {
   void barrier() override {
     // Waits for the stream while watching for an asynchronous NCCL error (a peer or the network
     // failing), which a plain cudaStreamSynchronize would wait on forever.
+    // Past the watchdog's limit it throws, as the MPI waits do.
     const cudaStream_t s = cuda::context(device_).stream;
+    const auto start = std::chrono::steady_clock::now();
     for (;;) {
       const cudaError_t status = cudaStreamQuery(s);
       if (status == cudaSuccess) break;
@@ -129,7 +132,16 @@ class Nccl final : public Communicator {
       ncclResult_t async = ncclSuccess;
       ACCRUE_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
       ACCRUE_NCCL_CHECK(async);
+      const double waited =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (timeout() > 0 && waited > timeout()) {
+        throw BackendError(str_cat("[watchdog] rank ", rank(), ": the NCCL collectives before a "
+                                   "barrier did not complete within ", timeout(),
+                                   " s: another rank is stopped, hung or much slower "
+                                   "(--comm-timeout sets the limit)"));
+      }
     }
+    mpi_.set_timeout(timeout());
     mpi_.barrier();
   }
   // MPI_Abort ends every process of the job; ncclCommAbort is not called because NCCL requires

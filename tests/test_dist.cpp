@@ -6,6 +6,8 @@
 // on every rank.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
 #include <cmath>
 #include <fstream>
 #include <iostream>
@@ -17,6 +19,7 @@
 #include "optim/safetensors.h"
 #include "test_util.h"
 #include "toy_task.h"
+#include "train/signals.h"
 
 namespace accrue {
 namespace {
@@ -384,6 +387,54 @@ TEST(Dist, ShardedRunsResumeBitForBit) {
   const Recorded resumed = train_recorded(c, std::cout);
   EXPECT_EQ(resumed.parameter_hash, whole.parameter_hash);
   expect_same_on_every_rank(resumed.parameter_hash);
+}
+
+// A SIGTERM on rank 1 alone (at step 3) stops both ranks after the same step: the vote rides the
+// boundary's all-reduce. The checkpoint at step 4 resumes to the uninterrupted weights (#22).
+TEST(Dist, ASignalOnOneRankStopsEveryRankAtTheSameStep) {
+  const auto data = testing::make_dataset("dist-signal", 512, 64);
+  mnist::Config c = dp_config(data, "fp32");
+  c.accum_steps = 2;
+  c.max_steps = 12;
+  const Recorded whole = train_recorded(c, std::cout);
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "accrue-dist-signal";
+  if (comm().rank() == 0) std::filesystem::remove_all(dir);
+  comm().barrier();
+  c.checkpoint = dir.string();
+  int64_t last_step = 0;
+  train::Callbacks callbacks;
+  callbacks.on_step = [&](const train::StepEvent& e) {
+    last_step = e.step;
+    if (e.step == 3 && comm().rank() == 1) ::raise(SIGTERM);
+  };
+  try {
+    mnist::train(c, std::cout, callbacks);
+    ADD_FAILURE() << "rank " << comm().rank() << " did not stop";
+  } catch (const train::Stopped& e) {
+    const std::string why = comm().rank() == 1 ? "stopped by SIGTERM" : "another rank's request";
+    EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(last_step, 4);
+  EXPECT_TRUE(std::filesystem::exists(dir / "step-0000000004.json"));
+  c.resume = dir.string();
+  const Recorded resumed = train_recorded(c, std::cout);
+  EXPECT_EQ(resumed.parameter_hash, whole.parameter_hash);
+  expect_same_on_every_rank(resumed.parameter_hash);
+}
+
+// BatchNorm's running statistics are rank 0's on every rank after each boundary (as PyTorch's DDP
+// broadcasts them), though each rank's samples differ: evaluation and saving see one set (#22).
+TEST(Dist, BatchNormBuffersAreRankZerosOnEveryRank) {
+  const auto data = testing::make_dataset("dist-buffers", 256, 64);
+  mnist::Config c = dp_config(data, "fp32");
+  c.model = "cnn";
+  c.norm = "batch";
+  c.accum_steps = 2;
+  c.max_steps = 3;
+  const Recorded r = train_recorded(c, std::cout);
+  EXPECT_NE(r.buffer_hash, 0u);
+  expect_same_on_every_rank(r.buffer_hash);
+  expect_same_on_every_rank(r.parameter_hash);
 }
 
 // The engine with token-counted items on 2 ranks: each rank's share of a window holds a different

@@ -21,7 +21,7 @@ int32_t fnv1a32(const std::string& text) {
 
 }  // namespace
 
-void check_ranks_agree(distributed::Communicator& comm, const nlohmann::json& settings) {
+void check_ranks_agree(distributed::Communicator& comm, const nlohmann::ordered_json& settings) {
   const int ranks = comm.world_size();
   if (ranks == 1) return;
   std::vector<std::string> keys;

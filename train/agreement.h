@@ -16,6 +16,6 @@ namespace accrue::train {
 // Throws ValueError "the ranks disagree on <key>: rank R differs from rank 0 (this rank has V)"
 // for the first key (in the object's order) whose value is not the same on every rank. A
 // collective: every rank calls it at the same point. Nothing happens on one rank.
-void check_ranks_agree(distributed::Communicator& comm, const nlohmann::json& settings);
+void check_ranks_agree(distributed::Communicator& comm, const nlohmann::ordered_json& settings);
 
 }  // namespace accrue::train

@@ -58,6 +58,9 @@ struct Config {
   std::string checkpoint, resume;
   int64_t checkpoint_every = 500;
   bool quiet = false;  // no progress output (tests)
+  // The watchdog (distributed/communicator.h): seconds a wait for the other ranks may take
+  // before the job is aborted; <= 0: no limit.
+  double comm_timeout = 600;
   // The data-parallel ranks; null: distributed::world_for(device), from the launcher's
   // environment.
   distributed::Communicator* comm = nullptr;

@@ -140,6 +140,7 @@ void Run::setup_ranks_and_threads() {
     c_.device = Device::cuda(visible == 1 ? 0 : launch.local_rank);
   }
   comm_ = c_.comm != nullptr ? c_.comm : &distributed::world_for(c_.device);
+  comm_->set_timeout(c_.comm_timeout);
   lead_ = comm_->rank() == 0;
   if (!lead_) c_.quiet = true;
   // --threads N fixes the team; 0 lets the tuner pick among 1, 2, 4, ..., every core by timing
@@ -177,39 +178,40 @@ void Run::build_model() {
 // GPU).
 void Run::check_ranks_agree_before_training() {
   if (comm_->world_size() == 1) return;
-  nlohmann::json settings = {{"program", task_.program},
-                             {"device_type", c_.device.is_cuda() ? "cuda" : "cpu"},
-                             {"precision", c_.precision},
-                             {"loss_scale", c_.loss_scale},
-                             {"micro_batch", c_.micro_batch},
-                             {"accum_steps", c_.accum_steps},
-                             {"batch", c_.batch},
-                             {"accum_schedule", c_.accum_schedule},
-                             {"memory_budget", c_.memory_budget},
-                             {"epochs", c_.epochs},
-                             {"max_steps", c_.max_steps},
-                             {"train_limit", c_.train_limit},
-                             {"lr", c_.lr},
-                             {"lr_scaling", c_.lr_scaling},
-                             {"base_batch", c_.base_batch},
-                             {"schedule", c_.schedule},
-                             {"warmup", c_.warmup},
-                             {"clip", c_.clip},
-                             {"optimizer", c_.optimizer},
-                             {"weight_decay", c_.weight_decay},
-                             {"momentum", c_.momentum},
-                             {"seed", c_.seed},
-                             {"shuffle", c_.shuffle},
-                             {"zero", c_.zero},
-                             {"bucket_kib", c_.bucket_kib},
-                             {"offload_optimizer", c_.offload_optimizer},
-                             {"checkpoint", !c_.checkpoint.empty()},
-                             {"checkpoint_every", c_.checkpoint_every},
-                             {"resume", !c_.resume.empty()},
-                             {"init", !c_.init.empty()}};
+  nlohmann::ordered_json settings = {{"program", task_.program},
+                                     {"device_type", c_.device.is_cuda() ? "cuda" : "cpu"},
+                                     {"precision", c_.precision},
+                                     {"loss_scale", c_.loss_scale},
+                                     {"micro_batch", c_.micro_batch},
+                                     {"accum_steps", c_.accum_steps},
+                                     {"batch", c_.batch},
+                                     {"accum_schedule", c_.accum_schedule},
+                                     {"memory_budget", c_.memory_budget},
+                                     {"epochs", c_.epochs},
+                                     {"max_steps", c_.max_steps},
+                                     {"train_limit", c_.train_limit},
+                                     {"lr", c_.lr},
+                                     {"lr_scaling", c_.lr_scaling},
+                                     {"base_batch", c_.base_batch},
+                                     {"schedule", c_.schedule},
+                                     {"warmup", c_.warmup},
+                                     {"clip", c_.clip},
+                                     {"optimizer", c_.optimizer},
+                                     {"weight_decay", c_.weight_decay},
+                                     {"momentum", c_.momentum},
+                                     {"seed", c_.seed},
+                                     {"shuffle", c_.shuffle},
+                                     {"zero", c_.zero},
+                                     {"bucket_kib", c_.bucket_kib},
+                                     {"offload_optimizer", c_.offload_optimizer},
+                                     {"checkpoint", !c_.checkpoint.empty()},
+                                     {"checkpoint_every", c_.checkpoint_every},
+                                     {"resume", !c_.resume.empty()},
+                                     {"init", !c_.init.empty()}};
   for (auto it = task_.settings.begin(); it != task_.settings.end(); ++it) {
     settings["task." + it.key()] = *it;
   }
+  // Last, what follows from the above: a different flag is named rather than its consequence.
   settings["train_samples"] = train_samples_;
   nlohmann::json layout = nlohmann::json::array();
   const auto add = [&](const std::vector<nn::NamedTensor>& tensors) {
@@ -451,7 +453,15 @@ void Run::write_checkpoint(const TrainPosition& position) {
                             saved_state(*arena_, *model_), optimizer_state);
     metrics_->publish();  // its records up to this step survive a kill from here on
   }
-  if (comm_->world_size() > 1) comm_->barrier();  // no rank reads it before it is complete
+  if (comm_->world_size() > 1) {
+    // No rank reads it before it is complete. The others wait here while rank 0 writes: the
+    // watchdog allows that at a slow disk's 1 MiB/s.
+    size_t bytes = 0;
+    for (const auto& [name, t] : optimizer_state) bytes += t.nbytes();
+    for (const auto& [name, t] : saved_state(*arena_, *model_)) bytes += t.nbytes();
+    const distributed::LongWaitAllowance allowance(*comm_, static_cast<double>(bytes) / (1 << 20));
+    comm_->barrier();
+  }
   last_checkpoint_ = position.step;
   if (callbacks_.on_checkpoint) callbacks_.on_checkpoint({position.step, c_.checkpoint});
 }
@@ -702,6 +712,7 @@ void Run::finish() {
                                      c_.save.empty() ? "" : "; nothing saved"));
   }
   summary_.parameter_hash = tensor_hash(arena_->named_masters());
+  summary_.buffer_hash = tensor_hash(model_->named_buffers());
   summary_.buckets_overlapped = acc_->buckets_overlapped();
   summary_.buckets_at_step = acc_->buckets_at_step();
   if (!c_.save.empty() && lead_) {
@@ -714,7 +725,10 @@ Summary Run::train() {
   const StopSignals stop_signals;
   ::signal(SIGXFSZ, SIG_IGN);  // a file beyond `ulimit -f`: EFBIG, a named failed write
   setup_ranks_and_threads();
-  if (lead_ && !c_.checkpoint.empty()) checkpoint_lock_.emplace(c_.checkpoint);
+  if (lead_ && !c_.checkpoint.empty()) {
+    check_checkpoint_folder(c_.checkpoint, c_.resume);  // the command line checked it before
+    checkpoint_lock_.emplace(c_.checkpoint);
+  }
   run_id_ = new_run_id();
   build_model();
   check_ranks_agree_before_training();

@@ -68,6 +68,7 @@ struct Summary {
   int64_t buckets_overlapped = 0;  // buckets handed over during backward (--bucket-kib)
   int64_t buckets_at_step = 0;     // and at the boundary
   uint64_t parameter_hash = 0;     // FNV-1a of the final parameters' bytes: equal on every rank
+  uint64_t buffer_hash = 0;        // and of the buffers (rank 0's on every rank)
   // Measured with the allocators' statistics once the model, arena and optimizer are built:
   // bytes they hold on the compute device, and in pinned host memory (the offloaded optimizer).
   size_t device_state_bytes = 0;

@@ -188,6 +188,10 @@ Flags::Flags(CLI::App& app, Config& config) : app_(app), c_(config) {
   app_.add_option("--resume", c_.resume,
                   "Continue from the newest checkpoint in this folder, bit for bit");
   app_.add_flag("--quiet", c_.quiet, "No progress output");
+  app_.add_option("--comm-timeout", c_.comm_timeout,
+                  "Seconds a rank waits for the others in a collective before the job is aborted "
+                  "naming the operation (0: wait forever)")
+      ->check(finite_in(0, 1e9));
 }
 
 // Every output before any data is read: each one writable where it points, and no two the same
@@ -257,6 +261,13 @@ void Flags::check() {
     }
     variants.front().micro_batch = 1;  // any divisor: the batch and lr checks below
     if (variants.front().batch == 0) variants.front().batch = 128;
+    // The budget picks the micro-batch and k: only --batch is the user's to change.
+    const int64_t batch = variants.front().batch, ranks = launch.world_size;
+    if (batch % ranks != 0) {
+      throw ValueError(str_cat("--memory-budget: --batch ", batch, " does not split over ", ranks,
+                               " ranks; nearest: --batch ", batch / ranks * ranks, " or --batch ",
+                               (batch / ranks + 1) * ranks));
+    }
   }
   if (!c_.accum_schedule.empty()) {
     if (c_.accum_steps > 0 || c_.batch > 0) {
@@ -331,19 +342,19 @@ int parse_command_line(CLI::App& app, int argc, const char* const* argv, const s
   } catch (const CLI::CallForHelp&) {
     out << app.help();
     return 0;
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::ParseError& e) {  // each line in one write: ranks' lines stay whole
     std::string what = e.what();
     what = what.substr(0, what.find('\n'));
-    err << program << ": " << what << " (see --help)\n";
+    err << str_cat(program, ": ", what, " (see --help)\n");
     return 2;
   } catch (const std::invalid_argument& e) {
-    err << program << ": " << e.what() << "\n";
+    err << str_cat(program, ": ", e.what(), "\n");
     return 2;
   } catch (const FileError& e) {
-    err << program << ": " << e.what() << "\n";
+    err << str_cat(program, ": ", e.what(), "\n");
     return 2;
   } catch (const std::filesystem::filesystem_error& e) {
-    err << program << ": " << e.path1().string() << ": " << e.code().message() << "\n";
+    err << str_cat(program, ": ", e.path1().string(), ": ", e.code().message(), "\n");
     return 2;
   }
   return -1;

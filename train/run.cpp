@@ -19,8 +19,9 @@ int fail(const std::string& program, std::ostream& err, const std::string& messa
     info = distributed::launch_info();
   } catch (const std::exception&) {
   }
-  err << program << ": " << (info.world_size > 1 ? str_cat("rank ", info.rank, ": ") : "")
-      << message << "\n"
+  // One write: the ranks' lines reach the launcher's merged stderr whole.
+  err << str_cat(program, ": ", info.world_size > 1 ? str_cat("rank ", info.rank, ": ") : "",
+                 message, "\n")
       << std::flush;
   if (info.world_size > 1) {
     try {
