@@ -1,7 +1,10 @@
 // Element types a tensor can hold. float32 is the training type; float64 exists so gradients can
 // be checked against finite differences; bfloat16 and float16 hold the activations and the
 // working copy of the weights of mixed-precision training (core/half.h; arithmetic on them is
-// done in float); int32 holds class labels and argmax results. Read next: device.h, tensor.h.
+// done in float); int32 holds class labels and argmax results; int64 holds counters that PyTorch
+// keeps in int64 (BatchNorm's num_batches_tracked), so its files load and save as they are.
+// Integer tensors are filled, copied, cast and moved; arithmetic ops take only floating ones.
+// Read next: device.h, tensor.h.
 #pragma once
 
 #include <cstddef>
@@ -12,7 +15,7 @@
 
 namespace accrue {
 
-enum class DType { kFloat32, kFloat64, kInt32, kBFloat16, kFloat16 };
+enum class DType { kFloat32, kFloat64, kInt32, kBFloat16, kFloat16, kInt64 };
 
 inline size_t dtype_size(DType t) {
   switch (t) {
@@ -25,6 +28,8 @@ inline size_t dtype_size(DType t) {
     case DType::kBFloat16:
     case DType::kFloat16:
       return 2;
+    case DType::kInt64:
+      return 8;
   }
   return 0;
 }
@@ -41,6 +46,8 @@ inline const char* dtype_name(DType t) {
       return "bfloat16";
     case DType::kFloat16:
       return "float16";
+    case DType::kInt64:
+      return "int64";
   }
   return "?";
 }
@@ -52,6 +59,16 @@ inline bool is_half(DType t) {
 
 inline bool is_floating(DType t) {
   return t == DType::kFloat32 || t == DType::kFloat64 || is_half(t);
+}
+
+inline bool is_integer(DType t) {
+  return t == DType::kInt32 || t == DType::kInt64;
+}
+
+// Whether every value of `from` is exactly a value of `to` among the integer dtypes (int32 into
+// int64): a saved integer tensor of such a dtype loads into a buffer of the other.
+inline bool integer_widens(DType from, DType to) {
+  return is_integer(from) && is_integer(to) && dtype_size(from) <= dtype_size(to);
 }
 
 // Maps a C++ type to its DType tag: dtype_of<float>() == DType::kFloat32.
@@ -68,6 +85,10 @@ constexpr DType dtype_of<double>() {
 template <>
 constexpr DType dtype_of<int32_t>() {
   return DType::kInt32;
+}
+template <>
+constexpr DType dtype_of<int64_t>() {
+  return DType::kInt64;
 }
 template <>
 constexpr DType dtype_of<bf16>() {

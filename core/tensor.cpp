@@ -111,6 +111,8 @@ template Tensor Tensor::from_vector<int32_t>(const Shape&, const std::vector<int
 template std::vector<float> Tensor::to_vector<float>() const;
 template std::vector<double> Tensor::to_vector<double>() const;
 template std::vector<int32_t> Tensor::to_vector<int32_t>() const;
+template Tensor Tensor::from_vector<int64_t>(const Shape&, const std::vector<int64_t>&, Device);
+template std::vector<int64_t> Tensor::to_vector<int64_t>() const;
 template Tensor Tensor::from_vector<bf16>(const Shape&, const std::vector<bf16>&, Device);
 template Tensor Tensor::from_vector<f16>(const Shape&, const std::vector<f16>&, Device);
 template std::vector<bf16> Tensor::to_vector<bf16>() const;
@@ -147,6 +149,7 @@ T* Tensor::data() const {
 template float* Tensor::data<float>() const;
 template double* Tensor::data<double>() const;
 template int32_t* Tensor::data<int32_t>() const;
+template int64_t* Tensor::data<int64_t>() const;
 template bf16* Tensor::data<bf16>() const;
 template f16* Tensor::data<f16>() const;
 
@@ -165,6 +168,8 @@ double Tensor::item() const {
       return to_vector<bf16>()[0];
     case DType::kFloat16:
       return to_vector<f16>()[0];
+    case DType::kInt64:
+      return static_cast<double>(to_vector<int64_t>()[0]);  // exact below 2^53
   }
   return 0;
 }
@@ -284,6 +289,9 @@ std::ostream& operator<<(std::ostream& out, const Tensor& t) {
         break;
       case DType::kFloat16:
         out << static_cast<float>(host.data<f16>()[i]);
+        break;
+      case DType::kInt64:
+        out << host.data<int64_t>()[i];
         break;
     }
   }

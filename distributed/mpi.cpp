@@ -48,6 +48,8 @@ MPI_Datatype mpi_type(const Tensor& t, const char* op) {
       return MPI_DOUBLE;
     case DType::kInt32:
       return MPI_INT;
+    case DType::kInt64:
+      return MPI_INT64_T;
     case DType::kBFloat16:
     case DType::kFloat16:
       // Moved, never summed (gradients are float32): gathers and broadcasts of the bits.

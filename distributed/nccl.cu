@@ -42,6 +42,8 @@ ncclDataType_t nccl_type(const Tensor& t, const char* op) {
       return ncclFloat64;
     case DType::kInt32:
       return ncclInt32;
+    case DType::kInt64:
+      return ncclInt64;
     case DType::kBFloat16:
     case DType::kFloat16:
       // Moved, never summed (gradients are float32): a 16-bit sum would round every addition.

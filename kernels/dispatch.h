@@ -4,7 +4,8 @@
 // pragma (a macro argument cannot): the loops live in kernels/cpu/parallel.h. The _AS forms name
 // the alias (casts dispatch twice, as S and D). The _AND_HALF forms add bfloat16 and float16
 // for the kernels that handle them (loading into compute_t<T>, core/half.h); the others keep
-// the plain forms, which name the dtypes they take in their error.
+// the plain forms, which name the dtypes they take in their error. The _ALL forms add int32 and
+// int64 too, for the kernels that only move or convert values (fill, cast).
 #pragma once
 
 #include <cstdint>
@@ -100,6 +101,10 @@ void with_working_copy(Tensor& working, const char* op, F f) {
   [&] {                                                                     \
     if ((dtype) == ::accrue::DType::kInt32) {                               \
       using T = int32_t;                                                    \
+      return __VA_ARGS__();                                                 \
+    }                                                                       \
+    if ((dtype) == ::accrue::DType::kInt64) {                               \
+      using T = int64_t;                                                    \
       return __VA_ARGS__();                                                 \
     }                                                                       \
     return ACCRUE_DISPATCH_FLOATING_AND_HALF_AS(T, dtype, op, __VA_ARGS__); \

@@ -31,13 +31,14 @@ BatchNorm2d::BatchNorm2d(int64_t num_features, double eps, double momentum, bool
   }
   running_mean_ = register_buffer("running_mean", Tensor::zeros({num_features}, dtype));
   running_var_ = register_buffer("running_var", full({num_features}, 1.0, dtype));
-  // PyTorch keeps an int64; accrue's integer dtype is int32 (PyTorch loads it either way).
-  num_batches_tracked_ = register_buffer("num_batches_tracked", Tensor::zeros({}, DType::kInt32));
+  // int64, as PyTorch keeps it, so that its state_dict files load and accrue's load there as
+  // they are (load_parameters also reads an int32 counter from older accrue files).
+  num_batches_tracked_ = register_buffer("num_batches_tracked", Tensor::zeros({}, DType::kInt64));
   tracked_version_ = num_batches_tracked_.impl()->storage->version();
 }
 
 int64_t BatchNorm2d::num_batches_tracked() const {
-  return static_cast<int64_t>(num_batches_tracked_.item());
+  return num_batches_tracked_.to_vector<int64_t>()[0];
 }
 
 Tensor BatchNorm2d::forward(const Tensor& x) {
@@ -47,7 +48,7 @@ Tensor BatchNorm2d::forward(const Tensor& x) {
   }
   if (is_training()) {
     if (num_batches_tracked_.impl()->storage->version() != tracked_version_) {
-      tracked_ = static_cast<int64_t>(num_batches_tracked_.item());  // loaded since: read once
+      tracked_ = num_batches_tracked_.to_vector<int64_t>()[0];  // loaded since: read once
     }
     fill_(num_batches_tracked_, static_cast<double>(++tracked_));
     tracked_version_ = num_batches_tracked_.impl()->storage->version();

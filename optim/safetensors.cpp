@@ -29,6 +29,8 @@ const char* st_dtype(DType t) {
       return "BF16";
     case DType::kFloat16:
       return "F16";
+    case DType::kInt64:
+      return "I64";
   }
   return "?";
 }
@@ -40,6 +42,8 @@ bool parse_st_dtype(const std::string& s, DType* out) {
     *out = DType::kFloat64;
   else if (s == "I32")
     *out = DType::kInt32;
+  else if (s == "I64")
+    *out = DType::kInt64;
   else if (s == "BF16")
     *out = DType::kBFloat16;
   else if (s == "F16")
@@ -67,7 +71,7 @@ Entry parse_entry(const std::string& name, const nlohmann::json& e, uint64_t dat
   const auto dtype = e.find("dtype");
   if (dtype == e.end() || !dtype->is_string() ||
       !parse_st_dtype(dtype->get<std::string>(), &out.dtype)) {
-    throw bad("has a missing or unsupported dtype (F32, F64, BF16, F16, I32)");
+    throw bad("has a missing or unsupported dtype (F32, F64, BF16, F16, I32, I64)");
   }
   const auto shape = e.find("shape");
   const auto offsets = e.find("data_offsets");
@@ -220,8 +224,11 @@ void load_parameters(nn::Module& module, const std::string& path) {
       throw FileError(
           str_cat("[load] ", path, " has no tensor '", name, "' (", param.describe(), ")"));
     }
-    const bool kind = is_floating(param.dtype()) ? is_floating(it->second.dtype())
-                                                 : it->second.dtype() == param.dtype();
+    // A floating tensor loads into any floating parameter (converted); an integer one into a
+    // buffer of its own or a wider integer dtype (an int32 counter into int64).
+    const bool kind = is_floating(param.dtype())
+                          ? is_floating(it->second.dtype())
+                          : integer_widens(it->second.dtype(), param.dtype());
     if (it->second.shape() != param.shape() || !kind) {
       throw FileError(str_cat("[load] ", path, ": tensor '", name, "' is ", it->second.describe(),
                               " but the model expects ", dtype_name(param.dtype()),

@@ -11,14 +11,17 @@
 
 namespace accrue::optim {
 
-// Writes the tensors (any device; copied to the host) and string metadata to path.
+// Writes the tensors (any device; copied to the host) and string metadata to path, each in its
+// own dtype: BatchNorm's int64 num_batches_tracked as I64, as PyTorch writes it.
 void save_safetensors(const std::string& path, const std::vector<nn::NamedTensor>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 // Reads every tensor of a safetensors file onto the host. Throws FileError naming the file and
 // what is wrong for a missing, truncated or malformed file.
 std::map<std::string, Tensor> read_safetensors(const std::string& path);
 // Copies the file's tensors into the module's parameters and buffers (in place, so an arena
-// keeps them). Every one must be present with its shape; the error names it.
+// keeps them). Every one must be present with its shape; the error names it. Floating tensors
+// convert to the parameter's dtype; integer ones load into the same or a wider integer dtype
+// (an I32 num_batches_tracked, as older accrue files hold it, into the int64 buffer).
 void load_parameters(nn::Module& module, const std::string& path);
 
 }  // namespace accrue::optim

@@ -106,6 +106,30 @@ std::vector<Row> rows() {
          m.be().cast(m.values({1000}, v), dst);
          return Outputs{dst};
        }},
+      {"cast/to_int64",
+       [](const Maker& m) {
+         std::vector<double> v;
+         for (int64_t i = 0; i < 1000; ++i) v.push_back(static_cast<double>(i % 201 - 100) + 0.5);
+         Tensor dst = Tensor::empty({1000}, DType::kInt64, m.device);
+         m.be().cast(m.values({1000}, v), dst);
+         return Outputs{dst};
+       }},
+      {"cast/from_int64",
+       [](const Maker& m) {
+         // Integers of at most 7 bits: exact in every floating dtype.
+         std::vector<int64_t> v;
+         for (int64_t i = 0; i < 1000; ++i) v.push_back(i % 201 - 100);
+         Tensor dst = m.empty({1000});
+         m.be().cast(Tensor::from_vector<int64_t>({1000}, v, m.device), dst);
+         return Outputs{dst};
+       }},
+      {"fill/int64",
+       [](const Maker& m) {
+         // Past 2^31: an int32 or float32 detour would show.
+         Tensor out = Tensor::empty({kFlat}, DType::kInt64, m.device);
+         m.be().fill(out, 4294967301.0);
+         return Outputs{out};
+       }},
       {"cast/to_float64",
        [](const Maker& m) {
          Tensor dst = Tensor::empty({kFlat}, DType::kFloat64, m.device);

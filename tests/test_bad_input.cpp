@@ -179,6 +179,9 @@ TEST(BadInput, SafetensorsFilesAreRejectedNamingFileTensorAndFault) {
       {"offsets_disagree",
        one(R"({"dtype":"F32","shape":[3],"data_offsets":[0,8]})"),
        {"'w'", "data_offsets [0, 8] for 12 bytes", "float32[3]"}},
+      {"offsets_disagree_i64",
+       one(R"({"dtype":"I64","shape":[2],"data_offsets":[0,8]})"),
+       {"'w'", "data_offsets [0, 8] for 16 bytes", "int64[2]"}},
       {"data_truncated",
        one(R"({"dtype":"F32","shape":[4],"data_offsets":[0,16]})"),
        {"truncated", "'w'", "ends at byte 16", "8-byte"}},
@@ -230,6 +233,10 @@ TEST(BadInput, LoadingRejectsUnknownNonFiniteAndIntegerTensors) {
               {{"layers.0.weight", Tensor::zeros({2, 3}, DType::kInt32)}, {"layers.0.bias", b}});
   expect_error<FileError>([&] { optim::load_parameters(model, path); },
                           {path, "'layers.0.weight'", "int32[2, 3]", "expects float32[2, 3]"});
+  path = save("int64.safetensors",
+              {{"layers.0.weight", w}, {"layers.0.bias", Tensor::zeros({2}, DType::kInt64)}});
+  expect_error<FileError>([&] { optim::load_parameters(model, path); },
+                          {path, "'layers.0.bias'", "int64[2]", "expects float32[2]"});
   EXPECT_EQ(model.parameter("layers.0.weight").to_vector<float>(), before);
 }
 

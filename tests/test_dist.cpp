@@ -39,7 +39,7 @@ TEST(Dist, TheLauncherStartedTwoRanks) {
 
 TEST(Dist, CollectivesOnCpuTensors) {
   const int r = comm().rank();
-  for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kInt32}) {
+  for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kInt32, DType::kInt64}) {
     // all_reduce_sum: rank r holds {r + 1, 10 (r + 1)} -> {3, 30}
     Tensor t = to_dtype(Tensor::from_vector<double>({2}, {r + 1.0, 10.0 * (r + 1)}), dtype);
     comm().all_reduce_sum(t);

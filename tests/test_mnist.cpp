@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "mnist_fixture.h"
+#include "train/checkpoint.h"
 #include "train/sample_order.h"
 
 namespace accrue::testing {
@@ -397,6 +398,9 @@ TEST(Trainer, CnnTrainsWithEachNormAndSavesBatchNormBuffers) {
     EXPECT_EQ(saved.count("conv1.weight"), 1u);
     EXPECT_EQ(saved.count("fc2.bias"), 1u);
     EXPECT_EQ(saved.count("norm1.running_mean"), std::string(norm) == "batch" ? 1u : 0u) << norm;
+    if (std::string(norm) == "batch") {
+      EXPECT_EQ(saved.at("norm1.num_batches_tracked").dtype(), DType::kInt64) << "PyTorch's";
+    }
     mnist::Config again = c;
     again.init = c.save;
     again.save.clear();
@@ -534,6 +538,47 @@ TEST(Trainer, ResumeContinuesBitForBit) {
     for (size_t i = 0; i < 20; ++i)
       EXPECT_EQ(resumed.step_losses[i], whole.step_losses[20 + i]) << tag;
   }
+}
+
+// A BatchNorm CNN's checkpoint whose num_batches_tracked counters are int32 (as accrue wrote them
+// before the counters were int64) resumes: the counters widen, and the run writes the bytes of
+// the uninterrupted one.
+TEST(Trainer, ResumeWidensAnInt32BatchNormCounter) {
+  const fs::path data = make_dataset("resume-i32", 256, 64);
+  mnist::Config c = small_config(data);
+  c.model = "cnn";
+  c.norm = "batch";
+  c.micro_batch = 16;
+  c.accum_steps = 2;
+  c.max_steps = 4;
+  c.save = (data / "whole.safetensors").string();
+  train_recorded(c, std::cout);
+  c.max_steps = 2;
+  c.save.clear();
+  c.checkpoint = (data / "ckpt").string();
+  c.checkpoint_every = 2;
+  train_recorded(c, std::cout);
+  const train::Checkpoint saved = train::read_latest_checkpoint(c.checkpoint);
+  std::vector<nn::NamedTensor> model, optimizer;
+  for (const auto& [name, t] : saved.model) {
+    const bool counter = name.find("num_batches_tracked") != std::string::npos;
+    if (counter) {
+      EXPECT_EQ(t.to_vector<int64_t>()[0], 2 * 2) << name;  // the micro-batches seen
+    }
+    model.emplace_back(name, counter ? to_dtype(t, DType::kInt32) : t);
+  }
+  for (const auto& [name, t] : saved.optimizer) optimizer.emplace_back(name, t);
+  const fs::path old = data / "ckpt-i32";
+  train::write_checkpoint(old.string(), saved.config, saved.position, model, optimizer);
+  EXPECT_EQ(
+      train::read_latest_checkpoint(old.string()).model.at("norm1.num_batches_tracked").dtype(),
+      DType::kInt32);
+  c.max_steps = 4;
+  c.checkpoint.clear();
+  c.resume = old.string();
+  c.save = (data / "resumed.safetensors").string();
+  train_recorded(c, std::cout);
+  EXPECT_EQ(read_file_bytes(c.save), read_file_bytes((data / "whole.safetensors").string()));
 }
 
 // --offload-optimizer: the masters and the optimizer state on the host, the step on the CPU.

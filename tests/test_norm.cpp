@@ -4,7 +4,14 @@
 // exact (float64 rounding). Also: BatchNorm's running statistics after a window are k momentum
 // updates with the micro-batch statistics (what PyTorch does under accumulation), train() and
 // eval() switch BatchNorm's statistics and Dropout, and Dropout's masks do not depend on the
-// split. The CNN's names match PyTorch's.
+// split. The CNN's names match PyTorch's, and its state moves to and from PyTorch's files: a
+// state_dict as safetensors.torch.save_file writes it (num_batches_tracked int64, "I64") loads,
+// an older accrue file with an int32 counter loads, and a save writes "I64".
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <numeric>
 
 #include "cnn.h"
@@ -109,7 +116,7 @@ TEST(NormCaveat, RunningStatisticsTakeOneMomentumStepPerMicroBatch) {
     EXPECT_NEAR(got_mean[c], mean[c], 1e-12) << c;
     EXPECT_NEAR(got_var[c], var[c], 1e-12) << c;
   }
-  EXPECT_EQ(tracked.to_vector<int32_t>()[0], 4) << "one per micro-batch";
+  EXPECT_EQ(tracked.to_vector<int64_t>()[0], 4) << "one per micro-batch";
 }
 
 TEST(NormModules, EvalUsesRunningStatisticsAndBuffersAreNotParameters) {
@@ -156,6 +163,166 @@ TEST(NormModules, BuffersRoundTripThroughSafetensors) {
   other.eval();
   NoGradGuard no_grad;
   EXPECT_EQ(as_doubles((*r.model)(r.x.narrow(0, 16))), as_doubles(other(r.x.narrow(0, 16))));
+}
+
+// ---- PyTorch's files ----
+
+void put_le64(std::string& out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out += char(v >> (8 * i));
+}
+
+// A float32 model's state as safetensors.torch.save_file(model.state_dict()) writes it
+// (safetensors' serialize): the tensors sorted by descending safetensors dtype (I64 before F32),
+// then by name; a compact JSON header, "__metadata__" first, then each tensor's dtype, shape and
+// data_offsets in that order, padded with spaces to a multiple of 8 bytes; then the raw
+// little-endian bytes in header order. num_batches_tracked holds `counters`, as int64 ("I64",
+// shape [], 8 bytes) the way PyTorch keeps it.
+std::string pytorch_state_dict_file(const nn::Module& model,
+                                    const std::map<std::string, int64_t>& counters) {
+  struct Entry {
+    bool i64;
+    std::string name, shape, bytes;
+  };
+  std::vector<Entry> entries;
+  for (const auto& [name, t] : model.named_state()) {
+    if (counters.count(name)) {
+      std::string bytes;
+      put_le64(bytes, static_cast<uint64_t>(counters.at(name)));
+      entries.push_back({true, name, "[]", bytes});
+      continue;
+    }
+    std::string shape = "[";
+    for (size_t d = 0; d < t.shape().size(); ++d) {
+      shape += (d ? "," : "") + std::to_string(t.shape()[d]);
+    }
+    const auto v = t.to_vector<float>();  // a float32 model; x86 is little-endian
+    entries.push_back({false, name, shape + "]",
+                       std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4)});
+  }
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return a.i64 != b.i64 ? a.i64 : a.name < b.name;
+  });
+  std::string header = R"({"__metadata__":{"format":"pt"})", data;
+  for (const Entry& e : entries) {
+    header +=
+        str_cat(",\"", e.name, "\":{\"dtype\":\"", e.i64 ? "I64" : "F32", "\",\"shape\":", e.shape,
+                ",\"data_offsets\":[", data.size(), ",", data.size() + e.bytes.size(), "]}");
+    data += e.bytes;
+  }
+  header += "}";
+  header.append((8 - header.size() % 8) % 8, ' ');
+  std::string file;
+  put_le64(file, header.size());
+  return file + header + data;
+}
+
+std::string write_file(const std::string& name, const std::string& bytes) {
+  const std::string path = ::testing::TempDir() + name;
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  return path;
+}
+
+Tensor buffer(const nn::Module& model, const std::string& name) {
+  for (const auto& [n, t] : model.named_buffers()) {
+    if (n == name) return t;
+  }
+  ADD_FAILURE() << "no buffer " << name;
+  return Tensor();
+}
+
+// PyTorch's BatchNorm CNN, saved by safetensors.torch.save_file: its int64 counters load exactly
+// (one past 2^32), the weights byte for byte, and training counts on from the loaded value.
+TEST(PyTorchFiles, AStateDictSavedByPyTorchLoads) {
+  nn::manual_seed(11);
+  mnist::MnistCNN torch_model(Norm::kBatch);
+  const std::map<std::string, int64_t> counters{{"norm1.num_batches_tracked", 4294967301},
+                                                {"norm2.num_batches_tracked", 938}};
+  const std::string file = pytorch_state_dict_file(torch_model, counters);
+  uint64_t header_size = 0;
+  std::memcpy(&header_size, file.data(), 8);
+  ASSERT_EQ(header_size % 8, 0u);
+  const std::string head = R"({"__metadata__":{"format":"pt"},"norm1.num_batches_tracked":)"
+                           R"({"dtype":"I64","shape":[],"data_offsets":[0,8]},)";
+  EXPECT_EQ(file.substr(8, head.size()), head);
+  const std::string path = write_file("accrue_torch_bn.safetensors", file);
+
+  nn::manual_seed(12);
+  mnist::MnistCNN model(Norm::kBatch);
+  optim::load_parameters(model, path);
+  const auto mine = model.named_state(), theirs = torch_model.named_state();
+  ASSERT_EQ(mine.size(), theirs.size());
+  for (size_t i = 0; i < mine.size(); ++i) {
+    if (counters.count(mine[i].first)) continue;
+    EXPECT_EQ(mine[i].second.to_vector<float>(), theirs[i].second.to_vector<float>())
+        << mine[i].first;
+  }
+  for (const auto& [name, value] : counters) {
+    const Tensor tracked = buffer(model, name);
+    EXPECT_EQ(tracked.dtype(), DType::kInt64) << name;
+    EXPECT_EQ(tracked.to_vector<int64_t>()[0], value) << name;
+  }
+  model.train();
+  model(random({2, 784}, 1, DType::kFloat32));
+  EXPECT_EQ(buffer(model, "norm1.num_batches_tracked").to_vector<int64_t>()[0], 4294967302);
+  EXPECT_EQ(buffer(model, "norm2.num_batches_tracked").to_vector<int64_t>()[0], 939);
+}
+
+// An accrue file from before int64 holds the counter as I32: it loads, widened. A counter of
+// another kind (float) or shape is refused, naming the tensor and what the model expects.
+TEST(PyTorchFiles, AnInt32CounterLoadsIntoTheInt64Buffer) {
+  nn::manual_seed(13);
+  mnist::MnistCNN saved(Norm::kBatch);
+  const auto with_counter = [&](const Tensor& counter) {
+    std::vector<nn::NamedTensor> state;
+    for (const auto& [name, t] : saved.named_state())
+      state.emplace_back(name, name == "norm1.num_batches_tracked" ? counter : t);
+    return state;
+  };
+  const std::string path = ::testing::TempDir() + "accrue_bn_i32.safetensors";
+  optim::save_safetensors(path, with_counter(Tensor::from_vector<int32_t>({}, {2147483647})));
+  ASSERT_EQ(optim::read_safetensors(path).at("norm1.num_batches_tracked").dtype(), DType::kInt32);
+  mnist::MnistCNN model(Norm::kBatch);
+  optim::load_parameters(model, path);
+  const Tensor tracked = buffer(model, "norm1.num_batches_tracked");
+  EXPECT_EQ(tracked.dtype(), DType::kInt64);
+  EXPECT_EQ(tracked.to_vector<int64_t>()[0], 2147483647);
+  model.train();
+  model(random({2, 784}, 1, DType::kFloat32));
+  EXPECT_EQ(tracked.to_vector<int64_t>()[0], 2147483648) << "counts on past int32";
+
+  optim::save_safetensors(path, with_counter(scalar(3.0)));
+  expect_error<FileError>([&] { optim::load_parameters(model, path); },
+                          {"'norm1.num_batches_tracked'", "float32[]", "expects int64[]"});
+  optim::save_safetensors(path, with_counter(Tensor::zeros({1}, DType::kInt64)));
+  expect_error<FileError>([&] { optim::load_parameters(model, path); },
+                          {"'norm1.num_batches_tracked'", "int64[1]", "expects int64[]"});
+  EXPECT_EQ(tracked.to_vector<int64_t>()[0], 2147483648) << "a refused file writes nothing";
+}
+
+// A save writes the counter as PyTorch does: "I64", shape [], 8 little-endian bytes.
+TEST(PyTorchFiles, ASaveWritesTheCounterAsI64) {
+  nn::manual_seed(14);
+  mnist::MnistCNN model(Norm::kBatch);
+  model.train();
+  for (int i = 0; i < 3; ++i) model(random({2, 784}, uint64_t(i), DType::kFloat32));
+  const std::string path = ::testing::TempDir() + "accrue_bn_i64.safetensors";
+  optim::save_safetensors(path, model.named_state(), {{"format", "pt"}});
+  const std::vector<uint8_t> bytes = read_file_bytes(path);
+  uint64_t header_size = 0;
+  std::memcpy(&header_size, bytes.data(), 8);
+  const auto header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + header_size);
+  const auto& entry = header.at("norm1.num_batches_tracked");
+  EXPECT_EQ(entry.at("dtype"), "I64");
+  EXPECT_EQ(entry.at("shape"), nlohmann::json::array());
+  const uint64_t begin = entry.at("data_offsets")[0], end = entry.at("data_offsets")[1];
+  ASSERT_EQ(end - begin, 8u);
+  int64_t value = 0;
+  std::memcpy(&value, bytes.data() + 8 + header_size + begin, 8);
+  EXPECT_EQ(value, 3);
+  EXPECT_EQ(header.at("norm1.running_mean").at("dtype"), "F32");
+  mnist::MnistCNN again(Norm::kBatch);
+  optim::load_parameters(again, path);
+  EXPECT_EQ(buffer(again, "norm1.num_batches_tracked").to_vector<int64_t>()[0], 3);
 }
 
 // An empty batch flows through the CNN's ops forward and backward on every device: empty

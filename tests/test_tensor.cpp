@@ -1,4 +1,6 @@
 // Tensor basics: factories, views sharing storage, copies, dtypes, devices.
+#include <sstream>
+
 #include "test_util.h"
 
 namespace accrue::testing {
@@ -37,6 +39,41 @@ TEST(Tensor, CastsBetweenDtypes) {
   Tensor t = Tensor::from_vector<float>({3}, {1.5f, -2.0f, 3.25f});
   EXPECT_EQ(to_dtype(t, DType::kFloat64).to_vector<double>(), (std::vector<double>{1.5, -2.0, 3.25}));
   EXPECT_EQ(to_dtype(t, DType::kInt32).to_vector<int32_t>(), (std::vector<int32_t>{1, -2, 3}));
+}
+
+// int64 holds counters PyTorch keeps in int64 (BatchNorm's num_batches_tracked): values past
+// 2^32 survive from_vector, item, clone, fills, casts and device moves; arithmetic refuses it.
+TEST(Tensor, Int64HoldsValuesPastInt32) {
+  const int64_t big = (int64_t{1} << 40) + 3;
+  Tensor t = Tensor::from_vector<int64_t>({3}, {big, -big, 7});
+  EXPECT_EQ(t.dtype(), DType::kInt64);
+  EXPECT_EQ(dtype_size(DType::kInt64), 8u);
+  EXPECT_EQ(t.nbytes(), 24u);
+  EXPECT_EQ(t.describe(), "int64[3] on cpu");
+  EXPECT_EQ(t.to_vector<int64_t>(), (std::vector<int64_t>{big, -big, 7}));
+  EXPECT_EQ(t.clone().to_vector<int64_t>(), t.to_vector<int64_t>());
+  EXPECT_DOUBLE_EQ(Tensor::from_vector<int64_t>({}, {big}).item(), static_cast<double>(big));
+  Tensor counter = Tensor::zeros({}, DType::kInt64);
+  fill_(counter, 4294967301.0);
+  EXPECT_EQ(counter.to_vector<int64_t>()[0], 4294967301);
+  EXPECT_EQ(to_dtype(t, DType::kFloat64).to_vector<double>(),
+            (std::vector<double>{double(big), double(-big), 7}));
+  EXPECT_EQ(
+      to_dtype(Tensor::from_vector<int32_t>({2}, {-5, 9}), DType::kInt64).to_vector<int64_t>(),
+      (std::vector<int64_t>{-5, 9}));
+  EXPECT_EQ(
+      to_dtype(Tensor::from_vector<float>({2}, {-2.5f, 3.75f}), DType::kInt64).to_vector<int64_t>(),
+      (std::vector<int64_t>{-2, 3}));
+  std::ostringstream printed;
+  printed << t;
+  EXPECT_EQ(printed.str(), "Tensor(int64[3] on cpu, [1099511627779, -1099511627779, 7])");
+  for (Device device : devices()) {
+    EXPECT_EQ(t.to(device).clone().to(Device::cpu()).to_vector<int64_t>(), t.to_vector<int64_t>())
+        << device.str();
+  }
+  expect_error<DTypeError>([&] { t.to_vector<int32_t>(); }, {"int64", "int32"});
+  expect_error<DTypeError>([&] { relu(t); }, {"[relu]", "int64"});
+  expect_error<DTypeError>([&] { t.set_requires_grad(true); }, {"int64"});
 }
 
 TEST(Tensor, SetDataMovesEveryHandle) {

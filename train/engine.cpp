@@ -389,14 +389,15 @@ void Run::resume() {
   auto state = arena_->named_masters();
   for (auto& b : model_->named_buffers()) state.push_back(b);
   for (auto& [name, t] : state) {
+    // The dtype as saved, or a narrower integer one (an int32 BatchNorm counter, widened).
     const auto it = saved.model.find(name);
     if (it == saved.model.end() || it->second.shape() != t.shape() ||
-        it->second.dtype() != t.dtype()) {
+        (it->second.dtype() != t.dtype() && !integer_widens(it->second.dtype(), t.dtype()))) {
       throw FileError(str_cat(saved.path, ": the checkpoint's '", name, "' is ",
                               it == saved.model.end() ? "missing" : it->second.describe(),
                               ", the model's is ", t.describe()));
     }
-    t.copy_(it->second.to(t.device()));
+    t.copy_(to_dtype(it->second, t.dtype()).to(t.device()));
   }
   if (arena_->working().defined()) {
     arena_->working().copy_(to_dtype(arena_->params(), arena_->working().dtype()));
