@@ -1,13 +1,14 @@
 // backend_for: the one place that maps a device to its backend (wrapped in the tracing
-// decorator of kernels/trace.h when ACCRUE_TRACE=1).
+// decorator of kernels/trace.h when ACCRUE_TRACE=1); conv_unavailable_reason, which asks the
+// CUDA half whether it has cuDNN.
 #include "kernels/backend.h"
 
 #include <iostream>
 #include <memory>
 #include <mutex>
 
-#include "kernels/cuda_seam.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cuda_seam.h"
 #include "kernels/trace.h"
 
 namespace accrue {
@@ -38,6 +39,10 @@ Backend& traced(Device device) {
 
 Backend& backend_for(Device device) {
   return trace_enabled() ? traced(device) : untraced(device);
+}
+
+std::string conv_unavailable_reason(Device device) {
+  return device.is_cuda() ? cuda_conv_unavailable_reason() : std::string();
 }
 
 }  // namespace accrue

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "core/geometry.h"
 #include "core/tensor.h"
@@ -171,6 +172,11 @@ inline constexpr const char* kBackendPrimitives[] = {
     ACCRUE_BACKEND_PRIMITIVES(ACCRUE_BACKEND_NAME)};
 
 Backend& backend_for(Device device);
+
+// Why the convolution primitives cannot run on `device`, in words; "" when they can (the CPU,
+// and a GPU of a build with cuDNN). Those primitives throw DeviceError with these words; the
+// tests skip on them.
+std::string conv_unavailable_reason(Device device);
 
 // Backend::gemm's operands in BLAS terms, row-major: a stored matrix's leading dimension is its
 // column count whether or not it is used transposed.

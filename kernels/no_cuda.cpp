@@ -1,5 +1,6 @@
-// The kernels' CUDA entry point in a build without CUDA: asking for a CUDA backend throws,
-// saying why. A CUDA build compiles kernels/cuda/ instead.
+// The kernels' CUDA entry points in a build without CUDA: asking for a CUDA backend throws,
+// saying why, and a GPU cannot convolve for the same reason. A CUDA build compiles
+// kernels/cuda/ instead.
 #include "core/device.h"
 #include "core/error.h"
 #include "kernels/cuda_seam.h"
@@ -8,6 +9,10 @@ namespace accrue {
 
 Backend& cuda_backend(int) {
   throw DeviceError("[cuda] " + cuda_unavailable_reason());
+}
+
+std::string cuda_conv_unavailable_reason() {
+  return cuda_unavailable_reason();
 }
 
 }  // namespace accrue

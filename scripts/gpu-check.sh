@@ -3,7 +3,11 @@
 # well inside the device tool's 10 minutes on one H100/H200 with 16 cores:
 #   run(command="scripts/gpu-check.sh tests", carry=[".gpu-deps"])
 #       unpack the bundled packages into a private prefix, build with CUDA for the GPU present,
-#       run the whole suite, then every test binary under compute-sanitizer memcheck
+#       run the whole suite, then every test binary under compute-sanitizer memcheck (accesses
+#       only, no --leak-check: the caching allocators, each device's fault record and scratch,
+#       and the cuBLAS/cuDNN handles hold their device memory until the process ends by design,
+#       so a leak report would name every binary; the allocator tests check that live bytes
+#       return to their baseline instead)
 #   run(command="scripts/gpu-check.sh sanitize bench", carry=[".gpu-deps"])
 #       racecheck, synccheck and initcheck over the CUDA tests, then bench/run (CPU and GPU)
 # Any mode may be given alone; with no argument all three run (may not fit one call). The script
@@ -74,7 +78,7 @@ for mode in "${modes[@]}"; do
       : > "$out/memcheck.txt"
       for t in build-gpu/tests/test_*; do
         [ -x "$t" ] || continue
-        timeout 120 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 99 "$t" \
+        timeout 120 compute-sanitizer --tool memcheck --error-exitcode 99 "$t" \
           --gtest_brief=1 >> "$out/memcheck.txt" 2>&1 || fail "memcheck $(basename "$t"): exit $?"
       done
       ;;

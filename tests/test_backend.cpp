@@ -27,7 +27,8 @@ struct Maker {
   DType dtype;
   DType inputs = DType::kFloat64;
   Tensor uniform(const Shape& shape, uint64_t seed, double low = -1, double high = 1) const {
-    return to_dtype(to_dtype(random(shape, seed, DType::kFloat64, low, high), inputs), dtype).to(device);
+    return to_dtype(to_dtype(random(shape, seed, DType::kFloat64, low, high), inputs), dtype)
+        .to(device);
   }
   Tensor values(const Shape& shape, std::vector<double> v) const {
     return to_dtype(to_dtype(Tensor::from_vector<double>(shape, v), inputs), dtype).to(device);
@@ -559,7 +560,8 @@ std::vector<Row> rows() {
              const SgdArgs hp{1e-1, 0.9, 0.0, 1e-3, nesterov};
              Tensor w = Tensor::empty({kFlat}, DType::kBFloat16, m.device);
              m.be().sgd_step(hp, boundary_of(m, 0.7, skip), m.ints({5}), p, g, buf, w);
-             const Tensor expect = to_dtype(to_dtype(p, DType::kBFloat16), DType::kFloat64).to(Device::cpu());
+             const Tensor expect =
+                 to_dtype(to_dtype(p, DType::kBFloat16), DType::kFloat64).to(Device::cpu());
              const Tensor diff = sub(to_dtype(w, DType::kFloat64).to(Device::cpu()), expect);
              return skip ? Outputs{p, g, buf} : Outputs{p, g, buf, diff};
            }});
@@ -595,6 +597,18 @@ TEST(Backend, TracingDecoratorPrintsAndForwards) {
             "[trace] unary(relu, float32[2, 4] on cpu, float32[2, 4] on cpu)\n");
 }
 
+// What the convolution rows skip on: nothing on the CPU; on a GPU, nothing in a build with
+// cuDNN, else the build's reason (no CUDA at all, or "built without cuDNN").
+TEST(Backend, ConvolutionsSayWhyTheyCannotRunOnADevice) {
+  EXPECT_EQ(conv_unavailable_reason(Device::cpu()), "");
+  const std::string gpu = conv_unavailable_reason(Device::cuda(0));
+  if (!cuda_built()) {
+    EXPECT_EQ(gpu, cuda_unavailable_reason());
+  } else if (!gpu.empty()) {
+    EXPECT_EQ(gpu.rfind("built without cuDNN", 0), 0u) << gpu;
+  }
+}
+
 class BackendTable : public ::testing::TestWithParam<Row> {};
 
 // One unit in the last place at 1 (2^-7 for bfloat16, 2^-10 for float16): the bound on one
@@ -626,6 +640,7 @@ TEST_P(BackendTable, MatchesTheFloat64CpuReference) {
   const Row& row = GetParam();
   const Outputs reference = row.run({Device::cpu(), DType::kFloat64});
   for (Device device : devices()) {
+    if (row.name.rfind("conv2d", 0) == 0) ACCRUE_SKIP_UNLESS_CONVOLVES(device);
     for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
       if (device.is_cpu() && dtype == DType::kFloat64) continue;
       expect_matches(row, row.run({device, dtype}), reference, dtype, device);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "accrue.h"
+#include "kernels/backend.h"
 
 namespace accrue {
 inline void PrintTo(const Device& d, std::ostream* out) {
@@ -32,6 +33,16 @@ inline std::vector<Device> devices() {
     if (::accrue::cuda_device_count() == 0) {                                    \
       GTEST_SKIP() << "no CUDA device: " << ::accrue::cuda_unavailable_reason(); \
     }                                                                            \
+  } while (0)
+
+// Skips the current test (with the reason) when `device` cannot run convolutions: a GPU of a
+// build without cuDNN. For the convolution rows of the device tables.
+#define ACCRUE_SKIP_UNLESS_CONVOLVES(device)                                             \
+  do {                                                                                   \
+    const std::string accrue_reason_ = ::accrue::conv_unavailable_reason(device);        \
+    if (!accrue_reason_.empty()) {                                                       \
+      GTEST_SKIP() << "no convolutions on " << (device).str() << ": " << accrue_reason_; \
+    }                                                                                    \
   } while (0)
 
 inline std::vector<double> as_doubles(const Tensor& t) {

@@ -2,6 +2,8 @@
 // driver error means "no GPU"), cudaMalloc-backed system memory for the caching allocator,
 // pinned host memory, byte copies and zeroing, and each device's stream and fault record.
 #include <algorithm>
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 
@@ -14,6 +16,13 @@
 namespace accrue {
 
 namespace {
+
+constexpr int kMaxDevices = 16;
+
+// Bit d: device d has a runtime (cuda::runtime created it). Every stream accrue queues work on
+// (the runtime's, the offload copy stream, NCCL's side stream) is created after that, so a
+// device whose bit is clear has nothing queued.
+std::atomic<uint32_t> devices_in_use{0};
 
 struct Discovery {
   int count = 0;
@@ -94,12 +103,20 @@ void* pinned_allocate(size_t nbytes, int) {
   ACCRUE_CUDA_CHECK(status);
   return ptr;
 }
-// Never throws (see device_release). Copies still queued on any device may read the block: wait
-// for every device first.
+// Never throws (see device_release). Why wait at all: the block may be the source or the
+// destination of an asynchronous copy still queued on a stream of any device (the offloaded
+// optimizer's copies between the device and the pinned host buffers, optim/offload_copies.h),
+// and cudaFreeHost is not documented to wait for streams of other devices; a copy in flight
+// into unpinned, reused pages is undefined. Only the devices this process has used can have
+// such a copy: waiting on the others would create a context (and its memory) on GPUs the
+// process never touches, on every rank of a node. On any failure the block leaks rather than
+// being freed too early.
 void pinned_release(void* ptr, int) {
   int current = 0;
   bool idle = cudaGetDevice(&current) == cudaSuccess;
-  for (int d = 0; d < discovery().count; ++d) {
+  const uint32_t used = devices_in_use.load(std::memory_order_acquire);
+  for (int d = 0; d < discovery().count && d < kMaxDevices; ++d) {
+    if ((used >> d & 1u) == 0) continue;
     idle = idle && cudaSetDevice(d) == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess;
   }
   if (idle) cudaFreeHost(ptr);
@@ -217,7 +234,6 @@ void* runtime_malloc(int device, size_t nbytes, const char* what) {
 }
 
 DeviceRuntime& runtime(int device) {
-  constexpr int kMaxDevices = 16;
   static std::unique_ptr<DeviceRuntime> runtimes[kMaxDevices];
   static std::mutex mutex;
   if (device < 0 || device >= cuda_device_count() || device >= kMaxDevices) {
@@ -239,6 +255,7 @@ DeviceRuntime& runtime(int device) {
     ACCRUE_CUDA_CHECK(cudaMemsetAsync(rt->fault, 0, sizeof(DeviceFault), rt->stream));
     ACCRUE_CUDA_CHECK(cudaStreamSynchronize(rt->stream));
     slot = std::move(rt);
+    devices_in_use.fetch_or(uint32_t{1} << device, std::memory_order_release);
   }
   return *slot;
 }

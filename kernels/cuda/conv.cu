@@ -1,16 +1,20 @@
 // CUDA convolution through cuDNN 9's convolution API (cudnnConvolutionForward, BackwardData,
 // BackwardFilter, BackwardBias), NCHW, groups 1, on the device's stream. The filter and bias
 // gradients accumulate into the gradient arena through cuDNN's beta = 1. For each shape the
-// algorithms are chosen once by cuDNN's heuristics (the first that fits the workspace limit)
-// and cached with their workspace sizes; the workspace comes from the caching allocator, so it
-// is counted and reused like any tensor. Errors throw with cudnnGetErrorString and file:line.
-// Built only where cuDNN was found (ACCRUE_WITH_CUDNN); otherwise the three primitives throw.
+// algorithms are chosen once by cuDNN's heuristics (the first that fits the workspace limit and
+// keeps the data type's precision, see first_usable) and cached with their math types and
+// workspace sizes; the workspace comes from the caching allocator, so it is counted and reused
+// like any tensor. Errors throw with cudnnGetErrorString and file:line. Built only where cuDNN
+// was found (ACCRUE_WITH_CUDNN); otherwise the three primitives throw and
+// cuda_conv_unavailable_reason() says "built without cuDNN".
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <vector>
 
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda_seam.h"
 
 #if defined(ACCRUE_WITH_CUDNN)
 #include <cudnn.h>
@@ -43,10 +47,13 @@ struct ConvKey {
   bool operator<(const ConvKey& other) const { return tie() < other.tie(); }
 };
 
+// Each pass's algorithm with the math type cuDNN ranked it under: the descriptor must carry that
+// math type when the pass runs (cuDNN picks the kernel from the algorithm and the math type).
 struct ConvPlan {
   cudnnConvolutionFwdAlgo_t forward;
   cudnnConvolutionBwdDataAlgo_t backward_data;
   cudnnConvolutionBwdFilterAlgo_t backward_filter;
+  cudnnMathType_t forward_math, data_math, filter_math;
   size_t forward_bytes, data_bytes, filter_bytes;
 };
 
@@ -91,23 +98,63 @@ struct ConvCall {
   cudnnDataType_t type;
 };
 
-// The first of cuDNN's ranked candidates that succeeded within the workspace limit, in plain FMA
-// math (the workspace size reported is that math type's), preferring deterministic ones: some
-// backward algorithms sum with atomics, and accrue's results repeat to the bit. A
-// non-deterministic one is taken only when no deterministic one is offered.
+// The FFT and Winograd algorithms of each pass: they transform the data and round in the
+// transform, and their float32 error can exceed the 2e-5 the CPU parity tables allow.
+bool transform_based(cudnnConvolutionFwdAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_FWD_ALGO_FFT || a == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING ||
+         a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD ||
+         a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
+}
+bool transform_based(cudnnConvolutionBwdDataAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT ||
+         a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING ||
+         a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD ||
+         a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
+}
+bool transform_based(cudnnConvolutionBwdFilterAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT ||
+         a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING ||
+         a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD ||
+         a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
+}
+
+// The math type the descriptor carries while cuDNN ranks the algorithms. float32: FMA, so that
+// no candidate is a TF32 tensor-core kernel (CUDNN_DEFAULT_MATH permits TF32 on Ampere and
+// later; the CPU parity tables expect float32). float64: cuDNN's default; TF32 concerns float32
+// data only, and cuDNN may report double's algorithms with the default math type.
+cudnnMathType_t ranking_math(cudnnDataType_t type) {
+  return type == CUDNN_DATA_FLOAT ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH;
+}
+
+// Whether a candidate keeps the data type's precision. float32: FMA math only, and no FFT or
+// Winograd algorithm. float64: any math type but the tensor-op ones (FMA or default).
 template <typename Perf>
-const Perf& first_usable(const Perf* perf, int found, const char* pass) {
+bool keeps_precision(const Perf& p, cudnnDataType_t type) {
+  if (type == CUDNN_DATA_FLOAT) return p.mathType == CUDNN_FMA_MATH && !transform_based(p.algo);
+  return p.mathType != CUDNN_TENSOR_OP_MATH && p.mathType != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+}
+
+// The first of cuDNN's ranked candidates that succeeded within the workspace limit and keeps the
+// precision (the workspace size reported is that of the candidate's math type), preferring
+// deterministic ones: some backward algorithms sum with atomics, and accrue's results repeat to
+// the bit. A non-deterministic one is taken only when no deterministic one is offered.
+template <typename Perf>
+const Perf& first_usable(const std::vector<Perf>& perf, int found, cudnnDataType_t type,
+                         const char* pass) {
   for (bool deterministic : {true, false}) {
     for (int i = 0; i < found; ++i) {
       const Perf& p = perf[i];
       if (p.status == CUDNN_STATUS_SUCCESS && p.memory <= kMaxWorkspace &&
-          p.mathType == CUDNN_FMA_MATH &&
-          (!deterministic || p.determinism == CUDNN_DETERMINISTIC)) {
+          keeps_precision(p, type) && (!deterministic || p.determinism == CUDNN_DETERMINISTIC)) {
         return p;
       }
     }
   }
-  throw BackendError(str_cat("[conv2d] cuDNN offers no ", pass, " algorithm for this shape"));
+  throw BackendError(str_cat("[conv2d] cuDNN offers no ", pass, " algorithm for this shape ",
+                             type == CUDNN_DATA_FLOAT
+                                 ? "in float32 with FMA math and without FFT or Winograd"
+                                 : "in float64 without tensor-op math",
+                             " (", found, " candidates ranked)"));
 }
 
 void describe(ConvCall& call, const Tensor& x, const Tensor& w, const Tensor& y,
@@ -134,8 +181,8 @@ void describe(ConvCall& call, const Tensor& x, const Tensor& w, const Tensor& y,
   ACCRUE_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
       call.d.conv, as_int(g.pad_h), as_int(g.pad_w), as_int(g.stride_h), as_int(g.stride_w),
       as_int(g.dilation_h), as_int(g.dilation_w), CUDNN_CROSS_CORRELATION, type));
-  // Tensor-core kernels may round float32 inputs to TF32; the CPU parity tables expect float32.
-  ACCRUE_CUDNN_CHECK(cudnnSetConvolutionMathType(call.d.conv, CUDNN_FMA_MATH));
+  // For the ranking; each pass sets its own algorithm's math type before it runs (run_math).
+  ACCRUE_CUDNN_CHECK(cudnnSetConvolutionMathType(call.d.conv, ranking_math(type)));
 
   const int device = x.device().index;
   DeviceContext& ctx = context(device);  // makes the device current: the handle belongs to it
@@ -156,36 +203,48 @@ void describe(ConvCall& call, const Tensor& x, const Tensor& w, const Tensor& y,
     call.plan = it->second;
     return;
   }
-  // cuDNN's heuristics rank the algorithms; take the first that succeeds within the limit.
-  constexpr int kCandidates = 8;
-  int found = 0;
+  // cuDNN's heuristics rank every algorithm (in each math type cuDNN offers it for); take the
+  // first usable one. The arrays hold as many candidates as cuDNN can return.
+  int most = 0, found = 0;
   ConvPlan plan{};
   {
-    cudnnConvolutionFwdAlgoPerf_t perf[kCandidates];
+    ACCRUE_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(state.handle, &most));
+    std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(static_cast<size_t>(most));
     ACCRUE_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(
-        state.handle, call.d.x, call.d.w, call.d.conv, call.d.y, kCandidates, &found, perf));
-    const auto& best = first_usable(perf, found, "forward");
+        state.handle, call.d.x, call.d.w, call.d.conv, call.d.y, most, &found, perf.data()));
+    const auto& best = first_usable(perf, found, type, "forward");
     plan.forward = best.algo;
+    plan.forward_math = best.mathType;
     plan.forward_bytes = best.memory;
   }
   {
-    cudnnConvolutionBwdDataAlgoPerf_t perf[kCandidates];
+    ACCRUE_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(state.handle, &most));
+    std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(static_cast<size_t>(most));
     ACCRUE_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
-        state.handle, call.d.w, call.d.y, call.d.conv, call.d.x, kCandidates, &found, perf));
-    const auto& best = first_usable(perf, found, "backward-data");
+        state.handle, call.d.w, call.d.y, call.d.conv, call.d.x, most, &found, perf.data()));
+    const auto& best = first_usable(perf, found, type, "backward-data");
     plan.backward_data = best.algo;
+    plan.data_math = best.mathType;
     plan.data_bytes = best.memory;
   }
   {
-    cudnnConvolutionBwdFilterAlgoPerf_t perf[kCandidates];
+    ACCRUE_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(state.handle, &most));
+    std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(static_cast<size_t>(most));
     ACCRUE_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-        state.handle, call.d.x, call.d.y, call.d.conv, call.d.w, kCandidates, &found, perf));
-    const auto& best = first_usable(perf, found, "backward-filter");
+        state.handle, call.d.x, call.d.y, call.d.conv, call.d.w, most, &found, perf.data()));
+    const auto& best = first_usable(perf, found, type, "backward-filter");
     plan.backward_filter = best.algo;
+    plan.filter_math = best.mathType;
     plan.filter_bytes = best.memory;
   }
   state.plans.emplace(key, plan);
   call.plan = plan;
+}
+
+// Before a pass runs, the descriptor takes the math type its algorithm was ranked under: cuDNN
+// runs the kernel that the pair (algorithm, math type) names, with that pair's workspace size.
+void run_math(ConvCall& call, cudnnMathType_t math) {
+  ACCRUE_CUDNN_CHECK(cudnnSetConvolutionMathType(call.d.conv, math));
 }
 
 // A workspace of at least `bytes` from the caching allocator (undefined for 0 bytes).
@@ -220,6 +279,7 @@ void CudaBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor&
   // x [N, C, H, W] * w [O, C, KH, KW] -> y [N, O, OH, OW], then y += bias over N, OH, OW
   ConvCall call;
   describe(call, x, w, y, g);
+  run_math(call, call.plan.forward_math);
   Tensor ws = workspace(call.plan.forward_bytes, x.device());
   const Scalars zero_beta = scalars(1.0, 0.0), one_beta = scalars(1.0, 1.0);
   ACCRUE_CUDNN_CHECK(cudnnConvolutionForward(
@@ -236,6 +296,7 @@ void CudaBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const 
                                        Tensor& dx) {
   ConvCall call;
   describe(call, dx, w, dy, g);
+  run_math(call, call.plan.data_math);
   Tensor ws = workspace(call.plan.data_bytes, dy.device());
   const Scalars s = scalars(1.0, 0.0);
   ACCRUE_CUDNN_CHECK(
@@ -249,6 +310,7 @@ void CudaBackend::conv2d_backward_filter(const Tensor& dy, const Tensor& x, cons
   // dw = beta dw + dy (x) x; dbias = beta dbias + sum of dy: cuDNN's beta = 1 into the arena
   ConvCall call;
   describe(call, x, dw, dy, g);
+  run_math(call, call.plan.filter_math);
   Tensor ws = workspace(call.plan.filter_bytes, x.device());
   const Scalars s = scalars(1.0, beta);
   ACCRUE_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
@@ -266,9 +328,7 @@ void CudaBackend::conv2d_backward_filter(const Tensor& dy, const Tensor& x, cons
 
 namespace {
 [[noreturn]] void no_cudnn() {
-  throw DeviceError(
-      "[conv2d] this accrue was built without cuDNN: install cuDNN 9 beside the CUDA toolkit "
-      "and reconfigure");
+  throw DeviceError("[conv2d] this accrue was " + cuda_conv_unavailable_reason());
 }
 }  // namespace
 
@@ -288,3 +348,15 @@ void CudaBackend::conv2d_backward_filter(const Tensor&, const Tensor&, const Con
 #endif
 
 }  // namespace accrue::cuda
+
+namespace accrue {
+
+std::string cuda_conv_unavailable_reason() {
+#if defined(ACCRUE_WITH_CUDNN)
+  return "";
+#else
+  return "built without cuDNN: install cuDNN 9 beside the CUDA toolkit and reconfigure";
+#endif
+}
+
+}  // namespace accrue
