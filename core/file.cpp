@@ -213,6 +213,7 @@ void AtomicFile::commit() {
     throw FileError(str_cat(path_, ": cannot rename the temporary over it: ", reason(err)));
   }
   committed_ = true;
+  remove_stale_temporaries(target_);  // of writers killed before their rename
   // The rename itself reaches the disk with the folder's metadata.
   const int dir = ::open(folder_of(target_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir >= 0) {

@@ -69,6 +69,18 @@ std::vector<std::string> short_run(const fs::path& data, const std::string& hidd
           "--hidden",      hidden,        "--quiet"};
 }
 
+// The same as a Config, for the runs driven through the engine's callbacks.
+mnist::Config short_config(const fs::path& data) {
+  mnist::Config c;
+  c.data = data.string();
+  c.hidden = {16};
+  c.quiet = true;
+  c.threads = 1;
+  c.micro_batch = 8;
+  c.accum_steps = 2;
+  return c;
+}
+
 CliResult run(const fs::path& data, std::vector<std::string> more) {
   std::vector<std::string> args = short_run(data);
   args.insert(args.end(), more.begin(), more.end());
@@ -236,6 +248,26 @@ TEST(Reliability, AFileBeyondUlimitFIsAFailedWriteNotADeath) {
   fs::remove_all(dir);
 }
 
+// Minor cases: the fetch hint only where the script could put the files; temporaries a killed
+// writer left beside an output go with the next good write.
+TEST(Reliability, HintsAndLeftoverTemporaries) {
+  const fs::path data = make_dataset("minor", 512, 64);
+  const fs::path file = data / "not-a-folder";
+  std::ofstream(file) << "x";
+  for (const fs::path& where : {file, data / "missing"}) {
+    const CliResult r = cli({"--data", where.string(), "--quiet"});
+    EXPECT_EQ(r.status, 1) << r.err;
+    EXPECT_EQ(r.err.find("fetch the data") == std::string::npos, where == file) << r.err;
+  }
+  const fs::path save = data / "w.safetensors";
+  std::ofstream(save.string() + ".tmp.Ab12Cd") << "left by a killed run";
+  std::ofstream(save.string() + ".tmp.keep") << "not a temporary of ours";
+  const CliResult r = run(data, {"--save", save.string()});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_FALSE(fs::exists(save.string() + ".tmp.Ab12Cd"));
+  EXPECT_TRUE(fs::exists(save.string() + ".tmp.keep"));
+}
+
 // ---- checkpoint folders ----
 
 // A folder holding another run's checkpoints is refused (exit 2) unless --resume continues that
@@ -338,13 +370,7 @@ TEST(Reliability, EditedCheckpointDescriptionsAreRefused) {
 // continues bit for bit, its metrics continuing the file.
 TEST(Reliability, ASignalStopsAfterTheWindowWithACheckpoint) {
   const fs::path data = make_dataset("signal", 512, 64);
-  mnist::Config c;
-  c.data = data.string();
-  c.hidden = {16};
-  c.quiet = true;
-  c.threads = 1;
-  c.micro_batch = 8;
-  c.accum_steps = 2;
+  mnist::Config c = short_config(data);
   c.epochs = 2;
   c.max_steps = 40;
   c.seed = 3;
@@ -417,13 +443,7 @@ TEST(Reliability, MetricsSurviveAKillAndContinueOnResume) {
   const fs::path data = make_dataset("metrics-resume", 512, 64);
   const fs::path ckpt = data / "ckpt";
   const fs::path metrics = data / "m.jsonl";
-  mnist::Config c;
-  c.data = data.string();
-  c.hidden = {16};
-  c.quiet = true;
-  c.threads = 1;
-  c.micro_batch = 8;
-  c.accum_steps = 2;
+  mnist::Config c = short_config(data);
   c.max_steps = 10;
   c.checkpoint = ckpt.string();
   c.checkpoint_every = 4;
@@ -464,10 +484,7 @@ TEST(Reliability, MetricsSurviveAKillAndContinueOnResume) {
 TEST(Reliability, ResumingAFinishedRunEvaluatesIt) {
   const fs::path data = make_dataset("finished", 512, 64);
   const fs::path ckpt = data / "ckpt";
-  mnist::Config c;
-  c.data = data.string();
-  c.hidden = {16};
-  c.quiet = true;
+  mnist::Config c = short_config(data);
   c.epochs = 1;
   c.checkpoint = ckpt.string();
   const Recorded done = train_recorded(c, std::cout);

@@ -76,6 +76,7 @@ class Run {
   const EpochPlan& plan_for(int64_t epoch);
   void build_optimizer();
   void build_accumulator();
+  nlohmann::ordered_json recipe() const;
   nlohmann::json run_config();
   void resume();
   void validate_position(const Checkpoint& saved);
@@ -180,34 +181,20 @@ void Run::check_ranks_agree_before_training() {
   if (comm_->world_size() == 1) return;
   nlohmann::ordered_json settings = {{"program", task_.program},
                                      {"device_type", c_.device.is_cuda() ? "cuda" : "cpu"},
-                                     {"precision", c_.precision},
-                                     {"loss_scale", c_.loss_scale},
                                      {"micro_batch", c_.micro_batch},
                                      {"accum_steps", c_.accum_steps},
                                      {"batch", c_.batch},
-                                     {"accum_schedule", c_.accum_schedule},
                                      {"memory_budget", c_.memory_budget},
                                      {"epochs", c_.epochs},
                                      {"max_steps", c_.max_steps},
-                                     {"train_limit", c_.train_limit},
-                                     {"lr", c_.lr},
-                                     {"lr_scaling", c_.lr_scaling},
-                                     {"base_batch", c_.base_batch},
-                                     {"schedule", c_.schedule},
-                                     {"warmup", c_.warmup},
-                                     {"clip", c_.clip},
-                                     {"optimizer", c_.optimizer},
-                                     {"weight_decay", c_.weight_decay},
-                                     {"momentum", c_.momentum},
-                                     {"seed", c_.seed},
-                                     {"shuffle", c_.shuffle},
-                                     {"zero", c_.zero},
-                                     {"bucket_kib", c_.bucket_kib},
-                                     {"offload_optimizer", c_.offload_optimizer},
-                                     {"checkpoint", !c_.checkpoint.empty()},
-                                     {"checkpoint_every", c_.checkpoint_every},
-                                     {"resume", !c_.resume.empty()},
-                                     {"init", !c_.init.empty()}};
+                                     {"train_limit", c_.train_limit}};
+  settings.update(recipe());
+  settings.update(nlohmann::ordered_json{{"bucket_kib", c_.bucket_kib},
+                                         {"offload_optimizer", c_.offload_optimizer},
+                                         {"checkpoint", !c_.checkpoint.empty()},
+                                         {"checkpoint_every", c_.checkpoint_every},
+                                         {"resume", !c_.resume.empty()},
+                                         {"init", !c_.init.empty()}});
   for (auto it = task_.settings.begin(); it != task_.settings.end(); ++it) {
     settings["task." + it.key()] = *it;
   }
@@ -350,30 +337,36 @@ void Run::build_accumulator() {
   acc_ = std::make_unique<optim::Accumulator>(*optimizer_, options);
 }
 
-// What a resume must match to continue this run bit for bit: the engine's settings and the
-// task's.
+// The recipe's settings as given: precision, optimizer, learning rate and schedule, clipping,
+// the k schedule, sharding and the seed.
+nlohmann::ordered_json Run::recipe() const {
+  return {{"precision", c_.precision},
+          {"loss_scale", c_.loss_scale},
+          {"optimizer", c_.optimizer},
+          {"weight_decay", c_.weight_decay},
+          {"momentum", c_.momentum},
+          {"lr", c_.lr},
+          {"lr_scaling", c_.lr_scaling},
+          {"base_batch", c_.base_batch},
+          {"schedule", c_.schedule},
+          {"warmup", c_.warmup},
+          {"clip", c_.clip},
+          {"accum_schedule", c_.accum_schedule},
+          {"zero", c_.zero},
+          {"seed", c_.seed},
+          {"shuffle", c_.shuffle}};
+}
+
+// What a resume must match to continue this run bit for bit: the recipe, the resolved batch,
+// the ranks, the data's size and the task's settings.
 nlohmann::json Run::run_config() {
   const optim::ResolvedBatch batch = plan_for(0).batch;
-  nlohmann::json j = {{"precision", c_.precision},
-                      {"loss_scale", c_.loss_scale},
-                      {"optimizer", c_.optimizer},
-                      {"weight_decay", c_.weight_decay},
-                      {"momentum", c_.momentum},
-                      {"lr", c_.lr},
-                      {"lr_scaling", c_.lr_scaling},
-                      {"base_batch", c_.base_batch},
-                      {"schedule", c_.schedule},
-                      {"warmup", c_.warmup},
-                      {"clip", c_.clip},
-                      {"batch", batch.batch},
-                      {"micro_batch", batch.micro_batch},
-                      {"accum_steps", k_schedule_ ? 0 : batch.accum_steps},
-                      {"accum_schedule", c_.accum_schedule},
-                      {"ranks", comm_->world_size()},
-                      {"zero", c_.zero},
-                      {"seed", c_.seed},
-                      {"shuffle", c_.shuffle},
-                      {"train_samples", train_samples_}};
+  nlohmann::json j = recipe();
+  j.update({{"batch", batch.batch},
+            {"micro_batch", batch.micro_batch},
+            {"accum_steps", k_schedule_ ? 0 : batch.accum_steps},
+            {"ranks", comm_->world_size()},
+            {"train_samples", train_samples_}});
   for (auto it = task_.settings.begin(); it != task_.settings.end(); ++it) j[it.key()] = *it;
   return j;
 }
