@@ -154,11 +154,20 @@ struct LogSoftmaxGrad {
     return dy - std::exp(y) * rowsum_dy;
   }
 };
-// Softmax cross-entropy backward: dlogits = dloss * (softmax - onehot(label)).
+// The label of a target that is not one: a padded position of a sequence adds nothing to the
+// loss and gets a zero gradient row (PyTorch's ignore_index default).
+constexpr int32_t kIgnoreLabel = -100;
+
+// Softmax cross-entropy backward: dlogits = dloss * (softmax - onehot(label)), 0 for a row whose
+// label is kIgnoreLabel.
 struct CrossEntropyGrad {
   template <typename T>
   ACCRUE_HD T operator()(T prob, bool is_label, T dloss) const {
     return dloss * (prob - (is_label ? T(1) : T(0)));
+  }
+  template <typename T>
+  ACCRUE_HD T operator()(T prob, int64_t column, int32_t label, T dloss) const {
+    return label == kIgnoreLabel ? T(0) : (*this)(prob, column == label, dloss);
   }
 };
 

@@ -7,6 +7,7 @@
 #include "core/geometry.h"
 #include "core/tensor.h"
 #include "kernels/factories.h"
+#include "kernels/functors.h"
 
 namespace accrue {
 
@@ -37,11 +38,15 @@ Tensor linear_relu(const Tensor& x, const Tensor& weight, const Tensor& bias);
 Tensor sum(const Tensor& x);
 Tensor mean(const Tensor& x);
 
-// Softmax family (ops/softmax.cpp). logits [N, C]; labels int32 [N] in [0, C).
+// Softmax family (ops/softmax.cpp). logits [N, C]; labels int32 [N] in [0, C), or kIgnoreLabel.
 Tensor log_softmax(const Tensor& logits);
 enum class Reduction { kSum, kMean };
+// A row labelled kIgnoreLabel (-100, PyTorch's ignore_index) adds nothing to the loss and gets
+// a zero gradient: the padding of a batch of sequences.
+using fn::kIgnoreLabel;
 // Fused softmax cross-entropy. kSum is what gradient accumulation wants: seed backward with
-// 1 / (samples in the window) and every micro-batch contributes exactly its share.
+// 1 / (targets in the window) and every micro-batch contributes exactly its share, whatever
+// number of its rows are ignored. kMean divides by N, every row (ignored ones too).
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels,
                      Reduction reduction = Reduction::kSum);
 // Index of the largest entry of each row: [N, C] -> int32 [N]. Not differentiable.

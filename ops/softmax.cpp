@@ -57,7 +57,7 @@ void check_labels(const Tensor& logits, const Tensor& labels) {
     const int32_t* l = labels.data<int32_t>();
     const int64_t classes = logits.size(1);
     for (int64_t n = 0; n < labels.numel(); ++n) {
-      if (l[n] < 0 || l[n] >= classes) {
+      if ((l[n] < 0 || l[n] >= classes) && l[n] != kIgnoreLabel) {
         throw ValueError(str_cat("[cross_entropy] label ", l[n], " at row ", n,
                                  " is out of range for ", classes, " classes"));
       }

@@ -48,6 +48,13 @@ std::vector<int32_t> labels(int64_t n, int64_t classes) {
   return l;
 }
 
+// Every fifth row ignored (fn::kIgnoreLabel): padding.
+std::vector<int32_t> labels_with_ignored(int64_t n, int64_t classes) {
+  std::vector<int32_t> l = labels(n, classes);
+  for (size_t i = 0; i < l.size(); i += 5) l[i] = fn::kIgnoreLabel;
+  return l;
+}
+
 // {norm, coef, skip, scale} as the boundary primitive would write them.
 Tensor boundary_of(const Maker& m, double coef, bool skip) {
   return m.values({4}, {1.5, coef, skip ? 1.0 : 0.0, 1.0});
@@ -280,6 +287,21 @@ std::vector<Row> rows() {
          m.be().cross_entropy(m.uniform({kRows, kCols}, 16, -5, 5), m.ints(labels(kRows, kCols)),
                               loss, probs);
          return Outputs{loss, probs};
+       }},
+      {"cross_entropy_ignoring",
+       [](const Maker& m) {
+         Tensor loss = m.empty({}), probs = m.empty({kRows, kCols});
+         m.be().cross_entropy(m.uniform({kRows, kCols}, 16, -5, 5),
+                              m.ints(labels_with_ignored(kRows, kCols)), loss, probs);
+         return Outputs{loss, probs};
+       }},
+      {"cross_entropy_backward_ignoring",
+       [](const Maker& m) {
+         Tensor dlogits = m.empty({kRows, kCols});
+         m.be().cross_entropy_backward(m.uniform({kRows, kCols}, 17, 0, 1),
+                                       m.ints(labels_with_ignored(kRows, kCols)),
+                                       m.values({}, {0.25}), dlogits);
+         return Outputs{dlogits};
        }},
       {"cross_entropy_backward",
        [](const Maker& m) {

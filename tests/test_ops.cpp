@@ -127,6 +127,13 @@ Tensor labels_of(const Tensor& logits) {
   return labels_for(logits.size(0), logits.size(1), logits.device());
 }
 
+// The same with every third row ignored (the padding of a batch of sequences).
+Tensor labels_with_ignored(const Tensor& logits) {
+  std::vector<int32_t> l = labels_of(logits).to(Device::cpu()).to_vector<int32_t>();
+  for (size_t i = 0; i < l.size(); i += 3) l[i] = kIgnoreLabel;
+  return Tensor::from_vector<int32_t>({logits.size(0)}, l, logits.device());
+}
+
 std::vector<OpCase> op_table() {
   return {
       {"add", two_matrices, [](const Inputs& x) { return add(x[0], x[1]); }},
@@ -155,6 +162,8 @@ std::vector<OpCase> op_table() {
       {"log_softmax", one_matrix, [](const Inputs& x) { return log_softmax(scale(x[0], 4.0)); }},
       {"cross_entropy_sum", one_matrix,
        [](const Inputs& x) { return cross_entropy(scale(x[0], 3.0), labels_of(x[0])); }},
+      {"cross_entropy_ignoring", one_matrix,
+       [](const Inputs& x) { return cross_entropy(scale(x[0], 3.0), labels_with_ignored(x[0])); }},
       {"cross_entropy_mean", one_matrix,
        [](const Inputs& x) { return cross_entropy(x[0], labels_of(x[0]), Reduction::kMean); }},
       {"reshape", one_matrix,
@@ -360,6 +369,45 @@ TEST(Ops, ForwardValuesOnKnownInputs) {
   Tensor scores = Tensor::from_vector<float>({2, 3}, {0.1f, 0.7f, 0.2f, 0.9f, 0.05f, 0.05f});
   EXPECT_EQ(argmax(scores).to_vector<int32_t>(), (std::vector<int32_t>{1, 0}));
   EXPECT_EQ(count_equal(argmax(scores), Tensor::from_vector<int32_t>({2}, {1, 2})), 1);
+}
+
+// Ignored targets (padding) are as if their rows were not there: the same loss, the same
+// gradient on the kept rows and zero on the ignored ones, on every device. A label that is
+// neither a class nor kIgnoreLabel is still refused.
+TEST(Ops, IgnoredTargetsAreAsIfTheirRowsWereAbsent) {
+  for (Device device : devices()) {
+    const Tensor all = random({5, 4}, 7, DType::kFloat64).to(device);
+    const Tensor kept_rows = Tensor::from_vector<int32_t>({3}, {0, 2, 3}, device);
+    Tensor logits = all.clone(), kept = gather_rows(all, kept_rows);
+    logits.set_requires_grad(true);
+    kept.set_requires_grad(true);
+    const Tensor padded =
+        Tensor::from_vector<int32_t>({5}, {1, kIgnoreLabel, 3, 0, kIgnoreLabel}, device);
+    const double loss = [&] {  // one tape per backward
+      const Tensor l = cross_entropy(logits, padded);
+      backward(l);
+      return l.item();
+    }();
+    const Tensor reference =
+        cross_entropy(kept, Tensor::from_vector<int32_t>({3}, {1, 3, 0}, device));
+    backward(reference);
+    EXPECT_NEAR(loss, reference.item(), 1e-12) << device.str();
+    const auto g = logits.grad().to(Device::cpu()).to_vector<double>();
+    const auto r = kept.grad().to(Device::cpu()).to_vector<double>();
+    const int source[] = {0, -1, 1, 2, -1};  // row of the reference, or ignored
+    for (int row = 0; row < 5; ++row) {
+      for (int c = 0; c < 4; ++c) {
+        const double want = source[row] < 0 ? 0.0 : r[static_cast<size_t>(source[row] * 4 + c)];
+        EXPECT_NEAR(g[static_cast<size_t>(row * 4 + c)], want, 1e-12) << row << ", " << c;
+      }
+    }
+  }
+  expect_error<ValueError>(
+      [] {
+        cross_entropy(Tensor::zeros({2, 3}, DType::kFloat64),
+                      Tensor::from_vector<int32_t>({2}, {0, -1}));
+      },
+      {"cross_entropy", "label -1"});
 }
 
 // Parameter gradients accumulate in place across backward calls: three identical backward

@@ -57,7 +57,8 @@ void CpuBackend::log_softmax_backward(const Tensor& y, const Tensor& dy, Tensor&
 
 void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& labels, Tensor& loss,
                                Tensor& probs) {
-  // logits [N, C], labels [N] -> loss [1] = sum_n (lse_n - logits[n, label_n]), probs [N, C]
+  // logits [N, C], labels [N] -> loss [1] = sum over labelled rows of (lse_n - logits[n, label_n]),
+  // probs [N, C]
   ACCRUE_DISPATCH_FLOATING(logits.dtype(), "cross_entropy", [&] {
     const int64_t rows = logits.size(0), cols = logits.size(1);
     const int32_t* label = labels.data<int32_t>();
@@ -70,7 +71,7 @@ void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& labels, Tenso
       T* p = pp + r * cols;
       const T lse = log_softmax_row(x, p, cols);
       for (int64_t c = 0; c < cols; ++c) p[c] = std::exp(p[c]);
-      losses[r] = lse - x[label[r]];
+      losses[r] = label[r] == fn::kIgnoreLabel ? T(0) : lse - x[label[r]];
     });
     T total = 0;
     for (T v : row_loss) total += v;
@@ -80,7 +81,7 @@ void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& labels, Tenso
 
 void CpuBackend::cross_entropy_backward(const Tensor& probs, const Tensor& labels,
                                         const Tensor& dloss, Tensor& dlogits) {
-  // dlogits [N, C] = dloss * (probs - onehot(labels))
+  // dlogits [N, C] = dloss * (probs - onehot(labels)); rows of ignored labels 0
   ACCRUE_DISPATCH_FLOATING(probs.dtype(), "cross_entropy_backward", [&] {
     const int64_t rows = probs.size(0), cols = probs.size(1);
     const T g = dloss.data<T>()[0];
@@ -89,7 +90,7 @@ void CpuBackend::cross_entropy_backward(const Tensor& probs, const Tensor& label
     T* out = dlogits.data<T>();
     for_rows(rows, cols, [=](int64_t r) {
       for (int64_t c = 0; c < cols; ++c) {
-        out[r * cols + c] = fn::CrossEntropyGrad{}(p[r * cols + c], c == label[r], g);
+        out[r * cols + c] = fn::CrossEntropyGrad{}(p[r * cols + c], c, label[r], g);
       }
     });
   });

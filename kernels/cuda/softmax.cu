@@ -66,7 +66,8 @@ __global__ void log_softmax_backward_kernel(const T* y, const T* dy, T* dx, int6
   }
 }
 
-// logits [N, C], labels [N] -> probs [N, C] = softmax, row_loss [N] = lse - logits[label]
+// logits [N, C], labels [N] -> probs [N, C] = softmax, row_loss [N] = lse - logits[label] (0 for
+// an ignored label)
 template <typename T>
 __global__ void cross_entropy_kernel(const T* x, const int32_t* labels, T* probs, T* row_loss,
                                      int64_t rows, int64_t cols, DeviceFault* fault) {
@@ -78,9 +79,10 @@ __global__ void cross_entropy_kernel(const T* x, const int32_t* labels, T* probs
   for (int64_t c = lane; c < cols; c += kWarp) probs[r * cols + c] = exp(row[c] - lse);
   if (lane == 0) {
     const int32_t label = labels[r];
+    const bool ignored = label == fn::kIgnoreLabel;
     const bool valid = label >= 0 && label < cols;
-    if (!valid) record_fault(fault, kLabel, label, r, cols);
-    row_loss[r] = valid ? lse - row[label] : T(NAN);
+    if (!valid && !ignored) record_fault(fault, kLabel, label, r, cols);
+    row_loss[r] = ignored ? T(0) : valid ? lse - row[label] : T(NAN);
   }
 }
 
@@ -131,7 +133,7 @@ void CudaBackend::cross_entropy(const Tensor& logits, const Tensor& labels, Tens
 
 void CudaBackend::cross_entropy_backward(const Tensor& probs, const Tensor& labels,
                                          const Tensor& dloss, Tensor& dlogits) {
-  // dlogits [N, C] = dloss[0] * (probs - onehot(labels))
+  // dlogits [N, C] = dloss[0] * (probs - onehot(labels)); rows of ignored labels 0
   ACCRUE_DISPATCH_FLOATING(probs.dtype(), "cross_entropy_backward", [&] {
     const T* p = probs.data<T>();
     const T* g = dloss.data<T>();
@@ -141,7 +143,8 @@ void CudaBackend::cross_entropy_backward(const Tensor& probs, const Tensor& labe
     for_each(probs.numel(), stream_of(probs), [=] __device__(int64_t i) {
       const int64_t r = i / cols, c = i - r * cols;
       const int32_t l = label[r];
-      out[i] = (l >= 0 && l < cols) ? fn::CrossEntropyGrad{}(p[i], c == l, g[0]) : T(NAN);
+      const bool usable = (l >= 0 && l < cols) || l == fn::kIgnoreLabel;
+      out[i] = usable ? fn::CrossEntropyGrad{}(p[i], c, l, g[0]) : T(NAN);
     });
   });
 }
