@@ -27,6 +27,10 @@ namespace accrue {
   X(cast, (const Tensor& src, Tensor& dst), (src, dst))                                            \
   /* out [M, ...] = src[index[m], ...] for int32 index [M] (rows of any dtype; data loading). */   \
   X(gather_rows, (const Tensor& src, const Tensor& index, Tensor& out), (src, index, out))         \
+  /* out [V, D] += src [N, D] row n at row index[n], for an int32 index [N]: gather_rows's         \
+     backward (an embedding's gradient). Floating, one dtype. Deterministic without atomics: each  \
+     output row adds its source rows in increasing n, on every device and thread count. */         \
+  X(index_add_rows, (const Tensor& src, const Tensor& index, Tensor& out), (src, index, out))      \
   /* Element-wise, for the ops of kernels/functors.h: y = op(x); dx = op'(saved) * dy, saved       \
      being x or y as the functor says; out = a op b; y = alpha * x; y += alpha * x (the            \
      accumulation primitive). */                                                                   \

@@ -87,5 +87,9 @@ Tensor cast(const Tensor& x, DType dtype);
 Tensor reshape(const Tensor& x, const Shape& shape);
 // Rows of src [N, ...] picked by int32 index [M] -> [M, ...]. For data loading: not recorded.
 Tensor gather_rows(const Tensor& src, const Tensor& index);
+// An embedding lookup: weight [V, C], index int32 of any shape [...] -> [..., C], rows
+// weight[index]. Backward adds dy's rows into dweight by index (the backend's index_add_rows:
+// deterministic on every device); an index used twice gets the sum of both rows' gradients.
+Tensor embedding(const Tensor& weight, const Tensor& index);
 
 }  // namespace accrue

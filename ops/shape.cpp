@@ -1,5 +1,6 @@
 // reshape: a view with a new shape, recorded so gradients flow back in the input's shape.
 // gather_rows: row selection for building micro-batches from a shuffled dataset.
+// embedding: the same gather, recorded: its backward adds the gradient's rows back by index.
 // cast: a recorded dtype conversion (mixed precision: 16-bit logits to float32 for the loss).
 #include <memory>
 
@@ -24,6 +25,20 @@ struct CastBackward : Node {
   const char* name() const override { return "cast"; }
   void backward(const Tensor& dy, GradSink& sink) override {
     sink.add(0, to_dtype(dy, input_dtype));
+  }
+};
+
+// y [..., C] = weight[index]. dweight [V, C] = the rows of dy added at their index, in a fixed
+// order (index_add_rows).
+struct EmbeddingBackward : Node {
+  Tensor index;  // int32, flat [N]
+  Shape weight_shape;
+  const char* name() const override { return "embedding"; }
+  void backward(const Tensor& dy, GradSink& sink) override {
+    Tensor dweight = Tensor::zeros(weight_shape, dy.dtype(), dy.device());
+    const int64_t n = index.numel();
+    backend_for(dy.device()).index_add_rows(dy.view({n, weight_shape[1]}), index, dweight);
+    sink.add(0, dweight);
   }
 };
 
@@ -80,6 +95,42 @@ Tensor gather_rows(const Tensor& src, const Tensor& index) {
   shape[0] = index.numel();
   Tensor out = Tensor::empty(shape, src.dtype(), src.device());
   backend_for(src.device()).gather_rows(src, index, out);
+  return out;
+}
+
+Tensor embedding(const Tensor& weight, const Tensor& index) {
+  check::defined("embedding", "weight", weight);
+  check::floating("embedding", "weight", weight);
+  check::defined("embedding", "index", index);
+  check::same_device("embedding", weight, index);
+  if (weight.dim() != 2 || index.dtype() != DType::kInt32) {
+    throw ShapeError(str_cat("[embedding] needs a weight [V, C] and an int32 index, got ",
+                             weight.describe(), " and ", index.describe()));
+  }
+  const Tensor flat = index.view({index.numel()});
+  if (flat.device().is_cpu()) {  // a device-resident index is checked by the kernels
+    const int32_t* idx = flat.data<int32_t>();
+    for (int64_t i = 0; i < flat.numel(); ++i) {
+      if (idx[i] < 0 || idx[i] >= weight.size(0)) {
+        throw ValueError(str_cat("[embedding] index ", idx[i], " at position ", i,
+                                 " is out of range for ", weight.size(0), " rows"));
+      }
+    }
+  }
+  Shape shape = index.shape();
+  shape.push_back(weight.size(1));
+  Tensor out = gather_rows(weight, flat).view(shape);  // checks the index range on the host
+  if (should_record({&weight})) {
+    if (is_half(weight.dtype())) {  // index_add_rows adds in float32 and float64 so far
+      throw DTypeError(
+          str_cat("[embedding] gradients of a 16-bit table are not supported yet, got ",
+                  weight.describe(), " (float32 or float64)"));
+    }
+    auto node = std::make_unique<EmbeddingBackward>();
+    node->index = node->save(flat);
+    node->weight_shape = weight.shape();
+    record(std::move(node), {&weight}, out);
+  }
   return out;
 }
 

@@ -144,6 +144,12 @@ std::vector<Row> rows() {
          m.be().cast(m.uniform({kFlat}, 2), dst);
          return Outputs{dst};
        }},
+      {"index_add_rows",
+       [](const Maker& m) {
+         Tensor out = m.uniform({kRows, kCols}, 41);
+         m.be().index_add_rows(m.uniform({500, kCols}, 42), m.ints(labels(500, kRows)), out);
+         return Outputs{out};
+       }},
       {"gather_rows",
        [](const Maker& m) {
          Tensor out = m.empty({500, kCols});

@@ -5,6 +5,9 @@
 // format's epsilon.
 #include <memory>
 
+#include "core/threads.h"
+#include "kernels/backend.h"
+
 #include "test_util.h"
 
 namespace accrue::testing {
@@ -127,6 +130,14 @@ Tensor labels_of(const Tensor& logits) {
   return labels_for(logits.size(0), logits.size(1), logits.device());
 }
 
+// An index [2, rows] into a table of `rows` rows, every row used twice or more times over.
+Tensor lookups_into(const Tensor& table) {
+  const int64_t rows = table.size(0);
+  std::vector<int32_t> l;
+  for (int64_t i = 0; i < 2 * rows; ++i) l.push_back(static_cast<int32_t>((i * 5 + 1) % rows));
+  return Tensor::from_vector<int32_t>({2, rows}, l, table.device());
+}
+
 // The same with every third row ignored (the padding of a batch of sequences).
 Tensor labels_with_ignored(const Tensor& logits) {
   std::vector<int32_t> l = labels_of(logits).to(Device::cpu()).to_vector<int32_t>();
@@ -162,6 +173,8 @@ std::vector<OpCase> op_table() {
       {"log_softmax", one_matrix, [](const Inputs& x) { return log_softmax(scale(x[0], 4.0)); }},
       {"cross_entropy_sum", one_matrix,
        [](const Inputs& x) { return cross_entropy(scale(x[0], 3.0), labels_of(x[0])); }},
+      {"embedding", one_matrix,
+       [](const Inputs& x) { return embedding(x[0], lookups_into(x[0])); }},
       {"cross_entropy_ignoring", one_matrix,
        [](const Inputs& x) { return cross_entropy(scale(x[0], 3.0), labels_with_ignored(x[0])); }},
       {"cross_entropy_mean", one_matrix,
@@ -285,8 +298,9 @@ TEST_P(OpTable, EveryDeviceMatchesCpu) {
 // design (the trainer casts the logits up first) and refuse 16-bit inputs by name, as do the
 // convolution, pooling and normalisation ops (float32 and float64 only so far).
 bool takes_half(const std::string& op) {
-  for (const char* prefix : {"log_softmax", "cross_entropy", "mlp", "conv2d", "max_pool2d",
-                             "avg_pool2d", "group_norm", "layer_norm", "batch_norm", "dropout"}) {
+  for (const char* prefix :
+       {"log_softmax", "cross_entropy", "mlp", "conv2d", "max_pool2d", "avg_pool2d", "group_norm",
+        "layer_norm", "batch_norm", "dropout", "embedding"}) {
     if (op.rfind(prefix, 0) == 0) return false;
   }
   return true;
@@ -369,6 +383,42 @@ TEST(Ops, ForwardValuesOnKnownInputs) {
   Tensor scores = Tensor::from_vector<float>({2, 3}, {0.1f, 0.7f, 0.2f, 0.9f, 0.05f, 0.05f});
   EXPECT_EQ(argmax(scores).to_vector<int32_t>(), (std::vector<int32_t>{1, 0}));
   EXPECT_EQ(count_equal(argmax(scores), Tensor::from_vector<int32_t>({2}, {1, 2})), 1);
+}
+
+// An embedding's gradient: each row of the table receives the sum of the gradients of its uses
+// (none: zero), on every device; on the CPU the bits do not depend on the thread count.
+TEST(Ops, EmbeddingGradientsSumEveryUseOfARow) {
+  for (Device device : devices()) {
+    Tensor table = random({3, 2}, 5, DType::kFloat64).to(device);
+    table.set_requires_grad(true);
+    const Tensor index = Tensor::from_vector<int32_t>({2, 2}, {0, 2, 0, 0}, device);
+    const Tensor y = embedding(table, index);
+    EXPECT_EQ(y.shape(), (Shape{2, 2, 2}));
+    backward(sum(mul(y, Tensor::from_vector<double>({2, 2, 2}, {1, 2, 3, 4, 5, 6, 7, 8}, device))));
+    EXPECT_EQ(table.grad().to(Device::cpu()).to_vector<double>(),
+              (std::vector<double>{1 + 5 + 7, 2 + 6 + 8, 0, 0, 3, 4}))
+        << device.str();
+  }
+  const Tensor dy = random({4096, 16}, 9, DType::kFloat32);
+  std::vector<int32_t> rows;
+  for (int i = 0; i < 4096; ++i) rows.push_back((i * 7919) % 97);
+  const Tensor index = Tensor::from_vector<int32_t>({4096}, rows);
+  std::vector<std::vector<float>> results;
+  const int saved = cpu_threads();
+  for (int threads : {1, 2, 4}) {
+    set_cpu_threads(threads);
+    Tensor out = Tensor::zeros({97, 16}, DType::kFloat32);
+    backend_for(Device::cpu()).index_add_rows(dy, index, out);
+    results.push_back(out.to_vector<float>());
+  }
+  set_cpu_threads(saved);
+  EXPECT_EQ(results[0], results[1]);
+  EXPECT_EQ(results[0], results[2]);
+  expect_error<ValueError>(
+      [] {
+        embedding(Tensor::zeros({3, 2}, DType::kFloat32), Tensor::from_vector<int32_t>({1}, {3}));
+      },
+      {"[embedding] index 3", "3 rows"});
 }
 
 // Ignored targets (padding) are as if their rows were not there: the same loss, the same

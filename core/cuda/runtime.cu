@@ -80,7 +80,9 @@ void check_faults(cuda::DeviceRuntime& ctx) {
   if (f.op == cuda::kNoFault) return;
   ctx.fault_host->op = cuda::kNoFault;
   ACCRUE_CUDA_CHECK(cudaMemsetAsync(ctx.fault, 0, sizeof(cuda::DeviceFault), ctx.stream));
-  const char* what = f.op == cuda::kGatherIndex ? "[gather_rows] index " : "[cross_entropy] label ";
+  const char* what = f.op == cuda::kGatherIndex    ? "[gather_rows] index "
+                     : f.op == cuda::kScatterIndex ? "[index_add_rows] index "
+                                                   : "[cross_entropy] label ";
   throw ValueError(str_cat(what, f.value, " at position ", f.position, " is out of range [0, ",
                            f.limit, ") (found by a kernel on cuda:", ctx.device,
                            "; the results since then are not valid)"));

@@ -13,7 +13,7 @@ namespace accrue::cuda {
 
 // What a kernel found wrong with its input. The first fault wins; the host reads it at the next
 // synchronisation and throws.
-enum FaultOp : int32_t { kNoFault = 0, kGatherIndex = 1, kLabel = 2 };
+enum FaultOp : int32_t { kNoFault = 0, kGatherIndex = 1, kLabel = 2, kScatterIndex = 3 };
 struct DeviceFault {
   int32_t op;        // FaultOp
   int32_t value;     // the bad index or label

@@ -1,6 +1,14 @@
-// CUDA indexing: gathering rows by an index (micro-batches from a shuffled on-device dataset).
+// CUDA indexing: gathering rows by an index (micro-batches from a shuffled on-device dataset, an
+// embedding's lookup) and adding rows back by the index (an embedding's gradient), without float
+// atomics: a stable sort of the positions by index and a sum over each run of equal indices.
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_run_length_encode.cuh>
+#include <cub/device/device_scan.cuh>
+
+#include "core/cuda/check.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/dispatch.h"
 
 namespace accrue::cuda {
 
@@ -45,6 +53,72 @@ void CudaBackend::gather_rows(const Tensor& src, const Tensor& index, Tensor& ou
     gather_units(static_cast<const uint16_t*>(src.raw()), idx, rows, row_bytes / 2, limit, fault,
                  static_cast<uint16_t*>(out.raw()), stream_of(out));
   }
+}
+
+void CudaBackend::index_add_rows(const Tensor& src, const Tensor& index, Tensor& out) {
+  // src [N, D], index [N] -> out [V, D] += src[n] at row index[n]. The positions 0..N-1 are
+  // radix-sorted by their index (stable: equal indices keep increasing n), the runs of equal
+  // indices found with their lengths and starts, then thread (run, column) sums its run's rows
+  // in order: every output element is one thread's fixed-order sum, the same bits every time.
+  const int64_t n = index.numel();
+  if (n == 0) return;
+  if (n > INT32_MAX) {
+    throw ShapeError(str_cat("[index_add_rows] ", index.describe(), ": more than 2^31 - 1 rows"));
+  }
+  const int count = static_cast<int>(n);
+  const int64_t d = src.numel() / n, rows = out.size(0);
+  const Device device = out.device();
+  const cudaStream_t stream = stream_of(out);
+  const auto ints = [&](int64_t k) { return Tensor::empty({k}, DType::kInt32, device); };
+  Tensor positions = ints(n), sorted_index = ints(n), sorted_positions = ints(n);
+  Tensor run_index = ints(n), run_length = ints(n), run_start = ints(n), runs = ints(1);
+  int32_t* p = positions.data<int32_t>();
+  for_each(n, stream, [=] __device__(int64_t i) { p[i] = static_cast<int32_t>(i); });
+  // CUB's temporary storage: sized by a first call without storage, as CUB documents.
+  size_t sort_bytes = 0, encode_bytes = 0, scan_bytes = 0;
+  ACCRUE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      nullptr, sort_bytes, index.data<int32_t>(), sorted_index.data<int32_t>(), p,
+      sorted_positions.data<int32_t>(), count, 0, 32, stream));
+  ACCRUE_CUDA_CHECK(cub::DeviceRunLengthEncode::Encode(
+      nullptr, encode_bytes, sorted_index.data<int32_t>(), run_index.data<int32_t>(),
+      run_length.data<int32_t>(), runs.data<int32_t>(), count, stream));
+  ACCRUE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, run_length.data<int32_t>(),
+                                                  run_start.data<int32_t>(), count, stream));
+  size_t bytes = std::max(sort_bytes, std::max(encode_bytes, scan_bytes));
+  Tensor storage = ints(static_cast<int64_t>((bytes + 3) / 4) + 1);
+  ACCRUE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      storage.raw(), bytes, index.data<int32_t>(), sorted_index.data<int32_t>(), p,
+      sorted_positions.data<int32_t>(), count, 0, 32, stream));
+  bytes = std::max(sort_bytes, std::max(encode_bytes, scan_bytes));
+  ACCRUE_CUDA_CHECK(cub::DeviceRunLengthEncode::Encode(
+      storage.raw(), bytes, sorted_index.data<int32_t>(), run_index.data<int32_t>(),
+      run_length.data<int32_t>(), runs.data<int32_t>(), count, stream));
+  bytes = std::max(sort_bytes, std::max(encode_bytes, scan_bytes));
+  ACCRUE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(storage.raw(), bytes, run_length.data<int32_t>(),
+                                                  run_start.data<int32_t>(), count, stream));
+  DeviceFault* fault = context(device.index).fault;
+  ACCRUE_DISPATCH_FLOATING(src.dtype(), "index_add_rows", [&] {
+    const T* in = src.data<T>();
+    T* o = out.data<T>();
+    const int32_t *key = run_index.data<int32_t>(), *length = run_length.data<int32_t>();
+    const int32_t *first = run_start.data<int32_t>(), *pos = sorted_positions.data<int32_t>();
+    const int32_t* run_count = runs.data<int32_t>();
+    // At most N runs; the threads of runs beyond the count found do nothing.
+    for_each(n * d, stream, [=] __device__(int64_t i) {
+      const int64_t run = i / d, c = i - run * d;
+      if (run >= *run_count) return;
+      const int32_t r = key[run];
+      if (r < 0 || r >= rows) {
+        if (c == 0) record_fault(fault, kScatterIndex, r, first[run], rows);
+        return;
+      }
+      T total = 0;
+      for (int32_t j = first[run]; j < first[run] + length[run]; ++j) {
+        total += in[int64_t(pos[j]) * d + c];
+      }
+      o[int64_t(r) * d + c] += total;
+    });
+  });
 }
 
 }  // namespace accrue::cuda
