@@ -107,6 +107,10 @@ Tensor embedding(const Tensor& weight, const Tensor& index) {
     throw ShapeError(str_cat("[embedding] needs a weight [V, C] and an int32 index, got ",
                              weight.describe(), " and ", index.describe()));
   }
+  if (is_half(weight.dtype())) {  // index_add_rows adds in float32 and float64 so far
+    throw DTypeError(str_cat("[embedding] a 16-bit table is not supported yet, got ",
+                             weight.describe(), " (float32 or float64)"));
+  }
   const Tensor flat = index.view({index.numel()});
   if (flat.device().is_cpu()) {  // a device-resident index is checked by the kernels
     const int32_t* idx = flat.data<int32_t>();
@@ -121,11 +125,6 @@ Tensor embedding(const Tensor& weight, const Tensor& index) {
   shape.push_back(weight.size(1));
   Tensor out = gather_rows(weight, flat).view(shape);  // checks the index range on the host
   if (should_record({&weight})) {
-    if (is_half(weight.dtype())) {  // index_add_rows adds in float32 and float64 so far
-      throw DTypeError(
-          str_cat("[embedding] gradients of a 16-bit table are not supported yet, got ",
-                  weight.describe(), " (float32 or float64)"));
-    }
     auto node = std::make_unique<EmbeddingBackward>();
     node->index = node->save(flat);
     node->weight_shape = weight.shape();
