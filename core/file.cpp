@@ -95,6 +95,13 @@ OutputKind check_output(const std::string& path, const std::string& what) {
     throw FileError(what + " " + e.what());
   }
   const std::string folder = folder_of(target);
+  // The temporary beside it is 11 characters longer: it must still be a valid name.
+  const long name_max = ::pathconf(folder.c_str(), _PC_NAME_MAX);
+  const size_t name = std::filesystem::path(target).filename().string().size();
+  if (name_max > 0 && name + 11 > static_cast<size_t>(name_max)) {
+    throw FileError(str_cat(what, " ", path, ": the name is ", name, " bytes; at most ",
+                            name_max - 11, " leave room for its temporary (.tmp.XXXXXX)"));
+  }
   struct stat dir {};
   if (::stat(folder.c_str(), &dir) != 0) {
     throw FileError(str_cat(what, " ", path, ": cannot write into ", folder, ": ", reason(errno)));
@@ -129,9 +136,14 @@ void remove_stale_temporaries(const std::string& path) {
 AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
   struct stat st {};
   if (::stat(path_.c_str(), &st) == 0 && (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode))) {
-    // A device or a FIFO has no folder entry to replace: its bytes go straight to it.
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC);
+    // A device or a FIFO has no folder entry to replace: its bytes go straight to it. A FIFO
+    // nobody reads is refused (opening it would wait for a reader, signals unheard).
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd_ < 0 && errno == ENXIO) {
+      throw FileError(str_cat(path_, ": a FIFO that no process is reading"));
+    }
     if (fd_ < 0) throw FileError(str_cat(path_, ": cannot open for writing: ", reason(errno)));
+    ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) & ~O_NONBLOCK);  // then writes wait as usual
     stream_ = true;
     return;
   }

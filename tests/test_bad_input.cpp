@@ -376,6 +376,9 @@ TEST(BadInput, CommandLineMistakesExitTwoBeforeReadingData) {
       {{"--memory-budget", ""}, {"--memory-budget", "empty"}},
       {{"--resume", ""}, {"--resume", "empty"}},
       {{"--init", ""}, {"--init", "empty"}},
+      {{"--comm-timeout", "1e-320"}, {"--comm-timeout", "[1, 1e9]"}},
+      {{"--comm-timeout", "nan"}, {"--comm-timeout"}},
+      {{"--comm-timeout", "-5"}, {"--comm-timeout"}},
   };
   // Data behind a symbolic link loop: exit 1 naming the file, not an abort.
   const CliResult loop = cli({"--data", (dir / "loop-a").string(), "--quiet"});

@@ -166,10 +166,28 @@ TEST(Reliability, OutputsAreWrittenAsWhatTheyAre) {
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   std::string piped;
   std::thread reader([&] { piped = slurp(fifo); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the reader is there
   r = run(data, {"--metrics", fifo.string()});
   reader.join();
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_NE(piped.find("\"event\":\"summary\""), std::string::npos) << piped;
+  // No reader: refused at once (never an open() that waits with signals unheard).
+  r = run(data, {"--metrics", fifo.string()});
+  EXPECT_EQ(r.status, 1) << r.err;
+  expect_words(r.err, {fifo.string(), "no process is reading"});
+  // A reader that leaves after 10 bytes: a failed write naming the file, not death by SIGPIPE.
+  std::thread quitter([&] {
+    const int in = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK);  // no writer yet: no wait
+    char ten[10];
+    while (::read(in, ten, sizeof ten) <= 0) {  // EOF or EAGAIN until the run writes
+    }
+    ::close(in);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the reader is there
+  r = run(data, {"--metrics", fifo.string()});
+  quitter.join();
+  EXPECT_EQ(r.status, 1) << r.err;
+  expect_words(r.err, {fifo.string(), "Broken pipe"});
   fs::remove_all(dir);
 }
 
@@ -177,6 +195,8 @@ TEST(Reliability, OutputsAreWrittenAsWhatTheyAre) {
 TEST(Reliability, OutputPathsAreCheckedBeforeTheDataIsRead) {
   const fs::path dir = temp_dir("output-paths");
   std::ofstream(dir / "file") << "x";
+  fs::create_symlink(dir / "nowhere", dir / "dangling");
+  fs::create_directories(dir / "ck");
   fs::create_symlink(dir / "loop-b", dir / "loop-a");
   fs::create_symlink(dir / "loop-a", dir / "loop-b");
   const std::string same = (dir / "out").string();
@@ -193,6 +213,18 @@ TEST(Reliability, OutputPathsAreCheckedBeforeTheDataIsRead) {
       {{"--save", same, "--metrics", same}, {"--metrics", "--save", "the same file"}},
       {{"--save", same, "--metrics", (dir / "." / "out").string()}, {"the same file"}},
       {{"--save", (dir / "file/w.safetensors").string()}, {"--save", "Not a directory"}},
+      {{"--metrics", "rel-out", "--save", "./rel-out"}, {"--metrics", "--save", "the same file"}},
+      {{"--metrics", "rel-ckpt", "--checkpoint", "./rel-ckpt/"}, {"the same file"}},
+      {{"--checkpoint", (dir / "ck").string(), "--metrics",
+        (dir / "ck/step-0000000032.json").string()},
+       {"--metrics", "the checkpoint writer's own file"}},
+      {{"--checkpoint", (dir / "ck").string(), "--save", (dir / "ck/.lock").string()},
+       {"--save", "the checkpoint writer's own file"}},
+      {{"--save", (dir / "file").string(), "--init", (dir / "file").string()},
+       {"--save", "is the --init file"}},
+      {{"--save", (dir / std::string(250, 'w')).string()},
+       {"--save", "leave room for its temporary"}},
+      {{"--checkpoint", (dir / "dangling").string()}, {"--checkpoint", "symbolic link to nothing"}},
       {{"--checkpoint", ""}, {"--checkpoint", "empty"}},
       {{"--save", ""}, {"--save", "empty"}},
       {{"--metrics", ""}, {"--metrics", "empty"}},
@@ -305,6 +337,36 @@ TEST(Reliability, ACheckpointFolderBelongsToOneRun) {
   ASSERT_TRUE(WIFSIGNALED(status));
   EXPECT_NO_THROW(train::CheckpointLock(other.string()));
   EXPECT_FALSE(fs::exists(other / "step-0000000002.json.tmp.AbCdEf"));
+}
+
+// Integers are decimal: "010" is ten steps, not eight (CLI11 reads a leading 0 as octal).
+TEST(Reliability, ALeadingZeroIsDecimal) {
+  const fs::path data = make_dataset("octal", 512, 64);
+  const fs::path metrics = data / "m.jsonl";
+  const CliResult r = run(data, {"--max-steps", "010", "--metrics", metrics.string()});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(records(metrics).back()["steps"], 10);
+}
+
+// Resuming elsewhere into a folder holding later checkpoints of the same run is refused (the
+// new ones would be pruned at once); resuming into the folder itself with a damaged newest
+// checkpoint names the damage (exit 1), not "another run".
+TEST(Reliability, ResumeFoldersAreCheckedAgainstEachOther) {
+  const fs::path data = make_dataset("resume-folders", 512, 64);
+  const std::string a = (data / "a").string(), b = (data / "b").string();
+  ASSERT_EQ(run(data, {"--checkpoint", a, "--checkpoint-every", "4", "--max-steps", "8"}).status,
+            0);
+  fs::copy(a, b);
+  ASSERT_EQ(run(data, {"--checkpoint", b, "--resume", b, "--max-steps", "12"}).status, 0);
+  CliResult r = run(data, {"--resume", a, "--checkpoint", b, "--max-steps", "10"});
+  EXPECT_EQ(r.status, 2) << r.err;
+  expect_words(r.err, {"--checkpoint " + b, "later checkpoint of the same run"});
+  std::ofstream(data / "b" / "step-0000000012.json", std::ios::trunc) << "{";
+  std::ofstream(data / "b" / "step-notes.tmp.keep") << "a user's file";
+  r = run(data, {"--resume", b, "--checkpoint", b, "--max-steps", "16"});
+  EXPECT_EQ(r.status, 1) << r.err;
+  expect_words(r.err, {"step-0000000012.json", "not JSON", "step-0000000008 is intact"});
+  EXPECT_TRUE(fs::exists(data / "b" / "step-notes.tmp.keep"));
 }
 
 // Every field of a checkpoint's JSON is checked: exit 1 naming the file and the field, and the
@@ -421,9 +483,13 @@ TEST(Reliability, ASignalStopsAfterTheWindowWithACheckpoint) {
 TEST(Reliability, SigtermEndsTheProgramWithStatus75) {
   const fs::path data = make_dataset("sigterm", 512, 64);
   const fs::path ckpt = data / "ckpt";
-  std::string command = "timeout --preserve-status -s TERM 3 '" ACCRUE_MNIST_BINARY "'";
+  // The signal once the run holds its checkpoint folder's lock (its handlers are in place by
+  // then), and a second of training later.
+  std::string command = "'" ACCRUE_MNIST_BINARY "'";
   for (const std::string& a : short_run(data, "16", "100000")) command += " '" + a + "'";
-  command += " --checkpoint '" + ckpt.string() + "' 2>'" + (data / "err").string() + "'";
+  command += " --checkpoint '" + ckpt.string() + "' 2>'" + (data / "err").string() +
+             "' & pid=$!; " + "while [ ! -e '" + (ckpt / ".lock").string() +
+             "' ]; do sleep 0.05; done; sleep 1; " + "kill -TERM $pid; wait $pid";
   const int status = std::system(command.c_str());
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), train::kExitStopped);
@@ -471,6 +537,10 @@ TEST(Reliability, MetricsSurviveAKillAndContinueOnResume) {
   for (const auto& r : recs) {
     if (r.contains("step")) EXPECT_EQ(r["samples"], 16 * r["step"].get<int64_t>()) << r;
   }
+  // The epoch cut short by --max-steps 10 is reported once, by the run that finished it.
+  EXPECT_EQ(std::count_if(recs.begin(), recs.end(),
+                          [](const auto& r) { return r.value("event", "") == "epoch"; }),
+            1);
   // A metrics file that is not JSON Lines is not overwritten by a resume.
   const std::string kept = slurp(metrics);
   std::ofstream(metrics, std::ios::trunc) << "not json\n" << kept;

@@ -148,8 +148,10 @@ Checkpoint read_checkpoint(const std::string& dir, int64_t step,
   }
   // The optimizer counts the updates it applied: every step that was not skipped.
   const auto applied = c.optimizer.find("steps");
-  if (applied != c.optimizer.end() && applied->second.numel() == 1 &&
-      static_cast<int64_t>(applied->second.item()) != c.position.step - c.position.skipped) {
+  if (applied == c.optimizer.end() || applied->second.numel() != 1) {
+    throw FileError(str_cat(tensors, ": 'optimizer/steps' is missing or not one element"));
+  }
+  if (static_cast<int64_t>(applied->second.item()) != c.position.step - c.position.skipped) {
     throw FileError(str_cat(c.path, ": step ", c.position.step, " with ", c.position.skipped,
                             " skipped, but the optimizer in ", tensors_name, " applied ",
                             static_cast<int64_t>(applied->second.item()), " updates"));
@@ -176,6 +178,11 @@ void check_checkpoint_folder(const std::string& dir, const std::string& resume) 
   if (ec && status.type() != fs::file_type::not_found) {
     throw FileError(str_cat(flag, ": ", ec.message()));
   }
+  if (status.type() == fs::file_type::not_found && fs::is_symlink(fs::symlink_status(dir, ec))) {
+    throw FileError(str_cat(flag, ": is a symbolic link to nothing (",
+                            fs::read_symlink(dir, ec).string(),
+                            "): create its target or name the folder itself"));
+  }
   if (status.type() == fs::file_type::not_found) {
     // Created at the start: the nearest existing ancestor must be a writable folder.
     fs::path up = fs::path(dir).parent_path();
@@ -197,12 +204,23 @@ void check_checkpoint_folder(const std::string& dir, const std::string& resume) 
   }
   const std::vector<int64_t> steps = listed_steps(dir);
   if (steps.empty()) return;
-  std::string continued;  // the run --resume continues
+  // Resuming into the folder itself: whatever is wrong with its checkpoints, the resume says.
+  if (!resume.empty() && fs::equivalent(dir, resume, ec)) return;
+  std::string continued;  // the run --resume continues: the id of its newest readable checkpoint
+  int64_t resumed_step = -1;
   if (!resume.empty()) {
-    const std::vector<int64_t> resumed = listed_steps(resume);
-    if (!resumed.empty()) {
-      continued = run_id_of((fs::path(resume) / (stem(resumed.front()) + ".json")).string());
+    for (int64_t step : listed_steps(resume)) {
+      continued = run_id_of((fs::path(resume) / (stem(step) + ".json")).string());
+      if (resumed_step < 0) resumed_step = step;
+      if (!continued.empty()) break;
     }
+  }
+  if (!continued.empty() && steps.front() > resumed_step &&
+      run_id_of((fs::path(dir) / (stem(steps.front()) + ".json")).string()) == continued) {
+    throw FileError(
+        str_cat(flag, ": holds a later checkpoint of the same run (", stem(steps.front()),
+                ") than --resume ", resume, " (", stem(resumed_step),
+                "): the new ones would be pruned; resume from it or choose another folder"));
   }
   for (int64_t step : steps) {
     const std::string json = (fs::path(dir) / (stem(step) + ".json")).string();
@@ -233,11 +251,17 @@ CheckpointLock::CheckpointLock(const std::string& dir) {
                                   " is locked)")
                         : str_cat(lock, ": cannot lock it: ", std::strerror(err)));
   }
-  // Nobody else writes here now: temporaries are what a killed writer left.
+  // Nobody else writes here now: temporaries of our own names are what a killed writer left
+  // ("step-<10 digits>.json.tmp.XXXXXX" and ".safetensors"); nothing else is touched.
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    if (name.rfind("step-", 0) == 0 && name.find(".tmp.") != std::string::npos) {
-      fs::remove(entry.path(), ec);
+    long long step = 0;
+    for (const char* kind : {".json", ".safetensors"}) {
+      const std::string own =
+          stem(std::sscanf(name.c_str(), "step-%lld", &step) == 1 ? step : -1) + kind + ".tmp.";
+      if (name.size() == own.size() + 6 && name.compare(0, own.size(), own) == 0) {
+        fs::remove(entry.path(), ec);
+      }
     }
   }
 }

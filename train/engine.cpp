@@ -395,7 +395,11 @@ void Run::resume() {
   if (arena_->working().defined()) {
     arena_->working().copy_(to_dtype(arena_->params(), arena_->working().dtype()));
   }
-  optimizer_->load_state(saved.optimizer);
+  try {
+    optimizer_->load_state(saved.optimizer);
+  } catch (const std::invalid_argument& e) {
+    throw FileError(str_cat(saved.path, ": its optimizer state does not fit this run: ", e.what()));
+  }
   acc_->restore_clock(saved.position.step, saved.position.skipped);
   start_ = saved.position;
   last_checkpoint_ = start_.step;  // already on disk
@@ -443,9 +447,11 @@ void Run::write_checkpoint(const TrainPosition& position) {
   if (c_.checkpoint.empty() || position.step == last_checkpoint_) return;
   auto optimizer_state = optimizer_->save_state();
   if (lead_) {
+    // The metrics first: killed between the two, the resume starts from the previous
+    // checkpoint and drops the records past it; the other way round, records would be lost.
+    metrics_->publish();
     train::write_checkpoint(c_.checkpoint, run_id_, run_config_, position,
                             saved_state(*arena_, *model_), optimizer_state);
-    metrics_->publish();  // its records up to this step survive a kill from here on
   }
   if (comm_->world_size() > 1) {
     // No rank reads it before it is complete. The others wait here while rank 0 writes: the
@@ -718,6 +724,7 @@ void Run::finish() {
 Summary Run::train() {
   const StopSignals stop_signals;
   ::signal(SIGXFSZ, SIG_IGN);  // a file beyond `ulimit -f`: EFBIG, a named failed write
+  ::signal(SIGPIPE, SIG_IGN);  // a metrics pipe whose reader left: EPIPE, likewise
   setup_ranks_and_threads();
   if (lead_ && !c_.checkpoint.empty()) {
     check_checkpoint_folder(c_.checkpoint, c_.resume);  // the command line checked it before
@@ -732,7 +739,7 @@ Summary Run::train() {
   run_config_ = run_config();
   resume();
   metrics_ = std::make_unique<MetricsLog>(lead_ ? c_.metrics : std::string());
-  if (!c_.resume.empty()) metrics_->continue_from(start_.step);
+  if (!c_.resume.empty()) metrics_->continue_from(start_.step, start_.epoch);
   const EpochPlan& first = plan_for(0);
   log(task_.program + ": " + first.batch.str() + ", lr " + std::to_string(first.lr) + " (" +
       c_.lr_scaling + " scaling)" +

@@ -75,6 +75,7 @@ CLI::Validator int_in(int64_t low, int64_t high) {
         if (!v || *v < low || *v > high) {
           return str_cat("'", text, "' is not an integer in [", low, ", ", high, "]");
         }
+        text = std::to_string(*v);  // "010" is ten: CLI11 would read a leading 0 as octal
         return "";
       },
       "");
@@ -87,10 +88,11 @@ CLI::Validator unsigned_64() {
         errno = 0;
         const bool digits =
             !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
-        if (digits) std::strtoull(text.c_str(), nullptr, 10);
+        const unsigned long long v = digits ? std::strtoull(text.c_str(), nullptr, 10) : 0;
         if (!digits || errno == ERANGE) {
           return str_cat("'", text, "' is not an integer in [0, 18446744073709551615]");
         }
+        text = std::to_string(v);  // decimal, never octal
         return "";
       },
       "");
@@ -123,9 +125,9 @@ Flags::Flags(CLI::App& app, Config& config) : app_(app), c_(config) {
   app_.add_option("--loss-scale", c_.loss_scale,
                   "auto (dynamic for fp16, none otherwise), none, dynamic, or a fixed scale");
   app_.add_option("--micro-batch", c_.micro_batch, "Samples per micro-step b (default 32)")
-      ->check(int_in(0, kMaxBatch));
+      ->transform(int_in(0, kMaxBatch));
   app_.add_option("--accum-steps", c_.accum_steps, "Micro-steps per optimizer step k (default 4)")
-      ->check(int_in(0, kMaxBatch));
+      ->transform(int_in(0, kMaxBatch));
   app_.add_option("--accum-schedule", c_.accum_schedule,
                   "k by epoch, e.g. 1:1,2:2,3:4,5:8 (the effective batch follows; excludes "
                   "--accum-steps and --batch)");
@@ -133,25 +135,25 @@ Flags::Flags(CLI::App& app, Config& config) : app_(app), c_(config) {
                   "Device bytes a run may use (e.g. 64MiB, 1GiB): the largest micro-batch that "
                   "fits is measured and chosen; k follows from --batch");
   app_.add_option("--batch", c_.batch, "Effective batch B = b * k (give any two of the three)")
-      ->check(int_in(0, kMaxBatch));
+      ->transform(int_in(0, kMaxBatch));
   app_.add_option("--epochs", c_.epochs, "Passes over the training set")
-      ->check(int_in(1, kMaxEpochs));
+      ->transform(int_in(1, kMaxEpochs));
   app_.add_option("--max-steps", c_.max_steps, "Stop after this many optimizer steps (0: no limit)")
-      ->check(int_in(0, INT64_MAX));
+      ->transform(int_in(0, INT64_MAX));
   app_.add_option("--train-limit", c_.train_limit, "Use the first N training samples (0: all)")
-      ->check(int_in(0, INT32_MAX));
+      ->transform(int_in(0, INT32_MAX));
   app_.add_option("--lr", c_.lr, "Learning rate at --base-batch")
       ->check(finite_in(0, kHuge, Open::kLow));
   app_.add_option("--lr-scaling", c_.lr_scaling, "Scale lr with the batch: none, linear, sqrt")
       ->check(CLI::IsMember({"none", "linear", "sqrt"}));
   app_.add_option("--base-batch", c_.base_batch, "Batch size --lr was tuned for")
-      ->check(int_in(1, kMaxBatch));
+      ->transform(int_in(1, kMaxBatch));
   app_.add_option("--schedule", c_.schedule,
                   "LR schedule after the warmup: constant, or cosine decay to 0 at the last step")
       ->check(CLI::IsMember({"constant", "cosine"}));
   app_.add_option("--warmup", c_.warmup,
                   "Optimizer steps of linear warmup before either schedule (0: none)")
-      ->check(int_in(0, INT32_MAX));
+      ->transform(int_in(0, INT32_MAX));
   app_.add_option("--clip", c_.clip, "Clip the gradient norm to this (0: off)")
       ->check(finite_in(0, kHuge));
   app_.add_option("--optimizer", c_.optimizer, "adam, adamw or sgd")
@@ -160,20 +162,21 @@ Flags::Flags(CLI::App& app, Config& config) : app_(app), c_(config) {
                   "Weight decay (default: 0 for adam and sgd, 0.01 for adamw)")
       ->check(finite_in(0, kHuge));
   app_.add_option("--momentum", c_.momentum, "SGD momentum")->check(finite_in(0, 1, Open::kHigh));
-  app_.add_option("--seed", c_.seed, "Seed for initialisation and shuffling")->check(unsigned_64());
+  app_.add_option("--seed", c_.seed, "Seed for initialisation and shuffling")
+      ->transform(unsigned_64());
   app_.add_flag("--no-shuffle", no_shuffle_, "Keep the file order of the samples");
   app_.add_option("--threads", c_.threads,
                   "CPU threads (0: tuned while training among 1, 2, 4, ..., every core)")
-      ->check(int_in(0, 4096));
+      ->transform(int_in(0, 4096));
   app_.add_option("--zero", c_.zero,
                   "1: shard the optimizer state over the data-parallel ranks (ZeRO stage 1)")
-      ->check(int_in(0, 1));
+      ->transform(int_in(0, 1));
   app_.add_option("--bucket-kib", c_.bucket_kib,
                   "Overlap the boundary's transfer (the all-reduce with several ranks, the copy to "
                   "the host with --offload-optimizer) with the last backward, in buckets of this "
                   "many KiB (0: all at the boundary; default 0, or 1024 with --offload-optimizer "
                   "on one rank)")
-      ->check(int_in(0, 1 << 20));
+      ->transform(int_in(0, 1 << 20));
   app_.add_flag("--offload-optimizer", c_.offload_optimizer,
                 "Keep the float master weights and the optimizer state in pinned host memory and "
                 "run the optimizer step on the CPU (ZeRO-Offload)");
@@ -184,14 +187,23 @@ Flags::Flags(CLI::App& app, Config& config) : app_(app), c_(config) {
                   "Write the whole training state into this folder (the newest two are kept)");
   app_.add_option("--checkpoint-every", c_.checkpoint_every,
                   "Optimizer steps between checkpoints (and one at the end)")
-      ->check(int_in(1, INT64_MAX));
+      ->transform(int_in(1, INT64_MAX));
   app_.add_option("--resume", c_.resume,
                   "Continue from the newest checkpoint in this folder, bit for bit");
   app_.add_flag("--quiet", c_.quiet, "No progress output");
   app_.add_option("--comm-timeout", c_.comm_timeout,
                   "Seconds a rank waits for the others in a collective before the job is aborted "
                   "naming the operation (0: wait forever)")
-      ->check(finite_in(0, 1e9));
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            double v = 0;
+            if (!CLI::detail::lexical_cast(text, v) || !std::isfinite(v) ||
+                !(v == 0 || (v >= 1 && v <= 1e9))) {
+              return "'" + text + "' must be 0 (no limit) or seconds in [1, 1e9]";
+            }
+            return "";
+          },
+          ""));
 }
 
 // Every output before any data is read: each one writable where it points, and no two the same
@@ -213,15 +225,36 @@ void Flags::check_outputs() {
     check_checkpoint_folder(c_.checkpoint, c_.resume);
     outputs.push_back({"--checkpoint", c_.checkpoint, false});
   }
-  const auto identity = [](const Output& o) {
+  // Where a path leads: absolute, links resolved, "." and ".." and a trailing slash gone.
+  const auto identity = [](const std::string& path) {
+    namespace fs = std::filesystem;
     std::error_code ec;
-    const std::filesystem::path p = std::filesystem::weakly_canonical(resolve_output(o.path), ec);
-    return ec ? std::filesystem::absolute(o.path).lexically_normal() : p;
+    fs::path p = fs::weakly_canonical(fs::absolute(resolve_output(path)), ec);
+    if (ec) p = fs::absolute(path);
+    p = p.lexically_normal();
+    return p.has_filename() ? p : p.parent_path();
   };
+  // An output must not overwrite what the run reads (--init) nor a file the checkpoint writer
+  // owns in the --checkpoint or --resume folder (its step-* files and its lock).
+  for (const Output& o : outputs) {
+    if (o.flag == "--checkpoint" || o.stream) continue;
+    const std::filesystem::path at = identity(o.path);
+    if (!c_.init.empty() && at == identity(c_.init)) {
+      throw ValueError(str_cat(o.flag, " ", o.path, " is the --init file ", c_.init));
+    }
+    for (const std::string& folder : {c_.checkpoint, c_.resume}) {
+      const std::string name = at.filename().string();
+      if (!folder.empty() && at.parent_path() == identity(folder) &&
+          (name.rfind("step-", 0) == 0 || name == ".lock")) {
+        throw ValueError(str_cat(o.flag, " ", o.path, ": ", name,
+                                 " is the checkpoint writer's own file in ", folder));
+      }
+    }
+  }
   for (size_t i = 0; i < outputs.size(); ++i) {
     for (size_t j = i + 1; j < outputs.size(); ++j) {
       if (outputs[i].stream && outputs[j].stream) continue;
-      if (identity(outputs[i]) == identity(outputs[j])) {
+      if (identity(outputs[i].path) == identity(outputs[j].path)) {
         throw ValueError(str_cat(outputs[i].flag, " ", outputs[i].path, " and ", outputs[j].flag,
                                  " ", outputs[j].path, " name the same file"));
       }

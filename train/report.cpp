@@ -33,7 +33,7 @@ MetricsLog::MetricsLog(const std::string& path) : path_(path) {
   if (file->streaming()) stream_ = std::move(file);  // else: written at publish()
 }
 
-void MetricsLog::continue_from(int64_t step) {
+void MetricsLog::continue_from(int64_t step, int64_t epochs_done) {
   if (path_.empty() || stream_) return;
   std::error_code ec;
   if (!std::filesystem::exists(path_, ec)) return;
@@ -49,12 +49,15 @@ void MetricsLog::continue_from(int64_t step) {
                               " is not JSON; the resumed run would lose its records: give "
                               "--metrics another file"));
     }
-    const bool past =
-        record.is_object() && ((record.contains("step") && record["step"].is_number_integer() &&
-                                record["step"].get<int64_t>() > step) ||
-                               record.value("event", "") == "summary");
+    const auto field = [&](const char* key) {
+      return record.is_object() && record.contains(key) ? record[key] : nlohmann::json();
+    };
+    const bool past = (field("step").is_number_integer() && field("step").get<int64_t>() > step) ||
+                      field("event") == "summary";
     if (past) break;
-    kept += line + "\n";
+    const bool unfinished_epoch = field("event") == "epoch" && field("epoch").is_number_integer() &&
+                                  field("epoch").get<int64_t>() > epochs_done;
+    if (!unfinished_epoch) kept += line + "\n";
   }
   text_ = kept;
 }

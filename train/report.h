@@ -34,9 +34,11 @@ nlohmann::json json_number(double v);
 class MetricsLog {
  public:
   explicit MetricsLog(const std::string& path);
-  // Keeps the file's records before the first one past `step` (and before any summary); throws
-  // FileError naming the file and line when it is not JSON Lines (it is then left as it is).
-  void continue_from(int64_t step);
+  // Keeps the file's records before the first one past `step` (and before any summary), without
+  // the records of epochs beyond the first `epochs_done` (a run cut short by --max-steps reports
+  // its unfinished epoch; the resumed run reports it whole); throws FileError naming the file and
+  // line when it is not JSON Lines (it is then left as it is).
+  void continue_from(int64_t step, int64_t epochs_done);
   void emit(const nlohmann::json& record);
   void publish();
   void commit();

@@ -39,6 +39,7 @@ int run_reporting_failure(const std::string& program, std::ostream& err,
                           const std::function<std::string(const FileError&)>& hint) {
   // A file beyond `ulimit -f` is then a failed write (EFBIG), not a silent death by SIGXFSZ.
   ::signal(SIGXFSZ, SIG_IGN);
+  ::signal(SIGPIPE, SIG_IGN);  // a closed pipe or FIFO: EPIPE, a named failed write
   try {
     body();
   } catch (const Stopped& e) {
