@@ -488,8 +488,9 @@ TEST(Reliability, SigtermEndsTheProgramWithStatus75) {
   std::string command = "'" ACCRUE_MNIST_BINARY "'";
   for (const std::string& a : short_run(data, "16", "100000")) command += " '" + a + "'";
   command += " --checkpoint '" + ckpt.string() + "' 2>'" + (data / "err").string() +
-             "' & pid=$!; " + "while [ ! -e '" + (ckpt / ".lock").string() +
-             "' ]; do sleep 0.05; done; sleep 1; " + "kill -TERM $pid; wait $pid";
+             "' & pid=$!; n=0; while [ ! -e '" + (ckpt / ".lock").string() +
+             "' ] && [ $n -lt 600 ]; do sleep 0.05; n=$((n + 1)); done; sleep 1; " +
+             "kill -TERM $pid; wait $pid";
   const int status = std::system(command.c_str());
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), train::kExitStopped);
