@@ -42,6 +42,19 @@ struct EmbeddingBackward : Node {
   }
 };
 
+// Every entry of a host-resident int32 index [N] names one of `rows` rows (one on a device is
+// checked by the kernels, which record a fault instead of reading out of bounds).
+void check_row_index(const char* op, const Tensor& index, int64_t rows) {
+  if (!index.device().is_cpu()) return;
+  const int32_t* idx = index.data<int32_t>();
+  for (int64_t i = 0; i < index.numel(); ++i) {
+    if (idx[i] < 0 || idx[i] >= rows) {
+      throw ValueError(str_cat("[", op, "] index ", idx[i], " at position ", i,
+                               " is out of range for ", rows, " rows"));
+    }
+  }
+}
+
 }  // namespace
 
 Tensor cast(const Tensor& x, DType dtype) {
@@ -82,15 +95,7 @@ Tensor gather_rows(const Tensor& src, const Tensor& index) {
     throw ShapeError(str_cat("[gather_rows] needs a source with rows and an int32 [M] index, got ",
                              src.describe(), " and ", index.describe()));
   }
-  if (index.device().is_cpu()) {
-    const int32_t* idx = index.data<int32_t>();
-    for (int64_t i = 0; i < index.numel(); ++i) {
-      if (idx[i] < 0 || idx[i] >= src.size(0)) {
-        throw ValueError(str_cat("[gather_rows] index ", idx[i], " at position ", i,
-                                 " is out of range for ", src.size(0), " rows"));
-      }
-    }
-  }
+  check_row_index("gather_rows", index, src.size(0));
   Shape shape = src.shape();
   shape[0] = index.numel();
   Tensor out = Tensor::empty(shape, src.dtype(), src.device());
@@ -112,18 +117,10 @@ Tensor embedding(const Tensor& weight, const Tensor& index) {
                              weight.describe(), " (float32 or float64)"));
   }
   const Tensor flat = index.view({index.numel()});
-  if (flat.device().is_cpu()) {  // a device-resident index is checked by the kernels
-    const int32_t* idx = flat.data<int32_t>();
-    for (int64_t i = 0; i < flat.numel(); ++i) {
-      if (idx[i] < 0 || idx[i] >= weight.size(0)) {
-        throw ValueError(str_cat("[embedding] index ", idx[i], " at position ", i,
-                                 " is out of range for ", weight.size(0), " rows"));
-      }
-    }
-  }
+  check_row_index("embedding", flat, weight.size(0));
   Shape shape = index.shape();
   shape.push_back(weight.size(1));
-  Tensor out = gather_rows(weight, flat).view(shape);  // checks the index range on the host
+  Tensor out = gather_rows(weight, flat).view(shape);
   if (should_record({&weight})) {
     auto node = std::make_unique<EmbeddingBackward>();
     node->index = node->save(flat);
