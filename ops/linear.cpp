@@ -1,8 +1,8 @@
-// matmul, bias_add, linear and linear_relu, with backward nodes that accumulate the parameter
-// gradients in place: when an input is a leaf (a parameter), its gradient GEMM writes into the
-// leaf's grad buffer with beta = 1, and its bias gradient is a row-sum added into the buffer. No
-// temporary gradient tensor and no separate "add into .grad" pass exist for parameters. Read next:
-// optim/arena.h.
+// matmul, bmm (batched), bias_add, linear and linear_relu, with backward nodes that accumulate the
+// parameter gradients in place: when an input is a leaf (a parameter), its gradient GEMM writes
+// into the leaf's grad buffer with beta = 1, and its bias gradient is a row-sum added into the
+// buffer. No temporary gradient tensor and no separate "add into .grad" pass exist for parameters.
+// Read next: optim/arena.h.
 #include <memory>
 
 #include "kernels/backend.h"
@@ -14,18 +14,34 @@ namespace accrue {
 
 namespace {
 
-// Input i's gradient += op(a) @ op(b), of shape [rows, cols].
+// Matrix i of a batch [B, R, C] (a view), or the matrix itself when t is [R, C].
+Tensor matrix(const Tensor& t, int64_t i) {
+  return t.dim() == 2 ? t : t.narrow(i, 1).view({t.size(1), t.size(2)});
+}
+
+// out = op(a) @ op(b) + beta * out for every matrix of a batch (one GEMM per matrix), or for
+// one matrix.
+void batched_gemm(Backend& be, bool trans_a, bool trans_b, const Tensor& a, const Tensor& b,
+                  double beta, const Tensor& out) {
+  const int64_t batch = out.dim() == 3 ? out.size(0) : 1;
+  for (int64_t i = 0; i < batch; ++i) {
+    Tensor c = matrix(out, i);
+    be.gemm(trans_a, trans_b, 1.0, matrix(a, i), matrix(b, i), beta, c);
+  }
+}
+
+// Input i's gradient (of `shape`: [rows, cols], or [B, rows, cols]) += op(a) @ op(b).
 void add_gemm(GradSink& sink, size_t i, bool trans_a, bool trans_b, const Tensor& a,
-              const Tensor& b, int64_t rows, int64_t cols) {
+              const Tensor& b, const Shape& shape) {
   if (!sink.needs(i)) return;
   Backend& be = backend_for(a.device());
   Tensor acc = sink.grad_buffer(i);
   if (acc.defined()) {
-    be.gemm(trans_a, trans_b, 1.0, a, b, 1.0, acc);
+    batched_gemm(be, trans_a, trans_b, a, b, 1.0, acc);
     return;
   }
-  Tensor g = Tensor::empty({rows, cols}, a.dtype(), a.device());
-  be.gemm(trans_a, trans_b, 1.0, a, b, 0.0, g);
+  Tensor g = Tensor::empty(shape, a.dtype(), a.device());
+  batched_gemm(be, trans_a, trans_b, a, b, 0.0, g);
   sink.add(i, g);
 }
 
@@ -49,8 +65,25 @@ struct MatmulBackward : Node {
   Tensor b;  // [K, N]
   const char* name() const override { return "matmul"; }
   void backward(const Tensor& dy, GradSink& sink) override {  // dy [M, N]
-    add_gemm(sink, 0, false, true, dy, b, a.size(0), a.size(1));
-    add_gemm(sink, 1, true, false, a, dy, b.size(0), b.size(1));
+    add_gemm(sink, 0, false, true, dy, b, a.shape());
+    add_gemm(sink, 1, true, false, a, dy, b.shape());
+  }
+};
+
+// y [B, M, N] = a [B, M, K] @ b [B, K, N], or @ b^T for b [B, N, K] (transpose_b).
+// Without transpose: da = dy @ b^T, db = a^T @ dy. With: da = dy @ b, db = dy^T @ a.
+struct BmmBackward : Node {
+  Tensor a, b;
+  bool transpose_b = false;
+  const char* name() const override { return "bmm"; }
+  void backward(const Tensor& dy, GradSink& sink) override {
+    if (transpose_b) {
+      add_gemm(sink, 0, false, false, dy, b, a.shape());
+      add_gemm(sink, 1, true, false, dy, a, b.shape());
+    } else {
+      add_gemm(sink, 0, false, true, dy, b, a.shape());
+      add_gemm(sink, 1, true, false, a, dy, b.shape());
+    }
   }
 };
 
@@ -69,8 +102,8 @@ struct LinearBackward : Node {
   Tensor w;  // [out, in]
   const char* name() const override { return "linear"; }
   void backward(const Tensor& dy, GradSink& sink) override {  // dy [N, out]
-    add_gemm(sink, 0, false, false, dy, w, x.size(0), x.size(1));
-    add_gemm(sink, 1, true, false, dy, x, w.size(0), w.size(1));
+    add_gemm(sink, 0, false, false, dy, w, x.shape());
+    add_gemm(sink, 1, true, false, dy, x, w.shape());
     add_row_sum(sink, 2, dy);
   }
 };
@@ -94,8 +127,8 @@ struct LinearReluBackward : Node {
     } else {
       be.relu_bias_backward(y, dy, dz, 1.0, dbias);
     }
-    add_gemm(sink, 0, false, false, dz, w, x.size(0), x.size(1));
-    add_gemm(sink, 1, true, false, dz, x, w.size(0), w.size(1));
+    add_gemm(sink, 0, false, false, dz, w, x.shape());
+    add_gemm(sink, 1, true, false, dz, x, w.shape());
   }
 };
 
@@ -140,6 +173,28 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     auto node = std::make_unique<MatmulBackward>();
     node->a = node->save(a);
     node->b = node->save(b);
+    record(std::move(node), {&a, &b}, out);
+  }
+  return out;
+}
+
+Tensor bmm(const Tensor& a, const Tensor& b, bool transpose_b) {
+  check::compatible("bmm", a, b);
+  check::rank("bmm", "first input", a, 3);
+  check::rank("bmm", "second input", b, 3);
+  const int64_t inner = transpose_b ? b.size(2) : b.size(1);
+  if (a.size(0) != b.size(0) || a.size(2) != inner) {
+    throw ShapeError(str_cat("[bmm] ", shape_str(a.shape()), " @ ", shape_str(b.shape()),
+                             transpose_b ? "^T" : "", ": the batches or inner dimensions differ"));
+  }
+  Tensor out = Tensor::empty({a.size(0), a.size(1), transpose_b ? b.size(1) : b.size(2)}, a.dtype(),
+                             a.device());
+  batched_gemm(backend_for(a.device()), false, transpose_b, a, b, 0.0, out);
+  if (should_record({&a, &b})) {
+    auto node = std::make_unique<BmmBackward>();
+    node->a = node->save(a);
+    node->b = node->save(b);
+    node->transpose_b = transpose_b;
     record(std::move(node), {&a, &b}, out);
   }
   return out;

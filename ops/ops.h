@@ -24,6 +24,9 @@ Tensor sigmoid(const Tensor& x);
 // Linear algebra (ops/linear.cpp).
 // a [M, K] @ b [K, N] -> [M, N]
 Tensor matmul(const Tensor& a, const Tensor& b);
+// Batched: a [B, M, K] @ b [B, K, N] -> [B, M, N]; with transpose_b, b is [B, N, K] and each
+// matrix is multiplied by its transpose (attention's scores q @ k^T). One GEMM per matrix.
+Tensor bmm(const Tensor& a, const Tensor& b, bool transpose_b = false);
 // x [N, C] + bias [C] -> [N, C]
 Tensor bias_add(const Tensor& x, const Tensor& bias);
 // x [N, in] @ weight[out, in]^T + bias [out] -> [N, out]. bias may be undefined. The weight and

@@ -173,6 +173,16 @@ std::vector<OpCase> op_table() {
       {"log_softmax", one_matrix, [](const Inputs& x) { return log_softmax(scale(x[0], 4.0)); }},
       {"cross_entropy_sum", one_matrix,
        [](const Inputs& x) { return cross_entropy(scale(x[0], 3.0), labels_of(x[0])); }},
+      {"bmm", two_matrices,
+       [](const Inputs& x) {
+         const int64_t r = x[0].size(0), c = x[0].size(1);
+         return bmm(reshape(x[0], {1, r, c}), reshape(x[1], {1, c, r}));
+       }},
+      {"bmm_transposed", two_matrices,
+       [](const Inputs& x) {
+         const int64_t r = x[0].size(0), c = x[0].size(1);
+         return bmm(reshape(x[0], {r, 1, c}), reshape(x[1], {r, 1, c}), true);
+       }},
       {"embedding", one_matrix,
        [](const Inputs& x) { return embedding(x[0], lookups_into(x[0])); }},
       {"cross_entropy_ignoring", one_matrix,
