@@ -76,6 +76,11 @@ namespace accrue {
   X(cross_entropy_backward,                                                                        \
     (const Tensor& probs, const Tensor& labels, const Tensor& dloss, Tensor& dlogits),             \
     (probs, labels, dloss, dlogits))                                                               \
+  /* Attention's scores x [B, T, T] (query, key) -> y = softmax over the keys of scale * x, keys   \
+     after the query masked out (y = 0 there); dx = scale * y * (dy - rowsum(y * dy)). */          \
+  X(causal_softmax, (double scale, const Tensor& x, Tensor& y), (scale, x, y))                     \
+  X(causal_softmax_backward, (double scale, const Tensor& y, const Tensor& dy, Tensor& dx),        \
+    (scale, y, dy, dx))                                                                            \
   X(argmax, (const Tensor& x, Tensor& index), (x, index))                                          \
   X(count_equal, (const Tensor& a, const Tensor& b, Tensor& out), (a, b, out))                     \
   /* Convolution, NCHW, groups 1 (kernels/cpu/conv.cpp: im2col + GEMM; CUDA: cuDNN).               \

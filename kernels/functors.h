@@ -154,6 +154,24 @@ struct LogSoftmaxGrad {
     return dy - std::exp(y) * rowsum_dy;
   }
 };
+// Attention's fused softmax over the scores of query i: the scale and the causal mask folded
+// into the softmax. Forward, given the row's max m and sum s of exp(scale x - m) over the visible
+// keys j <= i: y = exp(scale x - m) / s, and 0 for a key after the query. Backward, given
+// dot = sum_k y_k dy_k over the row: dx = scale y (dy - dot) (0 where masked, since y is).
+struct CausalSoftmax {
+  ACCRUE_HD static bool visible(int64_t key, int64_t query) { return key <= query; }
+  template <typename T>
+  ACCRUE_HD T operator()(T x, T scale, T row_max, T row_sum, bool visible) const {
+    return visible ? std::exp(scale * x - row_max) / row_sum : T(0);
+  }
+};
+struct CausalSoftmaxGrad {
+  template <typename T>
+  ACCRUE_HD T operator()(T y, T dy, T dot, T scale) const {
+    return scale * y * (dy - dot);
+  }
+};
+
 // The label of a target that is not one: a padded position of a sequence adds nothing to the
 // loss and gets a zero gradient row (PyTorch's ignore_index default).
 constexpr int32_t kIgnoreLabel = -100;

@@ -52,6 +52,10 @@ using fn::kIgnoreLabel;
 // number of its rows are ignored. kMean divides by N, every row (ignored ones too).
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels,
                      Reduction reduction = Reduction::kSum);
+// Attention's weights: scores [B, T, T] (query, key) -> softmax over the keys of scale * scores,
+// each query seeing only the keys up to itself (the rest 0). Mask and scale are fused into the
+// softmax and its backward (kernels/functors.h CausalSoftmax).
+Tensor causal_softmax(const Tensor& scores, double scale);
 // Index of the largest entry of each row: [N, C] -> int32 [N]. Not differentiable.
 Tensor argmax(const Tensor& x);
 // Number of equal entries of two int32 [N] tensors, as an int64 on the host.

@@ -1,5 +1,7 @@
 // The softmax family over the last dimension of [N, C] logits: log_softmax, the fused softmax
-// cross-entropy (sum reduction by default: the reduction gradient accumulation wants), argmax.
+// cross-entropy (sum reduction by default: the reduction gradient accumulation wants), argmax;
+// and attention's causal softmax over [B, T, T] scores.
+#include <cmath>
 #include <memory>
 
 #include "kernels/backend.h"
@@ -18,6 +20,18 @@ struct LogSoftmaxBackward : Node {
   void backward(const Tensor& dy, GradSink& sink) override {
     Tensor dx = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
     backend_for(dy.device()).log_softmax_backward(y, dy, dx);
+    sink.add(0, dx);
+  }
+};
+
+// y = causal softmax of scale * x. dx = scale * y * (dy - rowsum(y * dy)).
+struct CausalSoftmaxBackward : Node {
+  Tensor y;  // [B, T, T] attention weights
+  double scale = 1;
+  const char* name() const override { return "causal_softmax"; }
+  void backward(const Tensor& dy, GradSink& sink) override {
+    Tensor dx = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
+    backend_for(dy.device()).causal_softmax_backward(scale, y, dy, dx);
     sink.add(0, dx);
   }
 };
@@ -95,6 +109,30 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, Reduction reduc
     return scale(loss, 1.0 / static_cast<double>(std::max<int64_t>(logits.size(0), 1)));
   }
   return loss;
+}
+
+Tensor causal_softmax(const Tensor& scores, double scale) {
+  check::floating("causal_softmax", "scores", scores);
+  if (scores.dim() != 3 || scores.size(1) != scores.size(2)) {
+    throw ShapeError(str_cat("[causal_softmax] scores must be [B, T, T], got shape ",
+                             shape_str(scores.shape())));
+  }
+  if (is_half(scores.dtype())) {  // the softmax runs in float32 or float64 so far
+    throw DTypeError(str_cat("[causal_softmax] a 16-bit input is not supported yet, got ",
+                             scores.describe(), " (cast the scores to float32)"));
+  }
+  if (!std::isfinite(scale)) {
+    throw ValueError(str_cat("[causal_softmax] the scale must be finite, got ", scale));
+  }
+  Tensor y = Tensor::empty(scores.shape(), scores.dtype(), scores.device());
+  backend_for(scores.device()).causal_softmax(scale, scores, y);
+  if (should_record({&scores})) {
+    auto node = std::make_unique<CausalSoftmaxBackward>();
+    node->y = node->save(y.view(y.shape()));
+    node->scale = scale;
+    record(std::move(node), {&scores}, y);
+  }
+  return y;
 }
 
 Tensor argmax(const Tensor& x) {

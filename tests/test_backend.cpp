@@ -316,6 +316,19 @@ std::vector<Row> rows() {
                                        m.ints(labels(kRows, kCols)), m.values({}, {0.25}), dlogits);
          return Outputs{dlogits};
        }},
+      {"causal_softmax",
+       [](const Maker& m) {
+         Tensor y = m.empty({3, kCols, kCols});
+         m.be().causal_softmax(0.7, m.uniform({3, kCols, kCols}, 43, -5, 5), y);
+         return Outputs{y};
+       }},
+      {"causal_softmax_backward",
+       [](const Maker& m) {
+         Tensor y = m.empty({3, kCols, kCols}), dx = m.empty({3, kCols, kCols});
+         m.be().causal_softmax(0.7, m.uniform({3, kCols, kCols}, 44, -5, 5), y);
+         m.be().causal_softmax_backward(0.7, y, m.uniform({3, kCols, kCols}, 45), dx);
+         return Outputs{dx};
+       }},
       {"argmax",
        [](const Maker& m) {
          Tensor index = Tensor::empty({kRows}, DType::kInt32, m.device);

@@ -65,6 +65,9 @@ Dims one_matrix(int64_t r, int64_t c) {
 Dims two_matrices(int64_t r, int64_t c) {
   return {{r, c}, {r, c}};
 }
+Dims attention_scores(int64_t, int64_t c) {  // [B, T, T] with T from the size's columns
+  return {{2, c, c}};
+}
 Dims one_vector(int64_t r, int64_t c) {
   return {{r * c}};
 }
@@ -183,6 +186,8 @@ std::vector<OpCase> op_table() {
          const int64_t r = x[0].size(0), c = x[0].size(1);
          return bmm(reshape(x[0], {r, 1, c}), reshape(x[1], {r, 1, c}), true);
        }},
+      {"causal_softmax", attention_scores,
+       [](const Inputs& x) { return causal_softmax(scale(x[0], 3.0), 0.5); }},
       {"embedding", one_matrix,
        [](const Inputs& x) { return embedding(x[0], lookups_into(x[0])); }},
       {"cross_entropy_ignoring", one_matrix,
@@ -310,7 +315,7 @@ TEST_P(OpTable, EveryDeviceMatchesCpu) {
 bool takes_half(const std::string& op) {
   for (const char* prefix :
        {"log_softmax", "cross_entropy", "mlp", "conv2d", "max_pool2d", "avg_pool2d", "group_norm",
-        "layer_norm", "batch_norm", "dropout", "embedding"}) {
+        "layer_norm", "batch_norm", "dropout", "embedding", "causal_softmax"}) {
     if (op.rfind(prefix, 0) == 0) return false;
   }
   return true;
@@ -393,6 +398,34 @@ TEST(Ops, ForwardValuesOnKnownInputs) {
   Tensor scores = Tensor::from_vector<float>({2, 3}, {0.1f, 0.7f, 0.2f, 0.9f, 0.05f, 0.05f});
   EXPECT_EQ(argmax(scores).to_vector<int32_t>(), (std::vector<int32_t>{1, 0}));
   EXPECT_EQ(count_equal(argmax(scores), Tensor::from_vector<int32_t>({2}, {1, 2})), 1);
+}
+
+// The causal softmax against its definition: query i sees keys 0..i, each row sums to 1, and
+// the first query attends to the first key alone; on every device.
+TEST(Ops, CausalSoftmaxMasksTheKeysAfterEachQuery) {
+  const std::vector<double> x{1, 9, 9, 2, 3, 9, 0.5, -1, 4};  // [1, 3, 3]; 9s are masked
+  for (Device device : devices()) {
+    const auto y =
+        causal_softmax(Tensor::from_vector<double>({1, 3, 3}, x, device), 0.5).to(Device::cpu());
+    const auto v = y.to_vector<double>();
+    const double e1 = std::exp(0.5 * 2), e2 = std::exp(0.5 * 3);
+    const double f0 = std::exp(0.25), f1 = std::exp(-0.5), f2 = std::exp(2.0);
+    const std::vector<double> want{1,
+                                   0,
+                                   0,
+                                   e1 / (e1 + e2),
+                                   e2 / (e1 + e2),
+                                   0,
+                                   f0 / (f0 + f1 + f2),
+                                   f1 / (f0 + f1 + f2),
+                                   f2 / (f0 + f1 + f2)};
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(v[i], want[i], 1e-15) << i << device.str();
+  }
+  expect_error<ShapeError>(
+      [] {
+        causal_softmax(Tensor::zeros({2, 3, 4}, DType::kFloat32), 1.0);
+      },
+      {"causal_softmax", "[B, T, T]", "[2, 3, 4]"});
 }
 
 // An embedding's gradient: each row of the table receives the sum of the gradients of its uses

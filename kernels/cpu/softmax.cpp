@@ -1,6 +1,7 @@
 // CPU softmax family, one row per iteration: log_softmax and its backward, the fused softmax
-// cross-entropy with sum reduction and its backward. Rows are independent, so they run in
-// parallel; the loss sums per-row values in row order (deterministic).
+// cross-entropy with sum reduction and its backward, attention's causal softmax and its backward.
+// Rows are independent, so they run in parallel; the loss sums per-row values in row order
+// (deterministic).
 #include <cmath>
 #include <vector>
 
@@ -91,6 +92,47 @@ void CpuBackend::cross_entropy_backward(const Tensor& probs, const Tensor& label
     for_rows(rows, cols, [=](int64_t r) {
       for (int64_t c = 0; c < cols; ++c) {
         out[r * cols + c] = fn::CrossEntropyGrad{}(p[r * cols + c], c, label[r], g);
+      }
+    });
+  });
+}
+
+void CpuBackend::causal_softmax(double scale, const Tensor& x, Tensor& y) {
+  // x, y [B, T, T]: row r is query r % T of its matrix; keys after it are masked
+  ACCRUE_DISPATCH_FLOATING(x.dtype(), "causal_softmax", [&] {
+    const int64_t t = x.size(2), rows = x.numel() / std::max<int64_t>(t, 1);
+    const T* in = x.data<T>();
+    T* out = y.data<T>();
+    const T s = static_cast<T>(scale);
+    for_rows(rows, t, [=](int64_t r) {
+      const T* xr = in + r * t;
+      const int64_t query = r % t;
+      T max = s * xr[0];
+      for (int64_t k = 1; k <= query; ++k) max = s * xr[k] > max ? s * xr[k] : max;
+      T total = 0;
+      for (int64_t k = 0; k <= query; ++k) total += std::exp(s * xr[k] - max);
+      for (int64_t k = 0; k < t; ++k) {
+        out[r * t + k] =
+            fn::CausalSoftmax{}(xr[k], s, max, total, fn::CausalSoftmax::visible(k, query));
+      }
+    });
+  });
+}
+
+void CpuBackend::causal_softmax_backward(double scale, const Tensor& y, const Tensor& dy,
+                                         Tensor& dx) {
+  // y, dy, dx [B, T, T]: dx = scale * y * (dy - sum_k y_k dy_k) per row
+  ACCRUE_DISPATCH_FLOATING(y.dtype(), "causal_softmax_backward", [&] {
+    const int64_t t = y.size(2), rows = y.numel() / std::max<int64_t>(t, 1);
+    const T* py = y.data<T>();
+    const T* pdy = dy.data<T>();
+    T* pdx = dx.data<T>();
+    const T s = static_cast<T>(scale);
+    for_rows(rows, t, [=](int64_t r) {
+      T dot = 0;
+      for (int64_t k = 0; k < t; ++k) dot += py[r * t + k] * pdy[r * t + k];
+      for (int64_t k = 0; k < t; ++k) {
+        pdx[r * t + k] = fn::CausalSoftmaxGrad{}(py[r * t + k], pdy[r * t + k], dot, s);
       }
     });
   });

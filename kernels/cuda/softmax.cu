@@ -86,6 +86,40 @@ __global__ void cross_entropy_kernel(const T* x, const int32_t* labels, T* probs
   }
 }
 
+// x [B, T, T] -> y: row r is query r % T; the softmax of scale * x over keys k <= query, 0 after
+template <typename T>
+__global__ void causal_softmax_kernel(const T* x, T* y, T scale, int64_t rows, int64_t t) {
+  const int64_t r = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (r >= rows) return;
+  const T* row = x + r * t;
+  const int64_t query = r % t;
+  T m = -INFINITY;
+  for (int64_t k = lane; k <= query; k += kWarp) m = max(m, scale * row[k]);
+  m = warp_max(m);
+  T s = 0;
+  for (int64_t k = lane; k <= query; k += kWarp) s += exp(scale * row[k] - m);
+  s = warp_sum(s);
+  for (int64_t k = lane; k < t; k += kWarp) {
+    y[r * t + k] = fn::CausalSoftmax{}(row[k], scale, m, s, fn::CausalSoftmax::visible(k, query));
+  }
+}
+
+// y, dy [B, T, T] -> dx = scale * y * (dy - rowsum(y * dy))
+template <typename T>
+__global__ void causal_softmax_backward_kernel(const T* y, const T* dy, T* dx, T scale,
+                                               int64_t rows, int64_t t) {
+  const int64_t r = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (r >= rows) return;
+  T dot = 0;
+  for (int64_t k = lane; k < t; k += kWarp) dot += y[r * t + k] * dy[r * t + k];
+  dot = warp_sum(dot);
+  for (int64_t k = lane; k < t; k += kWarp) {
+    dx[r * t + k] = fn::CausalSoftmaxGrad{}(y[r * t + k], dy[r * t + k], dot, scale);
+  }
+}
+
 int row_blocks(int64_t rows) {
   return static_cast<int>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
 }
@@ -106,6 +140,27 @@ void CudaBackend::log_softmax_backward(const Tensor& y, const Tensor& dy, Tensor
     if (y.size(0) == 0) return;
     log_softmax_backward_kernel<<<row_blocks(y.size(0)), kThreads, 0, stream_of(y)>>>(
         y.data<T>(), dy.data<T>(), dx.data<T>(), y.size(0), y.size(1));
+    ACCRUE_CUDA_LAUNCH_CHECK();
+  });
+}
+
+void CudaBackend::causal_softmax(double scale, const Tensor& x, Tensor& y) {
+  ACCRUE_DISPATCH_FLOATING(x.dtype(), "causal_softmax", [&] {
+    const int64_t t = x.size(2), rows = t ? x.numel() / t : 0;
+    if (rows == 0) return;
+    causal_softmax_kernel<<<row_blocks(rows), kThreads, 0, stream_of(x)>>>(
+        x.data<T>(), y.data<T>(), static_cast<T>(scale), rows, t);
+    ACCRUE_CUDA_LAUNCH_CHECK();
+  });
+}
+
+void CudaBackend::causal_softmax_backward(double scale, const Tensor& y, const Tensor& dy,
+                                          Tensor& dx) {
+  ACCRUE_DISPATCH_FLOATING(y.dtype(), "causal_softmax_backward", [&] {
+    const int64_t t = y.size(2), rows = t ? y.numel() / t : 0;
+    if (rows == 0) return;
+    causal_softmax_backward_kernel<<<row_blocks(rows), kThreads, 0, stream_of(y)>>>(
+        y.data<T>(), dy.data<T>(), dx.data<T>(), static_cast<T>(scale), rows, t);
     ACCRUE_CUDA_LAUNCH_CHECK();
   });
 }
