@@ -19,6 +19,9 @@ std::string reason(int err) {
   return std::strerror(err);
 }
 
+// A temporary is "<destination>" + this + six characters from mkstemp.
+constexpr const char* kTemporaryInfix = ".tmp.";
+
 std::string folder_of(const std::string& path) {
   const std::string parent = std::filesystem::path(path).parent_path().string();
   return parent.empty() ? "." : parent;
@@ -117,17 +120,24 @@ OutputKind check_output(const std::string& path, const std::string& what) {
                                                                : OutputKind::kNew;
 }
 
+bool is_stream(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode));
+}
+
+bool is_temporary_of(const std::string& name, const std::string& target) {
+  const std::string prefix = target + kTemporaryInfix;
+  return name.size() == prefix.size() + 6 && name.compare(0, prefix.size(), prefix) == 0;
+}
+
 void remove_stale_temporaries(const std::string& path) {
   namespace fs = std::filesystem;
-  const fs::path target = path;
-  const std::string prefix = target.filename().string() + ".tmp.";
+  const std::string target = fs::path(path).filename().string();
   std::error_code ec;
   fs::directory_iterator entries(folder_of(path), ec);
   if (ec) return;
   for (const auto& entry : entries) {
-    const std::string name = entry.path().filename().string();
-    if (name.size() == prefix.size() + 6 && name.compare(0, prefix.size(), prefix) == 0 &&
-        entry.is_regular_file(ec)) {
+    if (is_temporary_of(entry.path().filename().string(), target) && entry.is_regular_file(ec)) {
       fs::remove(entry.path(), ec);
     }
   }
@@ -135,7 +145,7 @@ void remove_stale_temporaries(const std::string& path) {
 
 AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
   struct stat st {};
-  if (::stat(path_.c_str(), &st) == 0 && (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode))) {
+  if (is_stream(path_)) {
     // A device or a FIFO has no folder entry to replace: its bytes go straight to it. A FIFO
     // nobody reads is refused (opening it would wait for a reader, signals unheard).
     fd_ = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC | O_NONBLOCK);
@@ -153,7 +163,7 @@ AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
                                        : ": is not a regular file, a device or a FIFO"));
   }
   const std::string target = resolve_output(path_);  // the link stays; its target is replaced
-  std::string pattern = target + ".tmp.XXXXXX";
+  std::string pattern = target + kTemporaryInfix + "XXXXXX";
   fd_ = ::mkstemp(pattern.data());
   if (fd_ < 0) {
     throw FileError(str_cat(path_, ": cannot create a temporary file in ", folder_of(target), ": ",

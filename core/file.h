@@ -40,7 +40,15 @@ OutputKind check_output(const std::string& path, const std::string& what);
 // link resolves to where its target would be created. Throws FileError on a loop.
 std::string resolve_output(const std::string& path);
 
-// Removes "<path>.tmp.XXXXXX" files beside path: temporaries a killed writer left behind.
+// Whether path (following links) is a character device or a FIFO: written directly, not
+// replaced.
+bool is_stream(const std::string& path);
+
+// Whether a file name is one of AtomicFile's temporaries for a file named `target`:
+// "<target>.tmp.XXXXXX".
+bool is_temporary_of(const std::string& name, const std::string& target);
+
+// Removes the temporaries of path beside it: what a killed writer left behind.
 void remove_stale_temporaries(const std::string& path);
 
 class AtomicFile {
@@ -62,7 +70,6 @@ class AtomicFile {
   void commit();
   const std::string& path() const { return path_; }
   const std::string& temp_path() const { return temp_; }
-  bool streaming() const { return stream_; }  // a device or FIFO, written directly
 
  private:
   [[noreturn]] void fail(const std::string& what, int err);

@@ -95,10 +95,9 @@ void expect_words(const std::string& text, const std::vector<std::string>& words
 
 // ---- outputs ----
 
-// Regular files through links: the link stays, its target is replaced. Devices and FIFOs are
-// written directly: /dev/null discards, /dev/full fails with exit 1 naming the file. Folders,
-// sockets and block devices are refused with exit 2 before any data is read.
-TEST(Reliability, OutputsAreWrittenAsWhatTheyAre) {
+// Regular files through links: the link stays, its target is replaced. Folders, sockets and
+// block devices are refused with exit 2 before any data is read.
+TEST(Reliability, LinksAreFollowedAndNonFilesRefused) {
   const fs::path data = make_dataset("outputs", 512, 64);
   const fs::path dir = temp_dir("outputs-out");
   // A link to a regular file: the target gets the weights, the link stays a link.
@@ -142,7 +141,16 @@ TEST(Reliability, OutputsAreWrittenAsWhatTheyAre) {
     expect_words(bad.err, row.words);
   }
   ::close(fd);
+  fs::remove_all(dir);
+}
 
+// Character devices and FIFOs are written directly: /dev/null discards, /dev/full fails with
+// exit 1 naming the file; a FIFO's reader gets every record, a FIFO without one is refused at
+// once, and one whose reader leaves is a failed write, not death by SIGPIPE.
+TEST(Reliability, DevicesAndFifosAreWrittenDirectly) {
+  const fs::path data = make_dataset("streams", 512, 64);
+  const fs::path dir = temp_dir("streams-out");
+  CliResult r;
   // Character devices: made with mknod (root, as CI runs), else the system's own.
   fs::path null_device = dir / "null", full_device = dir / "full";
   if (!make_node(null_device, S_IFCHR, 1, 3) || !make_node(full_device, S_IFCHR, 1, 7)) {

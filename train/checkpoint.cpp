@@ -251,17 +251,14 @@ CheckpointLock::CheckpointLock(const std::string& dir) {
                                   " is locked)")
                         : str_cat(lock, ": cannot lock it: ", std::strerror(err)));
   }
-  // Nobody else writes here now: temporaries of our own names are what a killed writer left
-  // ("step-<10 digits>.json.tmp.XXXXXX" and ".safetensors"); nothing else is touched.
+  // Nobody else writes here now: the temporaries of checkpoint files are what a killed writer
+  // left; nothing else is touched.
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
     long long step = 0;
+    if (std::sscanf(name.c_str(), "step-%lld", &step) != 1) continue;
     for (const char* kind : {".json", ".safetensors"}) {
-      const std::string own =
-          stem(std::sscanf(name.c_str(), "step-%lld", &step) == 1 ? step : -1) + kind + ".tmp.";
-      if (name.size() == own.size() + 6 && name.compare(0, own.size(), own) == 0) {
-        fs::remove(entry.path(), ec);
-      }
+      if (is_temporary_of(name, stem(step) + kind)) fs::remove(entry.path(), ec);
     }
   }
 }

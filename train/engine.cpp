@@ -4,8 +4,6 @@
 //   and its pieces -> accumulator -> resume -> epochs (windows, evaluation) -> summary and save.
 #include "train/engine.h"
 
-#include <signal.h>
-
 #include <iomanip>
 #include <map>
 #include <optional>
@@ -445,20 +443,22 @@ std::vector<nn::NamedTensor> saved_state(optim::ParameterArena& arena, const nn:
 // optimizer gathers its state; rank 0 writes).
 void Run::write_checkpoint(const TrainPosition& position) {
   if (c_.checkpoint.empty() || position.step == last_checkpoint_) return;
-  auto optimizer_state = optimizer_->save_state();
+  const auto optimizer_state = optimizer_->save_state();
+  const auto model_state = saved_state(*arena_, *model_);
   if (lead_) {
     // The metrics first: killed between the two, the resume starts from the previous
     // checkpoint and drops the records past it; the other way round, records would be lost.
     metrics_->publish();
-    train::write_checkpoint(c_.checkpoint, run_id_, run_config_, position,
-                            saved_state(*arena_, *model_), optimizer_state);
+    train::write_checkpoint(c_.checkpoint, run_id_, run_config_, position, model_state,
+                            optimizer_state);
   }
   if (comm_->world_size() > 1) {
     // No rank reads it before it is complete. The others wait here while rank 0 writes: the
     // watchdog allows that at a slow disk's 1 MiB/s.
     size_t bytes = 0;
-    for (const auto& [name, t] : optimizer_state) bytes += t.nbytes();
-    for (const auto& [name, t] : saved_state(*arena_, *model_)) bytes += t.nbytes();
+    for (const auto& state : {&optimizer_state, &model_state}) {
+      for (const auto& [name, t] : *state) bytes += t.nbytes();
+    }
     const distributed::LongWaitAllowance allowance(*comm_, static_cast<double>(bytes) / (1 << 20));
     comm_->barrier();
   }
@@ -722,9 +722,7 @@ void Run::finish() {
 }
 
 Summary Run::train() {
-  const StopSignals stop_signals;
-  ::signal(SIGXFSZ, SIG_IGN);  // a file beyond `ulimit -f`: EFBIG, a named failed write
-  ::signal(SIGPIPE, SIG_IGN);  // a metrics pipe whose reader left: EPIPE, likewise
+  const RunSignals signals;  // stop requests recorded; SIGXFSZ and SIGPIPE ignored
   setup_ranks_and_threads();
   if (lead_ && !c_.checkpoint.empty()) {
     check_checkpoint_folder(c_.checkpoint, c_.resume);  // the command line checked it before

@@ -262,28 +262,20 @@ void Flags::check_outputs() {
   }
 }
 
-void Flags::check() {
-  // An empty value is a mistake (a variable that was never set), never "not given".
+// An empty value is a mistake (a variable that was never set), never "not given".
+void Flags::check_no_empty_values() const {
   for (const CLI::Option* option : app_.get_options()) {
     if (option->count() == 0 || option->get_type_size() == 0) continue;
     for (const std::string& value : option->results()) {
       if (value.empty()) throw ValueError(option->get_name() + ": the value is empty");
     }
   }
-  c_.device = Device::parse(device_);
-  if (c_.device.is_cuda() && c_.device.index >= cuda_device_count()) {
-    throw ValueError("--device " + device_ + ": no such GPU (" +
-                     (cuda_unavailable_reason().empty()
-                          ? "only " + std::to_string(cuda_device_count()) + " present"
-                          : cuda_unavailable_reason()) +
-                     ")");
-  }
-  resolve_loss_scale(c_.loss_scale, c_.precision);
-  c_.shuffle = !no_shuffle_;
-  // The world size comes from the launcher's environment: no MPI call before the data is read.
-  const distributed::LaunchInfo launch = distributed::launch_info();
-  // Every k the run will use: one, or each of --accum-schedule's; with --memory-budget the
-  // micro-batch is measured later, and only the effective batch is known here.
+}
+
+// Every k the run will use -- one, or each of --accum-schedule's; with --memory-budget the
+// micro-batch is measured later and only the effective batch is known here -- must divide over
+// the launcher's ranks and scale --lr to a usable rate.
+void Flags::check_batches(int world_size) const {
   std::vector<Config> variants{c_};
   if (!c_.memory_budget.empty()) {
     parse_bytes(c_.memory_budget);
@@ -295,7 +287,7 @@ void Flags::check() {
     variants.front().micro_batch = 1;  // any divisor: the batch and lr checks below
     if (variants.front().batch == 0) variants.front().batch = 128;
     // The budget picks the micro-batch and k: only --batch is the user's to change.
-    const int64_t batch = variants.front().batch, ranks = launch.world_size;
+    const int64_t batch = variants.front().batch, ranks = world_size;
     if (batch % ranks != 0) {
       throw ValueError(str_cat("--memory-budget: --batch ", batch, " does not split over ", ranks,
                                " ranks; nearest: --batch ", batch / ranks * ranks, " or --batch ",
@@ -315,7 +307,7 @@ void Flags::check() {
     }
   }
   for (const Config& v : variants) {
-    const optim::ResolvedBatch batch = resolve_config_batch(v, launch.world_size);
+    const optim::ResolvedBatch batch = resolve_config_batch(v, world_size);
     const double lr =
         optim::scale_lr(c_.lr, batch.batch, c_.base_batch, optim::parse_lr_scaling(c_.lr_scaling));
     if (!std::isfinite(lr) || !(lr > 0)) {
@@ -324,6 +316,37 @@ void Flags::check() {
                                ", not a usable learning rate"));
     }
   }
+}
+
+// --resume names a folder and excludes --init, which names a file.
+void Flags::check_inputs() const {
+  if (!c_.resume.empty() &&
+      input_kind("--resume", c_.resume) != std::filesystem::file_type::directory) {
+    throw ValueError("--resume " + c_.resume + ": no such folder");
+  }
+  if (!c_.resume.empty() && !c_.init.empty()) {
+    throw ValueError("--resume continues a run; it excludes --init");
+  }
+  if (!c_.init.empty() && input_kind("--init", c_.init) != std::filesystem::file_type::regular) {
+    throw ValueError("--init " + c_.init + ": no such file");
+  }
+}
+
+void Flags::check() {
+  check_no_empty_values();
+  c_.device = Device::parse(device_);
+  if (c_.device.is_cuda() && c_.device.index >= cuda_device_count()) {
+    throw ValueError("--device " + device_ + ": no such GPU (" +
+                     (cuda_unavailable_reason().empty()
+                          ? "only " + std::to_string(cuda_device_count()) + " present"
+                          : cuda_unavailable_reason()) +
+                     ")");
+  }
+  resolve_loss_scale(c_.loss_scale, c_.precision);
+  c_.shuffle = !no_shuffle_;
+  // The world size comes from the launcher's environment: no MPI call before the data is read.
+  const distributed::LaunchInfo launch = distributed::launch_info();
+  check_batches(launch.world_size);
   if (c_.zero == 1 && c_.bucket_kib > 0) {
     throw ValueError(
         "--zero 1 reduce-scatters the gradient at the boundary; it does not "
@@ -335,16 +358,7 @@ void Flags::check() {
         "with --zero 1 (sharded optimizer state)");
   }
   if (launch.rank == 0) check_outputs();  // rank 0 alone writes them
-  if (!c_.resume.empty() &&
-      input_kind("--resume", c_.resume) != std::filesystem::file_type::directory) {
-    throw ValueError("--resume " + c_.resume + ": no such folder");
-  }
-  if (!c_.resume.empty() && !c_.init.empty()) {
-    throw ValueError("--resume continues a run; it excludes --init");
-  }
-  if (!c_.init.empty() && input_kind("--init", c_.init) != std::filesystem::file_type::regular) {
-    throw ValueError("--init " + c_.init + ": no such file");
-  }
+  check_inputs();
 }
 
 std::vector<int64_t> parse_size_list(const std::string& flag, const std::string& text, int64_t max,

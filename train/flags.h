@@ -30,7 +30,10 @@ class Flags {
   void check();
 
  private:
+  void check_no_empty_values() const;
+  void check_batches(int world_size) const;
   void check_outputs();
+  void check_inputs() const;
   CLI::App& app_;
   Config& c_;
   std::string device_;

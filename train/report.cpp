@@ -28,9 +28,12 @@ nlohmann::json json_number(double v) {
 }
 
 MetricsLog::MetricsLog(const std::string& path) : path_(path) {
+  // A device or FIFO takes each record as it comes; a file is written whole at publish(), into
+  // a folder checked now rather than when the run is over.
   if (path_.empty()) return;
-  auto file = std::make_unique<AtomicFile>(path_);
-  if (file->streaming()) stream_ = std::move(file);  // else: written at publish()
+  if (check_output(path_, "--metrics") == OutputKind::kStream) {
+    stream_ = std::make_unique<AtomicFile>(path_);
+  }
 }
 
 void MetricsLog::continue_from(int64_t step, int64_t epochs_done) {

@@ -1,8 +1,6 @@
 // Exit statuses and aborting the job (see run.h).
 #include "train/run.h"
 
-#include <signal.h>
-
 #include <ostream>
 
 #include "distributed/communicator.h"
@@ -37,9 +35,6 @@ int fail(const std::string& program, std::ostream& err, const std::string& messa
 int run_reporting_failure(const std::string& program, std::ostream& err,
                           const std::function<void()>& body,
                           const std::function<std::string(const FileError&)>& hint) {
-  // A file beyond `ulimit -f` is then a failed write (EFBIG), not a silent death by SIGXFSZ.
-  ::signal(SIGXFSZ, SIG_IGN);
-  ::signal(SIGPIPE, SIG_IGN);  // a closed pipe or FIFO: EPIPE, a named failed write
   try {
     body();
   } catch (const Stopped& e) {

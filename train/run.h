@@ -7,9 +7,9 @@
 //       (given --checkpoint) and the metrics written: --resume continues (signals.h)
 // With several ranks a failure on one ends them all at once (the communicator aborts the job)
 // instead of leaving the others waiting in the next collective; the message names the rank. A
-// stop ends every rank with 75 after the same step, without an abort. SIGXFSZ is ignored while
-// a program runs: a write beyond `ulimit -f` fails with EFBIG like a full disk, names the file
-// and keeps the previous one. Read next: examples/mnist/main.cpp.
+// stop ends every rank with 75 after the same step, without an abort. While train() runs,
+// SIGXFSZ is ignored: a write beyond `ulimit -f` fails with EFBIG like a full disk, names the
+// file and keeps the previous one (signals.h). Read next: examples/mnist/main.cpp.
 #pragma once
 
 #include <functional>

@@ -1,11 +1,15 @@
-// Stopping a run cleanly on request. Clusters preempt jobs with SIGTERM (SLURM's --signal,
+// The signals of a training run. Clusters preempt jobs with SIGTERM (SLURM's --signal,
 // Kubernetes), users press Ctrl-C (SIGINT), schedulers send SIGUSR1 ahead of a time limit. While
-// a StopSignals guard lives, each of the three only records that a stop was requested; the
-// engine finishes the window in progress, writes a checkpoint and its metrics, and ends with
+// a RunSignals guard lives, each of the three only records that a stop was requested; the engine
+// finishes the window in progress, writes a checkpoint and its metrics, and ends with
 // kExitStopped (the stop request travels with the boundary's all-reduce, so every rank stops
 // after the same step). A second signal of the same kind gets the default action: a run that
-// does not stop can still be killed with a second Ctrl-C. Read next: engine.cpp (Run::train).
+// does not stop can still be killed with a second Ctrl-C. SIGXFSZ and SIGPIPE are ignored, so a
+// file beyond `ulimit -f` (EFBIG) or a metrics pipe whose reader left (EPIPE) is a failed write
+// that names its file, not a silent death. Read next: engine.cpp (Run::train).
 #pragma once
+
+#include <signal.h>
 
 #include <stdexcept>
 #include <string>
@@ -16,12 +20,15 @@ namespace accrue::train {
 // again": --resume continues it).
 constexpr int kExitStopped = 75;
 
-class StopSignals {
+class RunSignals {
  public:
-  StopSignals();   // installs the handlers for SIGTERM, SIGINT and SIGUSR1
-  ~StopSignals();  // restores the previous ones
-  StopSignals(const StopSignals&) = delete;
-  StopSignals& operator=(const StopSignals&) = delete;
+  RunSignals();   // installs the stop handlers and ignores SIGXFSZ and SIGPIPE
+  ~RunSignals();  // restores what was there before
+  RunSignals(const RunSignals&) = delete;
+  RunSignals& operator=(const RunSignals&) = delete;
+
+ private:
+  struct sigaction previous_[5];
 };
 
 // The signal that requested a stop since the guard was made (0: none).

@@ -74,28 +74,25 @@ void CudaBackend::index_add_rows(const Tensor& src, const Tensor& index, Tensor&
   Tensor run_index = ints(n), run_length = ints(n), run_start = ints(n), runs = ints(1);
   int32_t* p = positions.data<int32_t>();
   for_each(n, stream, [=] __device__(int64_t i) { p[i] = static_cast<int32_t>(i); });
-  // CUB's temporary storage: sized by a first call without storage, as CUB documents.
-  size_t sort_bytes = 0, encode_bytes = 0, scan_bytes = 0;
-  ACCRUE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
-      nullptr, sort_bytes, index.data<int32_t>(), sorted_index.data<int32_t>(), p,
-      sorted_positions.data<int32_t>(), count, 0, 32, stream));
-  ACCRUE_CUDA_CHECK(cub::DeviceRunLengthEncode::Encode(
-      nullptr, encode_bytes, sorted_index.data<int32_t>(), run_index.data<int32_t>(),
-      run_length.data<int32_t>(), runs.data<int32_t>(), count, stream));
-  ACCRUE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, run_length.data<int32_t>(),
-                                                  run_start.data<int32_t>(), count, stream));
-  size_t bytes = std::max(sort_bytes, std::max(encode_bytes, scan_bytes));
-  Tensor storage = ints(static_cast<int64_t>((bytes + 3) / 4) + 1);
-  ACCRUE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
-      storage.raw(), bytes, index.data<int32_t>(), sorted_index.data<int32_t>(), p,
-      sorted_positions.data<int32_t>(), count, 0, 32, stream));
-  bytes = std::max(sort_bytes, std::max(encode_bytes, scan_bytes));
-  ACCRUE_CUDA_CHECK(cub::DeviceRunLengthEncode::Encode(
-      storage.raw(), bytes, sorted_index.data<int32_t>(), run_index.data<int32_t>(),
-      run_length.data<int32_t>(), runs.data<int32_t>(), count, stream));
-  bytes = std::max(sort_bytes, std::max(encode_bytes, scan_bytes));
-  ACCRUE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(storage.raw(), bytes, run_length.data<int32_t>(),
-                                                  run_start.data<int32_t>(), count, stream));
+  // The three CUB passes -- sort, run-length encoding, scan of the lengths -- in one temporary
+  // buffer. Called with no storage, each pass only reports the bytes it needs (as CUB
+  // documents); the largest sizes the buffer for the real calls.
+  const int32_t* sorted = sorted_index.data<int32_t>();
+  const auto passes = [&](void* storage, size_t capacity) {
+    size_t need[3] = {capacity, capacity, capacity};
+    ACCRUE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+        storage, need[0], index.data<int32_t>(), sorted_index.data<int32_t>(), p,
+        sorted_positions.data<int32_t>(), count, 0, 32, stream));
+    ACCRUE_CUDA_CHECK(cub::DeviceRunLengthEncode::Encode(
+        storage, need[1], sorted, run_index.data<int32_t>(), run_length.data<int32_t>(),
+        runs.data<int32_t>(), count, stream));
+    ACCRUE_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(storage, need[2], run_length.data<int32_t>(),
+                                                    run_start.data<int32_t>(), count, stream));
+    return std::max(need[0], std::max(need[1], need[2]));
+  };
+  const size_t bytes = passes(nullptr, 0);
+  Tensor storage = ints(static_cast<int64_t>(bytes / 4) + 1);
+  passes(storage.raw(), bytes);
   DeviceFault* fault = context(device.index).fault;
   ACCRUE_DISPATCH_FLOATING(src.dtype(), "index_add_rows", [&] {
     const T* in = src.data<T>();
@@ -109,7 +106,7 @@ void CudaBackend::index_add_rows(const Tensor& src, const Tensor& index, Tensor&
       if (run >= *run_count) return;
       const int32_t r = key[run];
       if (r < 0 || r >= rows) {
-        if (c == 0) record_fault(fault, kScatterIndex, r, first[run], rows);
+        if (c == 0) record_fault(fault, kScatterIndex, r, pos[first[run]], rows);
         return;
       }
       T total = 0;
