@@ -31,6 +31,9 @@ namespace accrue {
      backward (an embedding's gradient). Floating, one dtype. Deterministic without atomics: each  \
      output row adds its source rows in increasing n, on every device and thread count. */         \
   X(index_add_rows, (const Tensor& src, const Tensor& index, Tensor& out), (src, index, out))      \
+  /* y = x with its dimensions permuted (y's dimension i is x's dims[i]; any dtype, both         \
+     contiguous): the head split and merge of attention. */                                        \
+  X(permute, (const Tensor& x, const Shape& dims, Tensor& y), (x, dims, y))                        \
   /* Element-wise, for the ops of kernels/functors.h: y = op(x); dx = op'(saved) * dy, saved       \
      being x or y as the functor says; out = a op b; y = alpha * x; y += alpha * x (the            \
      accumulation primitive). */                                                                   \
@@ -186,6 +189,24 @@ Backend& backend_for(Device device);
 // and a GPU of a build with cuDNN). Those primitives throw DeviceError with these words; the
 // tests skip on them.
 std::string conv_unavailable_reason(Device device);
+
+// Backend::permute's index arithmetic for x's shape and dims (checked by the public op: a
+// permutation of at most fn::PermuteIndex::kMaxDims dimensions).
+inline fn::PermuteIndex permute_index(const Shape& in, const Shape& dims) {
+  fn::PermuteIndex p;
+  p.rank = static_cast<int>(dims.size());
+  int64_t stride = 1;
+  std::vector<int64_t> in_stride(in.size());
+  for (size_t d = in.size(); d-- > 0;) {
+    in_stride[d] = stride;
+    stride *= in[d];
+  }
+  for (int i = 0; i < p.rank; ++i) {
+    p.size[i] = in[static_cast<size_t>(dims[static_cast<size_t>(i)])];
+    p.in_stride[i] = in_stride[static_cast<size_t>(dims[static_cast<size_t>(i)])];
+  }
+  return p;
+}
 
 // Backend::gemm's operands in BLAS terms, row-major: a stored matrix's leading dimension is its
 // column count whether or not it is used transposed.

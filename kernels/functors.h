@@ -189,6 +189,26 @@ struct CrossEntropyGrad {
   }
 };
 
+// A permutation of a contiguous tensor's dimensions, as index arithmetic both backends run:
+// y = x.permute(dims) (y's dimension i is x's dimension dims[i]), both contiguous. source(j) is
+// the offset in x of y's element j: j's digits in y's sizes, each times the stride in x of the
+// dimension it came from.
+struct PermuteIndex {
+  static constexpr int kMaxDims = 8;
+  int rank = 0;
+  int64_t size[kMaxDims] = {};       // y's sizes
+  int64_t in_stride[kMaxDims] = {};  // x's stride (elements) of y's dimension i
+  ACCRUE_HD int64_t source(int64_t j) const {
+    int64_t offset = 0;
+    for (int d = rank - 1; d >= 0; --d) {
+      const int64_t q = j / size[d];
+      offset += (j - q * size[d]) * in_stride[d];
+      j = q;
+    }
+    return offset;
+  }
+};
+
 // Boundary scalars from the global sum of squares and the non-finite count: out = {norm, coef,
 // skip, scale}; steps[0] counts applied updates; scaler = {scale, clean windows} or null. See
 // Backend::boundary. Runs on one thread. The loss scale costs nothing here: the overflow check

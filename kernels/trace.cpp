@@ -35,6 +35,9 @@ void print(std::ostream& out, const SgdArgs& hp) {
 void print(std::ostream& out, int64_t v) {
   out << v;
 }
+void print(std::ostream& out, const Shape& dims) {
+  out << shape_str(dims);
+}
 void print(std::ostream& out, const Conv2dGeometry& g) {
   out << "conv{stride " << g.stride_h << "x" << g.stride_w << ", pad " << g.pad_h << "x" << g.pad_w
       << ", dilation " << g.dilation_h << "x" << g.dilation_w << "}";

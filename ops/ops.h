@@ -92,6 +92,10 @@ Tensor dropout(const Tensor& x, const DropoutKey& key, const Tensor& samples);
 Tensor cast(const Tensor& x, DType dtype);
 // A recorded view with a new shape of the same element count.
 Tensor reshape(const Tensor& x, const Shape& shape);
+// x with its dimensions reordered: the output's dimension i is x's dimension dims[i] (at most
+// 8), copied contiguous; recorded. select: x [N, ...] -> x[i] [...], a recorded view.
+Tensor permute(const Tensor& x, const Shape& dims);
+Tensor select(const Tensor& x, int64_t i);
 // Rows of src [N, ...] picked by int32 index [M] -> [M, ...]. For data loading: not recorded.
 Tensor gather_rows(const Tensor& src, const Tensor& index);
 // An embedding lookup: weight [V, C], index int32 of any shape [...] -> [..., C], rows

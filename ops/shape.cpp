@@ -2,6 +2,8 @@
 // gather_rows: row selection for building micro-batches from a shuffled dataset.
 // embedding: the same gather, recorded: its backward adds the gradient's rows back by index.
 // cast: a recorded dtype conversion (mixed precision: 16-bit logits to float32 for the loss).
+// permute and select: attention's head split (qkv [B, T, 3, H, D] -> q, k, v [B, H, T, D]) and
+// merge, recorded.
 #include <memory>
 
 #include "kernels/backend.h"
@@ -39,6 +41,26 @@ struct EmbeddingBackward : Node {
     const int64_t n = index.numel();
     backend_for(dy.device()).index_add_rows(dy.view({n, weight_shape[1]}), index, dweight);
     sink.add(0, dweight);
+  }
+};
+
+// y = x.permute(dims). dx = dy.permute(inverse of dims).
+struct PermuteBackward : Node {
+  Shape inverse;
+  const char* name() const override { return "permute"; }
+  void backward(const Tensor& dy, GradSink& sink) override { sink.add(0, permute(dy, inverse)); }
+};
+
+// y = x[i] along dimension 0. dx = zeros with dy in row i.
+struct SelectBackward : Node {
+  Shape input_shape;
+  int64_t i = 0;
+  const char* name() const override { return "select"; }
+  void backward(const Tensor& dy, GradSink& sink) override {
+    Tensor dx = Tensor::zeros(input_shape, dy.dtype(), dy.device());
+    Tensor row = dx.narrow(i, 1);
+    backend_for(dy.device()).copy(dy.view(row.shape()), row);
+    sink.add(0, dx);
   }
 };
 
@@ -126,6 +148,51 @@ Tensor embedding(const Tensor& weight, const Tensor& index) {
     node->index = node->save(flat);
     node->weight_shape = weight.shape();
     record(std::move(node), {&weight}, out);
+  }
+  return out;
+}
+
+Tensor permute(const Tensor& x, const Shape& dims) {
+  check::defined("permute", "input", x);
+  const size_t rank = static_cast<size_t>(x.dim());
+  std::vector<bool> seen(rank, false);
+  bool valid = dims.size() == rank && rank <= static_cast<size_t>(fn::PermuteIndex::kMaxDims);
+  for (size_t i = 0; valid && i < dims.size(); ++i) {
+    valid = dims[i] >= 0 && dims[i] < static_cast<int64_t>(rank) && !seen[dims[i]];
+    if (valid) seen[dims[i]] = true;
+  }
+  if (!valid) {
+    throw ShapeError(str_cat("[permute] dims ", shape_str(dims), " are not a permutation of the ",
+                             rank, " dimensions of ", x.describe(), " (at most ",
+                             fn::PermuteIndex::kMaxDims, ")"));
+  }
+  Shape shape(rank), inverse(rank);
+  for (size_t i = 0; i < rank; ++i) {
+    shape[i] = x.size(static_cast<int64_t>(dims[i]));
+    inverse[static_cast<size_t>(dims[i])] = static_cast<int64_t>(i);
+  }
+  Tensor out = Tensor::empty(shape, x.dtype(), x.device());
+  backend_for(x.device()).permute(x, dims, out);
+  if (should_record({&x})) {
+    auto node = std::make_unique<PermuteBackward>();
+    node->inverse = inverse;
+    record(std::move(node), {&x}, out);
+  }
+  return out;
+}
+
+Tensor select(const Tensor& x, int64_t i) {
+  check::defined("select", "input", x);
+  if (x.dim() < 1 || i < 0 || i >= x.size(0)) {
+    throw ShapeError(str_cat("[select] index ", i, " is out of range for ", x.describe()));
+  }
+  const Shape shape(x.shape().begin() + 1, x.shape().end());
+  Tensor out = x.narrow(i, 1).view(shape);
+  if (should_record({&x})) {
+    auto node = std::make_unique<SelectBackward>();
+    node->input_shape = x.shape();
+    node->i = i;
+    record(std::move(node), {&x}, out);
   }
   return out;
 }

@@ -75,6 +75,7 @@ bool takes_half(const std::string& row) {
                                                 "copy",
                                                 "cast",
                                                 "gather_rows",
+                                                "permute",
                                                 "axpy",
                                                 "bias_add",
                                                 "sum_rows",
@@ -154,6 +155,18 @@ std::vector<Row> rows() {
        [](const Maker& m) {
          Tensor out = m.empty({500, kCols});
          m.be().gather_rows(m.uniform({kRows, kCols}, 3), m.ints(labels(500, kRows)), out);
+         return Outputs{out};
+       }},
+      {"permute/head_split",  // [B, T, 3, H, D] -> [3, B, H, T, D]: runs of D
+       [](const Maker& m) {
+         Tensor out = m.empty({3, 5, 4, 37, 24});
+         m.be().permute(m.uniform({5, 37, 3, 4, 24}, 46), {2, 0, 3, 1, 4}, out);
+         return Outputs{out};
+       }},
+      {"permute/transpose",  // the last dimension moves: element by element
+       [](const Maker& m) {
+         Tensor out = m.empty({kCols, kRows});
+         m.be().permute(m.uniform({kRows, kCols}, 47), {1, 0}, out);
          return Outputs{out};
        }},
       {"axpy",

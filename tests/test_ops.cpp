@@ -68,6 +68,9 @@ Dims two_matrices(int64_t r, int64_t c) {
 Dims attention_scores(int64_t, int64_t c) {  // [B, T, T] with T from the size's columns
   return {{2, c, c}};
 }
+Dims head_split_shapes(int64_t r, int64_t c) {
+  return {{2, r, 2, c}};
+}
 Dims one_vector(int64_t r, int64_t c) {
   return {{r * c}};
 }
@@ -188,6 +191,11 @@ std::vector<OpCase> op_table() {
        }},
       {"causal_softmax", attention_scores,
        [](const Inputs& x) { return causal_softmax(scale(x[0], 3.0), 0.5); }},
+      {"permute", head_split_shapes,  // [B, T, 2, D] -> [2, B, T, D]
+       [](const Inputs& x) { return permute(x[0], {2, 0, 1, 3}); }},
+      {"permute_transpose", one_matrix, [](const Inputs& x) { return permute(x[0], {1, 0}); }},
+      {"select", one_matrix,
+       [](const Inputs& x) { return mul(select(x[0], 1), select(x[0], x[0].size(0) - 1)); }},
       {"embedding", one_matrix,
        [](const Inputs& x) { return embedding(x[0], lookups_into(x[0])); }},
       {"cross_entropy_ignoring", one_matrix,

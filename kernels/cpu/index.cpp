@@ -1,5 +1,6 @@
 // CPU indexing: gathering rows by an index (micro-batches from a shuffled dataset, an
-// embedding's lookup) and its backward, adding rows back by the index (an embedding's gradient).
+// embedding's lookup) and its backward, adding rows back by the index (an embedding's gradient);
+// permuting dimensions (attention's head split and merge).
 #include <cstring>
 #include <vector>
 
@@ -47,6 +48,39 @@ void CpuBackend::index_add_rows(const Tensor& src, const Tensor& index, Tensor& 
       }
     });
   });
+}
+
+namespace {
+
+// y = x permuted, in elements of U. When the last dimension stays last, whole runs of it are
+// copied; otherwise element by element.
+template <typename U>
+void permute_units(const U* x, const fn::PermuteIndex& p, int64_t n, U* y) {
+  const int last = p.rank - 1;
+  const int64_t run = p.rank > 0 && p.in_stride[last] == 1 ? p.size[last] : 1;
+  const int64_t runs = run ? n / run : 0;
+  for_range(runs, n, [=](int64_t r) {
+    const U* from = x + p.source(r * run);
+    std::memcpy(y + r * run, from, static_cast<size_t>(run) * sizeof(U));
+  });
+}
+
+}  // namespace
+
+void CpuBackend::permute(const Tensor& x, const Shape& dims, Tensor& y) {
+  // x [s0, s1, ...] -> y [s_dims[0], s_dims[1], ...], both contiguous, any dtype.
+  const fn::PermuteIndex p = permute_index(x.shape(), dims);
+  switch (dtype_size(x.dtype())) {
+    case 2:
+      return permute_units(static_cast<const uint16_t*>(x.raw()), p, y.numel(),
+                           static_cast<uint16_t*>(y.raw()));
+    case 4:
+      return permute_units(static_cast<const uint32_t*>(x.raw()), p, y.numel(),
+                           static_cast<uint32_t*>(y.raw()));
+    default:
+      return permute_units(static_cast<const uint64_t*>(x.raw()), p, y.numel(),
+                           static_cast<uint64_t*>(y.raw()));
+  }
 }
 
 }  // namespace accrue::cpu

@@ -1,6 +1,7 @@
 // CUDA indexing: gathering rows by an index (micro-batches from a shuffled on-device dataset, an
 // embedding's lookup) and adding rows back by the index (an embedding's gradient), without float
-// atomics: a stable sort of the positions by index and a sum over each run of equal indices.
+// atomics: a stable sort of the positions by index and a sum over each run of equal indices; and
+// permuting dimensions (attention's head split and merge), one thread per output element.
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_run_length_encode.cuh>
 #include <cub/device/device_scan.cuh>
@@ -116,6 +117,33 @@ void CudaBackend::index_add_rows(const Tensor& src, const Tensor& index, Tensor&
       o[int64_t(r) * d + c] += total;
     });
   });
+}
+
+namespace {
+
+template <typename U>
+void permute_units(const U* x, const fn::PermuteIndex& p, int64_t n, U* y, cudaStream_t stream) {
+  for_each(n, stream, [=] __device__(int64_t j) { y[j] = x[p.source(j)]; });
+}
+
+}  // namespace
+
+void CudaBackend::permute(const Tensor& x, const Shape& dims, Tensor& y) {
+  // x [s0, s1, ...] -> y [s_dims[0], s_dims[1], ...], both contiguous, any dtype: y[j] =
+  // x[source(j)] in units of the element size.
+  const fn::PermuteIndex p = permute_index(x.shape(), dims);
+  const int64_t n = y.numel();
+  switch (dtype_size(x.dtype())) {
+    case 2:
+      return permute_units(static_cast<const uint16_t*>(x.raw()), p, n,
+                           static_cast<uint16_t*>(y.raw()), stream_of(y));
+    case 4:
+      return permute_units(static_cast<const uint32_t*>(x.raw()), p, n,
+                           static_cast<uint32_t*>(y.raw()), stream_of(y));
+    default:
+      return permute_units(static_cast<const uint64_t*>(x.raw()), p, n,
+                           static_cast<uint64_t*>(y.raw()), stream_of(y));
+  }
 }
 
 }  // namespace accrue::cuda
