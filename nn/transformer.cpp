@@ -1,0 +1,124 @@
+// The GPT's layers (see transformer.h). Shapes: B sequences of T tokens, width C, H heads of
+// D = C / H.
+#include "nn/transformer.h"
+
+#include <cmath>
+
+#include "nn/init.h"
+#include "ops/ops.h"
+
+namespace accrue::nn {
+
+Embedding::Embedding(int64_t num, int64_t dim, DType dtype) {
+  if (num <= 0 || dim <= 0) {
+    throw ShapeError(str_cat("[Embedding] sizes must be positive, got ", num, " x ", dim));
+  }
+  weight_ = register_parameter("weight", normal({num, dim}, 0.0, 1.0, generator(), dtype));
+}
+
+Tensor Embedding::forward(const Tensor& index) {
+  return embedding(weight_, index);
+}
+
+namespace {
+
+void check_config(const GPTConfig& c) {
+  if (c.vocab_size <= 0 || c.block_size <= 0 || c.n_layer <= 0 || c.n_head <= 0 ||
+      c.n_embd <= 0 || c.n_embd % c.n_head != 0) {
+    throw ValueError(str_cat("[GPT] needs positive sizes and n_embd divisible by n_head, got "
+                             "vocab_size ",
+                             c.vocab_size, ", block_size ", c.block_size, ", n_layer ", c.n_layer,
+                             ", n_head ", c.n_head, ", n_embd ", c.n_embd));
+  }
+}
+
+void check_sequence(const char* op, const Tensor& x, int64_t width) {
+  if (x.dim() != 3 || x.size(2) != width) {
+    throw ShapeError(str_cat("[", op, "] expects [B, T, ", width, "], got ", x.describe()));
+  }
+}
+
+}  // namespace
+
+CausalSelfAttention::CausalSelfAttention(const GPTConfig& c, DType dtype)
+    : n_head_(c.n_head), n_embd_(c.n_embd) {
+  c_attn_ = register_module("c_attn", std::make_shared<Linear>(c.n_embd, 3 * c.n_embd, true, dtype));
+  c_proj_ = register_module("c_proj", std::make_shared<Linear>(c.n_embd, c.n_embd, true, dtype));
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x) {
+  check_sequence("CausalSelfAttention", x, n_embd_);
+  const int64_t b = x.size(0), t = x.size(1), c = n_embd_, h = n_head_, d = c / h;
+  // [B T, 3C] -> [B, T, 3, H, D] -> [3, B, H, T, D]: q, k, v as B H matrices [T, D] each
+  const Tensor qkv = (*c_attn_)(reshape(x, {b * t, c}));
+  const Tensor heads = reshape(permute(reshape(qkv, {b, t, 3, h, d}), {2, 0, 3, 1, 4}),
+                               {3, b * h, t, d});
+  const Tensor q = select(heads, 0), k = select(heads, 1), v = select(heads, 2);
+  const Tensor weights = causal_softmax(bmm(q, k, true), 1.0 / std::sqrt(double(d)));  // [BH,T,T]
+  const Tensor y = bmm(weights, v);                                                     // [BH,T,D]
+  // [B, H, T, D] -> [B, T, H, D] = [B T, C]
+  const Tensor merged = reshape(permute(reshape(y, {b, h, t, d}), {0, 2, 1, 3}), {b * t, c});
+  return reshape((*c_proj_)(merged), {b, t, c});
+}
+
+Block::Block(const GPTConfig& c, DType dtype) {
+  ln_1_ = register_module("ln_1", std::make_shared<LayerNorm>(Shape{c.n_embd}, 1e-5, true, dtype));
+  attn_ = register_module("attn", std::make_shared<CausalSelfAttention>(c, dtype));
+  ln_2_ = register_module("ln_2", std::make_shared<LayerNorm>(Shape{c.n_embd}, 1e-5, true, dtype));
+  c_fc_ =
+      register_module("mlp.c_fc", std::make_shared<Linear>(c.n_embd, 4 * c.n_embd, true, dtype));
+  c_proj_ =
+      register_module("mlp.c_proj", std::make_shared<Linear>(4 * c.n_embd, c.n_embd, true, dtype));
+}
+
+Tensor Block::forward(const Tensor& x) {
+  const int64_t b = x.size(0), t = x.size(1), c = x.size(2);
+  const Tensor a = add(x, (*attn_)((*ln_1_)(x)));
+  const Tensor hidden = gelu((*c_fc_)(reshape((*ln_2_)(a), {b * t, c})));
+  return add(a, reshape((*c_proj_)(hidden), {b, t, c}));
+}
+
+GPT::GPT(const GPTConfig& c, DType dtype) : config_(c) {
+  check_config(c);
+  wte_ = register_module("transformer.wte", std::make_shared<Embedding>(c.vocab_size, c.n_embd, dtype));
+  wpe_ = register_module("transformer.wpe", std::make_shared<Embedding>(c.block_size, c.n_embd, dtype));
+  for (int64_t i = 0; i < c.n_layer; ++i) {
+    blocks_.push_back(
+        register_module(str_cat("transformer.h.", i), std::make_shared<Block>(c, dtype)));
+  }
+  ln_f_ = register_module("transformer.ln_f",
+                          std::make_shared<LayerNorm>(Shape{c.n_embd}, 1e-5, true, dtype));
+  // nanoGPT's _init_weights, in parameter order: every Linear and Embedding weight normal(0,
+  // 0.02), the residual projections' (c_proj) 0.02 / sqrt(2 n_layer); biases 0; LayerNorms 1, 0.
+  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.n_layer));
+  auto ends_with = [](const std::string& s, const std::string& tail) {
+    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  for (auto& [name, p] : named_parameters()) {
+    if (name.find(".ln_") != std::string::npos) continue;
+    if (ends_with(name, ".bias")) {
+      p.copy_(Tensor::zeros(p.shape(), p.dtype()));
+    } else {
+      const double std = ends_with(name, "c_proj.weight") ? residual_std : 0.02;
+      p.copy_(normal(p.shape(), 0.0, std, generator(), p.dtype()));
+    }
+  }
+}
+
+Tensor GPT::forward(const Tensor& idx) {
+  if (idx.dim() != 2 || idx.dtype() != DType::kInt32 || idx.size(1) > config_.block_size ||
+      idx.size(1) < 1) {
+    throw ShapeError(str_cat("[GPT] expects int32 token indices [B, T] with 1 <= T <= ",
+                             config_.block_size, ", got ", idx.describe()));
+  }
+  const int64_t b = idx.size(0), t = idx.size(1), c = config_.n_embd;
+  std::vector<int32_t> positions(static_cast<size_t>(b * t));
+  for (size_t i = 0; i < positions.size(); ++i) positions[i] = static_cast<int32_t>(i % t);
+  const Tensor pos = Tensor::from_vector<int32_t>({b, t}, positions, idx.device());
+  Tensor x = add((*wte_)(idx), (*wpe_)(pos));  // [B, T, C]
+  for (auto& block : blocks_) x = (*block)(x);
+  x = reshape((*ln_f_)(x), {b * t, c});
+  return linear(x, wte_->weight(), Tensor());  // the tied head: [B T, V]
+}
+
+}  // namespace accrue::nn

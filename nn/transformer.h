@@ -1,0 +1,76 @@
+// A GPT in nanoGPT's shape: token and position embeddings, pre-LayerNorm transformer blocks
+// (causal self-attention and a GELU MLP, each around a residual), a final LayerNorm and an output
+// projection tied to the token embedding. Parameter names, layouts and initialisation are
+// nanoGPT's (transformer.wte.weight [V, C], transformer.h.{i}.attn.c_attn.weight [3C, C], ...;
+// normal(0, 0.02), the residual projections' weights scaled by 1 / sqrt(2 n_layer), biases 0),
+// so a state dict moves between the two. The tied matrix is one parameter, used twice: its
+// gradient is the sum of both uses, accumulated into one view of the gradient arena. Read next:
+// examples/g2p/g2p.h.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "nn/linear.h"
+#include "nn/norm.h"
+
+namespace accrue::nn {
+
+// An embedding table: index int32 [...] -> [..., dim], rows of weight [num, dim]. PyTorch's
+// default initialisation, normal(0, 1).
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num, int64_t dim, DType dtype = DType::kFloat32);
+  Tensor forward(const Tensor& index) override;
+  Tensor weight() const { return weight_; }
+
+ private:
+  Tensor weight_;  // [num, dim]
+};
+
+struct GPTConfig {
+  int64_t vocab_size = 0, block_size = 0;  // tokens; the longest sequence
+  int64_t n_layer = 4, n_head = 4, n_embd = 128;
+};
+
+// Multi-head causal self-attention of x [B, T, C]: q, k, v from one projection c_attn [3C, C],
+// split into n_head heads of C / n_head; per head softmax(q k^T / sqrt(d)) v with the causal
+// mask fused into the softmax; the heads merged and projected by c_proj [C, C].
+class CausalSelfAttention : public Module {
+ public:
+  CausalSelfAttention(const GPTConfig& config, DType dtype);
+  Tensor forward(const Tensor& x) override;
+
+ private:
+  int64_t n_head_, n_embd_;
+  std::shared_ptr<Linear> c_attn_, c_proj_;
+};
+
+// x [B, T, C] -> x + attn(ln_1(x)), then + mlp(ln_2(x)); mlp = c_proj(gelu(c_fc(.))), 4C wide.
+class Block : public Module {
+ public:
+  Block(const GPTConfig& config, DType dtype);
+  Tensor forward(const Tensor& x) override;
+
+ private:
+  std::shared_ptr<LayerNorm> ln_1_, ln_2_;
+  std::shared_ptr<CausalSelfAttention> attn_;
+  std::shared_ptr<Linear> c_fc_, c_proj_;
+};
+
+// idx int32 [B, T] (T <= block_size) -> logits [B * T, vocab_size], row b * T + t predicting the
+// token after idx[b, t].
+class GPT : public Module {
+ public:
+  GPT(const GPTConfig& config, DType dtype = DType::kFloat32);
+  Tensor forward(const Tensor& idx) override;
+  const GPTConfig& config() const { return config_; }
+
+ private:
+  GPTConfig config_;
+  std::shared_ptr<Embedding> wte_, wpe_;
+  std::vector<std::shared_ptr<Block>> blocks_;
+  std::shared_ptr<LayerNorm> ln_f_;
+};
+
+}  // namespace accrue::nn
