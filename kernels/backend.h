@@ -31,7 +31,7 @@ namespace accrue {
      backward (an embedding's gradient). Floating, one dtype. Deterministic without atomics: each  \
      output row adds its source rows in increasing n, on every device and thread count. */         \
   X(index_add_rows, (const Tensor& src, const Tensor& index, Tensor& out), (src, index, out))      \
-  /* y = x with its dimensions permuted (y's dimension i is x's dims[i]; any dtype, both         \
+  /* y = x with its dimensions permuted (y's dimension i is x's dims[i]; any dtype, both           \
      contiguous): the head split and merge of attention. */                                        \
   X(permute, (const Tensor& x, const Shape& dims, Tensor& y), (x, dims, y))                        \
   /* Element-wise, for the ops of kernels/functors.h: y = op(x); dx = op'(saved) * dy, saved       \

@@ -23,12 +23,13 @@ Tensor Embedding::forward(const Tensor& index) {
 namespace {
 
 void check_config(const GPTConfig& c) {
-  if (c.vocab_size <= 0 || c.block_size <= 0 || c.n_layer <= 0 || c.n_head <= 0 ||
-      c.n_embd <= 0 || c.n_embd % c.n_head != 0) {
-    throw ValueError(str_cat("[GPT] needs positive sizes and n_embd divisible by n_head, got "
-                             "vocab_size ",
-                             c.vocab_size, ", block_size ", c.block_size, ", n_layer ", c.n_layer,
-                             ", n_head ", c.n_head, ", n_embd ", c.n_embd));
+  if (c.vocab_size <= 0 || c.block_size <= 0 || c.n_layer <= 0 || c.n_head <= 0 || c.n_embd <= 0 ||
+      c.n_embd % c.n_head != 0) {
+    throw ValueError(
+        str_cat("[GPT] needs positive sizes and n_embd divisible by n_head, got "
+                "vocab_size ",
+                c.vocab_size, ", block_size ", c.block_size, ", n_layer ", c.n_layer, ", n_head ",
+                c.n_head, ", n_embd ", c.n_embd));
   }
 }
 
@@ -42,7 +43,8 @@ void check_sequence(const char* op, const Tensor& x, int64_t width) {
 
 CausalSelfAttention::CausalSelfAttention(const GPTConfig& c, DType dtype)
     : n_head_(c.n_head), n_embd_(c.n_embd) {
-  c_attn_ = register_module("c_attn", std::make_shared<Linear>(c.n_embd, 3 * c.n_embd, true, dtype));
+  c_attn_ =
+      register_module("c_attn", std::make_shared<Linear>(c.n_embd, 3 * c.n_embd, true, dtype));
   c_proj_ = register_module("c_proj", std::make_shared<Linear>(c.n_embd, c.n_embd, true, dtype));
 }
 
@@ -51,11 +53,11 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   const int64_t b = x.size(0), t = x.size(1), c = n_embd_, h = n_head_, d = c / h;
   // [B T, 3C] -> [B, T, 3, H, D] -> [3, B, H, T, D]: q, k, v as B H matrices [T, D] each
   const Tensor qkv = (*c_attn_)(reshape(x, {b * t, c}));
-  const Tensor heads = reshape(permute(reshape(qkv, {b, t, 3, h, d}), {2, 0, 3, 1, 4}),
-                               {3, b * h, t, d});
+  const Tensor heads =
+      reshape(permute(reshape(qkv, {b, t, 3, h, d}), {2, 0, 3, 1, 4}), {3, b * h, t, d});
   const Tensor q = select(heads, 0), k = select(heads, 1), v = select(heads, 2);
   const Tensor weights = causal_softmax(bmm(q, k, true), 1.0 / std::sqrt(double(d)));  // [BH,T,T]
-  const Tensor y = bmm(weights, v);                                                     // [BH,T,D]
+  const Tensor y = bmm(weights, v);                                                    // [BH,T,D]
   // [B, H, T, D] -> [B, T, H, D] = [B T, C]
   const Tensor merged = reshape(permute(reshape(y, {b, h, t, d}), {0, 2, 1, 3}), {b * t, c});
   return reshape((*c_proj_)(merged), {b, t, c});
@@ -80,8 +82,10 @@ Tensor Block::forward(const Tensor& x) {
 
 GPT::GPT(const GPTConfig& c, DType dtype) : config_(c) {
   check_config(c);
-  wte_ = register_module("transformer.wte", std::make_shared<Embedding>(c.vocab_size, c.n_embd, dtype));
-  wpe_ = register_module("transformer.wpe", std::make_shared<Embedding>(c.block_size, c.n_embd, dtype));
+  wte_ = register_module("transformer.wte",
+                         std::make_shared<Embedding>(c.vocab_size, c.n_embd, dtype));
+  wpe_ = register_module("transformer.wpe",
+                         std::make_shared<Embedding>(c.block_size, c.n_embd, dtype));
   for (int64_t i = 0; i < c.n_layer; ++i) {
     blocks_.push_back(
         register_module(str_cat("transformer.h.", i), std::make_shared<Block>(c, dtype)));

@@ -147,7 +147,8 @@ void save_safetensors(const std::string& path, const std::vector<nn::NamedTensor
   out.commit();
 }
 
-std::map<std::string, Tensor> read_safetensors(const std::string& path) {
+std::map<std::string, Tensor> read_safetensors(const std::string& path,
+                                               std::map<std::string, std::string>* metadata) {
   const auto fail = [&](const std::string& what) {
     return FileError("[safetensors] " + path + ": " + what);
   };
@@ -178,6 +179,10 @@ std::map<std::string, Tensor> read_safetensors(const std::string& path) {
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") {
       if (!it.value().is_object()) throw fail("__metadata__ is not a JSON object");
+      for (const auto& [key, value] : it.value().items()) {
+        if (!value.is_string()) throw fail(str_cat("__metadata__ '", key, "' is not a string"));
+        if (metadata != nullptr) (*metadata)[key] = value.get<std::string>();
+      }
       continue;
     }
     entries.push_back(parse_entry(it.key(), it.value(), data_size, fail));

@@ -17,7 +17,10 @@ void save_safetensors(const std::string& path, const std::vector<nn::NamedTensor
                       const std::map<std::string, std::string>& metadata = {});
 // Reads every tensor of a safetensors file onto the host. Throws FileError naming the file and
 // what is wrong for a missing, truncated or malformed file.
-std::map<std::string, Tensor> read_safetensors(const std::string& path);
+// metadata, when given, receives the header's __metadata__ (string values; another type is an
+// error).
+std::map<std::string, Tensor> read_safetensors(
+    const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
 // Copies the file's tensors into the module's parameters and buffers (in place, so an arena
 // keeps them). Every one must be present with its shape; the error names it. Floating tensors
 // convert to the parameter's dtype; integer ones load into the same or a wider integer dtype

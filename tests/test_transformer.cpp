@@ -4,6 +4,7 @@
 // the sum of its two uses; causality (a later token never changes an earlier logit).
 #include <cmath>
 
+#include "kernels/functors.h"
 #include "nn/transformer.h"
 #include "ops/ops.h"
 
@@ -32,7 +33,8 @@ TEST(Transformer, NamesLayoutsAndInitialisationFollowNanoGPT) {
   nn::manual_seed(3);
   const nn::GPTConfig c = tiny_config();
   nn::GPT gpt(c, DType::kFloat64);
-  std::vector<std::string> expected{"transformer.wte.weight [11, 8]", "transformer.wpe.weight [9, 8]"};
+  std::vector<std::string> expected{"transformer.wte.weight [11, 8]",
+                                    "transformer.wpe.weight [9, 8]"};
   for (int i = 0; i < 2; ++i) {
     const std::string h = str_cat("transformer.h.", i, ".");
     for (const char* entry :
@@ -46,7 +48,8 @@ TEST(Transformer, NamesLayoutsAndInitialisationFollowNanoGPT) {
   expected.push_back("transformer.ln_f.weight [8]");
   expected.push_back("transformer.ln_f.bias [8]");
   std::vector<std::string> got;
-  for (const auto& [name, t] : gpt.named_parameters()) got.push_back(name + " " + shape_str(t.shape()));
+  for (const auto& [name, t] : gpt.named_parameters())
+    got.push_back(name + " " + shape_str(t.shape()));
   EXPECT_EQ(got, expected);  // the tied head is not a parameter of its own
 
   for (const auto& [name, t] : gpt.named_parameters()) {
@@ -151,12 +154,35 @@ TEST(Transformer, LaterTokensNeverChangeEarlierLogits) {
   const Tensor a = gpt(Tensor::from_vector<int32_t>({1, 6}, {1, 2, 3, 4, 5, 6}));
   const Tensor b = gpt(Tensor::from_vector<int32_t>({1, 6}, {1, 2, 3, 9, 9, 9}));
   const Tensor short_run = gpt(Tensor::from_vector<int32_t>({1, 3}, {1, 2, 3}));
-  const auto va = a.to_vector<double>(), vb = b.to_vector<double>(), vs = short_run.to_vector<double>();
+  const auto va = a.to_vector<double>(), vb = b.to_vector<double>(),
+             vs = short_run.to_vector<double>();
   for (size_t i = 0; i < 3 * 11; ++i) {
     EXPECT_EQ(va[i], vb[i]) << i;
     EXPECT_NEAR(va[i], vs[i], 1e-12) << i;
   }
   EXPECT_NE(va[3 * 11], vb[3 * 11]);
+}
+
+// GELU's float32 exp and erf (kernels/functors.h) against float64's, over every input a GELU
+// meets: relative error of exp ~1e-7 in its normal range, absolute error of erf <= 1.5e-7 (plus
+// 3e-7 of float rounding); the clamps give the limits far out.
+TEST(Transformer, VectorisableExpAndErfStayWithinTheirBounds) {
+  double worst_exp = 0, worst_erf = 0;
+  for (double x = -87.0; x <= 88.0; x += 1.0 / 1024) {
+    const double e = std::exp(static_cast<double>(static_cast<float>(x)));
+    worst_exp = std::max(worst_exp, std::abs(fn::exp_approx(static_cast<float>(x)) - e) / e);
+  }
+  for (double x = -12.0; x <= 12.0; x += 1.0 / 4096) {
+    const float xf = static_cast<float>(x);
+    worst_erf = std::max(worst_erf, std::abs(fn::erf_approx(xf) - std::erf(double(xf))));
+  }
+  EXPECT_LT(worst_exp, 3e-7);
+  EXPECT_LT(worst_erf, 5e-7);
+  EXPECT_EQ(fn::exp_approx(-1000.0f), fn::exp_approx(-87.3f));
+  EXPECT_LT(fn::exp_approx(-1000.0f), 1e-37f);
+  EXPECT_EQ(fn::erf_approx(30.0f), 1.0f);
+  EXPECT_EQ(fn::erf_approx(-30.0f), -1.0f);
+  EXPECT_EQ(fn::erf_approx(0.0f), 0.0f);
 }
 
 TEST(Transformer, BadShapesAreNamed) {

@@ -156,7 +156,8 @@ void Run::setup_ranks_and_threads() {
 
 void Run::build_model() {
   train_samples_ =
-      task_.prepare(Setup{c_.device, compute_, master_, comm_->rank(), comm_->world_size()});
+      task_.prepare(Setup{c_.device, compute_, master_, comm_->rank(), comm_->world_size(), comm_,
+                          [this](const std::string& line) { log(line); }});
   if (c_.train_limit > 0) train_samples_ = std::min(train_samples_, c_.train_limit);
   if (train_samples_ <= 0) throw ValueError(task_.program + ": the training set is empty");
   // What the model, its arena and its optimizer hold is measured from here.
@@ -241,7 +242,8 @@ void Run::fit_memory_budget() {
     alloc.reset_peak();
     {
       const nn::SampleKeys keys(0, 0, index);
-      const nn::LossSum loss = task_.loss(*model_, task_.batch(index), master_);
+      const Batch batch = task_.largest_batch ? task_.largest_batch(index) : task_.batch(index);
+      const nn::LossSum loss = task_.loss(*model_, batch, master_);
       backward(loss.sum, 1.0 / static_cast<double>(std::max<int64_t>(items, 1)));
     }
     const size_t peak = alloc.stats().peak_bytes - before;
@@ -554,14 +556,19 @@ void Run::end_epoch(int64_t epoch, double epoch_loss, int64_t epoch_items, doubl
        << event.train_loss << ", " << summary_.evaluation.label << " " << std::setprecision(2)
        << (summary_.evaluation.percent ? 100 * summary_.evaluation.value
                                        : summary_.evaluation.value)
-       << (summary_.evaluation.percent ? "%" : "") << ", " << std::setprecision(2) << epoch_seconds
-       << " s";
+       << (summary_.evaluation.percent ? "%" : "");
+  nlohmann::json record = {{"event", "epoch"},
+                           {"epoch", epoch + 1},
+                           {"train_loss", json_number(event.train_loss)},
+                           {summary_.evaluation.key, summary_.evaluation.value}};
+  for (const auto& [key, value] : summary_.evaluation.details.items()) {
+    line << ", " << key << " " << std::setprecision(4) << value.get<double>();
+    record[key] = value;
+  }
+  line << ", " << std::setprecision(2) << epoch_seconds << " s";
   log(line.str());
-  metrics_->emit({{"event", "epoch"},
-                  {"epoch", epoch + 1},
-                  {"train_loss", json_number(event.train_loss)},
-                  {summary_.evaluation.key, summary_.evaluation.value},
-                  {"seconds", epoch_seconds}});
+  record["seconds"] = epoch_seconds;
+  metrics_->emit(record);
   if (callbacks_.on_epoch) callbacks_.on_epoch(event);
 }
 
@@ -716,7 +723,11 @@ void Run::finish() {
   summary_.buckets_overlapped = acc_->buckets_overlapped();
   summary_.buckets_at_step = acc_->buckets_at_step();
   if (!c_.save.empty() && lead_) {
-    optim::save_safetensors(c_.save, saved_state(*arena_, *model_), {{"format", "pt"}});
+    std::map<std::string, std::string> metadata{{"format", "pt"}};
+    if (task_.metadata) {
+      for (auto& [key, value] : task_.metadata()) metadata[key] = value;
+    }
+    optim::save_safetensors(c_.save, saved_state(*arena_, *model_), metadata);
     log("saved weights to " + c_.save);
   }
 }

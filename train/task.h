@@ -6,11 +6,13 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "core/tensor.h"
+#include "distributed/communicator.h"
 #include "nn/loss.h"
 #include "nn/module.h"
 
@@ -28,6 +30,9 @@ struct Evaluation {
   std::string label = "test accuracy";
   double value = 0;
   bool percent = true;
+  // Further measures, key -> number: printed after the value as "key value" and added to the
+  // epoch's metrics record.
+  nlohmann::json details = nlohmann::json::object();
 };
 
 // What the engine resolved before it asks for data: where the run computes, in which dtypes.
@@ -35,6 +40,11 @@ struct Setup {
   Device device = Device::cpu();  // this rank's device
   DType compute = DType::kFloat32, master = DType::kFloat32;
   int rank = 0, world_size = 1;
+  // The data-parallel ranks, for an evaluation shared between them (each measures its share and
+  // the counts are summed); valid for the run.
+  distributed::Communicator* comm = nullptr;
+  // Prints a line of the run's log (rank 0's output; other ranks print nothing).
+  std::function<void(const std::string&)> log;
 };
 
 struct Task {
@@ -46,6 +56,9 @@ struct Task {
   std::function<int64_t(int64_t sample)> items;
   // The samples of `index` (int32 [b], positions in the training set, on the device).
   std::function<Batch(const Tensor& index)> batch;
+  // The same samples as the largest they could be (sequences padded to the longest of the
+  // dataset), for --memory-budget's probes; null: batch.
+  std::function<Batch(const Tensor& index)> largest_batch;
   // The model, its parameters in `master` (built under the run's seed, before --init).
   std::function<std::unique_ptr<nn::Module>(DType master)> model;
   // The micro-batch's sum-reduced loss and its item count; logits should be cast to loss_dtype
@@ -53,6 +66,9 @@ struct Task {
   std::function<nn::LossSum(nn::Module& model, const Batch& batch, DType loss_dtype)> loss;
   // Measures the model (the engine puts it in eval mode under NoGradGuard around the call).
   std::function<Evaluation(nn::Module& model)> evaluate;
+  // String metadata stored with the saved weights (--save), e.g. what it takes to rebuild the
+  // model; null: none. Called after training.
+  std::function<std::map<std::string, std::string>()> metadata;
   // The model's settings: a resume must match `settings`; `reported` goes into the summary.
   nlohmann::json settings = nlohmann::json::object();
   nlohmann::json reported = nlohmann::json::object();

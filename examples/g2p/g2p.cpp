@@ -1,0 +1,500 @@
+// accrue-g2p's data, task, decoding, scores and flags (see g2p.h).
+#include "g2p.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <memory>
+#include <ostream>
+
+#include "core/error.h"
+#include "ops/autograd.h"
+#include "ops/ops.h"
+#include "optim/safetensors.h"
+#include "train/flags.h"
+#include "train/run.h"
+
+namespace accrue::g2p {
+
+Vocabulary::Vocabulary() {
+  symbols = {"<bos>", "<sep>", "<eos>", "'"};
+  for (char c = 'A'; c <= 'Z'; ++c) symbols.emplace_back(1, c);
+  for (const std::string& p : phoneme_symbols()) {
+    phoneme_ids[p] = static_cast<int32_t>(symbols.size());
+    symbols.push_back(p);
+  }
+}
+
+int32_t Vocabulary::letter(char c) const {
+  if (c == '\'') return kFirstLetter;
+  if (c >= 'A' && c <= 'Z') return kFirstLetter + 1 + (c - 'A');
+  return -1;
+}
+
+std::vector<int32_t> prompt(const Vocabulary& v, const std::string& spelling) {
+  std::vector<int32_t> out{Vocabulary::kBos};
+  for (char c : spelling) {
+    const int32_t id = v.letter(c);
+    if (id < 0) throw ValueError(str_cat("'", spelling, "' has a character other than A-Z and '"));
+    out.push_back(id);
+  }
+  out.push_back(Vocabulary::kSep);
+  return out;
+}
+
+std::vector<int32_t> sequence(const Vocabulary& v, const std::string& spelling,
+                              const Pronunciation& phonemes) {
+  std::vector<int32_t> out = prompt(v, spelling);
+  for (const std::string& p : phonemes) out.push_back(v.phoneme_ids.at(p));
+  out.push_back(Vocabulary::kEos);
+  return out;
+}
+
+Data load_data(const std::string& path, int64_t train_limit) {
+  const Lexicon lex = read_cmudict(path);
+  Data d;
+  d.skipped = lex.skipped;
+  for (const Word& w : lex.words) {
+    for (const Pronunciation& p : w.pronunciations) {
+      const int64_t input = static_cast<int64_t>(w.spelling.size() + p.size()) + 2;
+      if (input > d.context) d.context = input, d.longest = w.spelling;
+    }
+    switch (split_of(w.spelling)) {
+      case Split::kTrain:
+        for (const Pronunciation& p : w.pronunciations) {
+          if (train_limit <= 0 || static_cast<int64_t>(d.train.size()) < train_limit) {
+            d.train.push_back(sequence(d.vocab, w.spelling, p));
+          }
+        }
+        break;
+      case Split::kValidation:
+        d.validation.push_back(w);
+        break;
+      case Split::kTest:
+        d.test.push_back(w);
+        break;
+    }
+  }
+  return d;
+}
+
+int64_t edit_distance(const Pronunciation& a, const Pronunciation& b) {
+  std::vector<int64_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = static_cast<int64_t>(j);
+  for (size_t i = 1; i <= a.size(); ++i) {
+    int64_t diagonal = row[0];
+    row[0] = static_cast<int64_t>(i);
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const int64_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+namespace {
+
+Pronunciation without_stress(Pronunciation p) {
+  for (std::string& s : p) {
+    if (!s.empty() && s.back() >= '0' && s.back() <= '9') s.pop_back();
+  }
+  return p;
+}
+
+// The best reference: fewest edits, then the first.
+void best(const Pronunciation& predicted, const std::vector<Pronunciation>& refs, double& edits,
+          double& length) {
+  int64_t best_edits = -1;
+  for (const Pronunciation& r : refs) {
+    const int64_t e = edit_distance(predicted, r);
+    if (best_edits < 0 || e < best_edits) best_edits = e, length = static_cast<double>(r.size());
+  }
+  edits = static_cast<double>(best_edits);
+}
+
+constexpr int64_t kDecodeBatch = 256;
+
+}  // namespace
+
+train::Batch make_batch(const std::vector<const std::vector<int32_t>*>& seqs, int64_t pad_to,
+                        Device device) {
+  int64_t t = pad_to;
+  for (const auto* s : seqs) t = std::max<int64_t>(t, static_cast<int64_t>(s->size()) - 1);
+  const int64_t b = static_cast<int64_t>(seqs.size());
+  std::vector<int32_t> input(static_cast<size_t>(b * t), Vocabulary::kEos);
+  std::vector<int32_t> target(static_cast<size_t>(b * t), kIgnoreLabel);
+  for (int64_t i = 0; i < b; ++i) {
+    const std::vector<int32_t>& s = *seqs[static_cast<size_t>(i)];
+    const auto sep = std::find(s.begin(), s.end(), Vocabulary::kSep) - s.begin();
+    for (int64_t j = 0; j + 1 < static_cast<int64_t>(s.size()); ++j) {
+      input[static_cast<size_t>(i * t + j)] = s[static_cast<size_t>(j)];
+      if (j >= sep) target[static_cast<size_t>(i * t + j)] = s[static_cast<size_t>(j + 1)];
+    }
+  }
+  return train::Batch{Tensor::from_vector<int32_t>({b, t}, input, device),
+                      Tensor::from_vector<int32_t>({b * t}, target, device)};
+}
+
+Errors score(const Pronunciation& predicted, const Word& word) {
+  Errors e;
+  best(predicted, word.pronunciations, e.edits, e.reference);
+  std::vector<Pronunciation> plain;
+  for (const Pronunciation& p : word.pronunciations) plain.push_back(without_stress(p));
+  best(without_stress(predicted), plain, e.edits_no_stress, e.reference_no_stress);
+  e.correct = std::find(word.pronunciations.begin(), word.pronunciations.end(), predicted) !=
+                      word.pronunciations.end()
+                  ? 1
+                  : 0;
+  e.words = 1;
+  return e;
+}
+
+std::vector<Pronunciation> decode(nn::GPT& model, const Vocabulary& v,
+                                  const std::vector<std::string>& spellings, Device device) {
+  NoGradGuard no_grad;
+  const int64_t context = model.config().block_size;
+  std::vector<Pronunciation> out(spellings.size());
+  for (size_t start = 0; start < spellings.size(); start += kDecodeBatch) {
+    const size_t n = std::min<size_t>(kDecodeBatch, spellings.size() - start);
+    std::vector<std::vector<int32_t>> rows;
+    std::vector<bool> done(n, false);
+    for (size_t i = 0; i < n; ++i) {
+      rows.push_back(prompt(v, spellings[start + i]));
+      if (static_cast<int64_t>(rows[i].size()) > context) {
+        throw ValueError(str_cat("'", spellings[start + i], "' needs ", rows[i].size(),
+                                 " tokens of context, the model has ", context));
+      }
+    }
+    for (;;) {
+      int64_t t = 0;
+      bool open = false;
+      for (size_t i = 0; i < n; ++i) {
+        done[i] = done[i] || static_cast<int64_t>(rows[i].size()) >= context + 1;
+        if (!done[i]) open = true;
+        t = std::max<int64_t>(t, static_cast<int64_t>(rows[i].size()));
+      }
+      if (!open) break;
+      t = std::min(t, context);
+      std::vector<int32_t> input(n * static_cast<size_t>(t), Vocabulary::kEos);
+      for (size_t i = 0; i < n; ++i) {
+        const size_t len = std::min<size_t>(rows[i].size(), static_cast<size_t>(t));
+        std::copy(rows[i].begin(), rows[i].begin() + static_cast<int64_t>(len),
+                  input.begin() + static_cast<int64_t>(i * static_cast<size_t>(t)));
+      }
+      const Tensor logits =
+          model(Tensor::from_vector<int32_t>({static_cast<int64_t>(n), t}, input, device));
+      const std::vector<int32_t> next = argmax(logits).to(Device::cpu()).to_vector<int32_t>();
+      for (size_t i = 0; i < n; ++i) {
+        if (done[i]) continue;
+        const int32_t token = next[i * static_cast<size_t>(t) + rows[i].size() - 1];
+        if (token == Vocabulary::kEos || static_cast<int64_t>(rows[i].size()) == context) {
+          done[i] = true;
+          continue;
+        }
+        rows[i].push_back(token);
+      }
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const auto sep = std::find(rows[i].begin(), rows[i].end(), Vocabulary::kSep);
+      for (auto it = sep + 1; it != rows[i].end(); ++it) {
+        // A letter or special where a phoneme belongs is kept as its symbol: it counts as an
+        // error against every reference.
+        out[start + i].push_back(v.symbols[static_cast<size_t>(*it)]);
+      }
+    }
+  }
+  return out;
+}
+
+namespace {
+
+// This rank's share of the split's words (every world_size-th), decoded and scored; the loss of
+// its sequences teacher-forced; everything summed over the ranks.
+struct SplitResult {
+  double loss = 0, tokens = 0;
+  Errors errors;
+};
+
+SplitResult evaluate_split(nn::GPT& model, const Data& data, const std::vector<Word>& words,
+                           int64_t limit, const train::Setup& setup) {
+  const size_t count =
+      limit > 0 ? std::min<size_t>(words.size(), static_cast<size_t>(limit)) : words.size();
+  std::vector<const Word*> mine;
+  for (size_t i = static_cast<size_t>(setup.rank); i < count;
+       i += static_cast<size_t>(setup.world_size)) {
+    mine.push_back(&words[i]);
+  }
+  std::vector<std::string> spellings;
+  for (const Word* w : mine) spellings.push_back(w->spelling);
+  const std::vector<Pronunciation> predicted = decode(model, data.vocab, spellings, setup.device);
+  Errors e;
+  for (size_t i = 0; i < mine.size(); ++i) {
+    const Errors one = score(predicted[i], *mine[i]);
+    e.edits += one.edits, e.reference += one.reference;
+    e.edits_no_stress += one.edits_no_stress, e.reference_no_stress += one.reference_no_stress;
+    e.correct += one.correct, e.words += one.words;
+  }
+  // Teacher-forced loss per target token over every pronunciation.
+  std::vector<std::vector<int32_t>> seqs;
+  for (const Word* w : mine) {
+    for (const Pronunciation& p : w->pronunciations)
+      seqs.push_back(sequence(data.vocab, w->spelling, p));
+  }
+  double loss = 0, tokens = 0;
+  for (size_t start = 0; start < seqs.size(); start += kDecodeBatch) {
+    std::vector<const std::vector<int32_t>*> batch;
+    for (size_t i = start; i < std::min(seqs.size(), start + kDecodeBatch); ++i) {
+      batch.push_back(&seqs[i]);
+      tokens += static_cast<double>(
+          seqs[i].size() -
+          (std::find(seqs[i].begin(), seqs[i].end(), Vocabulary::kSep) - seqs[i].begin()) - 1);
+    }
+    const train::Batch b = make_batch(batch, 0, setup.device);
+    loss += cross_entropy(cast(model(b.input), DType::kFloat64), b.target).item();
+  }
+  std::vector<double> sums{
+      loss,      tokens, e.edits, e.reference, e.edits_no_stress, e.reference_no_stress,
+      e.correct, e.words};
+  Tensor total =
+      Tensor::from_vector<double>({static_cast<int64_t>(sums.size())}, sums, setup.device);
+  if (setup.comm != nullptr && setup.world_size > 1) setup.comm->all_reduce_sum(total);
+  sums = total.to(Device::cpu()).to_vector<double>();
+  SplitResult r;
+  r.loss = sums[0], r.tokens = sums[1];
+  r.errors = Errors{sums[2], sums[3], sums[4], sums[5], sums[6], sums[7]};
+  return r;
+}
+
+double ratio(double a, double b) {
+  return b > 0 ? a / b : 0.0;
+}
+
+nn::GPTConfig model_config(const Config& c, const Data& d) {
+  nn::GPTConfig g;
+  g.vocab_size = d.vocab.size();
+  g.block_size = d.context;
+  g.n_layer = c.layers;
+  g.n_head = c.heads;
+  g.n_embd = c.width;
+  return g;
+}
+
+}  // namespace
+
+Config::Config() {
+  micro_batch = 32;
+  accum_steps = 4;
+  epochs = 8;
+  lr = 2e-3;
+  optimizer = "adamw";
+  weight_decay = 0.01;
+  schedule = "cosine";
+  warmup = 200;
+  clip = 1.0;
+}
+
+train::Task make_task(const Config& c) {
+  struct State {
+    Data data;
+    train::Setup setup;
+  };
+  auto state = std::make_shared<State>();
+  train::Task task;
+  task.program = "accrue-g2p";
+  task.prepare = [state, c](const train::Setup& setup) {
+    state->setup = setup;
+    state->data = load_data(c.data, c.train_limit);
+    const Data& d = state->data;
+    if (setup.log) {
+      setup.log(str_cat("CMUdict: ", d.train.size(), " training sequences, ", d.validation.size(),
+                        " validation and ", d.test.size(), " test words, ", d.skipped,
+                        " entries skipped (not letters and apostrophes); context ", d.context,
+                        " tokens (", d.longest, ")"));
+    }
+    return static_cast<int64_t>(state->data.train.size());
+  };
+  task.items = [state](int64_t i) {
+    const auto& s = state->data.train[static_cast<size_t>(i)];
+    const auto sep = std::find(s.begin(), s.end(), Vocabulary::kSep) - s.begin();
+    return static_cast<int64_t>(s.size()) - sep - 1;  // the phonemes and <eos>
+  };
+  // The training sequences of `index` (a host copy of it: a few bytes).
+  const auto sequences = [state](const Tensor& index) {
+    std::vector<const std::vector<int32_t>*> seqs;
+    for (int32_t r : index.to(Device::cpu()).to_vector<int32_t>()) {
+      seqs.push_back(&state->data.train[static_cast<size_t>(r)]);
+    }
+    return seqs;
+  };
+  task.batch = [state, sequences](const Tensor& index) {
+    return make_batch(sequences(index), 0, state->setup.device);
+  };
+  task.largest_batch = [state, sequences](const Tensor& index) {
+    return make_batch(sequences(index), state->data.context, state->setup.device);
+  };
+  task.model = [state, c](DType master) -> std::unique_ptr<nn::Module> {
+    return std::make_unique<nn::GPT>(model_config(c, state->data), master);
+  };
+  task.loss = [](nn::Module& model, const train::Batch& b, DType loss_dtype) {
+    const Tensor logits = cast(model(b.input), loss_dtype);
+    int64_t targets = 0;  // the micro-batch's loss tokens (a small host read of the targets)
+    for (int32_t t : b.target.to(Device::cpu()).to_vector<int32_t>()) targets += t != kIgnoreLabel;
+    return nn::LossSum{cross_entropy(logits, b.target),
+                       scalar(static_cast<double>(targets), loss_dtype, b.target.device())};
+  };
+  task.evaluate = [state, c](nn::Module& model) {
+    auto& gpt = dynamic_cast<nn::GPT&>(model);
+    train::Evaluation e{"test_per", "test PER", 0, true};
+    for (const std::string split : {"validation", "test"}) {
+      if (c.eval != "both" && c.eval != split) continue;
+      const SplitResult r = evaluate_split(
+          gpt, state->data, split == "test" ? state->data.test : state->data.validation,
+          c.eval_limit, state->setup);
+      const std::string k = split == "test" ? "test" : "val";
+      e.details[k + "_loss"] = ratio(r.loss, r.tokens);
+      e.details[k + "_per"] = ratio(r.errors.edits, r.errors.reference);
+      e.details[k + "_per_no_stress"] =
+          ratio(r.errors.edits_no_stress, r.errors.reference_no_stress);
+      e.details[k + "_wer"] = 1.0 - ratio(r.errors.correct, r.errors.words);
+      e.key = k + "_per";
+      e.label = (split == "test" ? "test" : "validation") + std::string(" PER");
+      e.value = ratio(r.errors.edits, r.errors.reference);
+    }
+    return e;
+  };
+  task.metadata = [state, c] {
+    std::string vocab;
+    for (const std::string& s : state->data.vocab.symbols) vocab += (vocab.empty() ? "" : " ") + s;
+    return std::map<std::string, std::string>{
+        {"accrue.g2p.vocab_size", std::to_string(state->data.vocab.size())},
+        {"accrue.g2p.block_size", std::to_string(state->data.context)},
+        {"accrue.g2p.n_layer", std::to_string(c.layers)},
+        {"accrue.g2p.n_head", std::to_string(c.heads)},
+        {"accrue.g2p.n_embd", std::to_string(c.width)},
+        {"accrue.g2p.vocabulary", vocab}};
+  };
+  task.settings = {{"layers", c.layers}, {"heads", c.heads}, {"width", c.width}, {"data", c.data}};
+  task.reported = {{"model", "gpt"}, {"layers", c.layers}, {"heads", c.heads}, {"width", c.width}};
+  return task;
+}
+
+train::Summary train(const Config& config, std::ostream& out, const train::Callbacks& callbacks) {
+  train::Task task = make_task(config);
+  return train::train(config, task, out, callbacks);
+}
+
+namespace {
+
+int64_t metadata_size(const std::map<std::string, std::string>& m, const std::string& key,
+                      const std::string& path) {
+  const auto it = m.find("accrue.g2p." + key);
+  if (it == m.end()) {
+    throw FileError(str_cat(path, ": no accrue.g2p.", key,
+                            " in its metadata (not a model saved by accrue-g2p --save)"));
+  }
+  char* end = nullptr;
+  const long long v = std::strtoll(it->second.c_str(), &end, 10);
+  if (it->second.empty() || *end != '\0' || v <= 0 || v > (1 << 20)) {
+    throw FileError(
+        str_cat(path, ": metadata accrue.g2p.", key, " = '", it->second, "' is not a size"));
+  }
+  return v;
+}
+
+}  // namespace
+
+void predict(const Config& c, std::ostream& out) {
+  std::map<std::string, std::string> meta;
+  optim::read_safetensors(c.init, &meta);
+  const Vocabulary vocab;
+  nn::GPTConfig g;
+  g.vocab_size = metadata_size(meta, "vocab_size", c.init);
+  g.block_size = metadata_size(meta, "block_size", c.init);
+  g.n_layer = metadata_size(meta, "n_layer", c.init);
+  g.n_head = metadata_size(meta, "n_head", c.init);
+  g.n_embd = metadata_size(meta, "n_embd", c.init);
+  std::string expected;
+  for (const std::string& s : vocab.symbols) expected += (expected.empty() ? "" : " ") + s;
+  if (g.vocab_size != vocab.size() || meta["accrue.g2p.vocabulary"] != expected) {
+    throw FileError(str_cat(c.init, ": its vocabulary is not this program's"));
+  }
+  nn::GPT model(g, DType::kFloat32);
+  optim::load_parameters(model, c.init);
+  model.eval();
+  std::vector<std::string> words;
+  for (std::string w : c.predict) {
+    for (char& ch : w) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    words.push_back(w);
+  }
+  const std::vector<Pronunciation> p = decode(model, vocab, words, Device::cpu());
+  for (size_t i = 0; i < words.size(); ++i) {
+    out << words[i] << " ";
+    for (const std::string& s : p[i]) out << " " << s;
+    out << "\n";
+  }
+}
+
+int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, std::ostream& err) {
+  CLI::App app{
+      "accrue-g2p: train a small GPT to pronounce English words (CMUdict), with gradient "
+      "accumulation over token-normalised windows"};
+  train::Flags flags(app, c);
+  app.add_option("--data", c.data, "CMUdict's dict.txt (scripts/fetch-cmudict.sh)");
+  app.add_option("--layers", c.layers, "Transformer blocks")->check(CLI::Range(1, 64));
+  app.add_option("--heads", c.heads, "Attention heads per block")->check(CLI::Range(1, 64));
+  app.add_option("--width", c.width, "Embedding width (a multiple of --heads)")
+      ->check(CLI::Range(1, 8192));
+  app.add_option("--eval", c.eval, "Splits evaluated after each epoch: validation, test, both")
+      ->check(CLI::IsMember({"validation", "test", "both"}));
+  app.add_option("--eval-limit", c.eval_limit, "Evaluate the first N words of each split (0: all)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  app.add_option("--predict", c.predict,
+                 "Pronounce these words with the model of --init (no training)");
+  return train::parse_command_line(app, argc, argv, "accrue-g2p", out, err, [&] {
+    flags.check();
+    if (c.width % c.heads != 0) {
+      throw ValueError(str_cat("--width ", c.width, " is not a multiple of --heads ", c.heads));
+    }
+    if (c.precision != "fp32" && c.precision != "fp64") {
+      throw ValueError(
+          "accrue-g2p runs in fp32 or fp64 (its embedding, layer norm and attention "
+          "kernels have no 16-bit versions yet), got --precision " +
+          c.precision);
+    }
+    if (!c.predict.empty() && c.init.empty()) {
+      throw ValueError("--predict needs --init MODEL.safetensors (a model saved with --save)");
+    }
+    const Vocabulary v;
+    for (const std::string& w : c.predict) {
+      for (char ch : w) {
+        if (v.letter(static_cast<char>(std::toupper(static_cast<unsigned char>(ch)))) < 0) {
+          throw ValueError("--predict '" + w + "': only letters and apostrophes");
+        }
+      }
+      if (w.empty()) throw ValueError("--predict: an empty word");
+    }
+  });
+}
+
+int run_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
+  Config config;
+  const int status = parse_args(argc, argv, config, out, err);
+  if (status >= 0) return status;
+  return train::run_reporting_failure(
+      "accrue-g2p", err,
+      [&] {
+        if (!config.predict.empty()) {
+          predict(config, out);
+        } else {
+          train(config, out);
+        }
+      },
+      [&](const FileError&) -> std::string {
+        std::error_code ec;
+        if (std::filesystem::exists(config.data, ec) || !config.predict.empty()) return "";
+        return "accrue-g2p: fetch the data with scripts/fetch-cmudict.sh " +
+               std::filesystem::path(config.data).parent_path().string();
+      });
+}
+
+}  // namespace accrue::g2p
