@@ -5,6 +5,7 @@
 // share a dtype (float32 or float64). Read next: kernels/functors.h.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -62,6 +63,13 @@ namespace accrue {
      bias and ReLU are applied to each GEMM block while it is in cache, on CUDA the bias is a      \
      cuBLASLt epilogue. */                                                                         \
   X(gemm,                                                                                          \
+    (bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b, double beta,      \
+     Tensor& c),                                                                                   \
+    (trans_a, trans_b, alpha, a, b, beta, c))                                                      \
+  /* The same for a batch of matrices: a [B, ...], b [B, ...], c [B, M, N], matrix i of c from     \
+     matrices i of a and b (bmm and its backward: attention). The CPU runs one gemm per matrix;    \
+     CUDA one cublasGemmStridedBatchedEx. */                                                       \
+  X(gemm_batched,                                                                                  \
     (bool trans_a, bool trans_b, double alpha, const Tensor& a, const Tensor& b, double beta,      \
      Tensor& c),                                                                                   \
     (trans_a, trans_b, alpha, a, b, beta, c))                                                      \
@@ -208,15 +216,23 @@ inline fn::PermuteIndex permute_index(const Shape& in, const Shape& dims) {
   return p;
 }
 
+// Matrix i of a batch [B, rows, cols], as a [rows, cols] view.
+inline Tensor batch_matrix(const Tensor& t, int64_t i) {
+  return t.narrow(i, 1).view({t.size(1), t.size(2)});
+}
+
 // Backend::gemm's operands in BLAS terms, row-major: a stored matrix's leading dimension is its
 // column count whether or not it is used transposed.
 struct GemmDims {
   int m, n, k, lda, ldb;
 };
+// Leading dimensions are at least 1, as BLAS requires even when a matrix has no columns (K = 0:
+// c = beta c).
 inline GemmDims gemm_dims(bool trans_a, const Tensor& a, const Tensor& b, const Tensor& c) {
   return {static_cast<int>(c.size(0)), static_cast<int>(c.size(1)),
-          static_cast<int>(trans_a ? a.size(0) : a.size(1)), static_cast<int>(a.size(1)),
-          static_cast<int>(b.size(1))};
+          static_cast<int>(trans_a ? a.size(0) : a.size(1)),
+          static_cast<int>(std::max<int64_t>(1, a.size(1))),
+          static_cast<int>(std::max<int64_t>(1, b.size(1)))};
 }
 
 }  // namespace accrue

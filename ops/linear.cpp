@@ -14,19 +14,13 @@ namespace accrue {
 
 namespace {
 
-// Matrix i of a batch [B, R, C] (a view), or the matrix itself when t is [R, C].
-Tensor matrix(const Tensor& t, int64_t i) {
-  return t.dim() == 2 ? t : t.narrow(i, 1).view({t.size(1), t.size(2)});
-}
-
-// out = op(a) @ op(b) + beta * out for every matrix of a batch (one GEMM per matrix), or for
-// one matrix.
+// out = op(a) @ op(b) + beta * out for every matrix of a batch [B, M, N], or for one matrix.
 void batched_gemm(Backend& be, bool trans_a, bool trans_b, const Tensor& a, const Tensor& b,
-                  double beta, const Tensor& out) {
-  const int64_t batch = out.dim() == 3 ? out.size(0) : 1;
-  for (int64_t i = 0; i < batch; ++i) {
-    Tensor c = matrix(out, i);
-    be.gemm(trans_a, trans_b, 1.0, matrix(a, i), matrix(b, i), beta, c);
+                  double beta, Tensor out) {
+  if (out.dim() == 3) {
+    be.gemm_batched(trans_a, trans_b, 1.0, a, b, beta, out);
+  } else {
+    be.gemm(trans_a, trans_b, 1.0, a, b, beta, out);
   }
 }
 

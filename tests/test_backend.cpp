@@ -71,24 +71,11 @@ struct Row {
 
 // The primitives that take bfloat16 and float16 tensors: their rows run in both.
 bool takes_half(const std::string& row) {
-  static const std::set<std::string> primitives{"fill",
-                                                "copy",
-                                                "cast",
-                                                "gather_rows",
-                                                "permute",
-                                                "axpy",
-                                                "bias_add",
-                                                "sum_rows",
-                                                "sum_all",
-                                                "expand_scalar",
-                                                "linear_forward",
-                                                "argmax",
-                                                "unary",
-                                                "unary_backward",
-                                                "scale",
-                                                "binary",
-                                                "gemm",
-                                                "relu_bias_backward"};
+  static const std::set<std::string> primitives{
+      "fill",           "copy",     "cast",         "gather_rows",       "permute",
+      "axpy",           "bias_add", "sum_rows",     "sum_all",           "expand_scalar",
+      "linear_forward", "argmax",   "unary",        "unary_backward",    "scale",
+      "binary",         "gemm",     "gemm_batched", "relu_bias_backward"};
   return primitives.count(row.substr(0, row.find('/'))) > 0;
 }
 
@@ -541,6 +528,23 @@ std::vector<Row> rows() {
            }});
     }
   }
+  for (bool tb : {false, true}) {
+    table.push_back({str_cat("gemm_batched/N", tb ? "T" : "N"), [=](const Maker& m) {
+                       // 7 matrices op(a) [29, 33] @ op(b) [33, 31], accumulated (beta 1)
+                       Tensor a = m.uniform({7, 29, 33}, 28);
+                       Tensor b = m.uniform(tb ? Shape{7, 31, 33} : Shape{7, 33, 31}, 29);
+                       Tensor c = m.uniform({7, 29, 31}, 30);
+                       m.be().gemm_batched(false, tb, 0.5, a, b, 1.0, c);
+                       return Outputs{c};
+                     }});
+  }
+  table.push_back({"gemm_batched/TN", [](const Maker& m) {
+                     // the weight side of bmm's backward: op(a) = a^T
+                     Tensor a = m.uniform({5, 41, 19}, 31), b = m.uniform({5, 41, 23}, 32);
+                     Tensor c = m.empty({5, 19, 23});
+                     m.be().gemm_batched(true, false, 1.0, a, b, 0.0, c);
+                     return Outputs{c};
+                   }});
   for (double max_norm : {0.0, 1.0, 1e9}) {
     for (bool finite : {true, false}) {
       table.push_back({str_cat("boundary/max_norm_", max_norm, finite ? "" : "_non_finite"),

@@ -12,9 +12,12 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "distributed/communicator.h"
 #include "distributed/ops.h"
+#include "g2p.h"
+#include "g2p_fixture.h"
 #include "mnist_fixture.h"
 #include "optim/safetensors.h"
 #include "test_util.h"
@@ -456,6 +459,59 @@ TEST(Dist, TheEngineOnTwoRanksNormalisesByTheTokensOfBoth) {
     EXPECT_NEAR(b.steps[i].grad_norm, a.steps[i].grad_norm, 1e-12 * a.steps[i].grad_norm) << i;
   }
   EXPECT_GT(a.steps[0].items, a.steps[0].samples);
+}
+
+// accrue-g2p's windows of variable-length sequences, normalised by their target tokens: 2 ranks
+// x micro 32 x k 2 against one process with 128 x 1, float64, per-step loss and norm and final
+// weights to 1e-10; the evaluation, shared between the ranks, equals the one-process result.
+TEST(Dist, G2PTwoRanksEqualOneProcessAndShareTheEvaluation) {
+  // One fixture for both ranks (the ranks' settings, the data path included, must agree).
+  const auto dir = std::filesystem::temp_directory_path() / "accrue-g2p-dist";
+  if (comm().rank() == 0) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    testing::write_g2p_fixture(dir, 200);
+  }
+  comm().barrier();
+  g2p::Config c;
+  c.data = (dir / "dict.txt").string();
+  c.layers = 1, c.heads = 2, c.width = 8, c.precision = "fp64", c.quiet = true, c.epochs = 1;
+  c.warmup = 0, c.threads = 1, c.eval = "both";
+  const auto run = [&](int64_t micro, int64_t k, distributed::Communicator* comm, const char* tag,
+                       std::vector<train::StepEvent>& steps) {
+    g2p::Config r = c;
+    r.micro_batch = micro, r.accum_steps = k, r.comm = comm;
+    r.save = (dir / (std::string(tag) + ".safetensors")).string();
+    train::Callbacks callbacks;
+    callbacks.on_step = [&](const train::StepEvent& e) { steps.push_back(e); };
+    std::ostringstream out;
+    return g2p::train(r, out, callbacks);
+  };
+  std::unique_ptr<distributed::Communicator> single = distributed::make_single_process();
+  std::vector<train::StepEvent> one_steps, two_steps;
+  const train::Summary one = run(128, 1, single.get(), "one", one_steps);
+  const train::Summary two = run(32, 2, &comm(), "two", two_steps);
+  ASSERT_EQ(one_steps.size(), 2u);
+  ASSERT_EQ(two_steps.size(), one_steps.size());
+  for (size_t i = 0; i < one_steps.size(); ++i) {
+    EXPECT_EQ(two_steps[i].items, one_steps[i].items);
+    EXPECT_NEAR(two_steps[i].loss, one_steps[i].loss, 1e-10 * one_steps[i].loss);
+    EXPECT_NEAR(two_steps[i].grad_norm, one_steps[i].grad_norm, 1e-10 * one_steps[i].grad_norm);
+  }
+  if (comm().rank() == 0) {
+    const auto a = optim::read_safetensors((dir / "one.safetensors").string());
+    const auto b = optim::read_safetensors((dir / "two.safetensors").string());
+    for (const auto& [name, t] : a) EXPECT_LT(testing::max_rel_error(b.at(name), t), 1e-10) << name;
+  }
+  // Each rank decoded half the words; the sums over both are the one process's.
+  for (const auto& [key, value] : one.evaluation.details.items()) {
+    EXPECT_NEAR(two.evaluation.details.at(key).get<double>(), value.get<double>(),
+                1e-9 * std::max(1.0, std::abs(value.get<double>())))
+        << key;
+  }
+  EXPECT_EQ(two.evaluation.details.size(), 8u);
+  comm().barrier();
+  if (comm().rank() == 0) std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -185,6 +185,17 @@ TEST(Transformer, VectorisableExpAndErfStayWithinTheirBounds) {
   EXPECT_EQ(fn::erf_approx(0.0f), 0.0f);
 }
 
+// bmm with an empty inner dimension: zeros (BLAS needs leading dimensions of at least 1).
+TEST(Transformer, BmmOfAnEmptyInnerDimensionIsZeros) {
+  for (Device device : devices()) {
+    const Tensor a = Tensor::zeros({2, 3, 0}, DType::kFloat32, device);
+    const Tensor b = Tensor::zeros({2, 0, 4}, DType::kFloat32, device);
+    const Tensor y = bmm(a, b).to(Device::cpu());
+    EXPECT_EQ(y.shape(), (Shape{2, 3, 4}));
+    for (float v : y.to_vector<float>()) EXPECT_EQ(v, 0.0f) << device.str();
+  }
+}
+
 TEST(Transformer, BadShapesAreNamed) {
   const nn::GPTConfig c = tiny_config();
   nn::GPT gpt(c);

@@ -83,11 +83,15 @@ class Run {
   void run_epoch(int64_t epoch);
   [[noreturn]] void stop(const optim::StepResult& last);
   void report_step(const optim::StepResult& r, const EpochPlan& plan, int64_t epoch,
-                   int64_t samples);
-  void end_epoch(int64_t epoch, double epoch_loss, int64_t epoch_items, double epoch_seconds);
+                   int64_t samples, int64_t tokens);
+  void order_shares_by_length(const EpochPlan& plan, std::vector<int32_t>& order) const;
+  int64_t tokens_of(const optim::Window& w, const std::vector<int32_t>& order) const;
+  // final: the run's last epoch (Task::evaluate_final).
+  void end_epoch(int64_t epoch, double epoch_loss, int64_t epoch_items, double epoch_seconds,
+                 bool final);
   optim::StepResult run_window(const optim::Window& w, const Tensor& order,
                                const std::vector<int32_t>& order_host);
-  Evaluation evaluate();
+  Evaluation evaluate(bool final);
   void finish();
   void report_summary();
 
@@ -123,6 +127,7 @@ class Run {
   std::unique_ptr<Progress> progress_;
   Summary summary_;
   int64_t samples_seen_ = 0;
+  int64_t tokens_trained_ = 0;  // by this process's run (not before a resume), every rank
 };
 
 // Data parallel: every rank trains; rank 0 alone prints, writes metrics and saves. Each rank
@@ -468,6 +473,31 @@ void Run::write_checkpoint(const TrainPosition& position) {
   if (callbacks_.on_checkpoint) callbacks_.on_checkpoint({position.step, c_.checkpoint});
 }
 
+// With Task::length, each window's share of this rank (its micro-batches are one contiguous
+// range of the order) is sorted by length, stably: every rank computes the same order, the
+// window's sum is the same, and a micro-batch pads only to its own longest sequence.
+void Run::order_shares_by_length(const EpochPlan& plan, std::vector<int32_t>& order) const {
+  if (!task_.length) return;
+  for (const optim::Window& w : plan.windows) {
+    if (w.micro.empty()) continue;
+    const auto begin = order.begin() + w.micro.front().start;
+    const auto end = order.begin() + w.micro.back().start + w.micro.back().count;
+    std::vector<std::pair<int64_t, int32_t>> keyed;
+    for (auto it = begin; it != end; ++it) keyed.emplace_back(task_.length(*it), *it);
+    std::stable_sort(keyed.begin(), keyed.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (size_t i = 0; i < keyed.size(); ++i) begin[static_cast<int64_t>(i)] = keyed[i].second;
+  }
+}
+
+// The window's non-padding tokens over every rank (Task::length), 0 without.
+int64_t Run::tokens_of(const optim::Window& w, const std::vector<int32_t>& order) const {
+  if (!task_.length) return 0;
+  int64_t n = 0;
+  for (int64_t i = w.start; i < w.start + w.samples; ++i) n += task_.length(order[i]);
+  return n;
+}
+
 // One window: each micro-batch's samples, their loss and its count, through the accumulator.
 // The window's items (its normaliser) come from the plan: the dataset's per-sample counts over
 // every rank's share, summed without a collective.
@@ -507,47 +537,62 @@ void Run::broadcast_buffers() {
   for (auto& [name, t] : model_->named_buffers()) comm_->broadcast(t, 0);
 }
 
-Evaluation Run::evaluate() {
+Evaluation Run::evaluate(bool final) {
   NoGradGuard no_grad;
   model_->eval();  // BatchNorm: running statistics; Dropout: off
   struct BackToTraining {
     nn::Module& m;
     ~BackToTraining() { m.train(); }
   } back{*model_};
+  if (final && task_.evaluate_final) return task_.evaluate_final(*model_);
   return task_.evaluate ? task_.evaluate(*model_) : Evaluation{};
 }
 
 // A step's log line when skipped, its metrics record and its callback.
 void Run::report_step(const optim::StepResult& r, const EpochPlan& plan, int64_t epoch,
-                      int64_t samples) {
+                      int64_t samples, int64_t tokens) {
   if (r.skipped) {
     log(str_cat("step ", r.step, ": non-finite gradient, update skipped",
                 scaling_.dynamic ? str_cat(" (loss scale ", r.loss_scale, " -> ",
                                            r.loss_scale * optim::LossScaling{}.backoff, ")")
                                  : ""));
   }
-  const StepEvent event{r.step,          epoch + 1, samples,   r.items,      r.loss,
-                        r.grad_norm,     r.lr,      r.skipped, r.loss_scale, plan.batch.accum_steps,
+  const StepEvent event{r.step,
+                        epoch + 1,
+                        samples,
+                        r.items,
+                        tokens,
+                        r.loss,
+                        r.grad_norm,
+                        r.lr,
+                        r.skipped,
+                        r.loss_scale,
+                        plan.batch.accum_steps,
                         plan.batch.batch};
-  metrics_->emit({{"step", r.step},
-                  {"epoch", epoch + 1},
-                  {"samples", samples_seen_},
-                  {"loss", json_number(r.loss)},
-                  {"grad_norm", json_number(r.grad_norm)},
-                  {"lr", r.lr},
-                  {"skipped", r.skipped},
-                  {"loss_scale", r.loss_scale},
-                  {"accum_steps", plan.batch.accum_steps},
-                  {"batch", plan.batch.batch},
-                  {"threads", cpu_threads()}});
+  nlohmann::json record = {{"step", r.step},
+                           {"epoch", epoch + 1},
+                           {"samples", samples_seen_},
+                           {"loss", json_number(r.loss)},
+                           {"grad_norm", json_number(r.grad_norm)},
+                           {"lr", r.lr},
+                           {"skipped", r.skipped},
+                           {"loss_scale", r.loss_scale},
+                           {"accum_steps", plan.batch.accum_steps},
+                           {"batch", plan.batch.batch},
+                           {"threads", cpu_threads()}};
+  if (task_.length) record["tokens"] = tokens;
+  metrics_->emit(record);
   if (callbacks_.on_step) callbacks_.on_step(event);
 }
 
 // The end of an epoch: its time, the evaluation, its log line, metrics record and callback.
-void Run::end_epoch(int64_t epoch, double epoch_loss, int64_t epoch_items, double epoch_seconds) {
+void Run::end_epoch(int64_t epoch, double epoch_loss, int64_t epoch_items, double epoch_seconds,
+                    bool final) {
   summary_.train_seconds += epoch_seconds;
   progress_->end_epoch();
-  summary_.evaluation = evaluate();
+  const auto eval_start = Clock::now();
+  summary_.evaluation = evaluate(final);
+  const double eval_seconds = seconds_since(eval_start);
   const EpochEvent event{epoch + 1,
                          epoch_loss / static_cast<double>(std::max<int64_t>(epoch_items, 1)),
                          summary_.evaluation, epoch_seconds};
@@ -565,9 +610,11 @@ void Run::end_epoch(int64_t epoch, double epoch_loss, int64_t epoch_items, doubl
     line << ", " << key << " " << std::setprecision(4) << value.get<double>();
     record[key] = value;
   }
-  line << ", " << std::setprecision(2) << epoch_seconds << " s";
+  line << ", " << std::setprecision(2) << epoch_seconds << " s (evaluation " << eval_seconds
+       << " s)";
   log(line.str());
   record["seconds"] = epoch_seconds;
+  record["eval_seconds"] = eval_seconds;
   metrics_->emit(record);
   if (callbacks_.on_epoch) callbacks_.on_epoch(event);
 }
@@ -582,7 +629,8 @@ void Run::run_epoch(int64_t epoch) {
   }
   acc_->set_base_lr(plan.lr);
   progress_->set_steps_per_epoch(static_cast<int64_t>(plan.windows.size()));
-  const auto order_host = epoch_order(train_samples_, c_.seed, epoch, c_.shuffle);
+  std::vector<int32_t> order_host = epoch_order(train_samples_, c_.seed, epoch, c_.shuffle);
+  order_shares_by_length(plan, order_host);
   const Tensor order = Tensor::from_vector<int32_t>({train_samples_}, order_host, c_.device);
   const auto epoch_start = Clock::now();
   int64_t step_in_epoch = 0, epoch_items = 0;
@@ -595,10 +643,12 @@ void Run::run_epoch(int64_t epoch) {
     const optim::StepResult r = run_window(w, order, order_host);
     if (tuner_) tuner_->record(seconds_since(window_start) / static_cast<double>(w.samples));
     samples_seen_ += w.samples;
+    const int64_t tokens = tokens_of(w, order_host);
+    tokens_trained_ += tokens;
     epoch_items += r.items;
     epoch_loss += r.loss * static_cast<double>(r.items);
     ++step_in_epoch;
-    report_step(r, plan, epoch, w.samples);
+    report_step(r, plan, epoch, w.samples, tokens);
     const double elapsed = summary_.train_seconds + seconds_since(epoch_start);
     progress_->update(epoch, step_in_epoch, r.step, r.loss, r.grad_norm, r.lr,
                       static_cast<double>(samples_seen_) / std::max(elapsed, 1e-9));
@@ -609,12 +659,13 @@ void Run::run_epoch(int64_t epoch) {
       write_checkpoint(position_);
     }
     if (r.stop) {
-      if (last) end_epoch(epoch, epoch_loss, epoch_items, seconds_since(epoch_start));
+      if (last) end_epoch(epoch, epoch_loss, epoch_items, seconds_since(epoch_start), false);
       stop(r);
     }
     if (acc_->steps() >= total_steps_) break;
   }
-  end_epoch(epoch, epoch_loss, epoch_items, seconds_since(epoch_start));
+  end_epoch(epoch, epoch_loss, epoch_items, seconds_since(epoch_start),
+            epoch + 1 >= c_.epochs || acc_->steps() >= total_steps_);
 }
 
 // A requested stop, after the window it interrupted: the checkpoint of this step, the metrics,
@@ -649,6 +700,8 @@ void Run::report_summary() {
   }
   summary_.samples_per_second =
       static_cast<double>(samples_seen_) / std::max(summary_.train_seconds, 1e-9);
+  summary_.tokens_per_second =
+      static_cast<double>(tokens_trained_) / std::max(summary_.train_seconds, 1e-9);
   std::string offload_line;
   if (offload_) {
     summary_.offload = offload_->traffic();
@@ -667,7 +720,9 @@ void Run::report_summary() {
   line << "done: " << e.label << " " << std::fixed << std::setprecision(2)
        << (e.percent ? 100 * e.value : e.value) << (e.percent ? "%" : "") << " after "
        << summary_.steps << " steps | train " << summary_.train_seconds << " s, "
-       << std::setprecision(0) << summary_.samples_per_second << " samples/s | "
+       << std::setprecision(0) << summary_.samples_per_second << " samples/s"
+       << (task_.length ? str_cat(", ", std::llround(summary_.tokens_per_second), " tokens/s") : "")
+       << " | "
        << (k_schedule_ ? str_cat("accumulation schedule ", k_schedule_->str(), ", micro-batch ",
                                  batch.micro_batch)
                        : batch.str())
@@ -682,6 +737,7 @@ void Run::report_summary() {
                            {e.key, e.value},
                            {"train_seconds", summary_.train_seconds},
                            {"samples_per_second", summary_.samples_per_second},
+                           {"tokens_per_second", summary_.tokens_per_second},
                            {"steps", summary_.steps},
                            {"skipped_steps", acc_->skipped_steps()},
                            {"peak_bytes", mem.peak_bytes},
@@ -766,7 +822,7 @@ Summary Run::train() {
     log(str_cat("nothing left to train: the checkpoint is at step ", start_.step, " of ",
                 total_steps_, " (", c_.epochs, " epochs", c_.max_steps > 0 ? ", --max-steps" : "",
                 ")"));
-    summary_.evaluation = evaluate();
+    summary_.evaluation = evaluate(true);
   }
   for (int64_t epoch = start_.epoch; epoch < c_.epochs && acc_->steps() < total_steps_; ++epoch) {
     run_epoch(epoch);

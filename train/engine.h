@@ -26,6 +26,7 @@ struct StepEvent {
   int64_t epoch = 0;    // 1-based
   int64_t samples = 0;  // in the window, over every rank
   int64_t items = 0;    // loss items in the window (the normaliser)
+  int64_t tokens = 0;   // non-padding tokens in the window (Task::length), 0 without
   double loss = 0;      // mean over the window's items
   double grad_norm = 0;
   double lr = 0;
@@ -56,6 +57,7 @@ struct Summary {
   Evaluation evaluation;  // after the last epoch
   double train_seconds = 0;
   double samples_per_second = 0;
+  double tokens_per_second = 0;            // non-padding tokens (Task::length); 0 without
   int64_t steps = 0;                       // optimizer steps taken
   int64_t skipped_steps = 0;               // of which skipped (non-finite gradient): no update
   double final_loss_scale = 1;             // after the last step (1 without loss scaling)

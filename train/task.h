@@ -54,6 +54,11 @@ struct Task {
   // The loss items of sample i (1 for a classified sample, its target tokens for a sequence);
   // null: one each. The window's normaliser is their sum over the window, known from the plan.
   std::function<int64_t(int64_t sample)> items;
+  // The length of sample i in tokens, not counting padding; null: samples have no length. When
+  // set, each window's share of a rank is ordered by it (stable) before it is cut into
+  // micro-batches, so a micro-batch holds sequences of similar lengths and pads little (the
+  // window's sum is the same), and the metrics report tokens_per_second.
+  std::function<int64_t(int64_t sample)> length;
   // The samples of `index` (int32 [b], positions in the training set, on the device).
   std::function<Batch(const Tensor& index)> batch;
   // The same samples as the largest they could be (sequences padded to the longest of the
@@ -66,6 +71,9 @@ struct Task {
   std::function<nn::LossSum(nn::Module& model, const Batch& batch, DType loss_dtype)> loss;
   // Measures the model (the engine puts it in eval mode under NoGradGuard around the call).
   std::function<Evaluation(nn::Module& model)> evaluate;
+  // After the last epoch instead of evaluate, when set (a costlier measure, e.g. the test split
+  // too, taken once).
+  std::function<Evaluation(nn::Module& model)> evaluate_final;
   // String metadata stored with the saved weights (--save), e.g. what it takes to rebuild the
   // model; null: none. Called after training.
   std::function<std::map<std::string, std::string>()> metadata;

@@ -154,27 +154,32 @@ std::vector<Pronunciation> decode(nn::GPT& model, const Vocabulary& v,
   NoGradGuard no_grad;
   const int64_t context = model.config().block_size;
   std::vector<Pronunciation> out(spellings.size());
+  // Batches of words of similar lengths (sorted, stably; the outputs go back in place), so
+  // little of each step is padding.
+  std::vector<size_t> by_length(spellings.size());
+  for (size_t i = 0; i < by_length.size(); ++i) by_length[i] = i;
+  std::stable_sort(by_length.begin(), by_length.end(),
+                   [&](size_t a, size_t b) { return spellings[a].size() < spellings[b].size(); });
   for (size_t start = 0; start < spellings.size(); start += kDecodeBatch) {
     const size_t n = std::min<size_t>(kDecodeBatch, spellings.size() - start);
     std::vector<std::vector<int32_t>> rows;
     std::vector<bool> done(n, false);
     for (size_t i = 0; i < n; ++i) {
-      rows.push_back(prompt(v, spellings[start + i]));
+      const std::string& word = spellings[by_length[start + i]];
+      rows.push_back(prompt(v, word));
       if (static_cast<int64_t>(rows[i].size()) > context) {
-        throw ValueError(str_cat("'", spellings[start + i], "' needs ", rows[i].size(),
+        throw ValueError(str_cat("'", word, "' needs ", rows[i].size(),
                                  " tokens of context, the model has ", context));
       }
     }
+    // Open rows hold at most `context` tokens; each step feeds the longest open row's length
+    // (finished rows ride along, truncated, their outputs unread).
     for (;;) {
       int64_t t = 0;
-      bool open = false;
       for (size_t i = 0; i < n; ++i) {
-        done[i] = done[i] || static_cast<int64_t>(rows[i].size()) >= context + 1;
-        if (!done[i]) open = true;
-        t = std::max<int64_t>(t, static_cast<int64_t>(rows[i].size()));
+        if (!done[i]) t = std::max<int64_t>(t, static_cast<int64_t>(rows[i].size()));
       }
-      if (!open) break;
-      t = std::min(t, context);
+      if (t == 0) break;
       std::vector<int32_t> input(n * static_cast<size_t>(t), Vocabulary::kEos);
       for (size_t i = 0; i < n; ++i) {
         const size_t len = std::min<size_t>(rows[i].size(), static_cast<size_t>(t));
@@ -187,11 +192,13 @@ std::vector<Pronunciation> decode(nn::GPT& model, const Vocabulary& v,
       for (size_t i = 0; i < n; ++i) {
         if (done[i]) continue;
         const int32_t token = next[i * static_cast<size_t>(t) + rows[i].size() - 1];
-        if (token == Vocabulary::kEos || static_cast<int64_t>(rows[i].size()) == context) {
+        if (token == Vocabulary::kEos) {
           done[i] = true;
           continue;
         }
         rows[i].push_back(token);
+        // The context is full: this was the last token the model can predict.
+        if (static_cast<int64_t>(rows[i].size()) > context) done[i] = true;
       }
     }
     for (size_t i = 0; i < n; ++i) {
@@ -199,7 +206,7 @@ std::vector<Pronunciation> decode(nn::GPT& model, const Vocabulary& v,
       for (auto it = sep + 1; it != rows[i].end(); ++it) {
         // A letter or special where a phoneme belongs is kept as its symbol: it counts as an
         // error against every reference.
-        out[start + i].push_back(v.symbols[static_cast<size_t>(*it)]);
+        out[by_length[start + i]].push_back(v.symbols[static_cast<size_t>(*it)]);
       }
     }
   }
@@ -284,7 +291,7 @@ nn::GPTConfig model_config(const Config& c, const Data& d) {
 Config::Config() {
   micro_batch = 32;
   accum_steps = 4;
-  epochs = 8;
+  epochs = 5;
   lr = 2e-3;
   optimizer = "adamw";
   weight_decay = 0.01;
@@ -318,6 +325,9 @@ train::Task make_task(const Config& c) {
     const auto sep = std::find(s.begin(), s.end(), Vocabulary::kSep) - s.begin();
     return static_cast<int64_t>(s.size()) - sep - 1;  // the phonemes and <eos>
   };
+  task.length = [state](int64_t i) {  // the input tokens: the sequence less its last token
+    return static_cast<int64_t>(state->data.train[static_cast<size_t>(i)].size()) - 1;
+  };
   // The training sequences of `index` (a host copy of it: a few bytes).
   const auto sequences = [state](const Tensor& index) {
     std::vector<const std::vector<int32_t>*> seqs;
@@ -342,11 +352,12 @@ train::Task make_task(const Config& c) {
     return nn::LossSum{cross_entropy(logits, b.target),
                        scalar(static_cast<double>(targets), loss_dtype, b.target.device())};
   };
-  task.evaluate = [state, c](nn::Module& model) {
+  // After each epoch the validation split; after the last, the splits of --eval.
+  const auto evaluate = [state, c](nn::Module& model, const std::string& splits) {
     auto& gpt = dynamic_cast<nn::GPT&>(model);
     train::Evaluation e{"test_per", "test PER", 0, true};
     for (const std::string split : {"validation", "test"}) {
-      if (c.eval != "both" && c.eval != split) continue;
+      if (splits != "both" && splits != split) continue;
       const SplitResult r = evaluate_split(
           gpt, state->data, split == "test" ? state->data.test : state->data.validation,
           c.eval_limit, state->setup);
@@ -362,6 +373,8 @@ train::Task make_task(const Config& c) {
     }
     return e;
   };
+  task.evaluate = [evaluate](nn::Module& model) { return evaluate(model, "validation"); };
+  task.evaluate_final = [evaluate, c](nn::Module& model) { return evaluate(model, c.eval); };
   task.metadata = [state, c] {
     std::string vocab;
     for (const std::string& s : state->data.vocab.symbols) vocab += (vocab.empty() ? "" : " ") + s;
@@ -444,7 +457,9 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
   app.add_option("--heads", c.heads, "Attention heads per block")->check(CLI::Range(1, 64));
   app.add_option("--width", c.width, "Embedding width (a multiple of --heads)")
       ->check(CLI::Range(1, 8192));
-  app.add_option("--eval", c.eval, "Splits evaluated after each epoch: validation, test, both")
+  app.add_option("--eval", c.eval,
+                 "Splits evaluated after the last epoch (validation, test, both); earlier epochs "
+                 "evaluate the validation split")
       ->check(CLI::IsMember({"validation", "test", "both"}));
   app.add_option("--eval-limit", c.eval_limit, "Evaluate the first N words of each split (0: all)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));

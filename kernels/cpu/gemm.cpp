@@ -273,4 +273,14 @@ void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& 
   });
 }
 
+void CpuBackend::gemm_batched(bool trans_a, bool trans_b, double alpha, const Tensor& a,
+                              const Tensor& b, double beta, Tensor& c) {
+  // a [B, ...], b [B, ...] -> c [B, M, N]: one GEMM per matrix (attention's are small; OpenBLAS
+  // threads each one when it pays).
+  for (int64_t i = 0; i < c.size(0); ++i) {
+    Tensor ci = batch_matrix(c, i);
+    gemm(trans_a, trans_b, alpha, batch_matrix(a, i), batch_matrix(b, i), beta, ci);
+  }
+}
+
 }  // namespace accrue::cpu

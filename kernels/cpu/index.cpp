@@ -77,9 +77,12 @@ void CpuBackend::permute(const Tensor& x, const Shape& dims, Tensor& y) {
     case 4:
       return permute_units(static_cast<const uint32_t*>(x.raw()), p, y.numel(),
                            static_cast<uint32_t*>(y.raw()));
-    default:
+    case 8:
       return permute_units(static_cast<const uint64_t*>(x.raw()), p, y.numel(),
                            static_cast<uint64_t*>(y.raw()));
+    default:
+      throw DTypeError(
+          str_cat("[permute] no ", dtype_size(x.dtype()), "-byte elements: ", x.describe()));
   }
 }
 

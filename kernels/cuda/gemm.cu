@@ -61,6 +61,40 @@ void CudaBackend::gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a
   }
 }
 
+void CudaBackend::gemm_batched(bool trans_a, bool trans_b, double alpha, const Tensor& a,
+                               const Tensor& b, double beta, Tensor& c) {
+  // a [B, ...], b [B, ...] -> c [B, M, N], matrix i from matrices i: one strided-batched call
+  // (row-major, so cuBLAS computes c^T = op(b)^T op(a)^T as in gemm above). Strides are whole
+  // matrices; float32 keeps CUBLAS_COMPUTE_32F (no TF32), as cublasSgemm does by default.
+  const int64_t batch = c.size(0);
+  if (batch == 0) return;
+  const Tensor a0 = batch_matrix(a, 0), b0 = batch_matrix(b, 0), c0 = batch_matrix(c, 0);
+  const auto [m, n, k, lda, ldb] = gemm_dims(trans_a, a0, b0, c0);
+  if (m == 0 || n == 0) return;
+  cublasHandle_t handle = context(c.device().index).cublas;
+  const cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const long long stride_a = a0.numel(), stride_b = b0.numel(), stride_c = c0.numel();
+  if (b.dtype() != a.dtype()) {
+    throw DTypeError(str_cat("[gemm_batched] operands are ", dtype_name(a.dtype()), " and ",
+                             dtype_name(b.dtype())));
+  }
+  const cudaDataType_t ab = cuda_type(a.dtype()), cd = cuda_type(c.dtype());
+  if (a.dtype() == DType::kFloat64) {
+    ACCRUE_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        handle, tb, ta, n, m, k, &alpha, b.raw(), ab, ldb, stride_b, a.raw(), ab, lda, stride_a,
+        &beta, c.raw(), cd, n, stride_c, static_cast<int>(batch), CUBLAS_COMPUTE_64F,
+        CUBLAS_GEMM_DEFAULT));
+  } else {
+    // float32, or 16-bit operands with float32 compute (C float32 or 16-bit)
+    const float al = static_cast<float>(alpha), be = static_cast<float>(beta);
+    ACCRUE_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        handle, tb, ta, n, m, k, &al, b.raw(), ab, ldb, stride_b, a.raw(), ab, lda, stride_a, &be,
+        c.raw(), cd, n, stride_c, static_cast<int>(batch), CUBLAS_COMPUTE_32F,
+        CUBLAS_GEMM_DEFAULT));
+  }
+}
+
 namespace {
 
 // Owns cuBLASLt descriptors for the duration of one call.
