@@ -99,6 +99,39 @@ TEST(G2PScores, EditDistanceBestReferenceAndStress) {
   EXPECT_EQ(e.correct, 0);
 }
 
+// Command-line mistakes: exit 2 with one line naming the flag, before any data is read; the
+// engine's flags combine with G2P's defaults (--memory-budget picks the micro-batch).
+TEST(G2PFlags, MistakesExitTwoAndEngineFlagsCombine) {
+  const fs::path dir = g2p_scratch("flags");
+  const std::string model = write(dir, "m.safetensors", "not read before the words are checked");
+  const struct {
+    std::vector<std::string> args;
+    int status;
+    std::string message;
+  } rows[] = {
+      {{"--precision", "bf16"}, 2, "runs in fp32 or fp64"},
+      {{"--width", "130"}, 2, "--width 130 is not a multiple of --heads 4"},
+      {{"--predict", "HELLO"}, 2, "--predict needs --init"},
+      {{"--init", model, "--predict", "HE11O"}, 2, "--predict 'HE11O': only letters and apostrophes"},
+      {{"--eval", "train"}, 2, "--eval"},
+      {{"--layers", "0"}, 2, "--layers"},
+      {{"--memory-budget", "48MiB"}, -1, ""},
+      {{"--micro-batch", "16", "--accum-steps", "8"}, -1, ""},
+  };
+  for (const auto& row : rows) {
+    std::vector<std::string> args{"accrue-g2p", "--data", "/nonexistent/dict.txt"};
+    args.insert(args.end(), row.args.begin(), row.args.end());
+    std::vector<const char*> argv;
+    for (const auto& a : args) argv.push_back(a.c_str());
+    g2p::Config c;
+    std::ostringstream out, err;
+    EXPECT_EQ(g2p::parse_args(static_cast<int>(argv.size()), argv.data(), c, out, err), row.status)
+        << args.back() << ": " << err.str();
+    EXPECT_NE(err.str().find(row.message), std::string::npos) << err.str();
+  }
+  fs::remove_all(dir);
+}
+
 g2p::Config tiny_config(const std::string& data) {
   g2p::Config c;
   c.data = data;

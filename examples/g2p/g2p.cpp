@@ -289,8 +289,6 @@ nn::GPTConfig model_config(const Config& c, const Data& d) {
 }  // namespace
 
 Config::Config() {
-  micro_batch = 32;
-  accum_steps = 4;
   epochs = 5;
   lr = 2e-3;
   optimizer = "adamw";
