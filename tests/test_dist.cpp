@@ -489,7 +489,10 @@ TEST(Dist, G2PTwoRanksEqualOneProcessAndShareTheEvaluation) {
   };
   std::unique_ptr<distributed::Communicator> single = distributed::make_single_process();
   std::vector<train::StepEvent> one_steps, two_steps;
-  const train::Summary one = run(128, 1, single.get(), "one", one_steps);
+  // Each rank runs the one-process reference in a world of its own, where it leads and saves:
+  // a file per rank.
+  const std::string one_name = "one-" + std::to_string(comm().rank());
+  const train::Summary one = run(128, 1, single.get(), one_name.c_str(), one_steps);
   const train::Summary two = run(32, 2, &comm(), "two", two_steps);
   ASSERT_EQ(one_steps.size(), 2u);
   ASSERT_EQ(two_steps.size(), one_steps.size());
@@ -499,7 +502,7 @@ TEST(Dist, G2PTwoRanksEqualOneProcessAndShareTheEvaluation) {
     EXPECT_NEAR(two_steps[i].grad_norm, one_steps[i].grad_norm, 1e-10 * one_steps[i].grad_norm);
   }
   if (comm().rank() == 0) {
-    const auto a = optim::read_safetensors((dir / "one.safetensors").string());
+    const auto a = optim::read_safetensors((dir / (one_name + ".safetensors")).string());
     const auto b = optim::read_safetensors((dir / "two.safetensors").string());
     for (const auto& [name, t] : a) EXPECT_LT(testing::max_rel_error(b.at(name), t), 1e-10) << name;
   }
