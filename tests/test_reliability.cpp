@@ -184,10 +184,11 @@ TEST(Reliability, DevicesAndFifosAreWrittenDirectly) {
   EXPECT_EQ(r.status, 1) << r.err;
   expect_words(r.err, {fifo.string(), "no process is reading"});
   // A reader that leaves after 10 bytes: a failed write naming the file, not death by SIGPIPE.
-  // The saved weights (2.2 MB) overflow the pipe's buffer, so the writer is still writing when
-  // the reader has gone whatever the timing (metrics of a short run can fit in the buffer).
+  // The reader shrinks the pipe's buffer to one page, which the saved weights (51 KB) overflow,
+  // so the writer is still writing when the reader has gone, whatever the timing.
   std::thread quitter([&] {
     const int in = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK);  // no writer yet: no wait
+    ::fcntl(in, F_SETPIPE_SZ, 4096);
     char ten[10];
     while (::read(in, ten, sizeof ten) <= 0) {  // EOF or EAGAIN until the run writes
     }
