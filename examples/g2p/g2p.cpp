@@ -116,6 +116,11 @@ constexpr int64_t kDecodeBatch = 256;
 
 }  // namespace
 
+int64_t target_tokens(const std::vector<int32_t>& sequence) {
+  const auto sep = std::find(sequence.begin(), sequence.end(), Vocabulary::kSep);
+  return static_cast<int64_t>(sequence.end() - sep) - 1;
+}
+
 train::Batch make_batch(const std::vector<const std::vector<int32_t>*>& seqs, int64_t pad_to,
                         Device device) {
   int64_t t = pad_to;
@@ -252,9 +257,7 @@ SplitResult evaluate_split(nn::GPT& model, const Data& data, const std::vector<W
     std::vector<const std::vector<int32_t>*> batch;
     for (size_t i = start; i < std::min(seqs.size(), start + kDecodeBatch); ++i) {
       batch.push_back(&seqs[i]);
-      tokens += static_cast<double>(
-          seqs[i].size() -
-          (std::find(seqs[i].begin(), seqs[i].end(), Vocabulary::kSep) - seqs[i].begin()) - 1);
+      tokens += static_cast<double>(target_tokens(seqs[i]));
     }
     const train::Batch b = make_batch(batch, 0, setup.device);
     loss += cross_entropy(cast(model(b.input), DType::kFloat64), b.target).item();
@@ -319,9 +322,7 @@ train::Task make_task(const Config& c) {
     return static_cast<int64_t>(state->data.train.size());
   };
   task.items = [state](int64_t i) {
-    const auto& s = state->data.train[static_cast<size_t>(i)];
-    const auto sep = std::find(s.begin(), s.end(), Vocabulary::kSep) - s.begin();
-    return static_cast<int64_t>(s.size()) - sep - 1;  // the phonemes and <eos>
+    return target_tokens(state->data.train[static_cast<size_t>(i)]);
   };
   task.length = [state](int64_t i) {  // the input tokens: the sequence less its last token
     return static_cast<int64_t>(state->data.train[static_cast<size_t>(i)].size()) - 1;

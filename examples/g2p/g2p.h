@@ -58,6 +58,9 @@ struct Data {
 };
 Data load_data(const std::string& path, int64_t train_limit);
 
+// The loss tokens of a full sequence: its phonemes and <eos> (everything after <sep>).
+int64_t target_tokens(const std::vector<int32_t>& sequence);
+
 // A right-padded micro-batch of sequences: input int32 [b, T] (padding <eos>), target int32 [b T]
 // (the next token where it is a phoneme or <eos>, else kIgnoreLabel). T: the longest input of
 // the batch, or pad_to when larger (the memory budget's probes pad to the context).
