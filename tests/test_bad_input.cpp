@@ -352,6 +352,9 @@ TEST(BadInput, CommandLineMistakesExitTwoBeforeReadingData) {
       {{"--save", (dir / "missing/w.safetensors").string()},
        {"--save", "missing", "No such file or directory"}},
       {{"--save", dir.string()}, {"--save", "is a directory"}},
+      {{"--save-init", dir.string()}, {"--save-init", "is a directory"}},
+      {{"--save-init", (dir / "w.safetensors").string(), "--save", (dir / "w.safetensors").string()},
+       {"--save", "--save-init", "name the same file"}},
       {{"--metrics", (dir / "missing/m.jsonl").string()}, {"--metrics", "No such file"}},
       {{"--init", (dir / "none.safetensors").string()}, {"--init", "none.safetensors"}},
       // A symbolic link loop is a clear error, not an uncaught filesystem_error (exit 134).
@@ -420,6 +423,29 @@ TEST(BadInput, ARunWithoutAnyAppliedUpdateFails) {
   std::getline(in, first);
   EXPECT_NE(first.find(R"("loss":"nan")"), std::string::npos) << first;
   EXPECT_NE(first.find(R"("skipped":true)"), std::string::npos) << first;
+}
+
+// --save-init writes the weights the first step starts from: a run started from them with
+// --init trains to the same bits as the run that wrote them (whatever its seed: without shuffling
+// the seed only draws the initial weights).
+TEST(BadInput, SaveInitIsWhatTheFirstStepStartsFrom) {
+  const fs::path data = make_dataset("save-init", 256, 32);
+  const std::string init = (data / "init.safetensors").string();
+  const std::string first = (data / "first.safetensors").string();
+  const std::string second = (data / "second.safetensors").string();
+  const std::vector<std::string> recipe = {"--data", data.string(), "--hidden", "32",
+                                           "--epochs", "1", "--no-shuffle", "--quiet"};
+  std::vector<std::string> a = recipe, b = recipe;
+  a.insert(a.end(), {"--save-init", init, "--save", first});
+  b.insert(b.end(), {"--init", init, "--seed", "7", "--save", second});
+  ASSERT_EQ(cli(a).status, 0);
+  ASSERT_EQ(cli(b).status, 0);
+  const auto bytes = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  EXPECT_NE(bytes(init), bytes(first));  // training moved the weights
+  EXPECT_EQ(bytes(first), bytes(second));
 }
 
 // A FIFO where a file is read (data, a checkpoint's JSON) is refused at once, never waited on.

@@ -53,6 +53,7 @@ struct Config {
   bool offload_optimizer = false;
   int threads = 0;  // 0: tuned while training (core/threads.h)
   std::string metrics, save, init;
+  std::string save_init;  // the weights the first step starts from, for peers and studies
   // checkpoint.h: write the training state into this folder every checkpoint_every optimizer
   // steps and at the end; continue from the newest checkpoint in `resume`.
   std::string checkpoint, resume;

@@ -78,6 +78,7 @@ class Run {
   nlohmann::json run_config();
   void resume();
   void validate_position(const Checkpoint& saved);
+  void save_weights(const std::string& path);
   void write_checkpoint(const TrainPosition& position);
   void broadcast_buffers();
   void run_epoch(int64_t epoch);
@@ -778,14 +779,18 @@ void Run::finish() {
   summary_.buffer_hash = tensor_hash(model_->named_buffers());
   summary_.buckets_overlapped = acc_->buckets_overlapped();
   summary_.buckets_at_step = acc_->buckets_at_step();
-  if (!c_.save.empty() && lead_) {
-    std::map<std::string, std::string> metadata{{"format", "pt"}};
-    if (task_.metadata) {
-      for (auto& [key, value] : task_.metadata()) metadata[key] = value;
-    }
-    optim::save_safetensors(c_.save, saved_state(*arena_, *model_), metadata);
-    log("saved weights to " + c_.save);
+  if (!c_.save.empty()) save_weights(c_.save);
+}
+
+// --save and --save-init (rank 0): the weights and buffers, with the task's metadata.
+void Run::save_weights(const std::string& path) {
+  if (!lead_) return;
+  std::map<std::string, std::string> metadata{{"format", "pt"}};
+  if (task_.metadata) {
+    for (auto& [key, value] : task_.metadata()) metadata[key] = value;
   }
+  optim::save_safetensors(path, saved_state(*arena_, *model_), metadata);
+  log("saved weights to " + path);
 }
 
 Summary Run::train() {
@@ -803,6 +808,7 @@ Summary Run::train() {
   build_accumulator();
   run_config_ = run_config();
   resume();
+  if (!c_.save_init.empty()) save_weights(c_.save_init);
   metrics_ = std::make_unique<MetricsLog>(lead_ ? c_.metrics : std::string());
   if (!c_.resume.empty()) metrics_->continue_from(start_.step, start_.epoch);
   const EpochPlan& first = plan_for(0);

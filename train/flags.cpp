@@ -183,6 +183,9 @@ Flags::Flags(CLI::App& app, Config& config) : app_(app), c_(config) {
   app_.add_option("--metrics", c_.metrics, "Write JSON Lines metrics to this file");
   app_.add_option("--save", c_.save, "Save the final weights (safetensors)");
   app_.add_option("--init", c_.init, "Start from these weights (safetensors)");
+  app_.add_option("--save-init", c_.save_init,
+                  "Save the weights the first step starts from (safetensors), e.g. for a peer "
+                  "framework to load");
   app_.add_option("--checkpoint", c_.checkpoint,
                   "Write the whole training state into this folder (the newest two are kept)");
   app_.add_option("--checkpoint-every", c_.checkpoint_every,
@@ -220,6 +223,10 @@ void Flags::check_outputs() {
   }
   if (!c_.save.empty()) {
     outputs.push_back({"--save", c_.save, check_output(c_.save, "--save") == OutputKind::kStream});
+  }
+  if (!c_.save_init.empty()) {
+    outputs.push_back({"--save-init", c_.save_init,
+                       check_output(c_.save_init, "--save-init") == OutputKind::kStream});
   }
   if (!c_.checkpoint.empty()) {
     check_checkpoint_folder(c_.checkpoint, c_.resume);
