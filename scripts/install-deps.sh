@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
 # Installs, with apt-get, whatever accrue's build, tests, benchmarks and MNIST fetch need and the
-# machine lacks. Installs nothing when everything is present. Usage: scripts/install-deps.sh
+# machine lacks. Installs nothing when everything is present.
+# Usage: scripts/install-deps.sh [--with-fetch] [--with-plot] [--with-peers]
 set -euo pipefail
 
 packages=(cmake ninja-build g++ pkg-config libopenblas-openmp-dev libgtest-dev libgmock-dev
           libbenchmark-dev libcli11-dev nlohmann-json3-dev openmpi-bin libopenmpi-dev)
-[ "${1:-}" = "--with-fetch" ] && packages+=(npm ca-certificates)
-[ "${1:-}" = "--with-plot" ] && packages+=(gnuplot-nox)
+for extra in "$@"; do
+  case "$extra" in
+    --with-fetch) packages+=(npm ca-certificates) ;;
+    --with-plot) packages+=(gnuplot-nox) ;;
+    --with-peers) packages+=(libtorch-dev) ;;  # the libtorch peers of bench/peers
+    *) echo "install-deps.sh: unknown option $extra" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 for p in "${packages[@]}"; do
