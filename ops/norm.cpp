@@ -175,6 +175,10 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
                                " features (shape ", shape_str(x.shape()), ")"));
     }
   }
+  if (is_half(x.dtype())) {  // mixed precision: the statistics and the affine in float32
+    const auto wide = [](const Tensor& t) { return t.defined() ? cast(t, DType::kFloat32) : t; };
+    return cast(layer_norm(wide(x), wide(weight), wide(bias), eps), x.dtype());
+  }
   return reshape(group_norm(reshape(x, {x.size(0), features, 1}), 1, weight, bias, eps), x.shape());
 }
 

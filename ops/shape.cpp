@@ -31,16 +31,18 @@ struct CastBackward : Node {
 };
 
 // y [..., C] = weight[index]. dweight [V, C] = the rows of dy added at their index, in a fixed
-// order (index_add_rows).
+// order (index_add_rows); a 16-bit table's rows are summed in float32 and rounded once.
 struct EmbeddingBackward : Node {
   Tensor index;  // int32, flat [N]
   Shape weight_shape;
   const char* name() const override { return "embedding"; }
   void backward(const Tensor& dy, GradSink& sink) override {
-    Tensor dweight = Tensor::zeros(weight_shape, dy.dtype(), dy.device());
+    const DType sum_dtype = is_half(dy.dtype()) ? DType::kFloat32 : dy.dtype();
+    Tensor dweight = Tensor::zeros(weight_shape, sum_dtype, dy.device());
     const int64_t n = index.numel();
-    backend_for(dy.device()).index_add_rows(dy.view({n, weight_shape[1]}), index, dweight);
-    sink.add(0, dweight);
+    backend_for(dy.device())
+        .index_add_rows(to_dtype(dy, sum_dtype).view({n, weight_shape[1]}), index, dweight);
+    sink.add(0, sum_dtype == dy.dtype() ? dweight : to_dtype(dweight, dy.dtype()));
   }
 };
 
@@ -133,10 +135,6 @@ Tensor embedding(const Tensor& weight, const Tensor& index) {
   if (weight.dim() != 2 || index.dtype() != DType::kInt32) {
     throw ShapeError(str_cat("[embedding] needs a weight [V, C] and an int32 index, got ",
                              weight.describe(), " and ", index.describe()));
-  }
-  if (is_half(weight.dtype())) {  // index_add_rows adds in float32 and float64 so far
-    throw DTypeError(str_cat("[embedding] a 16-bit table is not supported yet, got ",
-                             weight.describe(), " (float32 or float64)"));
   }
   const Tensor flat = index.view({index.numel()});
   check_row_index("embedding", flat, weight.size(0));

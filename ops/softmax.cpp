@@ -117,12 +117,11 @@ Tensor causal_softmax(const Tensor& scores, double scale) {
     throw ShapeError(str_cat("[causal_softmax] scores must be [B, T, T], got shape ",
                              shape_str(scores.shape())));
   }
-  if (is_half(scores.dtype())) {  // the softmax runs in float32 or float64 so far
-    throw DTypeError(str_cat("[causal_softmax] a 16-bit input is not supported yet, got ",
-                             scores.describe(), " (cast the scores to float32)"));
-  }
   if (!std::isfinite(scale)) {
     throw ValueError(str_cat("[causal_softmax] the scale must be finite, got ", scale));
+  }
+  if (is_half(scores.dtype())) {  // mixed precision: the softmax and its backward in float32
+    return cast(causal_softmax(cast(scores, DType::kFloat32), scale), scores.dtype());
   }
   Tensor y = Tensor::empty(scores.shape(), scores.dtype(), scores.device());
   backend_for(scores.device()).causal_softmax(scale, scores, y);

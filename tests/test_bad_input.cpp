@@ -353,7 +353,8 @@ TEST(BadInput, CommandLineMistakesExitTwoBeforeReadingData) {
        {"--save", "missing", "No such file or directory"}},
       {{"--save", dir.string()}, {"--save", "is a directory"}},
       {{"--save-init", dir.string()}, {"--save-init", "is a directory"}},
-      {{"--save-init", (dir / "w.safetensors").string(), "--save", (dir / "w.safetensors").string()},
+      {{"--save-init", (dir / "w.safetensors").string(), "--save",
+        (dir / "w.safetensors").string()},
        {"--save", "--save-init", "name the same file"}},
       {{"--metrics", (dir / "missing/m.jsonl").string()}, {"--metrics", "No such file"}},
       {{"--init", (dir / "none.safetensors").string()}, {"--init", "none.safetensors"}},
@@ -433,8 +434,8 @@ TEST(BadInput, SaveInitIsWhatTheFirstStepStartsFrom) {
   const std::string init = (data / "init.safetensors").string();
   const std::string first = (data / "first.safetensors").string();
   const std::string second = (data / "second.safetensors").string();
-  const std::vector<std::string> recipe = {"--data", data.string(), "--hidden", "32",
-                                           "--epochs", "1", "--no-shuffle", "--quiet"};
+  const std::vector<std::string> recipe = {"--data",   data.string(), "--hidden",     "32",
+                                           "--epochs", "1",           "--no-shuffle", "--quiet"};
   std::vector<std::string> a = recipe, b = recipe;
   a.insert(a.end(), {"--save-init", init, "--save", first});
   b.insert(b.end(), {"--init", init, "--seed", "7", "--save", second});

@@ -192,8 +192,13 @@ std::vector<OpCase> op_table() {
       {"causal_softmax", attention_scores,
        [](const Inputs& x) { return causal_softmax(scale(x[0], 3.0), 0.5); }},
       {"permute", head_split_shapes,  // [B, T, 2, D] -> [2, B, T, D]
-       [](const Inputs& x) { return permute(x[0], {2, 0, 1, 3}); }},
-      {"permute_transpose", one_matrix, [](const Inputs& x) { return permute(x[0], {1, 0}); }},
+       [](const Inputs& x) {
+         return permute(x[0], {2, 0, 1, 3});
+       }},
+      {"permute_transpose", one_matrix,
+       [](const Inputs& x) {
+         return permute(x[0], {1, 0});
+       }},
       {"select", one_matrix,
        [](const Inputs& x) { return mul(select(x[0], 1), select(x[0], x[0].size(0) - 1)); }},
       {"embedding", one_matrix,
@@ -317,13 +322,14 @@ TEST_P(OpTable, EveryDeviceMatchesCpu) {
   if (compared == 0) GTEST_SKIP() << "no device besides the CPU: " << cuda_unavailable_reason();
 }
 
-// The ops mixed precision runs in 16 bits; the softmax family and the loss stay float32 by
-// design (the trainer casts the logits up first) and refuse 16-bit inputs by name, as do the
-// convolution, pooling and normalisation ops (float32 and float64 only so far).
+// The ops mixed precision runs in 16 bits (layer_norm and causal_softmax take 16-bit tensors and
+// compute in float32 inside, embedding sums its gradient rows in float32); the softmax family
+// and the loss stay float32 by design (the trainer casts the logits up first) and refuse 16-bit
+// inputs by name, as do the convolution, pooling and the other normalisation ops (float32 and
+// float64 only so far).
 bool takes_half(const std::string& op) {
-  for (const char* prefix :
-       {"log_softmax", "cross_entropy", "mlp", "conv2d", "max_pool2d", "avg_pool2d", "group_norm",
-        "layer_norm", "batch_norm", "dropout", "embedding", "causal_softmax"}) {
+  for (const char* prefix : {"log_softmax", "cross_entropy", "mlp", "conv2d", "max_pool2d",
+                             "avg_pool2d", "group_norm", "batch_norm", "dropout"}) {
     if (op.rfind(prefix, 0) == 0) return false;
   }
   return true;
@@ -470,6 +476,31 @@ TEST(Ops, EmbeddingGradientsSumEveryUseOfARow) {
         embedding(Tensor::zeros({3, 2}, DType::kFloat32), Tensor::from_vector<int32_t>({1}, {3}));
       },
       {"[embedding] index 3", "3 rows"});
+}
+
+// Layer norm's weight and bias gradients sum over rows in blocks of a fixed size: the same bits on
+// 1, 2 and 4 threads, with a short last block.
+TEST(Ops, LayerNormGradientsAreTheSameOnOneTwoFourThreads) {
+  const Tensor x = random({1000, 96}, 3, DType::kFloat32);
+  const Tensor dy = random({1000, 96}, 4, DType::kFloat32);
+  std::vector<std::vector<float>> results;
+  const int saved = cpu_threads();
+  for (int threads : {1, 2, 4}) {
+    set_cpu_threads(threads);
+    Tensor input = x.clone(), weight = random({96}, 5, DType::kFloat32),
+           bias = random({96}, 6, DType::kFloat32);
+    for (Tensor* t : {&input, &weight, &bias}) t->set_requires_grad(true);
+    backward(sum(mul(layer_norm(input, weight, bias), dy)));
+    std::vector<float> all;
+    for (const Tensor* t : {&input, &weight, &bias}) {
+      const std::vector<float> g = t->grad().to_vector<float>();
+      all.insert(all.end(), g.begin(), g.end());
+    }
+    results.push_back(all);
+  }
+  set_cpu_threads(saved);
+  EXPECT_EQ(results[0], results[1]);
+  EXPECT_EQ(results[0], results[2]);
 }
 
 // Ignored targets (padding) are as if their rows were not there: the same loss, the same

@@ -547,7 +547,9 @@ TEST(Reliability, MetricsSurviveAKillAndContinueOnResume) {
   // The samples count on from where the checkpoint was (16 per step).
   EXPECT_EQ(recs.back()["steps"], 14);
   for (const auto& r : recs) {
-    if (r.contains("step")) EXPECT_EQ(r["samples"], 16 * r["step"].get<int64_t>()) << r;
+    if (r.contains("step")) {
+      EXPECT_EQ(r["samples"], 16 * r["step"].get<int64_t>()) << r;
+    }
   }
   // The epoch cut short by --max-steps 10 is reported once, by the run that finished it.
   EXPECT_EQ(std::count_if(recs.begin(), recs.end(),

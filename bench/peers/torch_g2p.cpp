@@ -61,7 +61,9 @@ torch::Tensor forward(Parameters& p, const torch::Tensor& idx, int64_t layers, i
   for (int64_t i = 0; i < layers; ++i) {
     const std::string h = "transformer.h." + std::to_string(i);
     const auto qkv = linear(norm(x, h + ".ln_1"), h + ".attn.c_attn").split(c, 2);
-    const auto split = [&](const torch::Tensor& a) { return a.view({b, t, heads, d}).transpose(1, 2); };
+    const auto split = [&](const torch::Tensor& a) {
+      return a.view({b, t, heads, d}).transpose(1, 2);
+    };
     const auto q = split(qkv[0]), k = split(qkv[1]), v = split(qkv[2]);
     auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(d)));
     att = torch::softmax(att.masked_fill(mask.logical_not(), -INFINITY), -1);
@@ -119,7 +121,8 @@ int main(int argc, char** argv) {
   const auto train_window = [&](const int32_t* samples, int64_t count, int64_t step,
                                 Counts& counts) {
     std::vector<int32_t> w(samples, samples + count);
-    std::stable_sort(w.begin(), w.end(), [&](int32_t a, int32_t b) { return length(a) < length(b); });
+    std::stable_sort(w.begin(), w.end(),
+                     [&](int32_t a, int32_t b) { return length(a) < length(b); });
     int64_t targets = 0;
     for (int32_t i : w) targets += accrue::g2p::target_tokens(data.train[static_cast<size_t>(i)]);
     double loss = 0;
@@ -131,12 +134,14 @@ int main(int argc, char** argv) {
       }
       const accrue::train::Batch batch = accrue::g2p::make_batch(seqs, 0, accrue::Device::cpu());
       const double b = double(seqs.size()), t = double(batch.input.size(1));
-      counts.gemm_flops += 3 * (double(layers) * (24 * b * t * c * c + 4 * b * t * t * c) +
-                                2 * b * t * c * vocab);
+      counts.gemm_flops +=
+          3 * (double(layers) * (24 * b * t * c * c + 4 * b * t * t * c) + 2 * b * t * c * vocab);
       const auto logits = forward(p, from_accrue(batch.input), layers, heads);
-      const auto sum = torch::nn::functional::cross_entropy(
-          logits, from_accrue(batch.target),
-          torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum).ignore_index(-100));
+      const auto sum =
+          torch::nn::functional::cross_entropy(logits, from_accrue(batch.target),
+                                               torch::nn::functional::CrossEntropyFuncOptions()
+                                                   .reduction(torch::kSum)
+                                                   .ignore_index(-100));
       (sum / double(targets)).backward();
       loss += sum.item<double>();
     }

@@ -469,12 +469,6 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
     if (c.width % c.heads != 0) {
       throw ValueError(str_cat("--width ", c.width, " is not a multiple of --heads ", c.heads));
     }
-    if (c.precision != "fp32" && c.precision != "fp64") {
-      throw ValueError(
-          "accrue-g2p runs in fp32 or fp64 (its embedding, layer norm and attention "
-          "kernels have no 16-bit versions yet), got --precision " +
-          c.precision);
-    }
     if (!c.predict.empty() && c.init.empty()) {
       throw ValueError("--predict needs --init MODEL.safetensors (a model saved with --save)");
     }

@@ -275,12 +275,21 @@ void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& 
 
 void CpuBackend::gemm_batched(bool trans_a, bool trans_b, double alpha, const Tensor& a,
                               const Tensor& b, double beta, Tensor& c) {
-  // a [B, ...], b [B, ...] -> c [B, M, N]: one GEMM per matrix (attention's are small; OpenBLAS
-  // threads each one when it pays).
-  for (int64_t i = 0; i < c.size(0); ++i) {
+  // a [B, ...], b [B, ...] -> c [B, M, N]: one GEMM per matrix, each cut by its shape alone.
+  // Attention's matrices are small ([T, T] and [T, D] per head), so the team shares the matrices
+  // rather than cutting each one; a matrix's bits do not depend on which thread computes it.
+  const int64_t count = c.size(0), k = trans_a ? a.size(1) : a.size(2);
+  const auto one = [&](int64_t i) {
     Tensor ci = batch_matrix(c, i);
     gemm(trans_a, trans_b, alpha, batch_matrix(a, i), batch_matrix(b, i), beta, ci);
+  };
+  if (count > 1 && count * c.size(1) * c.size(2) * k >= kParallelMacs &&
+      omp_get_max_threads() > 1) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < count; ++i) one(i);
+    return;
   }
+  for (int64_t i = 0; i < count; ++i) one(i);
 }
 
 }  // namespace accrue::cpu

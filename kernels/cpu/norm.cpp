@@ -4,6 +4,7 @@
 // double (mean, then the mean square deviation) in a fixed order, so results do not depend on
 // the thread count; the per-element math is kernels/functors.h's NormApply and NormGrad, which
 // the CUDA kernels share.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -54,6 +55,42 @@ void affine_grads(const T* dy, const T* x, int64_t n, int64_t c, int64_t s, Stat
         sum_g += g;
         sum_gx += g * (static_cast<double>(x[at + k]) - mean) * rstd;
       }
+    }
+    const fn::Blend blend{1.0, beta};
+    if (dweight != nullptr) dweight[ch] = static_cast<T>(blend(double(dweight[ch]), sum_gx));
+    if (dbias != nullptr) dbias[ch] = static_cast<T>(blend(double(dbias[ch]), sum_g));
+  });
+}
+
+// Layer norm's affine gradients (x [N, C, 1], one group): the per-channel sums over the rows of
+// dy xhat and dy, reading rows rather than channels (a channel's walk down N rows C apart uses one
+// value of each cache line). Rows are cut into blocks of a fixed size, whatever the thread count;
+// each block sums its rows in order into its own partial sums, added in block order after.
+template <typename T>
+void row_affine_grads(const T* dy, const T* x, int64_t n, int64_t c, const T* mean, const T* rstd,
+                      double beta, T* dweight, T* dbias) {
+  if (dweight == nullptr && dbias == nullptr) return;
+  constexpr int64_t kRowsPerBlock = 64;
+  const int64_t blocks = (n + kRowsPerBlock - 1) / kRowsPerBlock;
+  std::vector<double> partial(static_cast<size_t>(blocks * 2 * c), 0.0);
+  double* sums = partial.data();
+  for_range(blocks, n * c, [=](int64_t block) {
+    double *gx = sums + block * 2 * c, *g = gx + c;
+    for (int64_t r = block * kRowsPerBlock; r < std::min(n, (block + 1) * kRowsPerBlock); ++r) {
+      const double m = static_cast<double>(mean[r]), rs = static_cast<double>(rstd[r]);
+      const T *dy_row = dy + r * c, *x_row = x + r * c;
+      for (int64_t ch = 0; ch < c; ++ch) {
+        const double grad = static_cast<double>(dy_row[ch]);
+        g[ch] += grad;
+        gx[ch] += grad * (static_cast<double>(x_row[ch]) - m) * rs;
+      }
+    }
+  });
+  for_range(c, blocks * c, [=](int64_t ch) {
+    double sum_gx = 0, sum_g = 0;
+    for (int64_t block = 0; block < blocks; ++block) {
+      sum_gx += sums[block * 2 * c + ch];
+      sum_g += sums[block * 2 * c + c + ch];
     }
     const fn::Blend blend{1.0, beta};
     if (dweight != nullptr) dweight[ch] = static_cast<T>(blend(double(dweight[ch]), sum_gx));
@@ -127,6 +164,11 @@ void CpuBackend::group_norm_backward(const Tensor& dy, const Tensor& x, int64_t 
             g + at, in + at, out + at, per, s, s, [=](int64_t k) { return c0 + k; }, w, mu[ng],
             rs[ng]);
       });
+    }
+    if (s == 1 && groups == 1) {  // layer norm
+      row_affine_grads(g, in, n, c, mu, rs, beta, optional_data<T>(dweight),
+                       optional_data<T>(dbias));
+      return;
     }
     affine_grads(
         g, in, n, c, s,
