@@ -292,7 +292,7 @@ nn::GPTConfig model_config(const Config& c, const Data& d) {
 }  // namespace
 
 Config::Config() {
-  epochs = 5;
+  epochs = 7;
   lr = 2e-3;
   optimizer = "adamw";
   weight_decay = 0.01;
