@@ -6,6 +6,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/factories.h"
+#include "kernels/profile.h"
 
 namespace accrue {
 
@@ -234,6 +235,7 @@ void run_backward(const Tensor& root, const Tensor& seed) {
     Tensor grad_out = std::move(slots[i]);
     if (grad_out.defined()) {
       node->check_saved();
+      const ProfileScope scope(node->name());  // ACCRUE_PROFILE's per-node table
       GradSink sink(*node, slots);
       node->backward(grad_out, sink);
     }

@@ -1,0 +1,257 @@
+// The profiling decorator (see profile.h): one override per primitive, generated from the list in
+// kernels/backend.h like the tracer's, each timing the forwarded call; one process-wide record
+// of per-primitive and per-scope sums and of the first million calls for the Chrome trace; the
+// table (and the trace file) written when the program ends.
+#include "kernels/profile.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "core/device.h"
+#include "core/file.h"
+
+namespace accrue {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+thread_local const char* current_scope = nullptr;
+
+struct Event {
+  const char *name, *scope;
+  double start, seconds;  // seconds since the profile began
+  int thread;
+};
+
+// The process-wide record; every profiling backend adds to it.
+class Recorder {
+ public:
+  static Recorder& get() {
+    static Recorder* recorder = new Recorder;  // never destroyed: atexit prints it
+    return *recorder;
+  }
+  double now() const { return std::chrono::duration<double>(Clock::now() - origin_).count(); }
+  void add(const char* name, double start, double seconds, double bytes, double flops) {
+    const char* scope = current_scope ? current_scope : "forward/other";
+    std::lock_guard<std::mutex> lock(mutex_);
+    add_to(primitives_[name], seconds, bytes, flops);
+    add_to(scopes_[scope], seconds, bytes, flops);
+    if (events_.size() < kMaxEvents) {
+      events_.push_back({name, scope, start, seconds, thread_number()});
+    } else {
+      ++dropped_;
+    }
+  }
+  ProfileTotals totals() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ProfileTotals t;
+    for (const auto& [name, row] : primitives_) {
+      t.primitives.push_back(named(name, row));
+      t.seconds += row.seconds;
+    }
+    for (const auto& [name, row] : scopes_) t.scopes.push_back(named(name, row));
+    for (auto* rows : {&t.primitives, &t.scopes}) {
+      std::stable_sort(rows->begin(), rows->end(), [](const ProfileRow& a, const ProfileRow& b) {
+        return a.seconds > b.seconds;
+      });
+    }
+    return t;
+  }
+  void clear() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    primitives_.clear(), scopes_.clear(), events_.clear();
+    dropped_ = 0;
+  }
+  // Chrome's trace-event format: one complete ("X") event per call, times in microseconds.
+  void write_chrome_trace(const std::string& path) const {
+    std::ostringstream out;
+    out << std::fixed << std::setprecision(3) << "{\"traceEvents\":[";
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (size_t i = 0; i < events_.size(); ++i) {
+      const Event& e = events_[i];
+      out << (i ? ",\n" : "\n") << "{\"name\":\"" << e.name << "\",\"cat\":\"" << e.scope
+          << "\",\"ph\":\"X\",\"pid\":0,\"tid\":" << e.thread << ",\"ts\":" << e.start * 1e6
+          << ",\"dur\":" << e.seconds * 1e6 << "}";
+    }
+    out << "\n],\"otherData\":{\"dropped_events\":" << dropped_ << "}}\n";
+    AtomicFile file(path);
+    file.write(out.str());
+    file.commit();
+  }
+
+ private:
+  static constexpr size_t kMaxEvents = 1000000;
+  Recorder() : origin_(Clock::now()) {}
+  static void add_to(ProfileRow& row, double seconds, double bytes, double flops) {
+    ++row.calls;
+    row.seconds += seconds;
+    row.bytes += bytes;
+    row.flops += flops;
+  }
+  static ProfileRow named(const std::string& name, ProfileRow row) {
+    row.name = name;
+    return row;
+  }
+  int thread_number() {  // under mutex_
+    const auto id = std::this_thread::get_id();
+    const auto it = threads_.find(id);
+    if (it != threads_.end()) return it->second;
+    const int n = static_cast<int>(threads_.size());
+    threads_[id] = n;
+    return n;
+  }
+  Clock::time_point origin_;
+  mutable std::mutex mutex_;
+  std::map<std::string, ProfileRow> primitives_, scopes_;
+  std::vector<Event> events_;
+  size_t dropped_ = 0;
+  std::map<std::thread::id, int> threads_;
+};
+
+double bytes_of(const Tensor& t) {
+  return t.defined() ? static_cast<double>(t.numel()) * static_cast<double>(dtype_size(t.dtype()))
+                     : 0.0;
+}
+template <typename T>
+double bytes_of(const T&) {
+  return 0.0;
+}
+
+// The multiply-adds x 2 of the GEMM primitives, from their shapes; 0 for the others.
+template <typename... Args>
+double flops_of(const char*, const Args&...) {
+  return 0.0;
+}
+double flops_of(const char* name, bool trans_a, bool, double, const Tensor& a, const Tensor&,
+                double, const Tensor& c) {  // gemm, gemm_batched: c [..., M, N], K from a
+  if (std::strncmp(name, "gemm", 4) != 0) return 0.0;
+  const double k = static_cast<double>(a.size(trans_a ? a.dim() - 2 : a.dim() - 1));
+  return 2.0 * static_cast<double>(c.numel()) * k;
+}
+double flops_of(const char* name, const Tensor& x, const Tensor&, const Tensor&, bool,
+                const Tensor& y) {  // linear_forward: x [N, K] -> y [N, M]
+  if (std::strcmp(name, "linear_forward") != 0) return 0.0;
+  return 2.0 * static_cast<double>(y.numel()) * static_cast<double>(x.size(x.dim() - 1));
+}
+
+class ProfilingBackend final : public Backend {
+ public:
+  ProfilingBackend(Backend& inner, Device device) : inner_(inner), device_(device) {}
+
+#define ACCRUE_PROFILE_OVERRIDE(name, params, args)            \
+  void name params override {                                  \
+    const double start = begin();                              \
+    inner_.name args;                                          \
+    end(#name, start, total_bytes(ACCRUE_PROFILE_UNPACK args), \
+        flops_of(#name, ACCRUE_PROFILE_UNPACK args));          \
+  }
+#define ACCRUE_PROFILE_UNPACK(...) __VA_ARGS__
+  ACCRUE_BACKEND_PRIMITIVES(ACCRUE_PROFILE_OVERRIDE)
+#undef ACCRUE_PROFILE_UNPACK
+#undef ACCRUE_PROFILE_OVERRIDE
+
+ private:
+  template <typename... Args>
+  static double total_bytes(const Args&... args) {
+    return (0.0 + ... + bytes_of(args));
+  }
+  double begin() {
+    if (device_.is_cuda()) synchronize(device_);
+    return Recorder::get().now();
+  }
+  void end(const char* name, double start, double bytes, double flops) {
+    if (device_.is_cuda()) synchronize(device_);
+    Recorder& r = Recorder::get();
+    r.add(name, start, r.now() - start, bytes, flops);
+  }
+  Backend& inner_;
+  Device device_;
+};
+
+void print_rows(std::ostream& out, const char* what, const std::vector<ProfileRow>& rows,
+                double total) {
+  out << std::left << std::setw(32) << what << std::right << std::setw(10) << "calls"
+      << std::setw(12) << "total ms" << std::setw(12) << "mean us" << std::setw(8) << "share"
+      << std::setw(10) << "GB/s" << std::setw(10) << "GFLOP/s"
+      << "\n";
+  for (const ProfileRow& r : rows) {
+    const double seconds = std::max(r.seconds, 1e-12);
+    out << std::left << std::setw(32) << r.name << std::right << std::setw(10) << r.calls
+        << std::fixed << std::setprecision(2) << std::setw(12) << r.seconds * 1e3 << std::setw(12)
+        << r.seconds * 1e6 / double(std::max<int64_t>(r.calls, 1)) << std::setprecision(1)
+        << std::setw(7) << 100 * r.seconds / std::max(total, 1e-12) << "%" << std::setprecision(2)
+        << std::setw(10) << r.bytes / seconds / 1e9 << std::setw(10);
+    if (r.flops > 0) {
+      out << r.flops / seconds / 1e9 << "\n";
+    } else {
+      out << "-"
+          << "\n";
+    }
+    out.unsetf(std::ios::fixed);
+  }
+}
+
+// At exit: the table on stderr, and the trace file where ACCRUE_PROFILE_JSON names one.
+void report_at_exit() {
+  print_profile(std::cerr);
+  if (const char* path = std::getenv("ACCRUE_PROFILE_JSON"); path != nullptr && *path != 0) {
+    try {
+      Recorder::get().write_chrome_trace(path);
+      std::cerr << "[profile] wrote " << path << "\n";
+    } catch (const std::exception& e) {
+      std::cerr << "[profile] " << e.what() << "\n";
+    }
+  }
+}
+
+}  // namespace
+
+bool profile_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("ACCRUE_PROFILE");
+    const bool on = v != nullptr && std::strcmp(v, "") != 0 && std::strcmp(v, "0") != 0;
+    if (on) std::atexit(report_at_exit);
+    return on;
+  }();
+  return enabled;
+}
+
+ProfileTotals profile_totals() {
+  return Recorder::get().totals();
+}
+
+void print_profile(std::ostream& out) {
+  const ProfileTotals t = profile_totals();
+  out << "[profile] " << std::fixed << std::setprecision(3) << t.seconds
+      << " s in backend primitives (bytes: the tensors each call was given)\n";
+  out.unsetf(std::ios::fixed);
+  print_rows(out, "primitive", t.primitives, t.seconds);
+  print_rows(out, "scope (backward node)", t.scopes, t.seconds);
+}
+
+void clear_profile() {
+  Recorder::get().clear();
+}
+
+std::unique_ptr<Backend> make_profiling_backend(Backend& inner, Device device) {
+  return std::make_unique<ProfilingBackend>(inner, device);
+}
+
+ProfileScope::ProfileScope(const char* name) : previous_(current_scope) {
+  current_scope = name;
+}
+
+ProfileScope::~ProfileScope() {
+  current_scope = previous_;
+}
+
+}  // namespace accrue
