@@ -25,28 +25,38 @@ Backend& untraced(Device device) {
   return cuda_backend(device.index);
 }
 
+// One decorator per device (cpu, cuda:0 .. cuda:15), made around the inner backend on first use.
+class Decorators {
+ public:
+  explicit Decorators(const char* verb) : verb_(verb) {}
+  template <typename Make>
+  Backend& get(Device device, Backend& inner, Make make) {
+    const int slot = device.is_cpu() ? 0 : 1 + device.index;
+    if (slot >= kSlots)
+      throw DeviceError(str_cat("[", verb_, "] cannot ", verb_, " ", device.str()));
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!slots_[slot]) slots_[slot] = make(inner);
+    return *slots_[slot];
+  }
+
+ private:
+  static constexpr int kSlots = 17;
+  const char* verb_;
+  std::mutex mutex_;
+  std::unique_ptr<Backend> slots_[kSlots];
+};
+
 Backend& traced(Device device) {
-  constexpr int kSlots = 17;  // cpu and cuda:0 .. cuda:15
-  static std::unique_ptr<Backend> tracers[kSlots];
-  static std::mutex mutex;
+  static Decorators tracers("trace");
   Backend& inner = untraced(device);  // throws for a device that does not exist
-  const int slot = device.is_cpu() ? 0 : 1 + device.index;
-  if (slot >= kSlots) throw DeviceError(str_cat("[trace] cannot trace ", device.str()));
-  std::lock_guard<std::mutex> lock(mutex);
-  if (!tracers[slot]) tracers[slot] = make_tracing_backend(inner, std::cerr);
-  return *tracers[slot];
+  return tracers.get(device, inner, [](Backend& b) { return make_tracing_backend(b, std::cerr); });
 }
 
 Backend& profiled(Device device) {
-  constexpr int kSlots = 17;  // cpu and cuda:0 .. cuda:15
-  static std::unique_ptr<Backend> profilers[kSlots];
-  static std::mutex mutex;
+  static Decorators profilers("profile");
   Backend& inner = trace_enabled() ? traced(device) : untraced(device);
-  const int slot = device.is_cpu() ? 0 : 1 + device.index;
-  if (slot >= kSlots) throw DeviceError(str_cat("[profile] cannot profile ", device.str()));
-  std::lock_guard<std::mutex> lock(mutex);
-  if (!profilers[slot]) profilers[slot] = make_profiling_backend(inner, device);
-  return *profilers[slot];
+  return profilers.get(device, inner,
+                       [device](Backend& b) { return make_profiling_backend(b, device); });
 }
 
 }  // namespace

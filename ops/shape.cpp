@@ -42,7 +42,7 @@ struct EmbeddingBackward : Node {
     const int64_t n = index.numel();
     backend_for(dy.device())
         .index_add_rows(to_dtype(dy, sum_dtype).view({n, weight_shape[1]}), index, dweight);
-    sink.add(0, sum_dtype == dy.dtype() ? dweight : to_dtype(dweight, dy.dtype()));
+    sink.add(0, to_dtype(dweight, dy.dtype()));  // no copy when the dtypes agree
   }
 };
 

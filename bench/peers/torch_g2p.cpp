@@ -38,26 +38,28 @@ Parameters load(const std::string& path) {
   Parameters p;
   for (const auto& [name, t] : accrue::optim::read_safetensors(path)) {
     std::vector<float> values = accrue::cast(t, accrue::DType::kFloat32).to_vector<float>();
-    p[name] = torch::from_blob(values.data(), t.shape(), torch::kFloat32).clone();
-    p[name].set_requires_grad(true);
+    torch::Tensor& parameter = p[name];
+    parameter = torch::from_blob(values.data(), t.shape(), torch::kFloat32).clone();
+    parameter.set_requires_grad(true);
   }
   return p;
 }
 
 // The GPT of nn/transformer.h: idx [B, T] int64 -> logits [B T, V].
-torch::Tensor forward(Parameters& p, const torch::Tensor& idx, int64_t layers, int64_t heads) {
+torch::Tensor forward(const Parameters& p, const torch::Tensor& idx, int64_t layers,
+                      int64_t heads) {
   namespace F = torch::nn::functional;
-  const int64_t b = idx.size(0), t = idx.size(1), c = p["transformer.wte.weight"].size(1);
+  const int64_t b = idx.size(0), t = idx.size(1), c = p.at("transformer.wte.weight").size(1);
   const int64_t d = c / heads;
   const auto norm = [&](const torch::Tensor& x, const std::string& name) {
-    return torch::layer_norm(x, {c}, p[name + ".weight"], p[name + ".bias"], 1e-5);
+    return torch::layer_norm(x, {c}, p.at(name + ".weight"), p.at(name + ".bias"), 1e-5);
   };
   const auto linear = [&](const torch::Tensor& x, const std::string& name) {
-    return F::linear(x, p[name + ".weight"], p[name + ".bias"]);
+    return F::linear(x, p.at(name + ".weight"), p.at(name + ".bias"));
   };
   const auto mask = torch::ones({t, t}, torch::kBool).tril();
-  torch::Tensor x = F::embedding(idx, p["transformer.wte.weight"]) +
-                    F::embedding(torch::arange(t), p["transformer.wpe.weight"]);
+  torch::Tensor x = F::embedding(idx, p.at("transformer.wte.weight")) +
+                    F::embedding(torch::arange(t), p.at("transformer.wpe.weight"));
   for (int64_t i = 0; i < layers; ++i) {
     const std::string h = "transformer.h." + std::to_string(i);
     const auto qkv = linear(norm(x, h + ".ln_1"), h + ".attn.c_attn").split(c, 2);
@@ -72,7 +74,7 @@ torch::Tensor forward(Parameters& p, const torch::Tensor& idx, int64_t layers, i
     x = x + linear(torch::gelu(linear(norm(x, h + ".ln_2"), h + ".mlp.c_fc")), h + ".mlp.c_proj");
   }
   x = norm(x, "transformer.ln_f").view({b * t, c});
-  return F::linear(x, p["transformer.wte.weight"]);
+  return F::linear(x, p.at("transformer.wte.weight"));
 }
 
 torch::Tensor from_accrue(const accrue::Tensor& t) {
@@ -116,8 +118,8 @@ int main(int argc, char** argv) {
     int64_t tokens = 0;
     double gemm_flops = 0;
   };
-  const double c = double(p["transformer.wte.weight"].size(1));
-  const double vocab = double(p["transformer.wte.weight"].size(0));
+  const double c = double(p.at("transformer.wte.weight").size(1));
+  const double vocab = double(p.at("transformer.wte.weight").size(0));
   const auto train_window = [&](const int32_t* samples, int64_t count, int64_t step,
                                 Counts& counts) {
     std::vector<int32_t> w(samples, samples + count);

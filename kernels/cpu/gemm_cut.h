@@ -20,9 +20,9 @@ namespace accrue::cpu {
 
 // Large products are cut into a power-of-two number of blocks (so 2, 4 or 8 threads share
 // them evenly), each at least this many multiply-adds (about 40 us on one core) and this wide.
-// 128 rows still run near the library's rate; at 512 (before) the G2P model's [512, 384] x
-// [384, 128]-class products were one call on one thread, and on 2 cores accrue-g2p trained at
-// 7.6k tokens/s against 10.1k with 128 (bench/g2p-peer.sh).
+// 128 rows still run near the library's rate, and a transformer micro-batch's [512, 128] x
+// [128, 384]-class products then split four ways (at 512 they would stay one call on one
+// thread: accrue-g2p ran at 7.6k tokens/s on 2 cores that way, 10.1k with 128).
 constexpr int64_t kBlockMacs = int64_t{1} << 21;
 constexpr int kMinBlockWidth = 128;
 // Below this many multiply-adds in all (about 5 us on one core) the product is one call on the
