@@ -153,6 +153,52 @@ void conv(State& state, Device d, ConvPass pass) {
   report_flops(state, d, seconds, 2.0 * n * o * hw * hw * c * 9);
 }
 
+// The CNN's other kernels at its micro-batch shapes {batch, channels, size}, in bytes against the
+// same-run copy bandwidth: what each must read and write at least (the input once, the output
+// once; the backward passes also read what they were given).
+void max_pool(State& state, Device d, bool backward) {
+  const int64_t n = state.range(0), c = state.range(1), hw = state.range(2);
+  const Pool2dGeometry g{2, 2, 2, 2, 0, 0};
+  Tensor x = filled({n, c, hw, hw}, d, 1), y = filled({n, c, hw / 2, hw / 2}, d, 2);
+  Tensor at = Tensor::empty(y.shape(), DType::kInt32, d);
+  Backend& be = backend_for(d);
+  be.max_pool2d(x, g, y, at);
+  const double seconds = run_timed(state, d, [&] {
+    if (backward) be.max_pool2d_backward(y, at, x);
+    if (!backward) be.max_pool2d(x, g, y, at);
+  });
+  const double bytes = 4.0 * x.numel() + 8.0 * y.numel();  // x or dx, y and argmax or dy and argmax
+  report_bytes(state, d, seconds, bytes, bytes);
+}
+
+void group_norm(State& state, Device d, bool backward) {
+  const int64_t n = state.range(0), c = state.range(1), hw = state.range(2), groups = 8;
+  Tensor x = filled({n, c, hw * hw}, d, 1), dy = filled({n, c, hw * hw}, d, 2);
+  Tensor w = filled({c}, d, 3), b = filled({c}, d, 4), y = Tensor::empty(x.shape(), x.dtype(), d);
+  Tensor mean = Tensor::empty({n, groups}, x.dtype(), d), rstd = mean.clone();
+  Tensor dw = Tensor::zeros({c}, x.dtype(), d), db = dw.clone();
+  Backend& be = backend_for(d);
+  be.group_norm(x, groups, 1e-5, w, b, y, mean, rstd);
+  const double seconds = run_timed(state, d, [&] {
+    if (backward) be.group_norm_backward(dy, x, groups, mean, rstd, w, y, 1.0, dw, db);
+    if (!backward) be.group_norm(x, groups, 1e-5, w, b, y, mean, rstd);
+  });
+  const double bytes = 4.0 * x.numel() * (backward ? 3 : 2);  // x (and dy) in, y or dx out
+  report_bytes(state, d, seconds, bytes, bytes);
+}
+
+void dropout(State& state, Device d) {
+  const int64_t n = state.range(0), c = state.range(1), hw = state.range(2);
+  Tensor x = filled({n, c * hw * hw}, d, 1), y = Tensor::empty(x.shape(), x.dtype(), d);
+  Tensor samples = Tensor::empty({n}, DType::kInt32, Device::cpu());
+  for (int64_t i = 0; i < n; ++i) samples.data<int32_t>()[i] = static_cast<int32_t>(i);
+  samples = samples.to(d);
+  const double seconds = run_timed(state, d, [&] {
+    backend_for(d).dropout(x, DropoutKey{0.5, 1, 1}, samples, y);
+  });
+  report_bytes(state, d, seconds, 8.0 * x.numel(), 8.0 * x.numel());
+}
+
 }  // namespace
 
 void register_kernel_benchmarks() {
@@ -212,6 +258,13 @@ void register_kernel_benchmarks() {
       add("conv2d_backward_filter", [](State& s, Device dd) {
         conv(s, dd, ConvPass::kFilter);
       })->Args(shape);
+      // The layers after each convolution: {batch, its out channels, size}.
+      const std::vector<int64_t> after{shape[0], shape[2], shape[3]};
+      add("max_pool2d", [](State& s, Device dd) { max_pool(s, dd, false); })->Args(after);
+      add("max_pool2d_backward", [](State& s, Device dd) { max_pool(s, dd, true); })->Args(after);
+      add("group_norm", [](State& s, Device dd) { group_norm(s, dd, false); })->Args(after);
+      add("group_norm_backward", [](State& s, Device dd) { group_norm(s, dd, true); })->Args(after);
+      add("dropout", dropout)->Args(after);
     }
   }
 }

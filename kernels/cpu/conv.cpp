@@ -1,14 +1,27 @@
-// CPU convolution, NCHW, as im2col + GEMM, one sample at a time: the sample's input patches are
-// unfolded into cols [C KH KW, OH OW] and multiplied by the weight viewed as [O, C KH KW], which
-// writes the sample's output [O, OH OW] in NCHW order directly. The GEMMs are the backend's own
-// (gemm.cpp: OpenBLAS under accrue's fixed cut, so results do not depend on the thread count);
-// the filter gradient accumulates into the gradient arena with beta = 1. The unfolded patches
-// are a temporary from the caching allocator, so they count as activation memory.
-// bench/kernels.cpp measures it against the same-run GEMM.
+// CPU convolution, NCHW, as im2col + GEMM: a sample's patches are unfolded into
+// cols [C KH KW, OH OW] and multiplied by the weight viewed as [O, C KH KW], which writes the
+// sample's output [O, OH OW] in NCHW order directly. The samples are shared out over the team,
+// each sample one single-threaded BLAS call with its unfolded patches in the thread's own scratch
+// (225 KiB for the MNIST CNN's conv2: it stays in L2 between the unfolding and the product); the
+// scratch comes from the caching allocator, so it counts as activation memory. The bias is
+// written first and the GEMM adds onto it (beta = 1), saving a pass over the output.
+//
+// Deterministic and independent of the thread count: each sample's output is one call in a
+// fixed order, and the filter gradient's sum over samples is cut into chunks fixed by the shape,
+// each a partial sum in its own buffer, added in chunk order at the end.
+//
+// Measured (bench/kernels.cpp, conv2d_*): one call per sample on one thread runs conv2 at about
+// twice the rate of the earlier per-sample products threaded by the GEMM cut (16-column blocks of
+// a [64, 288] x [288, 196] product). Multiplying the unfolded patches of a one-channel conv1 as
+// rows of multiply-adds instead of a K = 9 BLAS call was tried and was slower in all three passes.
+#include <omp.h>
+
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/cpu/blas.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/gemm_cut.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/dispatch.h"
 
@@ -21,6 +34,9 @@ struct ConvShape {
   int64_t n, c, h, w, o, kh, kw, oh, ow;
   int64_t patch() const { return c * kh * kw; }  // rows of cols
   int64_t pixels() const { return oh * ow; }     // columns of cols
+  int64_t image() const { return c * h * w; }    // one sample of x
+  int64_t output() const { return o * pixels(); }
+  int64_t macs() const { return n * output() * patch(); }
 };
 
 ConvShape conv_shape(const Tensor& x, const Tensor& w, const Tensor& y) {
@@ -28,43 +44,183 @@ ConvShape conv_shape(const Tensor& x, const Tensor& w, const Tensor& y) {
           w.size(2), w.size(3), y.size(2), y.size(3)};
 }
 
+// The output columns [lo, hi) whose input column ow * stride + offset lies in [0, in).
+struct Span {
+  int64_t lo, hi;
+};
+Span inside(int64_t out, int64_t in, int64_t stride, int64_t offset) {
+  const int64_t lo = offset >= 0 ? 0 : (-offset + stride - 1) / stride;
+  const int64_t hi = in - offset <= 0 ? 0 : (in - offset + stride - 1) / stride;
+  return {std::min(lo, out), std::max(std::min(lo, out), std::min(hi, out))};
+}
+
+// body(oh, ih, span, col0) for each output row oh of tap (ki, kj) whose input row ih exists: its
+// output columns in span read input columns ow * stride_w + col0.
+template <typename F>
+void for_tap_rows(const ConvShape& s, const Conv2dGeometry& g, int64_t ki, int64_t kj, F body) {
+  const int64_t col0 = kj * g.dilation_w - g.pad_w;
+  const Span span = inside(s.ow, s.w, g.stride_w, col0);
+  for (int64_t oh = 0; oh < s.oh; ++oh) {
+    const int64_t ih = oh * g.stride_h - g.pad_h + ki * g.dilation_h;
+    if (ih >= 0 && ih < s.h) body(oh, ih, span, col0);
+  }
+}
+
+// body(row, c, ki, kj) for every tap, row = its index in [C KH KW] (the weight's inner order).
+template <typename F>
+void for_taps(const ConvShape& s, F body) {
+  for (int64_t c = 0; c < s.c; ++c) {
+    for (int64_t ki = 0; ki < s.kh; ++ki) {
+      for (int64_t kj = 0; kj < s.kw; ++kj) body((c * s.kh + ki) * s.kw + kj, c, ki, kj);
+    }
+  }
+}
+
+// The three products of a sample's unfolded patches, each one single-threaded BLAS call.
+// w [O, K], cols [K, P], dy and y [O, P].
+
+// y [O, P] = bias + w @ cols (bias may be null)
+template <typename T>
+void multiply_forward(const T* w, const T* bias, const T* cols, const ConvShape& s, T* y) {
+  const int64_t k = s.patch(), p = s.pixels();
+  for (int64_t o = 0; o < s.o; ++o) std::fill(y + o * p, y + (o + 1) * p, bias ? bias[o] : T(0));
+  blas(CblasNoTrans, CblasNoTrans, int(s.o), int(p), int(k), T(1), w, std::max<int>(k, 1), cols,
+       int(p), T(1), y, int(p));
+}
+
+// dcols [K, P] = w^T @ dy
+template <typename T>
+void multiply_data(const T* w, const T* dy, const ConvShape& s, T* dcols) {
+  const int64_t k = s.patch(), p = s.pixels();
+  blas(CblasTrans, CblasNoTrans, int(k), int(p), int(s.o), T(1), w, std::max<int>(k, 1), dy, int(p),
+       T(0), dcols, int(p));
+}
+
+// dw [O, K] = beta dw + dy @ cols^T (beta 0 or 1)
+template <typename T>
+void multiply_filter(const T* dy, const T* cols, const ConvShape& s, T beta, T* dw) {
+  const int64_t k = s.patch(), p = s.pixels();
+  blas(CblasNoTrans, CblasTrans, int(s.o), int(k), int(p), T(1), dy, std::max<int>(p, 1), cols,
+       std::max<int>(p, 1), beta, dw, std::max<int>(k, 1));
+}
+
 // cols [C KH KW, OH OW] = the patches of one sample x [C, H, W]; zeros where a patch reaches
 // into the padding.
 template <typename T>
 void im2col(const T* x, const ConvShape& s, const Conv2dGeometry& g, T* cols) {
-  for_range(s.patch(), s.patch() * s.pixels(), [=](int64_t row) {
-    const int64_t c = row / (s.kh * s.kw), ki = row / s.kw % s.kh, kj = row % s.kw;
+  for_taps(s, [&](int64_t row, int64_t c, int64_t ki, int64_t kj) {
     T* out = cols + row * s.pixels();
-    for (int64_t oh = 0; oh < s.oh; ++oh) {
-      const int64_t ih = oh * g.stride_h - g.pad_h + ki * g.dilation_h;
-      for (int64_t ow = 0; ow < s.ow; ++ow) {
-        const int64_t iw = ow * g.stride_w - g.pad_w + kj * g.dilation_w;
-        const bool inside = ih >= 0 && ih < s.h && iw >= 0 && iw < s.w;
-        out[oh * s.ow + ow] = inside ? x[(c * s.h + ih) * s.w + iw] : T(0);
-      }
-    }
+    std::memset(out, 0, sizeof(T) * s.pixels());
+    const T* plane = x + c * s.h * s.w;
+    for_tap_rows(s, g, ki, kj, [&](int64_t oh, int64_t ih, Span span, int64_t col0) {
+      const T* in = plane + ih * s.w + col0;
+      T* dst = out + oh * s.ow;
+      for (int64_t ow = span.lo; ow < span.hi; ++ow) dst[ow] = in[ow * g.stride_w];
+    });
   });
 }
 
-// dx [C, H, W] of one sample += the patches' gradients dcols [C KH KW, OH OW] folded back.
-// Channels run in parallel (a channel's rows all land in its own plane); rows in order.
+// dx [C, H, W] of one sample = the patches' gradients dcols [C KH KW, OH OW] folded back, taps
+// in order.
 template <typename T>
 void col2im(const T* dcols, const ConvShape& s, const Conv2dGeometry& g, T* dx) {
-  for_range(s.c, s.patch() * s.pixels(), [=](int64_t c) {
+  std::memset(dx, 0, sizeof(T) * s.image());
+  for_taps(s, [&](int64_t row, int64_t c, int64_t ki, int64_t kj) {
+    const T* in = dcols + row * s.pixels();
     T* plane = dx + c * s.h * s.w;
-    for (int64_t ki = 0; ki < s.kh; ++ki) {
-      for (int64_t kj = 0; kj < s.kw; ++kj) {
-        const T* in = dcols + ((c * s.kh + ki) * s.kw + kj) * s.pixels();
-        for (int64_t oh = 0; oh < s.oh; ++oh) {
-          const int64_t ih = oh * g.stride_h - g.pad_h + ki * g.dilation_h;
-          if (ih < 0 || ih >= s.h) continue;
-          for (int64_t ow = 0; ow < s.ow; ++ow) {
-            const int64_t iw = ow * g.stride_w - g.pad_w + kj * g.dilation_w;
-            if (iw >= 0 && iw < s.w) plane[ih * s.w + iw] += in[oh * s.ow + ow];
-          }
-        }
-      }
+    for_tap_rows(s, g, ki, kj, [&](int64_t oh, int64_t ih, Span span, int64_t col0) {
+      T* dst = plane + ih * s.w + col0;
+      const T* src = in + oh * s.ow;
+      for (int64_t ow = span.lo; ow < span.hi; ++ow) dst[ow * g.stride_w] += src[ow];
+    });
+  });
+}
+
+// One [rows, cols] buffer of T per thread of the team, from the caching allocator.
+template <typename T>
+struct ThreadScratch {
+  int64_t size;
+  Tensor buffer;
+  ThreadScratch(int64_t rows, int64_t cols, DType dtype)
+      : size(rows * cols),
+        buffer(Tensor::empty({omp_get_max_threads(), rows * cols}, dtype, Device::cpu())) {}
+  T* mine() { return buffer.data<T>() + omp_get_thread_num() * size; }
+};
+
+// The shape's sizes as BLAS's int (or a ShapeError naming the op), checked once per call.
+void check_blas_sizes(const ConvShape& s, const char* op) {
+  blas_int(s.o, op, "out channels");
+  blas_int(s.pixels(), op, "output pixels");
+  blas_int(s.patch(), op, "patch size");
+}
+
+template <typename T>
+void forward(const T* x, const T* w, const T* bias, const ConvShape& s, const Conv2dGeometry& g,
+             DType dtype, T* y) {
+  // per sample: y[n] [O, OH OW] = bias + w [O, C KH KW] @ cols [C KH KW, OH OW]
+  check_blas_sizes(s, "conv2d");
+  ThreadScratch<T> cols(s.patch(), s.pixels(), dtype);
+  for_library_calls(s.n, s.macs() >= kParallelMacs, [&](int64_t n) {
+    T* unfolded = cols.mine();
+    im2col(x + n * s.image(), s, g, unfolded);
+    multiply_forward(w, bias, unfolded, s, y + n * s.output());
+  });
+}
+
+template <typename T>
+void backward_data(const T* dy, const T* w, const ConvShape& s, const Conv2dGeometry& g,
+                   DType dtype, T* dx) {
+  // per sample: dcols [C KH KW, OH OW] = w^T @ dy[n] [O, OH OW], folded back into dx[n]
+  check_blas_sizes(s, "conv2d_backward_data");
+  ThreadScratch<T> dcols(s.patch(), s.pixels(), dtype);
+  for_library_calls(s.n, s.macs() >= kParallelMacs, [&](int64_t n) {
+    T* folded = dcols.mine();
+    multiply_data(w, dy + n * s.output(), s, folded);
+    col2im(folded, s, g, dx + n * s.image());
+  });
+}
+
+// The filter gradient's sum over samples is cut into at most this many chunks (each a partial sum
+// in its own buffer), so 2, 4 or 8 threads share them evenly; the chunks are added in order.
+constexpr int64_t kFilterChunks = 8;
+
+template <typename T>
+void backward_filter(const T* dy, const T* x, const ConvShape& s, const Conv2dGeometry& g,
+                     double beta, DType dtype, T* dw) {
+  // dw [O, C KH KW] = beta dw + sum over chunks of (sum over the chunk's samples of
+  // dy[n] [O, OH OW] @ cols(x[n])^T)
+  check_blas_sizes(s, "conv2d_backward_filter");
+  const int64_t per_chunk = std::max<int64_t>(1, (s.n + kFilterChunks - 1) / kFilterChunks);
+  const int64_t chunks = (s.n + per_chunk - 1) / per_chunk, weights = s.o * s.patch();
+  ThreadScratch<T> cols(s.patch(), s.pixels(), dtype);
+  Tensor partials = Tensor::empty({chunks, weights}, dtype, Device::cpu());
+  T* partial = partials.data<T>();
+  for_library_calls(chunks, s.macs() >= kParallelMacs, [&](int64_t chunk) {
+    T* unfolded = cols.mine();
+    const int64_t first = chunk * per_chunk, end = std::min(s.n, first + per_chunk);
+    for (int64_t n = first; n < end; ++n) {
+      im2col(x + n * s.image(), s, g, unfolded);
+      multiply_filter(dy + n * s.output(), unfolded, s, n == first ? T(0) : T(1),
+                      partial + chunk * weights);
     }
+  });
+  for_each(weights, [=](int64_t i) {
+    T total = 0;
+    for (int64_t c = 0; c < chunks; ++c) total += partial[c * weights + i];
+    dw[i] = beta == 0 ? total : T(beta) * dw[i] + total;
+  });
+}
+
+// dbias [O] = beta dbias + the sum of dy over samples and pixels (samples and pixels in order)
+template <typename T>
+void bias_gradient(const T* dy, const ConvShape& s, double beta, T* dbias) {
+  for_range(s.o, s.n * s.output(), [=](int64_t o) {
+    double total = 0;
+    for (int64_t n = 0; n < s.n; ++n) {
+      const T* row = dy + n * s.output() + o * s.pixels();
+      for (int64_t i = 0; i < s.pixels(); ++i) total += static_cast<double>(row[i]);
+    }
+    dbias[o] = static_cast<T>(beta == 0 ? total : beta * static_cast<double>(dbias[o]) + total);
   });
 }
 
@@ -72,70 +228,31 @@ void col2im(const T* dcols, const ConvShape& s, const Conv2dGeometry& g, T* dx) 
 
 void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias,
                                 const Conv2dGeometry& g, Tensor& y) {
-  // per sample: y[n] [O, OH OW] = w [O, C KH KW] @ cols [C KH KW, OH OW] (+ bias per row)
   const ConvShape s = conv_shape(x, w, y);
+  if (y.numel() == 0) return;
   ACCRUE_DISPATCH_FLOATING(x.dtype(), "conv2d", [&] {
-    Tensor cols = Tensor::empty({s.patch(), s.pixels()}, x.dtype(), x.device());
-    const Tensor w2 = w.view({s.o, s.patch()});
-    for (int64_t n = 0; n < s.n; ++n) {
-      im2col(x.data<T>() + n * s.c * s.h * s.w, s, g, cols.data<T>());
-      Tensor yn = y.narrow(n, 1).view({s.o, s.pixels()});
-      gemm(false, false, 1.0, w2, cols, 0.0, yn);
-      if (bias.defined()) {
-        const T* b = bias.data<T>();
-        T* out = yn.data<T>();
-        const int64_t pixels = s.pixels();
-        for_rows(s.o, pixels, [=](int64_t o) {
-          for (int64_t i = 0; i < pixels; ++i) out[o * pixels + i] += b[o];
-        });
-      }
-    }
+    forward(x.data<T>(), w.data<T>(), bias.defined() ? bias.data<T>() : nullptr, s, g, x.dtype(),
+            y.data<T>());
   });
 }
 
 void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const Conv2dGeometry& g,
                                       Tensor& dx) {
-  // per sample: dcols [C KH KW, OH OW] = w^T @ dy[n] [O, OH OW], folded back into dx[n]
   const ConvShape s = conv_shape(dx, w, dy);
+  if (dx.numel() == 0) return;
   ACCRUE_DISPATCH_FLOATING(dy.dtype(), "conv2d_backward_data", [&] {
-    Tensor dcols = Tensor::empty({s.patch(), s.pixels()}, dy.dtype(), dy.device());
-    const Tensor w2 = w.view({s.o, s.patch()});
-    T* out = dx.data<T>();
-    std::memset(out, 0, dx.nbytes());
-    for (int64_t n = 0; n < s.n; ++n) {
-      const Tensor dyn = dy.narrow(n, 1).view({s.o, s.pixels()});
-      gemm(true, false, 1.0, w2, dyn, 0.0, dcols);
-      col2im(dcols.data<T>(), s, g, out + n * s.c * s.h * s.w);
-    }
+    backward_data(dy.data<T>(), w.data<T>(), s, g, dy.dtype(), dx.data<T>());
   });
 }
 
 void CpuBackend::conv2d_backward_filter(const Tensor& dy, const Tensor& x, const Conv2dGeometry& g,
                                         double beta, Tensor& dw, Tensor& dbias) {
-  // dw [O, C KH KW] = beta dw + sum_n dy[n] [O, OH OW] @ cols(x[n])^T; dbias = beta dbias +
-  // sum over n and pixels of dy
   const ConvShape s = conv_shape(x, dw, dy);
   ACCRUE_DISPATCH_FLOATING(dy.dtype(), "conv2d_backward_filter", [&] {
-    Tensor cols = Tensor::empty({s.patch(), s.pixels()}, x.dtype(), x.device());
-    Tensor dw2 = dw.view({s.o, s.patch()});
-    for (int64_t n = 0; n < s.n; ++n) {
-      im2col(x.data<T>() + n * s.c * s.h * s.w, s, g, cols.data<T>());
-      const Tensor dyn = dy.narrow(n, 1).view({s.o, s.pixels()});
-      gemm(false, true, 1.0, dyn, cols, n == 0 ? beta : 1.0, dw2);
+    if (dw.numel() > 0) {
+      backward_filter(dy.data<T>(), x.data<T>(), s, g, beta, dy.dtype(), dw.data<T>());
     }
-    if (dbias.defined()) {
-      const T* d = dy.data<T>();
-      T* b = dbias.data<T>();
-      const int64_t pixels = s.pixels(), per_sample = s.o * pixels, samples = s.n;
-      for_range(s.o, s.n * per_sample, [=](int64_t o) {
-        double total = 0;  // samples and pixels in order: deterministic
-        for (int64_t n = 0; n < samples; ++n) {
-          const T* row = d + n * per_sample + o * pixels;
-          for (int64_t i = 0; i < pixels; ++i) total += static_cast<double>(row[i]);
-        }
-        b[o] = static_cast<T>(beta == 0 ? total : beta * static_cast<double>(b[o]) + total);
-      });
-    }
+    if (dbias.defined()) bias_gradient(dy.data<T>(), s, beta, dbias.data<T>());
   });
 }
 

@@ -9,14 +9,13 @@
 // no BLAS call at all) each block's panels of A and B are converted to float32 into a per-thread
 // scratch, exactly (every 16-bit value is a float32), and multiplied by cblas_sgemm: the same
 // products and sums as a native call, at the cost of one conversion pass over the panels.
-#include <cblas.h>
-
 #include <vector>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
 
+#include "kernels/cpu/blas.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/gemm_cut.h"
 #include "kernels/cpu/rows.h"
@@ -25,15 +24,6 @@
 
 namespace accrue::cpu {
 namespace {
-
-void blas(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha, const float* a,
-          int lda, const float* b, int ldb, float beta, float* c, int ldc) {
-  cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
-void blas(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, double alpha,
-          const double* a, int lda, const double* b, int ldb, double beta, double* c, int ldc) {
-  cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
 
 // C [rows, cols] (row stride ldc) = act(C + bias[col0 ...]): the Linear epilogue, run on a block
 // just computed, while it is in cache.

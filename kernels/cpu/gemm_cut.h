@@ -61,21 +61,27 @@ inline GemmCut cut_gemm(int m, int n, int k) {
   return blocks(along_rows, (extent + count - 1) / count);
 }
 
-// body(i) for each block: on the team's threads when the cut is worth it, else on this thread
-// with BLAS held to one thread too (outside an active parallel region OpenBLAS would otherwise
-// fork by itself).
+// body(i) for i in [0, count), each a single-threaded library call: on the team's threads when
+// `parallel` (the work is worth a fork), else on this thread with BLAS held to one thread too
+// (outside an active parallel region OpenBLAS would otherwise fork by itself). Which thread runs
+// an i never changes what it computes.
 template <typename F>
-void for_blocks(const GemmCut& cut, F body) {
-  const int count = cut.count;
-  if (cut.parallel && count > 1 && omp_get_max_threads() > 1) {
+void for_library_calls(int64_t count, bool parallel, F body) {
+  if (parallel && count > 1 && omp_get_max_threads() > 1) {
 #pragma omp parallel for schedule(static)
-    for (int i = 0; i < count; ++i) body(i);
+    for (int64_t i = 0; i < count; ++i) body(i);
     return;
   }
   const int threads = omp_get_max_threads();
   omp_set_num_threads(1);
-  for (int i = 0; i < count; ++i) body(i);
+  for (int64_t i = 0; i < count; ++i) body(i);
   omp_set_num_threads(threads);
+}
+
+// body(i) for each block of the cut.
+template <typename F>
+void for_blocks(const GemmCut& cut, F body) {
+  for_library_calls(cut.count, cut.parallel, [&](int64_t i) { body(static_cast<int>(i)); });
 }
 
 // One block of C and the operand pointers that produce it; leading dimensions are the whole's.

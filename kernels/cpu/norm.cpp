@@ -17,23 +17,56 @@ namespace accrue::cpu {
 
 namespace {
 
+// The sums of f(x[i]) and g(x[i]) over a run of n elements, in double: 8 running sums by
+// position (i mod 8), added in order after the tail. The same order on every thread and every run,
+// and the adds no longer wait on each other (one chain of dependent double adds ran group norm
+// at 6 GB/s).
+template <typename T, typename F, typename G>
+std::pair<double, double> run_sums(const T* x, int64_t n, F f, G g) {
+  constexpr int kLanes = 8;
+  double lanes_f[kLanes] = {}, lanes_g[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) {
+      lanes_f[l] += f(i + l);
+      lanes_g[l] += g(i + l);
+    }
+  }
+  double total_f = 0, total_g = 0;
+  for (; i < n; ++i) {
+    total_f += f(i);
+    total_g += g(i);
+  }
+  for (int l = 0; l < kLanes; ++l) {
+    total_f += lanes_f[l];
+    total_g += lanes_g[l];
+  }
+  return {total_f, total_g};
+}
+
 // Mean and biased variance of the elements in `segments` runs of `run` elements each `stride`
 // apart; mean and rstd = 1 / sqrt(var + eps) stored as T.
 template <typename T>
 double statistics(const T* x, int64_t segments, int64_t run, int64_t stride, double eps, T* mean,
                   T* rstd) {
+  const auto none = [](int64_t) { return 0.0; };
   double total = 0;
   for (int64_t s = 0; s < segments; ++s) {
-    for (int64_t i = 0; i < run; ++i) total += static_cast<double>(x[s * stride + i]);
+    const T* seg = x + s * stride;
+    total += run_sums(
+                 seg, run, [=](int64_t i) { return static_cast<double>(seg[i]); }, none)
+                 .first;
   }
   const double count = static_cast<double>(segments * run);
   const double m = total / count;
   double squares = 0;
   for (int64_t s = 0; s < segments; ++s) {
-    for (int64_t i = 0; i < run; ++i) {
-      const double d = static_cast<double>(x[s * stride + i]) - m;
-      squares += d * d;
-    }
+    const T* seg = x + s * stride;
+    const auto square = [=](int64_t i) {
+      const double d = static_cast<double>(seg[i]) - m;
+      return d * d;
+    };
+    squares += run_sums(seg, run, square, none).first;
   }
   *mean = static_cast<T>(m);
   *rstd = static_cast<T>(1.0 / std::sqrt(squares / count + eps));
@@ -49,12 +82,14 @@ void affine_grads(const T* dy, const T* x, int64_t n, int64_t c, int64_t s, Stat
     double sum_gx = 0, sum_g = 0;
     for (int64_t i = 0; i < n; ++i) {
       const auto [mean, rstd] = stats_of(i, ch);
-      const int64_t at = (i * c + ch) * s;
-      for (int64_t k = 0; k < s; ++k) {
-        const double g = static_cast<double>(dy[at + k]);
-        sum_g += g;
-        sum_gx += g * (static_cast<double>(x[at + k]) - mean) * rstd;
-      }
+      const T *g = dy + (i * c + ch) * s, *xs = x + (i * c + ch) * s;
+      const auto [g_sum, gx_sum] = run_sums(
+          g, s, [=](int64_t k) { return static_cast<double>(g[k]); },
+          [=, m = mean, r = rstd](int64_t k) {
+            return static_cast<double>(g[k]) * (static_cast<double>(xs[k]) - m) * r;
+          });
+      sum_g += g_sum;
+      sum_gx += gx_sum;
     }
     const fn::Blend blend{1.0, beta};
     if (dweight != nullptr) dweight[ch] = static_cast<T>(blend(double(dweight[ch]), sum_gx));
@@ -106,12 +141,15 @@ void norm_grad(const T* dy, const T* x, T* dx, int64_t segments, int64_t run, in
   double sum_g = 0, sum_gx = 0;
   for (int64_t s = 0; s < segments; ++s) {
     const double w = weight ? static_cast<double>(weight[channel(s)]) : 1.0;
-    for (int64_t i = 0; i < run; ++i) {
-      const int64_t at = s * stride + i;
-      const double g = static_cast<double>(dy[at]) * w;
-      sum_g += g;
-      sum_gx += g * (static_cast<double>(x[at]) - mean) * rstd;
-    }
+    const T *g = dy + s * stride, *xs = x + s * stride;
+    const double m = static_cast<double>(mean), r = static_cast<double>(rstd);
+    const auto [g_sum, gx_sum] = run_sums(
+        g, run, [=](int64_t i) { return static_cast<double>(g[i]) * w; },
+        [=](int64_t i) {
+          return static_cast<double>(g[i]) * w * (static_cast<double>(xs[i]) - m) * r;
+        });
+    sum_g += g_sum;
+    sum_gx += gx_sum;
   }
   const double count = static_cast<double>(segments * run);
   const T mean_g = static_cast<T>(sum_g / count), mean_gx = static_cast<T>(sum_gx / count);

