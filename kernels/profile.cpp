@@ -5,6 +5,7 @@
 #include "kernels/profile.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -215,14 +216,24 @@ void report_at_exit() {
 
 }  // namespace
 
-bool profile_enabled() {
-  static const bool enabled = [] {
+namespace {
+std::atomic<bool>& profile_switch() {
+  static std::atomic<bool> on = [] {
     const char* v = std::getenv("ACCRUE_PROFILE");
-    const bool on = v != nullptr && std::strcmp(v, "") != 0 && std::strcmp(v, "0") != 0;
-    if (on) std::atexit(report_at_exit);
-    return on;
+    const bool set = v != nullptr && std::strcmp(v, "") != 0 && std::strcmp(v, "0") != 0;
+    if (set) std::atexit(report_at_exit);
+    return set;
   }();
-  return enabled;
+  return on;
+}
+}  // namespace
+
+bool profile_enabled() {
+  return profile_switch().load(std::memory_order_relaxed);
+}
+
+void enable_profile() {
+  if (!profile_switch().exchange(true)) std::atexit(report_at_exit);
 }
 
 ProfileTotals profile_totals() {

@@ -19,8 +19,12 @@
 
 namespace accrue {
 
-// Whether ACCRUE_PROFILE is set to something other than "" or "0" (read once).
+// Whether ACCRUE_PROFILE is set to something other than "" or "0" (read once), or
+// enable_profile() was called.
 bool profile_enabled();
+// Profiles every backend call from now on and prints the tables at exit, as ACCRUE_PROFILE=1
+// does (the training engine's --profile).
+void enable_profile();
 
 // One row of a profile table.
 struct ProfileRow {

@@ -62,6 +62,25 @@ TEST(Profile, CallCountsMatchTheTraceAndTheChromeTraceFile) {
   fs::remove_all(data);
 }
 
+// The engine's --profile does what ACCRUE_PROFILE=1 does: the tables on stderr at exit.
+TEST(Profile, TheEnginesProfileFlagPrintsTheTables) {
+  const fs::path data = temp_dir("profile_flag");
+  write_fixture(data, "train", 128, 1);
+  write_fixture(data, "t10k", 100, 2);
+  const fs::path log = data / "stderr.txt";
+  const std::string command =
+      "env -u ACCRUE_PROFILE '" + std::string(ACCRUE_MNIST_BINARY) + "' --data '" + data.string() +
+      "' --max-steps 2 --train-limit 128 --quiet --threads 1 --profile 2> '" + log.string() +
+      "' > /dev/null";
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  std::ifstream in(log);
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_NE(text.str().find("primitive "), std::string::npos) << text.str();
+  EXPECT_NE(text.str().find("linear_forward "), std::string::npos) << text.str();
+  EXPECT_NE(text.str().find("scope (backward node)"), std::string::npos) << text.str();
+}
+
 TEST(Profile, RecordsEachCallUnderItsInnermostScope) {
   auto backend = make_profiling_backend(backend_for(Device::cpu()), Device::cpu());
   clear_profile();

@@ -58,7 +58,8 @@ struct Config {
   // steps and at the end; continue from the newest checkpoint in `resume`.
   std::string checkpoint, resume;
   int64_t checkpoint_every = 500;
-  bool quiet = false;  // no progress output (tests)
+  bool quiet = false;    // no progress output (tests)
+  bool profile = false;  // kernels/profile.h's tables at exit, as ACCRUE_PROFILE=1
   // The watchdog (distributed/communicator.h): seconds a wait for the other ranks may take
   // before the job is aborted; <= 0: no limit.
   double comm_timeout = 600;

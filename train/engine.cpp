@@ -14,6 +14,7 @@
 #include "distributed/data_parallel.h"
 #include "distributed/zero.h"
 #include "kernels/factories.h"
+#include "kernels/profile.h"
 #include "nn/init.h"
 #include "nn/norm.h"
 #include "ops/autograd.h"
@@ -840,6 +841,7 @@ Summary Run::train() {
 }  // namespace
 
 Summary train(const Config& config, Task& task, std::ostream& out, const Callbacks& callbacks) {
+  if (config.profile) enable_profile();
   Run run(config, task, out, callbacks);
   return run.train();
 }

@@ -194,6 +194,9 @@ Flags::Flags(CLI::App& app, Config& config) : app_(app), c_(config) {
   app_.add_option("--resume", c_.resume,
                   "Continue from the newest checkpoint in this folder, bit for bit");
   app_.add_flag("--quiet", c_.quiet, "No progress output");
+  app_.add_flag("--profile", c_.profile,
+                "Print where the time went at exit: per backend primitive and per backward node "
+                "(as ACCRUE_PROFILE=1; ACCRUE_PROFILE_JSON=path for a Chrome trace)");
   app_.add_option("--comm-timeout", c_.comm_timeout,
                   "Seconds a rank waits for the others in a collective before the job is aborted "
                   "naming the operation (0: wait forever)")

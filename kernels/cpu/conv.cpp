@@ -105,18 +105,26 @@ void multiply_filter(const T* dy, const T* cols, const ConvShape& s, T beta, T* 
 }
 
 // cols [C KH KW, OH OW] = the patches of one sample x [C, H, W]; zeros where a patch reaches
-// into the padding.
+// into the padding. With stride 1 a row of a tap is one contiguous copy.
 template <typename T>
 void im2col(const T* x, const ConvShape& s, const Conv2dGeometry& g, T* cols) {
   for_taps(s, [&](int64_t row, int64_t c, int64_t ki, int64_t kj) {
     T* out = cols + row * s.pixels();
-    std::memset(out, 0, sizeof(T) * s.pixels());
     const T* plane = x + c * s.h * s.w;
+    int64_t written = 0;  // rows of this tap filled so far; rows outside the input stay zero
     for_tap_rows(s, g, ki, kj, [&](int64_t oh, int64_t ih, Span span, int64_t col0) {
+      std::fill(out + written * s.ow, out + oh * s.ow + span.lo, T(0));
       const T* in = plane + ih * s.w + col0;
       T* dst = out + oh * s.ow;
-      for (int64_t ow = span.lo; ow < span.hi; ++ow) dst[ow] = in[ow * g.stride_w];
+      if (g.stride_w == 1) {
+        std::copy(in + span.lo, in + span.hi, dst + span.lo);
+      } else {
+        for (int64_t ow = span.lo; ow < span.hi; ++ow) dst[ow] = in[ow * g.stride_w];
+      }
+      std::fill(dst + span.hi, dst + s.ow, T(0));
+      written = oh + 1;
     });
+    std::fill(out + written * s.ow, out + s.pixels(), T(0));
   });
 }
 
@@ -131,7 +139,11 @@ void col2im(const T* dcols, const ConvShape& s, const Conv2dGeometry& g, T* dx) 
     for_tap_rows(s, g, ki, kj, [&](int64_t oh, int64_t ih, Span span, int64_t col0) {
       T* dst = plane + ih * s.w + col0;
       const T* src = in + oh * s.ow;
-      for (int64_t ow = span.lo; ow < span.hi; ++ow) dst[ow * g.stride_w] += src[ow];
+      if (g.stride_w == 1) {
+        for (int64_t ow = span.lo; ow < span.hi; ++ow) dst[ow] += src[ow];
+      } else {
+        for (int64_t ow = span.lo; ow < span.hi; ++ow) dst[ow * g.stride_w] += src[ow];
+      }
     });
   });
 }

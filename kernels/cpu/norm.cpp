@@ -163,6 +163,60 @@ void norm_grad(const T* dy, const T* x, T* dx, int64_t segments, int64_t run, in
   }
 }
 
+// Group norm's backward over planes (S > 1): one pass over dy and x gives each (sample, channel)
+// its sums of dy and dy xhat, which make both the group's dx terms and the affine gradients (the
+// per-channel pass over N strided planes is gone); a second pass writes dx. Sums in double, in a
+// fixed order.
+template <typename T>
+void group_norm_backward_planes(const T* dy, const T* x, int64_t n, int64_t c, int64_t s,
+                                int64_t groups, const T* mean, const T* rstd, const T* weight,
+                                T* dx, double beta, T* dweight, T* dbias) {
+  const int64_t per = c / groups;
+  std::vector<double> sums(static_cast<size_t>(2 * n * c));
+  double *sum_g = sums.data(), *sum_gx = sum_g + n * c;
+  for_range(n * groups, n * c * s, [=](int64_t ng) {
+    const int64_t sample = ng / groups, c0 = (ng % groups) * per;
+    const double m = static_cast<double>(mean[ng]), r = static_cast<double>(rstd[ng]);
+    double group_g = 0, group_gx = 0;
+    for (int64_t k = 0; k < per; ++k) {
+      const int64_t sc = sample * c + c0 + k;
+      const T *g = dy + sc * s, *xs = x + sc * s;
+      const auto [g_sum, gx_sum] = run_sums(
+          g, s, [=](int64_t i) { return static_cast<double>(g[i]); },
+          [=](int64_t i) {
+            return static_cast<double>(g[i]) * (static_cast<double>(xs[i]) - m) * r;
+          });
+      sum_g[sc] = g_sum;
+      sum_gx[sc] = gx_sum;
+      const double w = weight ? static_cast<double>(weight[c0 + k]) : 1.0;
+      group_g += w * g_sum;
+      group_gx += w * gx_sum;
+    }
+    if (dx == nullptr) return;
+    const double count = static_cast<double>(per * s);
+    const T mean_g = static_cast<T>(group_g / count), mean_gx = static_cast<T>(group_gx / count);
+    const fn::NormGrad grad;
+    for (int64_t k = 0; k < per; ++k) {
+      const int64_t at = (sample * c + c0 + k) * s;
+      const T w = weight ? weight[c0 + k] : T(1);
+      for (int64_t i = at; i < at + s; ++i) {
+        dx[i] = grad(dy[i] * w, (x[i] - mean[ng]) * rstd[ng], rstd[ng], mean_g, mean_gx);
+      }
+    }
+  });
+  if (dweight == nullptr && dbias == nullptr) return;
+  for_range(c, n * c, [=](int64_t ch) {
+    double total_g = 0, total_gx = 0;
+    for (int64_t sample = 0; sample < n; ++sample) {
+      total_g += sum_g[sample * c + ch];
+      total_gx += sum_gx[sample * c + ch];
+    }
+    const fn::Blend blend{1.0, beta};
+    if (dweight != nullptr) dweight[ch] = static_cast<T>(blend(double(dweight[ch]), total_gx));
+    if (dbias != nullptr) dbias[ch] = static_cast<T>(blend(double(dbias[ch]), total_g));
+  });
+}
+
 }  // namespace
 
 void CpuBackend::group_norm(const Tensor& x, int64_t groups, double eps, const Tensor& weight,
@@ -195,6 +249,11 @@ void CpuBackend::group_norm_backward(const Tensor& dy, const Tensor& x, int64_t 
     const T *g = dy.data<T>(), *in = x.data<T>(), *w = optional_data<T>(weight);
     const T *mu = mean.data<T>(), *rs = rstd.data<T>();
     T* out = optional_data<T>(dx);
+    if (s > 1) {
+      group_norm_backward_planes(g, in, n, c, s, groups, mu, rs, w, out, beta,
+                                 optional_data<T>(dweight), optional_data<T>(dbias));
+      return;
+    }
     if (out != nullptr) {
       for_range(n * groups, n * c * s, [=](int64_t ng) {
         const int64_t at = ng * per * s, c0 = (ng % groups) * per;
