@@ -114,12 +114,12 @@ void im2col(const T* x, const ConvShape& s, const Conv2dGeometry& g, T* cols) {
     int64_t written = 0;  // rows of this tap filled so far; rows outside the input stay zero
     for_tap_rows(s, g, ki, kj, [&](int64_t oh, int64_t ih, Span span, int64_t col0) {
       std::fill(out + written * s.ow, out + oh * s.ow + span.lo, T(0));
-      const T* in = plane + ih * s.w + col0;
+      const int64_t first = ih * s.w + col0;  // + ow * stride_w >= 0 for ow in span
       T* dst = out + oh * s.ow;
-      if (g.stride_w == 1) {
-        std::copy(in + span.lo, in + span.hi, dst + span.lo);
+      if (g.stride_w == 1 && span.lo < span.hi) {
+        std::copy(plane + first + span.lo, plane + first + span.hi, dst + span.lo);
       } else {
-        for (int64_t ow = span.lo; ow < span.hi; ++ow) dst[ow] = in[ow * g.stride_w];
+        for (int64_t ow = span.lo; ow < span.hi; ++ow) dst[ow] = plane[first + ow * g.stride_w];
       }
       std::fill(dst + span.hi, dst + s.ow, T(0));
       written = oh + 1;
@@ -137,12 +137,12 @@ void col2im(const T* dcols, const ConvShape& s, const Conv2dGeometry& g, T* dx) 
     const T* in = dcols + row * s.pixels();
     T* plane = dx + c * s.h * s.w;
     for_tap_rows(s, g, ki, kj, [&](int64_t oh, int64_t ih, Span span, int64_t col0) {
-      T* dst = plane + ih * s.w + col0;
+      const int64_t first = ih * s.w + col0;  // + ow * stride_w >= 0 for ow in span
       const T* src = in + oh * s.ow;
       if (g.stride_w == 1) {
-        for (int64_t ow = span.lo; ow < span.hi; ++ow) dst[ow] += src[ow];
+        for (int64_t ow = span.lo; ow < span.hi; ++ow) plane[first + ow] += src[ow];
       } else {
-        for (int64_t ow = span.lo; ow < span.hi; ++ow) dst[ow * g.stride_w] += src[ow];
+        for (int64_t ow = span.lo; ow < span.hi; ++ow) plane[first + ow * g.stride_w] += src[ow];
       }
     });
   });
