@@ -23,6 +23,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/gemm_cut.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/scratch.h"
 #include "kernels/dispatch.h"
 
 namespace accrue::cpu {
@@ -147,17 +148,6 @@ void col2im(const T* dcols, const ConvShape& s, const Conv2dGeometry& g, T* dx) 
     });
   });
 }
-
-// One [rows, cols] buffer of T per thread of the team, from the caching allocator.
-template <typename T>
-struct ThreadScratch {
-  int64_t size;
-  Tensor buffer;
-  ThreadScratch(int64_t rows, int64_t cols, DType dtype)
-      : size(rows * cols),
-        buffer(Tensor::empty({omp_get_max_threads(), rows * cols}, dtype, Device::cpu())) {}
-  T* mine() { return buffer.data<T>() + omp_get_thread_num() * size; }
-};
 
 // The shape's sizes as BLAS's int (or a ShapeError naming the op), checked once per call.
 void check_blas_sizes(const ConvShape& s, const char* op) {

@@ -1,11 +1,14 @@
 // CPU pooling over NCHW planes, one (sample, channel) plane per iteration: max pooling keeps the
 // flat input index of each region's first maximum for its backward, average pooling divides by
 // the whole region, padding included (PyTorch's count_include_pad default).
+#include <algorithm>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/scratch.h"
 #include "kernels/dispatch.h"
 
 namespace accrue::cpu {
@@ -47,31 +50,46 @@ bool beats(T v, T best) {
   return (v > best) | ((v != v) & (best == best));  // no short circuit: selects, not branches
 }
 
-// Max pooling of one plane whose regions all lie inside it (no padding, so no clipping): each
-// tap of the window in turn, in the region order (rows, then columns), over a whole output row,
-// so the compare and select run across the row as vector blends, where one region's compares
-// chain on each other (3x the rate of the region-by-region loop on MNIST's planes). The same
-// maxima and first-maximum indices as that loop.
+// The running maxima and their indices against one more tap: best[j] / at[j] take v[j] (input
+// index starts[j] + tap_offset) where it beats them. Branch-free over contiguous arrays, so the
+// compiler turns it into vector compares and blends.
 template <typename T>
-void max_pool_plane_inside(const T* plane, const PlaneShape& s, const Pool2dGeometry& g, T* out,
-                           int32_t* at) {
-  const int64_t step = g.stride_w;
-  for (int64_t oh = 0; oh < s.oh; ++oh) {
-    T* best = out + oh * s.ow;
-    int32_t* best_at = at + oh * s.ow;
-    for (int64_t ki = 0; ki < g.kernel_h; ++ki) {
-      const int64_t ih = oh * g.stride_h + ki;
-      for (int64_t kj = 0; kj < g.kernel_w; ++kj) {
-        const T* row = plane + ih * s.w + kj;
-        const auto index = static_cast<int32_t>(ih * s.w + kj);
-        const bool first = ki == 0 && kj == 0;
-#pragma omp simd
-        for (int64_t ow = 0; ow < s.ow; ++ow) {
-          const T v = row[ow * step];
-          const bool take = first || beats(v, best[ow]);
-          best[ow] = take ? v : best[ow];
-          best_at[ow] = take ? index + static_cast<int32_t>(ow * step) : best_at[ow];
+void take_better(const T* __restrict v, const int32_t* __restrict starts, int32_t tap_offset,
+                 int64_t n, T* __restrict best, int32_t* __restrict at) {
+  for (int64_t j = 0; j < n; ++j) {
+    const bool take = beats(v[j], best[j]);
+    best[j] = take ? v[j] : best[j];
+    at[j] = take ? starts[j] + tap_offset : at[j];
+  }
+}
+
+// Max pooling of one plane whose regions all lie inside it (no padding, so no clipping), tap by
+// tap in the region order (rows, then columns): each tap's values for all the plane's outputs
+// are gathered into a contiguous scratch row and compared with the running maxima in one pass,
+// since a plane's output rows (14 or 7 wide on MNIST) are too short to vectorise one by one.
+// starts[j] is the flat input index of output j's region. The same maxima and first-maximum
+// indices as the region-by-region loop, about 3x faster on MNIST's planes (2x2, stride 2).
+template <typename T>
+void max_pool_plane_inside(const T* plane, const PlaneShape& s, const Pool2dGeometry& g,
+                           const int32_t* starts, T* tap, T* out, int32_t* at) {
+  const int64_t n = s.oh * s.ow;
+  for (int64_t ki = 0; ki < g.kernel_h; ++ki) {
+    for (int64_t kj = 0; kj < g.kernel_w; ++kj) {
+      const bool first = ki == 0 && kj == 0;
+      T* values = first ? out : tap;
+      for (int64_t oh = 0; oh < s.oh; ++oh) {
+        const T* row = plane + (oh * g.stride_h + ki) * s.w + kj;
+        T* dst = values + oh * s.ow;
+        if (g.stride_w == 2) {  // the common case, with a constant stride the copy vectorises
+          for (int64_t ow = 0; ow < s.ow; ++ow) dst[ow] = row[2 * ow];
+        } else {
+          for (int64_t ow = 0; ow < s.ow; ++ow) dst[ow] = row[ow * g.stride_w];
         }
+      }
+      if (first) {
+        std::copy(starts, starts + n, at);
+      } else {
+        take_better(tap, starts, static_cast<int32_t>(ki * s.w + kj), n, out, at);
       }
     }
   }
@@ -88,9 +106,15 @@ void CpuBackend::max_pool2d(const Tensor& x, const Pool2dGeometry& g, Tensor& y,
     T* out = y.data<T>();
     int32_t* at = argmax.data<int32_t>();
     if (inside && s.oh > 0 && s.ow > 0) {
+      const int64_t n = s.oh * s.ow;
+      std::vector<int32_t> starts(static_cast<size_t>(n));
+      for (int64_t j = 0; j < n; ++j) {
+        starts[j] = static_cast<int32_t>((j / s.ow) * g.stride_h * s.w + (j % s.ow) * g.stride_w);
+      }
+      ThreadScratch<T> tap(1, n, x.dtype());
       for_range(s.planes, s.planes * s.h * s.w, [&](int64_t p) {
-        max_pool_plane_inside(in + p * s.h * s.w, s, g, out + p * s.oh * s.ow,
-                              at + p * s.oh * s.ow);
+        max_pool_plane_inside(in + p * s.h * s.w, s, g, starts.data(), tap.mine(), out + p * n,
+                              at + p * n);
       });
       return;
     }
