@@ -127,7 +127,9 @@ double bytes_of(const T&) {
   return 0.0;
 }
 
-// The multiply-adds x 2 of the GEMM primitives, from their shapes; 0 for the others.
+// The multiply-adds x 2 of the GEMM and convolution primitives, from their shapes; 0 for the
+// others. A convolution pass counts the direct convolution's 2 N O OH OW C KH KW whatever the
+// algorithm (out [.., O, OH, OW] x the filter's C KH KW per output channel).
 template <typename... Args>
 double flops_of(const char*, const Args&...) {
   return 0.0;
@@ -142,6 +144,23 @@ double flops_of(const char* name, const Tensor& x, const Tensor&, const Tensor&,
                 const Tensor& y) {  // linear_forward: x [N, K] -> y [N, M]
   if (std::strcmp(name, "linear_forward") != 0) return 0.0;
   return 2.0 * static_cast<double>(y.numel()) * static_cast<double>(x.size(x.dim() - 1));
+}
+
+double conv_flops(const Tensor& out, const Tensor& filter) {
+  return 2.0 * static_cast<double>(out.numel()) *
+         static_cast<double>(filter.numel() / std::max<int64_t>(filter.size(0), 1));
+}
+double flops_of(const char* name, const Tensor&, const Tensor& w, const Tensor&,
+                const Conv2dGeometry&, const Tensor& y) {  // conv2d_forward
+  return std::strcmp(name, "conv2d_forward") == 0 ? conv_flops(y, w) : 0.0;
+}
+double flops_of(const char* name, const Tensor& dy, const Tensor& w, const Conv2dGeometry&,
+                const Tensor&) {  // conv2d_backward_data
+  return std::strcmp(name, "conv2d_backward_data") == 0 ? conv_flops(dy, w) : 0.0;
+}
+double flops_of(const char* name, const Tensor& dy, const Tensor&, const Conv2dGeometry&, double,
+                const Tensor& dw, const Tensor&) {  // conv2d_backward_filter
+  return std::strcmp(name, "conv2d_backward_filter") == 0 ? conv_flops(dy, dw) : 0.0;
 }
 
 class ProfilingBackend final : public Backend {

@@ -114,6 +114,17 @@ TEST(Profile, RecordsEachCallUnderItsInnermostScope) {
   backend->gemm(true, false, 1.0, a, b, 0.0, c);
   EXPECT_EQ(profile_totals().primitives.at(0).flops, 120.0);
   clear_profile();
+  // A convolution pass counts the direct convolution's multiply-adds: y [2, 4, 3, 3] from a
+  // [4, 3, 3, 3] filter is 2 x 72 x 27 in each of the three passes.
+  Tensor x = Tensor::zeros({2, 3, 5, 5}, DType::kFloat32), w = Tensor::zeros({4, 3, 3, 3});
+  Tensor y = Tensor::zeros({2, 4, 3, 3}), dx = x.clone(), dw = w.clone(), bias;
+  backend->conv2d_forward(x, w, bias, Conv2dGeometry{}, y);
+  backend->conv2d_backward_data(y, w, Conv2dGeometry{}, dx);
+  backend->conv2d_backward_filter(y, x, Conv2dGeometry{}, 0.0, dw, bias);
+  for (const ProfileRow& r : profile_totals().primitives)
+    EXPECT_EQ(r.flops, 2 * 72 * 27.0) << r.name;
+  EXPECT_EQ(profile_totals().primitives.size(), 3u);
+  clear_profile();
 }
 
 }  // namespace
