@@ -45,9 +45,12 @@ class Recorder {
     const char* scope = current_scope ? current_scope : "forward/other";
     std::lock_guard<std::mutex> lock(mutex_);
     add_to(primitives_[name], seconds, bytes, flops);
-    add_to(scopes_[scope], seconds, bytes, flops);
+    // The event keeps the map's copy of the scope name: a module's name dies with the module,
+    // before the trace is written at exit.
+    const auto row = scopes_.try_emplace(scope).first;
+    add_to(row->second, seconds, bytes, flops);
     if (events_.size() < kMaxEvents) {
-      events_.push_back({name, scope, start, seconds, thread_number()});
+      events_.push_back({name, row->first.c_str(), start, seconds, thread_number()});
     } else {
       ++dropped_;
     }
@@ -265,7 +268,7 @@ void print_profile(std::ostream& out) {
       << " s in backend primitives (bytes: the tensors each call was given)\n";
   out.unsetf(std::ios::fixed);
   print_rows(out, "primitive", t.primitives, t.seconds);
-  print_rows(out, "scope (backward node)", t.scopes, t.seconds);
+  print_rows(out, "scope (module forward, backward node)", t.scopes, t.seconds);
 }
 
 void clear_profile() {
@@ -277,7 +280,7 @@ std::unique_ptr<Backend> make_profiling_backend(Backend& inner, Device device) {
 }
 
 ProfileScope::ProfileScope(const char* name) : previous_(current_scope) {
-  current_scope = name;
+  if (name != nullptr) current_scope = name;
 }
 
 ProfileScope::~ProfileScope() {

@@ -48,7 +48,8 @@ void clear_profile();
 std::unique_ptr<Backend> make_profiling_backend(Backend& inner, Device device);
 
 // The primitives issued on this thread while it lives belong to `name` in the per-scope table
-// (scopes nest; the innermost wins). The autograd engine opens one per node's backward.
+// (scopes nest; the innermost wins; a null name keeps the enclosing scope). The autograd engine
+// opens one per node's backward, nn::Module one per registered module's forward.
 class ProfileScope {
  public:
   explicit ProfileScope(const char* name);

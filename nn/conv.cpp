@@ -1,8 +1,8 @@
 // Convolution and pooling modules (see conv.h).
 #include "nn/conv.h"
 
-#include "ops/ops.h"
 #include "nn/init.h"
+#include "ops/ops.h"
 
 namespace accrue::nn {
 

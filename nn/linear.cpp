@@ -1,8 +1,8 @@
 // Linear layer construction and forward.
 #include "nn/linear.h"
 
-#include "ops/ops.h"
 #include "nn/init.h"
+#include "ops/ops.h"
 
 namespace accrue::nn {
 

@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "kernels/profile.h"
 #include "ops/ops.h"
 
 namespace accrue::nn {
@@ -26,6 +27,7 @@ Tensor MLP::forward(const Tensor& x) {
     const bool activated = i < activations_.size();
     if (activated && dynamic_cast<const ReLU*>(activations_[i].get()) != nullptr) {
       // Linear + ReLU as one op (ops/ops.h linear_relu): same results, fewer passes.
+      const ProfileScope scope(layers_[i]->profile_scope());
       h = linear_relu(h, layers_[i]->weight(), layers_[i]->bias());
       continue;
     }

@@ -1,12 +1,14 @@
 // Parameter registration and the recursive name walk of Module.
 #include "nn/module.h"
 
-#include "ops/autograd.h"
 #include "core/error.h"
+#include "kernels/profile.h"
+#include "ops/autograd.h"
 
 namespace accrue::nn {
 
 Tensor Module::operator()(const Tensor& x) {
+  const ProfileScope scope(profile_scope());
   const size_t mark = tape_size();
   try {
     return forward(x);
@@ -14,6 +16,18 @@ Tensor Module::operator()(const Tensor& x) {
     truncate_tape(mark);
     throw;
   }
+}
+
+void Module::adopt(const std::string& name, std::shared_ptr<Module> child) {
+  child->scope_ = "forward " + name;
+  for (auto& grandchild : child->children_) grandchild.second->prefix_path(name);
+  children_.emplace_back(name, std::move(child));
+}
+
+// A module registered under `prefix` after its own children were: their paths gain the prefix.
+void Module::prefix_path(const std::string& prefix) {
+  scope_ = "forward " + prefix + "." + scope_.substr(std::string("forward ").size());
+  for (auto& child : children_) child.second->prefix_path(prefix);
 }
 
 Tensor& Module::register_parameter(const std::string& name, Tensor value) {

@@ -2,9 +2,10 @@
 // under PyTorch's names ("layers.0.weight", "norm1.running_mean"), so checkpoints move between
 // accrue and PyTorch. Parameters are trained; buffers (BatchNorm's running statistics) are state
 // that is saved and loaded but never given to an optimizer. train() / eval() set the mode of the
-// module and its children (BatchNorm and Dropout behave differently). A module does not own
-// gradient memory: optim::ParameterArena gathers the parameters of a model into one contiguous
-// buffer and gives each a view of a parallel gradient arena. Read next: linear.h.
+// module and its children (BatchNorm and Dropout behave differently). Under ACCRUE_PROFILE a
+// registered module's forward is a profile scope named by its path ("forward conv1"). A module
+// does not own gradient memory: optim::ParameterArena gathers the parameters of a model into one
+// contiguous buffer and gives each a view of a parallel gradient arena. Read next: linear.h.
 #pragma once
 
 #include <memory>
@@ -41,20 +42,28 @@ class Module {
   void train(bool on = true);
   void eval() { train(false); }
   bool is_training() const { return training_; }
+  // The profiler's scope name for this module's forward ("forward layers.0"); null for a root.
+  const char* profile_scope() const { return scope_.empty() ? nullptr : scope_.c_str(); }
 
  protected:
   Tensor& register_parameter(const std::string& name, Tensor value);
   Tensor& register_buffer(const std::string& name, Tensor value);
   template <typename M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
-    children_.emplace_back(name, module);
+    adopt(name, module);
     return module;
   }
 
  private:
+  void adopt(const std::string& name, std::shared_ptr<Module> child);
+  void prefix_path(const std::string& prefix);
+
   std::vector<NamedTensor> params_, buffers_;
   bool training_ = true;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  // "forward conv1", "forward layers.0": the profiler's scope for the calls this module's forward
+  // makes itself (the dotted path from the outermost registering module; empty for a root).
+  std::string scope_;
 };
 
 }  // namespace accrue::nn

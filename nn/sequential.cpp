@@ -5,7 +5,7 @@ namespace accrue::nn {
 
 Tensor Sequential::forward(const Tensor& x) {
   Tensor h = x;
-  for (auto& layer : layers_) h = layer->forward(h);
+  for (auto& layer : layers_) h = (*layer)(h);
   return h;
 }
 

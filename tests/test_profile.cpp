@@ -62,7 +62,8 @@ TEST(Profile, CallCountsMatchTheTraceAndTheChromeTraceFile) {
   fs::remove_all(data);
 }
 
-// The engine's --profile does what ACCRUE_PROFILE=1 does: the tables on stderr at exit.
+// The engine's --profile does what ACCRUE_PROFILE=1 does: the tables on stderr at exit, with a
+// registered module's forward as a scope of its own.
 TEST(Profile, TheEnginesProfileFlagPrintsTheTables) {
   const fs::path data = temp_dir("profile_flag");
   write_fixture(data, "train", 128, 1);
@@ -78,7 +79,12 @@ TEST(Profile, TheEnginesProfileFlagPrintsTheTables) {
   text << in.rdbuf();
   EXPECT_NE(text.str().find("primitive "), std::string::npos) << text.str();
   EXPECT_NE(text.str().find("linear_forward "), std::string::npos) << text.str();
-  EXPECT_NE(text.str().find("scope (backward node)"), std::string::npos) << text.str();
+  EXPECT_NE(text.str().find("scope (module forward, backward node)"), std::string::npos)
+      << text.str();
+  // The MLP's hidden layers (fused Linear + ReLU) and its last Linear, each under its own path.
+  for (const char* scope : {"forward layers.0 ", "forward layers.2 ", "forward layers.3 "}) {
+    EXPECT_NE(text.str().find(scope), std::string::npos) << scope << " in\n" << text.str();
+  }
 }
 
 TEST(Profile, RecordsEachCallUnderItsInnermostScope) {
