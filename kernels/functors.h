@@ -327,13 +327,23 @@ ACCRUE_HD uint64_t mix64(uint64_t z) {
 struct DropoutMask {
   uint64_t seed, step;
   double p, scale;  // scale = 1 / (1 - p)
+  // The part of the hash shared by a sample's elements (a loop over a row computes it once).
+  ACCRUE_HD uint64_t row_key(uint64_t sample) const {
+    return mix64(mix64(mix64(seed) ^ step) ^ sample);
+  }
+  ACCRUE_HD bool keep_in_row(uint64_t row, uint64_t element) const {
+    return static_cast<double>(mix64(row ^ element) >> 11) * 0x1.0p-53 >= p;
+  }
   ACCRUE_HD bool keep(uint64_t sample, uint64_t element) const {
-    const uint64_t h = mix64(mix64(mix64(mix64(seed) ^ step) ^ sample) ^ element);
-    return static_cast<double>(h >> 11) * 0x1.0p-53 >= p;
+    return keep_in_row(row_key(sample), element);
+  }
+  template <typename T>
+  ACCRUE_HD T apply_in_row(T x, uint64_t row, uint64_t element) const {
+    return keep_in_row(row, element) ? x * T(scale) : T(0);
   }
   template <typename T>
   ACCRUE_HD T operator()(T x, uint64_t sample, uint64_t element) const {
-    return keep(sample, element) ? x * T(scale) : T(0);
+    return apply_in_row(x, row_key(sample), element);
   }
 };
 

@@ -15,6 +15,7 @@
 #include <numeric>
 
 #include "cnn.h"
+#include "kernels/functors.h"
 #include "test_util.h"
 
 namespace accrue::testing {
@@ -396,6 +397,29 @@ TEST(Dropout, TheSameSeedGivesTheSameMasksForAnySplit) {
   EXPECT_THROW(layer(ones), ValueError) << "training mode without SampleKeys";
   layer.eval();
   EXPECT_EQ(as_doubles(layer(ones)), as_doubles(ones));
+}
+
+// Every element of the dropout op is the shared functor's value for (its row's sample, its
+// index in the row), whatever chunk of the CPU loop it falls in: rows of 7001 elements cut
+// across the loop's chunks, and the samples' indices are not the rows'.
+TEST(Dropout, EachElementIsTheFunctorsValueForItsSampleAndIndex) {
+  const int64_t rows = 5, per_row = 7001;
+  const Tensor x = random({rows, per_row}, 3, DType::kFloat32);
+  const std::vector<int32_t> ids = {40, 7, 123456, 0, 9};
+  const DropoutKey key{0.3, 11, 5};
+  const Tensor y = dropout(x, key, Tensor::from_vector<int32_t>({rows}, ids));
+  const fn::DropoutMask mask{key.seed, static_cast<uint64_t>(key.step), key.p, 1.0 / (1.0 - key.p)};
+  const std::vector<float> in = x.to_vector<float>(), out = y.to_vector<float>();
+  int64_t dropped = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t e = 0; e < per_row; ++e) {
+      const float expected =
+          mask(in[r * per_row + e], static_cast<uint64_t>(ids[r]), static_cast<uint64_t>(e));
+      ASSERT_EQ(out[r * per_row + e], expected) << "row " << r << " element " << e;
+      dropped += expected == 0.0f;
+    }
+  }
+  EXPECT_NEAR(dropped / double(rows * per_row), 0.3, 0.01);
 }
 
 }  // namespace
