@@ -1,6 +1,7 @@
 // Linear layer construction and forward.
 #include "nn/linear.h"
 
+#include "kernels/profile.h"
 #include "nn/init.h"
 #include "ops/ops.h"
 
@@ -25,6 +26,11 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias, DType dtype
 
 Tensor Linear::forward(const Tensor& x) {
   return linear(x, weight_, bias_);
+}
+
+Tensor Linear::forward_relu(const Tensor& x) {
+  const ProfileScope scope(profile_scope());
+  return linear_relu(x, weight_, bias_);
 }
 
 }  // namespace accrue::nn

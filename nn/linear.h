@@ -12,6 +12,9 @@ class Linear : public Module {
   Linear(int64_t in_features, int64_t out_features, bool bias = true,
          DType dtype = DType::kFloat32);
   Tensor forward(const Tensor& x) override;
+  // relu(forward(x)) as one op (ops/ops.h linear_relu: the same results, fewer passes), under
+  // this layer's profile scope.
+  Tensor forward_relu(const Tensor& x);
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
   Tensor weight() const { return weight_; }

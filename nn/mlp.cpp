@@ -3,7 +3,6 @@
 
 #include <string>
 
-#include "kernels/profile.h"
 #include "ops/ops.h"
 
 namespace accrue::nn {
@@ -26,9 +25,7 @@ Tensor MLP::forward(const Tensor& x) {
   for (size_t i = 0; i < layers_.size(); ++i) {
     const bool activated = i < activations_.size();
     if (activated && dynamic_cast<const ReLU*>(activations_[i].get()) != nullptr) {
-      // Linear + ReLU as one op (ops/ops.h linear_relu): same results, fewer passes.
-      const ProfileScope scope(layers_[i]->profile_scope());
-      h = linear_relu(h, layers_[i]->weight(), layers_[i]->bias());
+      h = layers_[i]->forward_relu(h);
       continue;
     }
     h = (*layers_[i])(h);

@@ -19,15 +19,14 @@ Tensor Module::operator()(const Tensor& x) {
 }
 
 void Module::adopt(const std::string& name, std::shared_ptr<Module> child) {
-  child->scope_ = "forward " + name;
-  for (auto& grandchild : child->children_) grandchild.second->prefix_path(name);
+  child->set_path(name);
   children_.emplace_back(name, std::move(child));
 }
 
-// A module registered under `prefix` after its own children were: their paths gain the prefix.
-void Module::prefix_path(const std::string& prefix) {
-  scope_ = "forward " + prefix + "." + scope_.substr(std::string("forward ").size());
-  for (auto& child : children_) child.second->prefix_path(prefix);
+// This module's dotted path, and its children's below it (they may have registered first).
+void Module::set_path(const std::string& path) {
+  scope_ = "forward " + path;
+  for (auto& [name, child] : children_) child->set_path(path + "." + name);
 }
 
 Tensor& Module::register_parameter(const std::string& name, Tensor value) {

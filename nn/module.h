@@ -56,7 +56,7 @@ class Module {
 
  private:
   void adopt(const std::string& name, std::shared_ptr<Module> child);
-  void prefix_path(const std::string& prefix);
+  void set_path(const std::string& path);
 
   std::vector<NamedTensor> params_, buffers_;
   bool training_ = true;

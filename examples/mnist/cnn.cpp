@@ -1,7 +1,6 @@
 // The MNIST CNN (see cnn.h).
 #include "cnn.h"
 
-#include "kernels/profile.h"
 #include "nn/conv.h"
 #include "nn/linear.h"
 #include "nn/norm.h"
@@ -56,10 +55,7 @@ Tensor MnistCNN::forward(const Tensor& x) {
   h = (*conv2_)(h);
   if (norm2_) h = (*norm2_)(h);
   h = max_pool2d(relu(h), pool);
-  {
-    const ProfileScope scope(fc1_->profile_scope());  // fused Linear + ReLU, fc1's own forward
-    h = linear_relu(flatten(h), fc1_->weight(), fc1_->bias());
-  }
+  h = fc1_->forward_relu(flatten(h));
   return (*fc2_)(h);
 }
 
