@@ -10,15 +10,16 @@
 
 namespace accrue {
 
+struct TapeAccess {
+  static std::vector<std::unique_ptr<Node>>& nodes(Tape& tape) { return tape.nodes_; }
+  static const std::vector<std::unique_ptr<Node>>& nodes(const Tape& tape) { return tape.nodes_; }
+};
+
 namespace {
 thread_local LeafReadyHook* leaf_ready_hook = nullptr;
 }  // namespace
 
 namespace {
-
-struct Tape {
-  std::vector<std::unique_ptr<Node>> nodes;  // node i produced tape slot i
-};
 
 // Node ids are unique across threads and tapes, so a tensor names its node unambiguously: a
 // tensor from a consumed or truncated tape, or from another thread's tape, is recognised by its
@@ -28,17 +29,20 @@ std::atomic<uint64_t> g_next_node_id{1};
 // Whether t was produced by a node that is still on tape t.
 bool on_tape(const Tape& tape, const TensorImpl& t) {
   const auto slot = static_cast<size_t>(t.tape_slot);
-  return slot < tape.nodes.size() && tape.nodes[slot] && tape.nodes[slot]->id == t.node_id;
+  const auto& nodes = TapeAccess::nodes(tape);
+  return slot < nodes.size() && nodes[slot] && nodes[slot]->id == t.node_id;
 }
 
 const char* kGoneTape =
-    "was produced on a tape that is gone: backward() already consumed it, clear_tape() or a "
-    "failed forward dropped it, or another thread recorded it (backward runs on the thread of "
-    "its forward); recompute it in this micro-step";
+    "was produced on a tape that is gone or not active: backward() already consumed it, "
+    "clear_tape() or a failed forward dropped it, another thread recorded it (backward runs on "
+    "the thread of its forward), or it was recorded under another TapeScope; recompute it in "
+    "this micro-step";
+
+thread_local Tape* g_scoped_tape = nullptr;  // the innermost TapeScope's
 
 Tape& tape() {
-  thread_local Tape t;
-  return t;
+  return active_tape();
 }
 
 thread_local bool g_grad_enabled = true;
@@ -80,6 +84,25 @@ void Node::check_saved() const {
   }
 }
 
+TapeScope::TapeScope(Tape& tape) : tape_(tape), previous_(g_scoped_tape) {
+  if (tape.active_) {
+    throw AutogradError("[TapeScope] this tape is already active in another scope");
+  }
+  tape_.active_ = true;
+  g_scoped_tape = &tape_;
+}
+
+TapeScope::~TapeScope() {
+  tape_.active_ = false;
+  g_scoped_tape = previous_;
+}
+
+Tape& active_tape() {
+  if (g_scoped_tape != nullptr) return *g_scoped_tape;
+  thread_local Tape own;
+  return own;
+}
+
 bool grad_enabled() {
   return g_grad_enabled;
 }
@@ -116,23 +139,25 @@ void record(std::unique_ptr<Node> node, std::initializer_list<const Tensor*> inp
   }
   node->id = g_next_node_id.fetch_add(1, std::memory_order_relaxed);
   const uint64_t id = node->id;
-  t.nodes.push_back(std::move(node));  // may throw; out is untouched until it has succeeded
+  auto& nodes = TapeAccess::nodes(t);
+  nodes.push_back(std::move(node));  // may throw; out is untouched until it has succeeded
   out.impl()->requires_grad = true;
-  out.impl()->tape_slot = static_cast<int64_t>(t.nodes.size() - 1);
+  out.impl()->tape_slot = static_cast<int64_t>(nodes.size() - 1);
   out.impl()->node_id = id;
 }
 
 size_t tape_size() {
-  return tape().nodes.size();
+  return TapeAccess::nodes(tape()).size();
 }
 
 void truncate_tape(size_t size) {
   Tape& t = tape();
-  if (size < t.nodes.size()) t.nodes.resize(size);
+  auto& nodes = TapeAccess::nodes(t);
+  if (size < nodes.size()) nodes.resize(size);
 }
 
 void clear_tape() {
-  tape().nodes.clear();
+  TapeAccess::nodes(tape()).clear();
 }
 
 bool GradSink::needs(size_t i) const {
@@ -216,22 +241,23 @@ void run_backward(const Tensor& root, const Tensor& seed) {
   // Whatever happens below, the tape ends empty.
   struct Consume {
     Tape& t;
-    ~Consume() { t.nodes.clear(); }
+    ~Consume() { TapeAccess::nodes(t).clear(); }
   } consume{t};
-  std::vector<Tensor> slots(t.nodes.size());
+  auto& nodes = TapeAccess::nodes(t);
+  std::vector<Tensor> slots(nodes.size());
   slots[static_cast<size_t>(root.impl()->tape_slot)] = grad;
   grad = Tensor();
   // With a leaf-ready hook: how many nodes still to run feed each leaf.
   std::unordered_map<const TensorImpl*, int> pending;
   if (leaf_ready_hook != nullptr) {
-    for (const auto& node : t.nodes) {
+    for (const auto& node : nodes) {
       for (const Edge& e : node->inputs) {
         if (e.leaf) ++pending[e.leaf.get()];
       }
     }
   }
-  for (size_t i = t.nodes.size(); i-- > 0;) {
-    std::unique_ptr<Node> node = std::move(t.nodes[i]);
+  for (size_t i = nodes.size(); i-- > 0;) {
+    std::unique_ptr<Node> node = std::move(nodes[i]);
     Tensor grad_out = std::move(slots[i]);
     if (grad_out.defined()) {
       node->check_saved();

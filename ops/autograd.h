@@ -84,11 +84,48 @@ class NoGradGuard {
   bool previous_;
 };
 
+// A tape of its own, for a micro-batch that stays in flight while others run (the pipeline
+// schedules, distributed/pipeline.h): while a TapeScope for it lives, ops on this thread record
+// onto it and backward() consumes it, leaving the thread's own tape untouched. Each in-flight
+// micro-batch holds its activations on its tape until its backward; destroying a tape drops
+// what is left on it. A tensor recorded on one tape cannot feed an op or a backward on another.
+class Tape {
+ public:
+  Tape() = default;
+  Tape(const Tape&) = delete;
+  Tape& operator=(const Tape&) = delete;
+  size_t size() const { return nodes_.size(); }
+  bool empty() const { return nodes_.empty(); }
+
+ private:
+  friend class TapeScope;
+  friend struct TapeAccess;                   // the tape walk in autograd.cpp
+  std::vector<std::unique_ptr<Node>> nodes_;  // node i produced tape slot i
+  bool active_ = false;
+};
+
+// Makes `tape` this thread's tape for its lifetime (nested: the inner wins). A tape is active
+// in at most one scope at a time.
+class TapeScope {
+ public:
+  explicit TapeScope(Tape& tape);
+  ~TapeScope();
+  TapeScope(const TapeScope&) = delete;
+  TapeScope& operator=(const TapeScope&) = delete;
+
+ private:
+  Tape& tape_;
+  Tape* previous_;
+};
+
+// The tape ops record onto now: the innermost TapeScope's, else the thread's own.
+Tape& active_tape();
+
 // Whether an op over these inputs must be recorded.
 bool should_record(std::initializer_list<const Tensor*> inputs);
 // Appends node to the tape with edges for `inputs` and marks `out` as its result.
 void record(std::unique_ptr<Node> node, std::initializer_list<const Tensor*> inputs, Tensor& out);
-// Number of nodes waiting on this thread's tape.
+// Number of nodes waiting on the active tape.
 size_t tape_size();
 // Drops the nodes recorded after the tape had `size` nodes: what a forward that throws halfway
 // recorded (Module::operator() does this), so the next backward never meets them.

@@ -49,6 +49,56 @@ TEST(Autograd, BackwardEmptiesTheTapeAndFreesActivations) {
   EXPECT_EQ(alloc.stats().live_bytes, baseline);
 }
 
+// Two micro-batches in flight at once, each on its own tape (a pipeline stage's 1F1B): their
+// backwards, in either order, give the gradient the two micro-steps give one after the other,
+// free every activation, and leave both tapes and the thread's own tape empty.
+TEST(Autograd, MicroBatchesInFlightOnTheirOwnTapes) {
+  CachingAllocator& alloc = allocator_for(Device::cpu());
+  Tensor w = random({16, 16}, 1);
+  w.set_requires_grad(true);
+  const Tensor a = random({8, 16}, 2), b = random({8, 16}, 3);
+  const auto forward = [&](const Tensor& x) { return sum(relu(matmul(tanh(matmul(x, w)), w))); };
+  backward(forward(a), 0.5);
+  backward(forward(b), 0.25);
+  const Tensor expected = w.grad().clone();
+  w.grad().zero_();
+  const size_t baseline = alloc.stats().live_bytes;
+  Tape first, second;
+  Tensor loss_a, loss_b;
+  {
+    const TapeScope scope(first);
+    loss_a = forward(a);
+  }
+  {
+    const TapeScope scope(second);
+    loss_b = forward(b);
+    EXPECT_EQ(tape_size(), second.size());
+  }
+  EXPECT_EQ(first.size(), 5u);
+  EXPECT_EQ(second.size(), 5u);
+  EXPECT_EQ(tape_size(), 0u);  // the thread's own tape saw nothing
+  // A loss is only backward-able under the scope of its tape.
+  EXPECT_THROW(backward(loss_a), AutogradError);
+  {
+    const TapeScope scope(first);
+    EXPECT_THROW(backward(loss_b, 0.25), AutogradError);
+    EXPECT_THROW(TapeScope again(first), AutogradError);
+  }
+  {
+    const TapeScope scope(second);
+    backward(loss_b, 0.25);
+  }
+  {
+    const TapeScope scope(first);
+    backward(loss_a, 0.5);
+  }
+  EXPECT_TRUE(first.empty());
+  EXPECT_TRUE(second.empty());
+  EXPECT_LT(max_rel_error(w.grad(), expected), 1e-14);  // summed in the other order
+  loss_a = loss_b = Tensor();
+  EXPECT_EQ(alloc.stats().live_bytes, baseline);
+}
+
 TEST(Autograd, ChainRuleThroughSharedIntermediates) {
   // y = sum(h * h + h), h = 2x: dy/dx = 2 * (2h + 1)
   Tensor x = Tensor::from_vector<double>({3}, {1, -2, 0.5});
