@@ -14,7 +14,8 @@ namespace accrue::distributed {
 std::unique_ptr<Communicator> make_mpi(const LaunchInfo& info);  // distributed/mpi.cpp
 #endif
 #ifdef ACCRUE_WITH_NCCL
-std::unique_ptr<Communicator> make_nccl(Communicator& bootstrap, int device);  // distributed/nccl.cu
+std::unique_ptr<Communicator> make_nccl(Communicator& bootstrap,
+                                        int device);  // distributed/nccl.cu
 #endif
 
 namespace {
@@ -52,6 +53,16 @@ class SingleProcess final : public Communicator {
     backend_for(in.device()).copy(in, out);
   }
   void barrier() override {}
+  // A world of one has no other rank to talk to: check_peer names the mistake.
+  std::unique_ptr<Transfer> isend(const Tensor&, int peer, int tag) override {
+    check_peer("isend", peer, tag, 0, 1, INT32_MAX);
+    return nullptr;  // not reached
+  }
+  std::unique_ptr<Transfer> irecv(Tensor&, int peer, int tag) override {
+    check_peer("irecv", peer, tag, 0, 1, INT32_MAX);
+    return nullptr;  // not reached
+  }
+  std::unique_ptr<Communicator> split(int, int) override { return make_single_process(); }
   [[noreturn]] void abort(int code) override { std::_Exit(code); }
 };
 
@@ -130,6 +141,17 @@ Communicator& world_for(Device device) {
                              " but this accrue was built without NCCL (it comes with the CUDA "
                              "toolkit's NCCL package); CPU tensors work over MPI"));
 #endif
+}
+
+void check_peer(const char* op, int peer, int tag, int rank, int world_size, int max_tag) {
+  if (peer < 0 || peer >= world_size || peer == rank) {
+    throw ValueError(str_cat(
+        "[", op, "] peer rank ", peer, " from rank ", rank, " in a world of ", world_size,
+        world_size == 1 ? " rank: there is no other rank" : " ranks: a rank other than this one"));
+  }
+  if (tag < 0 || tag > max_tag) {
+    throw ValueError(str_cat("[", op, "] tag ", tag, " outside [0, ", max_tag, "]"));
+  }
 }
 
 void check_gather(const char* op, const Tensor& in, const Tensor& out, int world_size,

@@ -28,6 +28,17 @@ struct LaunchInfo {
 };
 LaunchInfo launch_info();
 
+// A point-to-point transfer in progress (Communicator::isend / irecv). wait() completes it under
+// the watchdog; done() says whether it has, without waiting. It keeps its tensor alive until it
+// completes, and must not outlive its communicator. Destroying one that has not completed
+// cancels it (the way out of a job that is failing).
+class Transfer {
+ public:
+  virtual ~Transfer() = default;
+  virtual void wait() = 0;
+  virtual bool done() = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -51,6 +62,17 @@ class Communicator {
   // untouched until wait_all() returns. (The overlap of the boundary all-reduce with backward.)
   virtual void start_all_reduce_sum(Tensor& t) { all_reduce_sum(t); }
   virtual void wait_all() {}
+  // Point-to-point without waiting (pipeline stages): starts sending t to rank `peer`, or
+  // receiving into t (its shape and dtype agreed beforehand) from `peer`. The messages from one
+  // rank to another with one tag arrive in the order they were sent; every rank posts its
+  // transfers in the order its peers post the matching ones (the schedules do). t stays
+  // untouched (send) or unread (receive) until the transfer completes.
+  virtual std::unique_ptr<Transfer> isend(const Tensor& t, int peer, int tag) = 0;
+  virtual std::unique_ptr<Transfer> irecv(Tensor& t, int peer, int tag) = 0;
+  // A communicator over the ranks that pass the same color, ranked by key (ties by this
+  // communicator's rank), as MPI_Comm_split: the data-parallel and pipeline groups. Collective:
+  // every rank calls it. The result must not outlive this communicator.
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
   // Ends every rank of the job with this exit code; does not return.
   [[noreturn]] virtual void abort(int code) = 0;
 
@@ -102,5 +124,9 @@ std::unique_ptr<Communicator> make_single_process();
 // (all_gather in place); any other overlap of the two throws.
 void check_gather(const char* op, const Tensor& in, const Tensor& out, int world_size,
                   int in_place_rank = -1);
+
+// Checks a point-to-point call's peer and tag: a rank of this world other than this one, and a
+// tag in [0, max_tag].
+void check_peer(const char* op, int peer, int tag, int rank, int world_size, int max_tag);
 
 }  // namespace accrue::distributed

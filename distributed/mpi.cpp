@@ -36,7 +36,11 @@ namespace accrue::distributed {
 
 namespace {
 
-MPI_Datatype mpi_type(const Tensor& t, const char* op) {
+// How a collective or transfer uses the elements: summed, or only moved (16-bit types may be
+// moved as their bits, never summed: gradients are float32).
+enum class Use { kSummed, kMoved };
+
+MPI_Datatype mpi_type(const Tensor& t, const char* op, Use use) {
   if (!t.device().is_cpu()) {
     throw DeviceError(str_cat("[", op, "] the MPI communicator takes CPU tensors, got ",
                               t.describe(), " (CUDA tensors go through NCCL)"));
@@ -52,10 +56,7 @@ MPI_Datatype mpi_type(const Tensor& t, const char* op) {
       return MPI_INT64_T;
     case DType::kBFloat16:
     case DType::kFloat16:
-      // Moved, never summed (gradients are float32): gathers and broadcasts of the bits.
-      if (std::strcmp(op, "all_gather") == 0 || std::strcmp(op, "broadcast") == 0) {
-        return MPI_UINT16_T;
-      }
+      if (use == Use::kMoved) return MPI_UINT16_T;
       break;
     default:
       break;
@@ -95,7 +96,23 @@ class Mpi final : public Communicator {
       throw BackendError(str_cat("[dist] MPI says rank ", rank_, " of ", size_, " but ",
                                  info.launcher, " said rank ", info.rank, " of ", info.world_size));
     }
+    read_max_tag();
   }
+  // A group of the job (split): owns its MPI communicator.
+  Mpi(MPI_Comm comm, int local_rank, double timeout) : local_rank_(local_rank), comm_(comm) {
+    owned_ = true;
+    timeout_ = timeout;
+    ACCRUE_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    ACCRUE_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+    ACCRUE_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+    read_max_tag();
+  }
+  ~Mpi() override {
+    int finalized = 1;
+    if (owned_ && MPI_Finalized(&finalized) == MPI_SUCCESS && !finalized) MPI_Comm_free(&comm_);
+  }
+  Mpi(const Mpi&) = delete;
+  Mpi& operator=(const Mpi&) = delete;
   int rank() const override { return rank_; }
   int world_size() const override { return size_; }
   int local_rank() const override { return local_rank_; }
@@ -104,7 +121,7 @@ class Mpi final : public Communicator {
   void all_reduce_sum(Tensor& t) override {
     MPI_Request request = MPI_REQUEST_NULL;
     ACCRUE_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.raw(), mpi_count(t, "all_reduce_sum"),
-                                    mpi_type(t, "all_reduce_sum"), MPI_SUM, MPI_COMM_WORLD,
+                                    mpi_type(t, "all_reduce_sum", Use::kSummed), MPI_SUM, comm_,
                                     &request));
     wait(&request, 1, "all_reduce_sum");
   }
@@ -113,39 +130,39 @@ class Mpi final : public Communicator {
       throw ValueError(str_cat("[broadcast] root ", root, " in a world of ", size_, " ranks"));
     }
     MPI_Request request = MPI_REQUEST_NULL;
-    ACCRUE_MPI_CHECK(MPI_Ibcast(t.raw(), mpi_count(t, "broadcast"), mpi_type(t, "broadcast"), root,
-                                MPI_COMM_WORLD, &request));
+    ACCRUE_MPI_CHECK(MPI_Ibcast(t.raw(), mpi_count(t, "broadcast"),
+                                mpi_type(t, "broadcast", Use::kMoved), root, comm_, &request));
     wait(&request, 1, "broadcast");
   }
   void all_gather(const Tensor& in, Tensor& out) override {
     check_gather("all_gather", in, out, size_, rank_);
     const int n = mpi_count(in, "all_gather");
-    const MPI_Datatype type = mpi_type(in, "all_gather");
+    const MPI_Datatype type = mpi_type(in, "all_gather", Use::kMoved);
     // In place when in is this rank's slice of out (MPI forbids other aliasing).
     const bool in_place = static_cast<const char*>(in.raw()) ==
                           static_cast<const char*>(out.raw()) + rank_ * in.nbytes();
     MPI_Request request = MPI_REQUEST_NULL;
     ACCRUE_MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : in.raw(), n, type, out.raw(), n, type,
-                                    MPI_COMM_WORLD, &request));
+                                    comm_, &request));
     wait(&request, 1, "all_gather");
   }
   void reduce_scatter(const Tensor& in, Tensor& out) override {
     check_gather("reduce_scatter", out, in, size_);
     MPI_Request request = MPI_REQUEST_NULL;
     ACCRUE_MPI_CHECK(MPI_Ireduce_scatter_block(
-        in.raw(), out.raw(), mpi_count(out, "reduce_scatter"), mpi_type(in, "reduce_scatter"),
-        MPI_SUM, MPI_COMM_WORLD, &request));
+        in.raw(), out.raw(), mpi_count(out, "reduce_scatter"),
+        mpi_type(in, "reduce_scatter", Use::kSummed), MPI_SUM, comm_, &request));
     wait(&request, 1, "reduce_scatter");
   }
   void barrier() override {
     MPI_Request request = MPI_REQUEST_NULL;
-    ACCRUE_MPI_CHECK(MPI_Ibarrier(MPI_COMM_WORLD, &request));
+    ACCRUE_MPI_CHECK(MPI_Ibarrier(comm_, &request));
     wait(&request, 1, "barrier");
   }
   void start_all_reduce_sum(Tensor& t) override {
     MPI_Request request = MPI_REQUEST_NULL;
     ACCRUE_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.raw(), mpi_count(t, "all_reduce_sum"),
-                                    mpi_type(t, "all_reduce_sum"), MPI_SUM, MPI_COMM_WORLD,
+                                    mpi_type(t, "all_reduce_sum", Use::kSummed), MPI_SUM, comm_,
                                     &request));
     requests_.push_back(request);  // only a request that was started
   }
@@ -154,6 +171,27 @@ class Mpi final : public Communicator {
     wait(requests_.data(), static_cast<int>(requests_.size()), "all_reduce_sum (overlapped)");
     requests_.clear();
   }
+  std::unique_ptr<Transfer> isend(const Tensor& t, int peer, int tag) override {
+    check_peer("isend", peer, tag, rank_, size_, max_tag_);
+    auto transfer = std::make_unique<MpiTransfer>(*this, t, "isend");
+    ACCRUE_MPI_CHECK(MPI_Isend(t.raw(), mpi_count(t, "isend"), mpi_type(t, "isend", Use::kMoved),
+                               peer, tag, comm_, &transfer->request));
+    return transfer;
+  }
+  std::unique_ptr<Transfer> irecv(Tensor& t, int peer, int tag) override {
+    check_peer("irecv", peer, tag, rank_, size_, max_tag_);
+    auto transfer = std::make_unique<MpiTransfer>(*this, t, "irecv");
+    ACCRUE_MPI_CHECK(MPI_Irecv(t.raw(), mpi_count(t, "irecv"), mpi_type(t, "irecv", Use::kMoved),
+                               peer, tag, comm_, &transfer->request));
+    return transfer;
+  }
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    if (color < 0) throw ValueError(str_cat("[split] color ", color, " is negative"));
+    MPI_Comm group = MPI_COMM_NULL;
+    ACCRUE_MPI_CHECK(MPI_Comm_split(comm_, color, key, &group));
+    return std::make_unique<Mpi>(group, local_rank_, timeout_);
+  }
+  // Every rank of the job, whatever group this is.
   [[noreturn]] void abort(int code) override {
     MPI_Abort(MPI_COMM_WORLD, code);
     std::_Exit(code);  // MPI_Abort should not return; if it does, this rank still ends
@@ -188,8 +226,41 @@ class Mpi final : public Communicator {
     }
   }
 
+  // A started MPI_Isend or MPI_Irecv; holds the tensor until it completes.
+  struct MpiTransfer final : Transfer {
+    MpiTransfer(Mpi& owner, const Tensor& t, const char* op) : owner(owner), tensor(t), op(op) {}
+    ~MpiTransfer() override {
+      int finalized = 1;
+      if (request == MPI_REQUEST_NULL || MPI_Finalized(&finalized) != MPI_SUCCESS || finalized) {
+        return;
+      }
+      MPI_Cancel(&request);
+      MPI_Request_free(&request);
+    }
+    void wait() override { owner.wait(&request, 1, op); }
+    bool done() override {
+      int flag = 0;
+      ACCRUE_MPI_CHECK(MPI_Test(&request, &flag, MPI_STATUS_IGNORE));
+      return flag != 0;
+    }
+    Mpi& owner;
+    Tensor tensor;
+    const char* op;
+    MPI_Request request = MPI_REQUEST_NULL;
+  };
+
+  // The largest tag this MPI allows (at least 32767 by the standard).
+  void read_max_tag() {
+    void* value = nullptr;
+    int found = 0;
+    ACCRUE_MPI_CHECK(MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &value, &found));
+    max_tag_ = found ? *static_cast<int*>(value) : 32767;
+  }
+
   int64_t waits_ = 0;  // numbered in the message: where in the run the job stopped
-  int rank_ = 0, size_ = 1, local_rank_ = 0;
+  int rank_ = 0, size_ = 1, local_rank_ = 0, max_tag_ = 32767;
+  MPI_Comm comm_ = MPI_COMM_WORLD;
+  bool owned_ = false;                 // a split group, freed with this object
   std::vector<MPI_Request> requests_;  // started, not yet waited for
 };
 

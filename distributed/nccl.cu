@@ -2,7 +2,10 @@
 // unique id made by rank 0 and broadcast over MPI (the bootstrap the NCCL documentation
 // describes). Collectives run on the device's accrue stream, so they are ordered after the
 // kernels that produced their input and before the ones that read their output, with no host
-// synchronisation. Errors throw with ncclGetErrorString and file:line; abort() is MPI_Abort.
+// synchronisation. Point-to-point transfers (pipeline stages) are staged through host memory
+// over MPI for now: correct, not fast (NCCL's own send/recv, grouped, on per-peer streams, is the
+// faster path still to write). Errors throw with ncclGetErrorString and file:line; abort() is
+// MPI_Abort.
 // The communicator is never destroyed: ncclCommDestroy is collective (a rank leaving alone would
 // hang in it) and at exit the CUDA runtime may already be gone; the process's end frees it.
 #include <nccl.h>
@@ -61,23 +64,33 @@ ncclDataType_t nccl_type(const Tensor& t, const char* op) {
 
 class Nccl final : public Communicator {
  public:
-  Nccl(Communicator& bootstrap, int device) : mpi_(bootstrap), device_(device) {
+  Nccl(Communicator& bootstrap, int device) : mpi_(&bootstrap), device_(device) {
     static_assert(sizeof(ncclUniqueId) % sizeof(int32_t) == 0, "unique id size");
     ncclUniqueId id;
-    if (mpi_.rank() == 0) ACCRUE_NCCL_CHECK(ncclGetUniqueId(&id));
+    if (mpi_->rank() == 0) ACCRUE_NCCL_CHECK(ncclGetUniqueId(&id));
     Tensor bytes = Tensor::empty({int64_t(sizeof(id) / sizeof(int32_t))}, DType::kInt32);
     std::memcpy(bytes.raw(), &id, sizeof(id));
-    mpi_.broadcast(bytes, 0);
+    mpi_->broadcast(bytes, 0);
     std::memcpy(&id, bytes.raw(), sizeof(id));
     cuda::context(device_);  // makes the device current
-    ACCRUE_NCCL_CHECK(ncclCommInitRank(&comm_, mpi_.world_size(), id, mpi_.rank()));
+    ACCRUE_NCCL_CHECK(ncclCommInitRank(&comm_, mpi_->world_size(), id, mpi_->rank()));
     ACCRUE_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
     ACCRUE_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     ACCRUE_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
   }
-  int rank() const override { return mpi_.rank(); }
-  int world_size() const override { return mpi_.world_size(); }
-  int local_rank() const override { return mpi_.local_rank(); }
+  // A group of the job: `parent` split by ncclCommSplit, with its MPI twin split the same way.
+  Nccl(Nccl& parent, std::unique_ptr<Communicator> mpi_group, int color, int key)
+      : owned_mpi_(std::move(mpi_group)), mpi_(owned_mpi_.get()), device_(parent.device_) {
+    cuda::context(device_);
+    ACCRUE_NCCL_CHECK(ncclCommSplit(parent.comm_, color, key, &comm_, nullptr));
+    timeout_ = parent.timeout_;
+    ACCRUE_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+    ACCRUE_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+    ACCRUE_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+  }
+  int rank() const override { return mpi_->rank(); }
+  int world_size() const override { return mpi_->world_size(); }
+  int local_rank() const override { return mpi_->local_rank(); }
   const char* backend() const override { return "nccl"; }
 
   void all_reduce_sum(Tensor& t) override {
@@ -143,13 +156,27 @@ class Nccl final : public Communicator {
                                    "(--comm-timeout sets the limit)"));
       }
     }
-    mpi_.set_timeout(timeout());
-    mpi_.barrier();
+    mpi_->set_timeout(timeout());
+    mpi_->barrier();
+  }
+  // Staged: the device tensor copied to host (after the stream's work), sent over MPI.
+  std::unique_ptr<Transfer> isend(const Tensor& t, int peer, int tag) override {
+    stream(t);  // checks the device
+    return mpi_->isend(t.to(Device::cpu()), peer, tag);
+  }
+  std::unique_ptr<Transfer> irecv(Tensor& t, int peer, int tag) override {
+    stream(t);
+    return std::make_unique<StagedReceive>(*mpi_, t, peer, tag);
+  }
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    if (color < 0) throw ValueError(str_cat("[split] color ", color, " is negative"));
+    auto mpi_group = mpi_->split(color, key);
+    return std::make_unique<Nccl>(*this, std::move(mpi_group), color, key);
   }
   // MPI_Abort ends every process of the job; ncclCommAbort is not called because NCCL requires
   // every rank to call it, and here one rank is failing alone.
   [[noreturn]] void abort(int code) override {
-    mpi_.abort(code);  // [[noreturn]]; nvcc does not see through the virtual call
+    mpi_->abort(code);  // [[noreturn]]; nvcc does not see through the virtual call
     std::_Exit(code);
   }
 
@@ -162,7 +189,24 @@ class Nccl final : public Communicator {
     return cuda::context(device_).stream;
   }
 
-  Communicator& mpi_;
+  // Received into host memory over MPI; wait() copies it into the device tensor.
+  struct StagedReceive final : Transfer {
+    StagedReceive(Communicator& mpi, Tensor& t, int peer, int tag)
+        : device_tensor(t), host(Tensor::empty(t.shape(), t.dtype())),
+          inner(mpi.irecv(host, peer, tag)) {}
+    void wait() override {
+      inner->wait();
+      if (!copied) device_tensor.copy_(host);
+      copied = true;
+    }
+    bool done() override { return copied || inner->done(); }
+    Tensor device_tensor, host;
+    std::unique_ptr<Transfer> inner;
+    bool copied = false;
+  };
+
+  std::unique_ptr<Communicator> owned_mpi_;  // a split group's MPI twin
+  Communicator* mpi_;
   int device_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t side_ = nullptr;  // the overlapped all-reduces

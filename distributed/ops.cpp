@@ -4,9 +4,9 @@
 
 #include <memory>
 
-#include "ops/autograd.h"
 #include "core/error.h"
 #include "kernels/backend.h"
+#include "ops/autograd.h"
 
 namespace accrue::distributed {
 namespace {

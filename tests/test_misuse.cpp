@@ -222,6 +222,15 @@ struct ThreeRanks final : distributed::Communicator {
   void all_gather(const Tensor&, Tensor&) override {}
   void reduce_scatter(const Tensor&, Tensor&) override {}
   void barrier() override {}
+  std::unique_ptr<distributed::Transfer> isend(const Tensor&, int, int) override {
+    throw std::logic_error("ThreeRanks never communicates");
+  }
+  std::unique_ptr<distributed::Transfer> irecv(Tensor&, int, int) override {
+    throw std::logic_error("ThreeRanks never communicates");
+  }
+  std::unique_ptr<distributed::Communicator> split(int, int) override {
+    throw std::logic_error("ThreeRanks never communicates");
+  }
   [[noreturn]] void abort(int code) override { std::_Exit(code); }
 };
 
