@@ -16,9 +16,12 @@
 
 #include "distributed/communicator.h"
 #include "distributed/ops.h"
+#include "distributed/pipeline.h"
+#include "distributed/stage_ops.h"
 #include "g2p.h"
 #include "g2p_fixture.h"
 #include "mnist_fixture.h"
+#include "nn/mlp.h"
 #include "optim/safetensors.h"
 #include "test_util.h"
 #include "toy_task.h"
@@ -95,7 +98,69 @@ TEST(Dist, NcclCollectivesOnCudaTensors) {
   nccl.start_all_reduce_sum(started);
   nccl.wait_all();
   EXPECT_EQ(started.to(Device::cpu()).to_vector<float>(), (std::vector<float>(3, 2.0f)));
+  // Point-to-point both ways (staged through the host), and a split into two worlds of one.
+  Tensor out = full({5}, 10.0 + r, DType::kFloat32, gpu),
+         in = Tensor::zeros({5}, DType::kFloat32, gpu);
+  auto sent = nccl.isend(out, 1 - r, 3);
+  auto received = nccl.irecv(in, 1 - r, 3);
+  sent->wait();
+  received->wait();
+  EXPECT_EQ(in.to(Device::cpu()).to_vector<float>(), (std::vector<float>(5, 11.0f - r)));
+  const auto alone = nccl.split(r, 0);
+  EXPECT_EQ(alone->world_size(), 1);
+  Tensor own = full({2}, 1.0 + r, DType::kFloat32, gpu);
+  alone->all_reduce_sum(own);
+  EXPECT_EQ(own.to(Device::cpu()).to_vector<float>(), (std::vector<float>(2, 1.0f + r)));
   nccl.barrier();
+}
+
+// isend / irecv between the two ranks, in every dtype (16-bit ones as their bits), both
+// directions at once, messages with one tag in the order sent; the peer and tag checked.
+TEST(Dist, PointToPointTransfersInEveryDtype) {
+  const int r = comm().rank(), peer = 1 - r;
+  for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kInt32, DType::kInt64,
+                      DType::kBFloat16, DType::kFloat16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const Tensor first = to_dtype(full({2, 3}, 1.0 + r, DType::kFloat64), dtype);
+    const Tensor second = to_dtype(full({4}, 5.0 + r, DType::kFloat64), dtype);
+    Tensor got_first = Tensor::zeros({2, 3}, dtype), got_second = Tensor::zeros({4}, dtype);
+    auto a = comm().isend(first, peer, 7);
+    auto b = comm().isend(second, peer, 7);
+    auto c = comm().irecv(got_first, peer, 7);
+    auto d = comm().irecv(got_second, peer, 7);
+    for (auto* t : {&a, &b, &c, &d}) (*t)->wait();
+    EXPECT_TRUE(c->done());
+    EXPECT_EQ(testing::as_doubles(got_first), std::vector<double>(6, 1.0 + peer));
+    EXPECT_EQ(testing::as_doubles(got_second), std::vector<double>(4, 5.0 + peer));
+  }
+  Tensor t = Tensor::zeros({2});
+  testing::expect_error<ValueError>([&] { comm().isend(t, r, 0); },
+                                    {"[isend]", "peer rank " + std::to_string(r), "other than"});
+  testing::expect_error<ValueError>([&] { comm().irecv(t, 2, 0); }, {"[irecv]", "peer rank 2"});
+  testing::expect_error<ValueError>([&] { comm().isend(t, peer, -1); }, {"[isend]", "tag -1"});
+  testing::expect_error<ValueError>([] { distributed::activation_tag(20000); },
+                                    {"[pipeline]", "micro-batch 20000"});
+  comm().barrier();
+}
+
+// split: by rank, two worlds of one; by one color with keys reversed, the two ranks swapped;
+// collectives on a group stay in the group.
+TEST(Dist, SplitMakesGroupsOfTheRanks) {
+  const int r = comm().rank();
+  const auto alone = comm().split(r, 0);
+  EXPECT_EQ(alone->world_size(), 1);
+  EXPECT_EQ(alone->rank(), 0);
+  Tensor t = full({2}, 1.0 + r, DType::kFloat64);
+  alone->all_reduce_sum(t);
+  EXPECT_EQ(t.to_vector<double>(), (std::vector<double>(2, 1.0 + r)));
+  const auto swapped = comm().split(0, -r);
+  EXPECT_EQ(swapped->world_size(), 2);
+  EXPECT_EQ(swapped->rank(), 1 - r);
+  Tensor mine = full({1}, double(r), DType::kFloat64), both = Tensor::zeros({2}, DType::kFloat64);
+  swapped->all_gather(mine, both);
+  EXPECT_EQ(both.to_vector<double>(), (std::vector<double>{1, 0}));  // in the group's order
+  testing::expect_error<ValueError>([&] { comm().split(-1, 0); }, {"[split]", "color -1"});
+  comm().barrier();
 }
 
 TEST(Dist, BadCollectiveArgumentsNameTheOpAndTheTensors) {
@@ -170,6 +235,113 @@ TEST(Dist, AllReduceSumIsDifferentiableAcrossRanks) {
   const double worst = collective_gradcheck(
       [](const Tensor& x) { return distributed::all_reduce_sum(x, comm()); }, {2, 3}, {2, 3});
   EXPECT_LT(worst, 1e-8);
+}
+
+// The stage boundary's gradient across ranks against central differences in float64: rank 0
+// computes y = tanh(x * w0) and sends it; rank 1 receives it and computes
+// L = sum(tanh(y) * w1), so dL/dx on rank 0 crosses the ranks through the recorded ops.
+TEST(Dist, SendAndReceiveActivationsAreDifferentiableAcrossRanks) {
+  const int r = comm().rank();
+  Tensor x = testing::random({3, 4}, 300);
+  const Tensor w0 = testing::random({3, 4}, 301), w1 = testing::random({3, 4}, 302);
+  // Both ranks take part in every evaluation; rank 1's loss is broadcast.
+  const auto loss_of = [&](const Tensor& input) {
+    Tensor l = Tensor::zeros({1}, DType::kFloat64);
+    if (r == 0) {
+      distributed::send_activation(accrue::tanh(mul(input, w0)), 1, 0, comm());
+    } else {
+      const Tensor y = distributed::recv_activation(0, 0, DType::kFloat64, Device::cpu(), comm());
+      l = full({1}, sum(mul(accrue::tanh(y), w1)).item(), DType::kFloat64);
+    }
+    comm().broadcast(l, 1);
+    return l.item();
+  };
+  x.set_requires_grad(true);
+  if (r == 0) {
+    const Tensor token = distributed::send_activation(accrue::tanh(mul(x, w0)), 1, 0, comm());
+    ASSERT_TRUE(token.requires_grad());
+    backward(token);
+  } else {
+    const Tensor y = distributed::recv_activation(0, 0, DType::kFloat64, Device::cpu(), comm());
+    EXPECT_EQ(y.shape(), (Shape{3, 4}));
+    backward(sum(mul(accrue::tanh(y), w1)));
+  }
+  EXPECT_EQ(tape_size(), 0u);
+  double worst = 0;
+  const double eps = 1e-6;
+  NoGradGuard no_grad;
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    Tensor probe = x.clone();
+    probe.data<double>()[i] += eps;
+    const double up = loss_of(probe);
+    probe.data<double>()[i] -= 2 * eps;
+    const double down = loss_of(probe);
+    const double numeric = (up - down) / (2 * eps);
+    if (r == 0) {
+      const double analytic = x.grad().to_vector<double>()[size_t(i)];
+      worst = std::max(worst, std::abs(numeric - analytic) / std::max(1.0, std::abs(numeric)));
+    }
+  }
+  EXPECT_LT(worst, 1e-8);
+}
+
+// The MLP cut into two stages on the two ranks (Linear + ReLU | Linear + ReLU + Linear + loss),
+// a window of k micro-batches under GPipe and 1F1B, and a short window of one micro-batch
+// (fewer than the stages): each stage's gradients equal one process's accumulation of the same
+// window in float64, every tape is empty and every activation freed afterwards, and 1F1B holds
+// at most P - s micro-batches in flight while GPipe holds k.
+TEST(Dist, TwoPipelineStagesEqualOneProcessInFloat64) {
+  const int r = comm().rank();
+  nn::manual_seed(21);
+  nn::MLP model({6, 12, 10, 3}, nn::activation<nn::ReLU>(), DType::kFloat64);
+  const auto& layers = model.layers();
+  const auto stage_forward = [&](int stage, const Tensor& x) {
+    if (stage == 0) return layers[0]->forward_relu(x);
+    return (*layers[2])(layers[1]->forward_relu(x));
+  };
+  std::vector<Tensor> own;  // this stage's parameters
+  for (int i : r == 0 ? std::vector<int>{0} : std::vector<int>{1, 2}) {
+    for (const Tensor& p : layers[size_t(i)]->parameters()) own.push_back(p);
+  }
+  for (const int k : {6, 1}) {
+    std::vector<Tensor> inputs, labels;
+    int64_t items = 0;
+    for (int m = 0; m < k; ++m) {
+      const int64_t rows = 3 + m % 2;
+      inputs.push_back(testing::random({rows, 6}, 400 + m));
+      std::vector<int32_t> y;
+      for (int64_t i = 0; i < rows; ++i) y.push_back(int32_t((m + 2 * i) % 3));
+      labels.push_back(Tensor::from_vector<int32_t>({rows}, y));
+      items += rows;
+    }
+    const double seed = 1.0 / double(items);
+    std::vector<Tensor> expected;
+    for (int m = 0; m < k; ++m) {
+      backward(cross_entropy(stage_forward(1, stage_forward(0, inputs[m])), labels[m]), seed);
+    }
+    for (Tensor& p : own) expected.push_back(p.grad().clone());
+    for (Tensor& p : model.parameters()) p.grad().zero_();
+    distributed::PipelineStage stage(comm(), DType::kFloat64, Device::cpu());
+    distributed::PipelineStage::Functions f;
+    f.input = [&](int m) { return inputs[m]; };
+    f.forward = [&](const Tensor& x, int) { return stage_forward(r, x); };
+    f.loss = [&](const Tensor& y, int m) { return cross_entropy(y, labels[m]); };
+    for (const auto schedule :
+         {distributed::PipelineSchedule::kGPipe, distributed::PipelineSchedule::kOneFOneB}) {
+      SCOPED_TRACE(std::string(distributed::schedule_name(schedule)) + " k " + std::to_string(k));
+      const size_t before = allocator_for(Device::cpu()).stats().live_bytes;
+      const auto stats = stage.run_window(schedule, k, seed, f);
+      EXPECT_EQ(tape_size(), 0u);
+      EXPECT_EQ(allocator_for(Device::cpu()).stats().live_bytes, before);
+      EXPECT_EQ(stats.max_in_flight,
+                schedule == distributed::PipelineSchedule::kGPipe ? k : std::min(2 - r, k));
+      for (size_t i = 0; i < own.size(); ++i) {
+        EXPECT_LT(testing::max_rel_error(own[i].grad(), expected[i]), 1e-10) << i;
+        own[i].grad().zero_();
+      }
+    }
+  }
+  comm().barrier();
 }
 
 mnist::Config dp_config(const std::filesystem::path& data, const std::string& precision) {
