@@ -33,4 +33,15 @@ class GradientAllReduce : public optim::GradientConsumer, public optim::PartialS
   bool started_ = false;  // this window has all-reduces in flight
 };
 
+// Sums small partials over a group of ranks: the pipeline stages' partial sums of squares for
+// the global gradient norm, every rank's loss sums and stop votes.
+class GroupSum : public optim::PartialSumReducer {
+ public:
+  explicit GroupSum(Communicator& comm) : comm_(comm) {}
+  void sum(Tensor& partials) override { comm_.all_reduce_sum(partials); }
+
+ private:
+  Communicator& comm_;
+};
+
 }  // namespace accrue::distributed

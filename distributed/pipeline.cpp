@@ -139,8 +139,7 @@ PipelineStage::PipelineStage(Communicator& group, DType activations, Device devi
     : group_(group), activations_(activations), device_(device) {}
 
 StageWindowStats PipelineStage::run_window(PipelineSchedule schedule, int micro_batches,
-                                           double seed, const Functions& functions,
-                                           std::vector<double>* losses) {
+                                           const Tensor& seed, const Functions& functions) {
   if (!grad_enabled()) {
     throw AutogradError("[pipeline] run_window trains: it needs grad enabled (no NoGradGuard)");
   }
@@ -153,7 +152,6 @@ StageWindowStats PipelineStage::run_window(PipelineSchedule schedule, int micro_
   const size_t before = alloc.stats().live_bytes;
   alloc.reset_peak();
   StageWindowStats stats;
-  if (losses != nullptr) losses->clear();
   // Micro-batch m's tape and the tensor its backward starts from (the last stage's loss, or the
   // token of the activation sent on), alive from its forward to its backward.
   std::vector<std::unique_ptr<Tape>> tapes(micro_batches);
@@ -171,7 +169,6 @@ StageWindowStats PipelineStage::run_window(PipelineSchedule schedule, int micro_
       const Tensor y = functions.forward(x, m);
       if (last()) {
         roots[m] = functions.loss(y, m);
-        if (losses != nullptr) losses->push_back(roots[m].item());
       } else {
         roots[m] = send_activation(y, stage() + 1, m, group_);
       }
@@ -182,7 +179,7 @@ StageWindowStats PipelineStage::run_window(PipelineSchedule schedule, int micro_
         // The last stage seeds its loss; another stage starts from the token of the activation
         // it sent, whose node waits for that activation's gradient from the next stage.
         if (last()) {
-          backward(roots[m], seed);
+          backward(roots[m], seed.view(roots[m].shape()));
         } else {
           backward(roots[m]);
         }

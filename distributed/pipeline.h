@@ -78,7 +78,7 @@ class PipelineStage {
     // This stage's layers on x (the input, or the previous stage's activation).
     std::function<Tensor(const Tensor& x, int micro)> forward;
     // Last stage only: the one-element tensor backward starts from (micro-batch m's loss sum),
-    // given the stage's output y. Its backward is seeded with `seed` (1 / the window's items).
+    // given the stage's output y. Its backward is seeded with the window's `seed`.
     std::function<Tensor(const Tensor& y, int micro)> loss;
   };
   // activations: the dtype the stages exchange (the run's compute dtype), on `device`.
@@ -90,10 +90,10 @@ class PipelineStage {
 
   // Runs the window's k micro-batches through this stage under `schedule`: gradients accumulate
   // into the parameters' buffers; every tape is empty afterwards. Every stage calls it with the
-  // same schedule and k. Returns the last stage's loss values (one per micro-batch; empty on the
-  // other stages) and the window's statistics.
-  StageWindowStats run_window(PipelineSchedule schedule, int micro_batches, double seed,
-                              const Functions& functions, std::vector<double>* losses = nullptr);
+  // same schedule and k. seed: one element, the last stage's backward seed (1 / the window's
+  // items; optim::Accumulator::pipelined_window hands it over). Returns the window's statistics.
+  StageWindowStats run_window(PipelineSchedule schedule, int micro_batches, const Tensor& seed,
+                              const Functions& functions);
 
  private:
   Communicator& group_;

@@ -22,16 +22,17 @@ MLP::MLP(const std::vector<int64_t>& sizes, const ActivationFactory& make_activa
 
 Tensor MLP::forward(const Tensor& x) {
   Tensor h = x;
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    const bool activated = i < activations_.size();
-    if (activated && dynamic_cast<const ReLU*>(activations_[i].get()) != nullptr) {
-      h = layers_[i]->forward_relu(h);
-      continue;
-    }
-    h = (*layers_[i])(h);
-    if (activated) h = (*activations_[i])(h);
-  }
+  for (size_t i = 0; i < layers_.size(); ++i) h = forward_layer(i, h);
   return h;
+}
+
+Tensor MLP::forward_layer(size_t i, const Tensor& h) {
+  const bool activated = i < activations_.size();
+  if (activated && dynamic_cast<const ReLU*>(activations_[i].get()) != nullptr) {
+    return layers_.at(i)->forward_relu(h);
+  }
+  const Tensor out = (*layers_.at(i))(h);
+  return activated ? (*activations_[i])(out) : out;
 }
 
 }  // namespace accrue::nn

@@ -28,6 +28,9 @@ class MLP : public Module {
                const ActivationFactory& make_activation = activation<ReLU>(),
                DType dtype = DType::kFloat32);
   Tensor forward(const Tensor& x) override;
+  // Linear i and the activation after it (none after the last): forward() is these in turn,
+  // and a pipeline's stages run them apart.
+  Tensor forward_layer(size_t i, const Tensor& h);
   const std::vector<std::shared_ptr<Linear>>& layers() const { return layers_; }
 
  private:

@@ -120,10 +120,63 @@ void Accumulator::micro_step(int64_t items, const std::function<nn::LossSum()>& 
       throw ValueError(str_cat("[accumulator] a LossSum's count must be one element, got ",
                                loss.count.describe()));
     }
-    backend_for(count_sum_.device())
-        .axpy(1.0, to_dtype(loss.count, count_sum_.dtype()).to(count_sum_.device()), count_sum_);
+    add_count(loss.count);
     return loss.sum;
   });
+}
+
+void Accumulator::add_count(const Tensor& count) {
+  if (!count.defined() || count.numel() != 1) {
+    throw ValueError(
+        str_cat("[accumulator] a LossSum's count must be one element, got ", count.describe()));
+  }
+  backend_for(count_sum_.device())
+      .axpy(1.0, to_dtype(count, count_sum_.dtype()).to(count_sum_.device()), count_sum_);
+}
+
+void Accumulator::pipelined_window(const std::function<nn::LossSum(const Tensor& seed)>& run) {
+  if (!window_open_ || seen_items_ != 0) {
+    throw ValueError("[accumulator] pipelined_window() needs a window just begun");
+  }
+  CachingAllocator& alloc = allocator_for(optimizer_.arena().device());
+  const size_t before = alloc.stats().live_bytes;
+  alloc.reset_peak();
+  counted_ = true;
+  try {
+    const nn::LossSum sums = run(window_seed(loss_sum_));
+    if (!sums.sum.defined() || sums.sum.numel() != 1) {
+      throw ValueError(
+          str_cat("[accumulator] a pipelined window's loss sum must be one element, "
+                  "got ",
+                  sums.sum.describe()));
+    }
+    backend_for(loss_sum_.device())
+        .axpy(1.0, to_dtype(sums.sum, loss_sum_.dtype()).to(loss_sum_.device()), loss_sum_);
+    add_count(sums.count);
+  } catch (...) {
+    abandon_window();
+    throw;
+  }
+  seen_items_ = local_items_;
+  record_memory(alloc, before);
+}
+
+Tensor Accumulator::window_seed(const Tensor& loss) const {
+  const double inv_n = 1.0 / static_cast<double>(window_items_);
+  if (!optimizer_.loss_scaled()) return full(loss.shape(), inv_n, loss.dtype(), loss.device());
+  Tensor seed = Tensor::empty(loss.shape(), loss.dtype(), loss.device());
+  backend_for(loss.device())
+      .expand_scalar(to_dtype(optimizer_.loss_scale(), loss.dtype()), inv_n, seed);
+  return seed;
+}
+
+void Accumulator::record_memory(CachingAllocator& alloc, size_t before) {
+  const AllocatorStats s = alloc.stats();
+  last_live_ = s.live_bytes;
+  memory_.baseline_bytes = before;
+  memory_.peak_bytes = std::max(memory_.peak_bytes, s.peak_bytes);
+  memory_.peak_activation_bytes = std::max(memory_.peak_activation_bytes, s.peak_bytes - before);
+  memory_.system_allocs = s.system_allocs;
 }
 
 void Accumulator::check_counted_items() {
@@ -159,15 +212,7 @@ void Accumulator::run_micro_step(int64_t items, const std::function<Tensor()>& f
     backend_for(loss.device()).axpy(1.0, loss, loss_sum_);
     // The single normalisation: d(window mean loss) / d(micro-batch sum loss) = 1 / N, times
     // the loss scale S when there is one (read on the device: S / N).
-    const double inv_n = 1.0 / static_cast<double>(window_items_);
-    Tensor seed;
-    if (optimizer_.loss_scaled()) {
-      seed = Tensor::empty(loss.shape(), loss.dtype(), loss.device());
-      backend_for(loss.device())
-          .expand_scalar(to_dtype(optimizer_.loss_scale(), loss.dtype()), inv_n, seed);
-    } else {
-      seed = full(loss.shape(), inv_n, loss.dtype(), loss.device());
-    }
+    const Tensor seed = window_seed(loss);
     const bool overlap = !buckets_.empty() && seen_items_ + items == local_items_;
     if (overlap) {
       // The window's last backward: each bucket goes to the consumer when its gradients are done.
@@ -181,12 +226,7 @@ void Accumulator::run_micro_step(int64_t items, const std::function<Tensor()>& f
     throw;
   }
   seen_items_ += items;
-  const AllocatorStats s = alloc.stats();
-  last_live_ = s.live_bytes;
-  memory_.baseline_bytes = before;
-  memory_.peak_bytes = std::max(memory_.peak_bytes, s.peak_bytes);
-  memory_.peak_activation_bytes = std::max(memory_.peak_activation_bytes, s.peak_bytes - before);
-  memory_.system_allocs = s.system_allocs;
+  record_memory(alloc, before);
 }
 
 StepResult Accumulator::step() {

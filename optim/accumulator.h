@@ -24,6 +24,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/allocator.h"
 #include "nn/loss.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
@@ -82,6 +83,12 @@ class Accumulator {
   // device, over the ranks too, and step() throws ValueError naming both when the window's sum
   // differs from the planned items.
   void micro_step(int64_t items, const std::function<nn::LossSum()>& forward);
+  // Pipeline stages (distributed/pipeline.h): the window's micro-batches run through every
+  // stage at once, so the caller runs them all: run(seed) runs backward seeded with `seed` (1 / N,
+  // or S / N with a loss scale, 0-d on the arena's device) and returns the loss sum and item count
+  // of the micro-batches whose loss this stage computed (the last stage; zeros elsewhere). The
+  // boundary's sums over every rank then count each item once, and step() follows as usual.
+  void pipelined_window(const std::function<nn::LossSum(const Tensor& seed)>& run);
   // Drops the open window: empties the tape, zeroes the gradient arena and the loss sum, so the
   // next window starts clean and no partial gradient reaches an update.
   void abandon_window();
@@ -127,6 +134,13 @@ class Accumulator {
   bool counted_ = false;  // the open window's micro-steps returned counts
   // The micro-step without its bookkeeping of counts.
   void run_micro_step(int64_t items, const std::function<Tensor()>& forward);
+  // The backward seed of the open window for a loss like `loss`: 1 / N, or S / N.
+  Tensor window_seed(const Tensor& loss) const;
+  // count_sum_ += count (a LossSum's, one element).
+  void add_count(const Tensor& count);
+  // The memory statistics of a micro-step (or a pipelined window) that began at `before` live
+  // bytes, with the allocator's peak reset then.
+  void record_memory(CachingAllocator& alloc, size_t before);
   // Throws unless the counted items equal the window's (reads the device).
   void check_counted_items();
   // Zeroes the window's sums and closes it.

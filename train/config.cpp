@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <utility>
 
 #include "core/error.h"
 #include "optim/schedule.h"
@@ -97,6 +98,27 @@ namespace {
 }
 
 }  // namespace
+
+void check_pipeline(const Config& c, int world_size) {
+  if (c.pipeline < 1) throw ValueError(str_cat("--pipeline ", c.pipeline, ": at least 1"));
+  if (c.pipeline == 1) return;
+  const std::pair<bool, const char*> excluded[] = {
+      {c.zero == 1, "--zero 1"},
+      {c.offload_optimizer, "--offload-optimizer"},
+      {!c.memory_budget.empty(), "--memory-budget"},
+      {c.bucket_kib > 0, "--bucket-kib"},
+      {!c.checkpoint.empty(), "--checkpoint (stage checkpoints are not written yet)"},
+      {!c.resume.empty(), "--resume"},
+      {c.precision == "bf16" || c.precision == "fp16",
+       "--precision bf16 or fp16 (the stages keep no 16-bit working copies yet)"}};
+  for (const auto& [given, flag] : excluded) {
+    if (given) throw ValueError(str_cat("--pipeline does not combine with ", flag));
+  }
+  if (world_size % c.pipeline != 0) {
+    throw ValueError(str_cat("--pipeline ", c.pipeline, " needs a multiple of ", c.pipeline,
+                             " ranks, the launcher started ", world_size));
+  }
+}
 
 optim::ResolvedBatch resolve_config_batch(const Config& c, int64_t world_size) {
   if (c.micro_batch < 0 || c.accum_steps < 0 || c.batch < 0) {

@@ -44,6 +44,11 @@ struct Config {
   uint64_t seed = 0;
   bool shuffle = true;
   int zero = 0;  // 1: shard the optimizer state over the ranks (ZeRO stage 1)
+  // > 1: the model's layers (Task::layers) cut into this many stages on as many ranks, the
+  // window's micro-batches scheduled through them (distributed/pipeline.h); the ranks are
+  // data-parallel groups of `pipeline` consecutive ranks. Needs k >= pipeline.
+  int pipeline = 1;
+  std::string pipeline_schedule = "1f1b";  // or "gpipe"
   // > 0: overlap the boundary's all-reduce (several ranks) or copy to the host (offloaded, one
   // rank) with the last backward, in buckets of this size; 0: at the boundary; < 0: 0, or 1024
   // for an offloaded optimizer on one rank.
@@ -67,6 +72,11 @@ struct Config {
   // environment.
   distributed::Communicator* comm = nullptr;
 };
+
+// --pipeline P: the ranks must split into groups of P, and the stages do not (yet) combine with
+// ZeRO, the offloaded optimizer, the memory budget, overlapped buckets, checkpoints or 16-bit
+// precisions; throws ValueError naming the flag. world_size: every rank of the job.
+void check_pipeline(const Config& config, int world_size);
 
 // The dtype of the activations and of the weights the GEMMs read, and of the master weights,
 // the gradients and the optimizer state, for a --precision value.

@@ -8,10 +8,12 @@
 #include <map>
 #include <optional>
 #include <sstream>
+#include <unordered_set>
 
 #include "core/allocator.h"
 #include "core/threads.h"
 #include "distributed/data_parallel.h"
+#include "distributed/pipeline.h"
 #include "distributed/zero.h"
 #include "kernels/factories.h"
 #include "kernels/profile.h"
@@ -69,7 +71,12 @@ class Run {
     if (!c_.quiet) out_ << line << "\n";
   }
   void setup_ranks_and_threads();
+  void setup_pipeline_groups();
   void build_model();
+  std::vector<nn::NamedTensor> assign_stage();
+  nn::LossSum run_stages(const optim::Window& w, const Tensor& order, const Tensor& seed);
+  void sync_stages();
+  void report_stages();
   void check_ranks_agree_before_training();
   void fit_memory_budget();
   const EpochPlan& plan_for(int64_t epoch);
@@ -101,8 +108,18 @@ class Run {
   Task& task_;
   std::ostream& out_;
   const Callbacks& callbacks_;
-  distributed::Communicator* comm_ = nullptr;
+  distributed::Communicator* comm_ = nullptr;   // the data-parallel ranks (of this stage)
+  distributed::Communicator* world_ = nullptr;  // every rank of the job
   bool lead_ = true;
+  // --pipeline: this rank's stage, its group of stages and its layers; the sums over the stages
+  // (the norm's partials) and over every rank (the boundary's loss sums); per-stage statistics.
+  std::unique_ptr<distributed::Communicator> pipeline_group_, data_group_;
+  std::optional<distributed::PipelineStage> stage_;
+  std::vector<Layer> stage_layers_;
+  std::vector<Layer> all_layers_;
+  std::vector<int> layer_stage_;  // the stage of each of all_layers_
+  std::unique_ptr<distributed::GroupSum> stage_norm_sum_, world_sum_;
+  distributed::StageWindowStats stage_totals_;  // summed over windows (max for in flight/peak)
   std::optional<ThreadTuner> tuner_;
   DType compute_ = DType::kFloat32, master_ = DType::kFloat32;
   LossScaleChoice scaling_;
@@ -147,7 +164,9 @@ void Run::setup_ranks_and_threads() {
   }
   comm_ = c_.comm != nullptr ? c_.comm : &distributed::world_for(c_.device);
   comm_->set_timeout(c_.comm_timeout);
-  lead_ = comm_->rank() == 0;
+  world_ = comm_;
+  if (c_.pipeline > 1) setup_pipeline_groups();
+  lead_ = world_->rank() == 0;
   if (!lead_) c_.quiet = true;
   // --threads N fixes the team; 0 lets the tuner pick among 1, 2, 4, ..., every core by timing
   // windows as they run (core/threads.h). Either way the weights are the same to the bit.
@@ -159,6 +178,73 @@ void Run::setup_ranks_and_threads() {
   compute_ = compute_dtype(c_.precision);
   master_ = master_dtype(c_.precision);
   scaling_ = resolve_loss_scale(c_.loss_scale, c_.precision);
+}
+
+// --pipeline P: world rank r is stage r % P of the pipeline group r / P; the ranks of one stage
+// form its data-parallel group (comm_ from here on).
+void Run::setup_pipeline_groups() {
+  check_pipeline(c_, world_->world_size());
+  const int stage = world_->rank() % c_.pipeline, replica = world_->rank() / c_.pipeline;
+  pipeline_group_ = world_->split(replica, stage);
+  data_group_ = world_->split(stage, replica);
+  comm_ = data_group_.get();
+  stage_.emplace(*pipeline_group_, compute_dtype(c_.precision), c_.device);
+  stage_norm_sum_ = std::make_unique<distributed::GroupSum>(*pipeline_group_);
+  world_sum_ = std::make_unique<distributed::GroupSum>(*world_);
+}
+
+// The stages' layers: contiguous runs of Task::layers, cut where the running parameter count
+// passes each stage's equal share (every stage keeps at least one layer). Returns this stage's
+// parameters, by their names in the model; the plan is printed.
+std::vector<nn::NamedTensor> Run::assign_stage() {
+  if (!task_.layers || !task_.loss_of_output) {
+    throw ValueError(task_.program +
+                     ": --pipeline needs a model cut into layers, and this "
+                     "model's task gives none (Task::layers, Task::loss_of_output)");
+  }
+  all_layers_ = task_.layers(*model_);
+  const int stages = c_.pipeline, layers = static_cast<int>(all_layers_.size());
+  if (layers < stages) {
+    throw ValueError(str_cat("--pipeline ", stages, ": the model has only ", layers, " layers"));
+  }
+  std::vector<int64_t> sizes;
+  int64_t total = 0;
+  for (const Layer& l : all_layers_) total += sizes.emplace_back(l.module->num_parameters());
+  layer_stage_.assign(layers, 0);
+  int64_t running = 0;
+  int stage = 0;
+  for (int i = 0; i < layers; ++i) {
+    // Move on when this stage has its share, or when the stages left need every layer left.
+    const bool full =
+        stage < stages - 1 && running > 0 &&
+        (running + sizes[i] / 2 > total * (stage + 1) / stages || layers - i == stages - 1 - stage);
+    if (full) ++stage;
+    layer_stage_[i] = stage;
+    running += sizes[i];
+  }
+  std::vector<std::string> plan(stages);
+  std::vector<int64_t> counts(stages, 0);
+  for (int i = 0; i < layers; ++i) {
+    const int s = layer_stage_[i];
+    plan[s] += (plan[s].empty() ? "" : ", ") + all_layers_[i].name;
+    counts[s] += sizes[i];
+  }
+  std::string line = str_cat("pipeline: ", stages, " stages, ", c_.pipeline_schedule, " schedule");
+  for (int s = 0; s < stages; ++s) {
+    line += str_cat(" | stage ", s, ": ", plan[s], " (", counts[s], " parameters)");
+  }
+  log(line);
+  std::unordered_set<const TensorImpl*> mine;
+  for (int i = 0; i < layers; ++i) {
+    if (layer_stage_[i] != stage_->stage()) continue;
+    stage_layers_.push_back(all_layers_[i]);
+    for (const Tensor& p : all_layers_[i].module->parameters()) mine.insert(p.impl().get());
+  }
+  std::vector<nn::NamedTensor> own;
+  for (const auto& named : model_->named_parameters()) {
+    if (mine.count(named.second.impl().get())) own.push_back(named);
+  }
+  return own;
 }
 
 void Run::build_model() {
@@ -174,8 +260,13 @@ void Run::build_model() {
   model_ = task_.model(master_);
   if (!c_.init.empty()) optim::load_parameters(*model_, c_.init);
   model_->to(c_.device);
-  // --zero 1 pads the arena to equal shards and keeps this rank's shard of the state only.
-  arena_ = std::make_unique<optim::ParameterArena>(*model_, c_.zero ? comm_->world_size() : 1);
+  // --zero 1 pads the arena to equal shards and keeps this rank's shard of the state only; a
+  // pipeline stage's arena holds its own layers' parameters.
+  if (stage_) {
+    arena_ = std::make_unique<optim::ParameterArena>(assign_stage());
+  } else {
+    arena_ = std::make_unique<optim::ParameterArena>(*model_, c_.zero ? comm_->world_size() : 1);
+  }
   if (compute_ != master_) arena_->use_working_copy(compute_);
   if (c_.offload_optimizer) arena_->offload_masters();
 }
@@ -184,7 +275,7 @@ void Run::build_model() {
 // same recipe (agreement.h). Left out: what may differ per rank (threads, outputs, quiet, which
 // GPU).
 void Run::check_ranks_agree_before_training() {
-  if (comm_->world_size() == 1) return;
+  if (world_->world_size() == 1) return;
   nlohmann::ordered_json settings = {{"program", task_.program},
                                      {"device_type", c_.device.is_cuda() ? "cuda" : "cpu"},
                                      {"micro_batch", c_.micro_batch},
@@ -193,7 +284,9 @@ void Run::check_ranks_agree_before_training() {
                                      {"memory_budget", c_.memory_budget},
                                      {"epochs", c_.epochs},
                                      {"max_steps", c_.max_steps},
-                                     {"train_limit", c_.train_limit}};
+                                     {"train_limit", c_.train_limit},
+                                     {"pipeline", c_.pipeline},
+                                     {"pipeline_schedule", c_.pipeline_schedule}};
   settings.update(recipe());
   settings.update(nlohmann::ordered_json{{"bucket_kib", c_.bucket_kib},
                                          {"offload_optimizer", c_.offload_optimizer},
@@ -216,7 +309,7 @@ void Run::check_ranks_agree_before_training() {
   add(model_->named_buffers());
   settings["parameter_layout"] = layout;
   settings["initial_parameters"] = tensor_hash(model_->named_parameters());
-  check_ranks_agree(*comm_, settings);
+  check_ranks_agree(*world_, settings);
 }
 
 // --memory-budget: the optimizer's state is allocated first (it is part of the baseline), then
@@ -304,6 +397,8 @@ void Run::build_optimizer() {
   if (all_reduce_ && offload_) {
     all_reduce_then_offload_ = std::make_unique<optim::ConsumerChain>(*all_reduce_, *offload_);
   }
+  // The stages' gradient norm is one: the sum of their partial sums of squares.
+  if (stage_) optimizer_->set_partial_sum_reducer(stage_norm_sum_.get());
   if (scaling_.on) {
     optim::LossScaling ls;
     ls.dynamic = scaling_.dynamic;
@@ -337,6 +432,8 @@ void Run::build_accumulator() {
   } else {
     options.gradients = offload_.get();  // null unless offloaded
   }
+  // The loss is the last stage's: the boundary sums it (and the stop votes) over every rank.
+  if (stage_) options.loss_reducer = world_sum_.get();
   const int64_t bucket_kib = c_.bucket_kib >= 0
                                  ? c_.bucket_kib
                                  : (c_.offload_optimizer && comm_->world_size() == 1 ? 1024 : 0);
@@ -373,6 +470,7 @@ nlohmann::json Run::run_config() {
             {"micro_batch", batch.micro_batch},
             {"accum_steps", k_schedule_ ? 0 : batch.accum_steps},
             {"ranks", comm_->world_size()},
+            {"pipeline", c_.pipeline},
             {"train_samples", train_samples_}});
   for (auto it = task_.settings.begin(); it != task_.settings.end(); ++it) j[it.key()] = *it;
   return j;
@@ -516,7 +614,10 @@ optim::StepResult Run::run_window(const optim::Window& w, const Tensor& order,
     for (const optim::MicroBatch& mb : w.micro) n += items_of(mb.start, mb.count);
     return n;
   }());
-  for (const optim::MicroBatch& mb : w.micro) {
+  if (stage_) {
+    acc_->pipelined_window([&](const Tensor& seed) { return run_stages(w, order, seed); });
+  }
+  for (const optim::MicroBatch& mb : stage_ ? std::vector<optim::MicroBatch>{} : w.micro) {
     acc_->micro_step(items_of(mb.start, mb.count), [&] {
       const Tensor index = order.narrow(mb.start, mb.count);
       // Dropout's masks are keyed by the samples and the optimizer step, not the split.
@@ -530,6 +631,62 @@ optim::StepResult Run::run_window(const optim::Window& w, const Tensor& order,
   return r;
 }
 
+// This stage's part of a window: its micro-batches through the stage's layers under the
+// schedule; the last stage computes each loss (Task::loss_of_output) and returns their sum and
+// count, the other stages zeros.
+nn::LossSum Run::run_stages(const optim::Window& w, const Tensor& order, const Tensor& seed) {
+  nn::LossSum sums{Tensor::zeros({}, master_, c_.device), Tensor::zeros({}, master_, c_.device)};
+  const int k = static_cast<int>(w.micro.size());
+  if (k == 0) return sums;  // this data-parallel rank has no share of a short window
+  std::vector<std::optional<Batch>> batches(k);
+  const auto batch_of = [&](int m) -> const Batch& {
+    if (!batches[m]) {
+      const optim::MicroBatch& mb = w.micro[static_cast<size_t>(m)];
+      batches[m] = task_.batch(order.narrow(mb.start, mb.count));
+    }
+    return *batches[m];
+  };
+  distributed::PipelineStage::Functions f;
+  f.input = [&](int m) { return batch_of(m).input; };
+  f.forward = [&](const Tensor& x, int m) {
+    const optim::MicroBatch& mb = w.micro[static_cast<size_t>(m)];
+    const nn::SampleKeys keys(c_.seed, acc_->steps(), order.narrow(mb.start, mb.count));
+    Tensor h = x;
+    for (const Layer& layer : stage_layers_) h = layer.forward(h);
+    return h;
+  };
+  f.loss = [&](const Tensor& y, int m) {
+    const nn::LossSum loss = task_.loss_of_output(y, batch_of(m), master_);
+    const NoGradGuard no_grad;
+    backend_for(c_.device).axpy(1.0, to_dtype(loss.sum, master_), sums.sum);
+    backend_for(c_.device).axpy(1.0, to_dtype(loss.count, master_), sums.count);
+    batches[m].reset();  // its activations stay on the tape; its data can go
+    return loss.sum;
+  };
+  const distributed::StageWindowStats stats =
+      stage_->run_window(distributed::parse_pipeline_schedule(c_.pipeline_schedule), k, seed, f);
+  stage_totals_.max_in_flight = std::max(stage_totals_.max_in_flight, stats.max_in_flight);
+  stage_totals_.peak_activation_bytes =
+      std::max(stage_totals_.peak_activation_bytes, stats.peak_activation_bytes);
+  stage_totals_.busy_seconds += stats.busy_seconds;
+  stage_totals_.wait_seconds += stats.wait_seconds;
+  stage_totals_.seconds += stats.seconds;
+  return sums;
+}
+
+// Every rank's model made whole: each stage broadcasts its layers' parameters and buffers over
+// its pipeline group, so evaluation, saving and the summary's hash see the trained model.
+void Run::sync_stages() {
+  if (!stage_) return;
+  for (size_t i = 0; i < all_layers_.size(); ++i) {
+    for (Tensor t : all_layers_[i].module->parameters())
+      pipeline_group_->broadcast(t, layer_stage_[i]);
+    for (auto& [name, t] : all_layers_[i].module->named_buffers()) {
+      pipeline_group_->broadcast(t, layer_stage_[i]);
+    }
+  }
+}
+
 // Buffers (BatchNorm's running statistics) are rank 0's on every rank, as with PyTorch's DDP:
 // each rank updates its own from its own samples, training-mode BatchNorm never reads them, and
 // after every boundary rank 0's overwrite the rest -- so evaluation, saving and checkpoints see
@@ -540,6 +697,7 @@ void Run::broadcast_buffers() {
 }
 
 Evaluation Run::evaluate(bool final) {
+  sync_stages();
   NoGradGuard no_grad;
   model_->eval();  // BatchNorm: running statistics; Dropout: off
   struct BackToTraining {
@@ -685,6 +843,42 @@ void Run::stop(const optim::StepResult& last) {
                         c_.metrics.empty() ? "" : " (metrics written to " + c_.metrics + ")"));
 }
 
+// --pipeline: every rank's stage statistics gathered; rank 0 prints its pipeline group's, one
+// line per stage, and puts them in the metrics and the summary.
+void Run::report_stages() {
+  if (!stage_) return;
+  Tensor mine = Tensor::from_vector<double>(
+      {6}, {double(stage_->stage()), double(stage_totals_.max_in_flight),
+            double(stage_totals_.peak_activation_bytes), stage_totals_.busy_seconds,
+            stage_totals_.wait_seconds, stage_totals_.seconds});
+  Tensor all = Tensor::zeros({6 * world_->world_size()}, DType::kFloat64);
+  world_->all_gather(mine, all);
+  const std::vector<double> v = all.to_vector<double>();
+  nlohmann::json records = nlohmann::json::array();
+  for (int s = 0; s < c_.pipeline; ++s) {  // world ranks 0 .. P - 1: rank 0's group
+    const double* r = v.data() + 6 * s;
+    StageSummary st{static_cast<int>(r[0]),
+                    static_cast<int>(r[1]),
+                    static_cast<size_t>(r[2]),
+                    r[3],
+                    r[4],
+                    r[5]};
+    log(str_cat("pipeline stage ", st.stage, ": at most ", st.max_in_flight,
+                " micro-batches in flight, peak activations ", mib(st.peak_activation_bytes),
+                ", idle ", std::llround(1000 * st.idle_fraction()) / 10.0, "% of ",
+                std::llround(1000 * st.seconds) / 1000.0, " s"));
+    records.push_back({{"stage", st.stage},
+                       {"max_in_flight", st.max_in_flight},
+                       {"peak_activation_bytes", st.peak_activation_bytes},
+                       {"busy_seconds", st.busy_seconds},
+                       {"wait_seconds", st.wait_seconds},
+                       {"seconds", st.seconds},
+                       {"idle_fraction", st.idle_fraction()}});
+    summary_.stages.push_back(st);
+  }
+  metrics_->emit({{"event", "pipeline"}, {"schedule", c_.pipeline_schedule}, {"stages", records}});
+}
+
 // The summary: counters, memory, the offloaded optimizer's traffic, one line and one record.
 void Run::report_summary() {
   summary_.steps = acc_->steps();
@@ -769,6 +963,8 @@ void Run::report_summary() {
 // The end of the run: its last checkpoint, the summary, the metrics file, and --save.
 void Run::finish() {
   write_checkpoint(position_);  // unless that step was just written
+  sync_stages();
+  report_stages();
   report_summary();
   metrics_->commit();
   if (summary_.steps > 0 && summary_.skipped_steps == summary_.steps) {
@@ -776,7 +972,8 @@ void Run::finish() {
                                      " steps were skipped (non-finite gradients)",
                                      c_.save.empty() ? "" : "; nothing saved"));
   }
-  summary_.parameter_hash = tensor_hash(arena_->named_masters());
+  summary_.parameter_hash =
+      tensor_hash(stage_ ? model_->named_parameters() : arena_->named_masters());
   summary_.buffer_hash = tensor_hash(model_->named_buffers());
   summary_.buckets_overlapped = acc_->buckets_overlapped();
   summary_.buckets_at_step = acc_->buckets_at_step();
@@ -790,7 +987,10 @@ void Run::save_weights(const std::string& path) {
   if (task_.metadata) {
     for (auto& [key, value] : task_.metadata()) metadata[key] = value;
   }
-  optim::save_safetensors(path, saved_state(*arena_, *model_), metadata);
+  // A pipeline's stages were made whole on every rank (sync_stages): the model holds them all.
+  std::vector<nn::NamedTensor> state = model_->named_parameters();
+  for (auto& b : model_->named_buffers()) state.push_back(b);
+  optim::save_safetensors(path, stage_ ? state : saved_state(*arena_, *model_), metadata);
   log("saved weights to " + path);
 }
 

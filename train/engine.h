@@ -14,6 +14,7 @@
 #include <functional>
 #include <iosfwd>
 #include <string>
+#include <vector>
 
 #include "optim/offload.h"
 #include "train/config.h"
@@ -53,6 +54,17 @@ struct Callbacks {
   std::function<void(const CheckpointEvent&)> on_checkpoint;
 };
 
+// --pipeline: what one stage did over the run (rank 0's pipeline group).
+struct StageSummary {
+  int stage = 0;
+  int max_in_flight = 0;             // micro-batches with activations held at once
+  size_t peak_activation_bytes = 0;  // above the window's start
+  double busy_seconds = 0;           // computing
+  double wait_seconds = 0;           // waiting for a neighbouring stage
+  double seconds = 0;                // in the windows
+  double idle_fraction() const { return seconds > 0 ? wait_seconds / seconds : 0; }
+};
+
 struct Summary {
   Evaluation evaluation;  // after the last epoch
   double train_seconds = 0;
@@ -75,7 +87,8 @@ struct Summary {
   // bytes they hold on the compute device, and in pinned host memory (the offloaded optimizer).
   size_t device_state_bytes = 0;
   size_t host_state_bytes = 0;
-  optim::OffloadTraffic offload;  // bytes moved by the offloaded optimizer (zeros otherwise)
+  optim::OffloadTraffic offload;     // bytes moved by the offloaded optimizer (zeros otherwise)
+  std::vector<StageSummary> stages;  // --pipeline, stage order; empty without
 };
 
 // Trains and evaluates; prints progress and the summary to out (rank 0 only). Metrics

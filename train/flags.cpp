@@ -171,6 +171,14 @@ Flags::Flags(CLI::App& app, Config& config) : app_(app), c_(config) {
   app_.add_option("--zero", c_.zero,
                   "1: shard the optimizer state over the data-parallel ranks (ZeRO stage 1)")
       ->transform(int_in(0, 1));
+  app_.add_option("--pipeline", c_.pipeline,
+                  "Cut the model's layers into this many stages on as many ranks and schedule "
+                  "each window's micro-batches through them (needs --accum-steps >= it)")
+      ->transform(int_in(1, 1024));
+  app_.add_option("--pipeline-schedule", c_.pipeline_schedule,
+                  "gpipe (every forward, then every backward) or 1f1b (one forward, one "
+                  "backward: at most --pipeline micro-batches in flight)")
+      ->check(CLI::IsMember({"gpipe", "1f1b"}));
   app_.add_option("--bucket-kib", c_.bucket_kib,
                   "Overlap the boundary's transfer (the all-reduce with several ranks, the copy to "
                   "the host with --offload-optimizer) with the last backward, in buckets of this "
@@ -318,6 +326,12 @@ void Flags::check_batches(int world_size) const {
   }
   for (const Config& v : variants) {
     const optim::ResolvedBatch batch = resolve_config_batch(v, world_size);
+    if (batch.accum_steps < c_.pipeline) {
+      throw ValueError(str_cat("--pipeline ", c_.pipeline,
+                               " needs at least as many micro-batches "
+                               "per window: --accum-steps is ",
+                               batch.accum_steps));
+    }
     const double lr =
         optim::scale_lr(c_.lr, batch.batch, c_.base_batch, optim::parse_lr_scaling(c_.lr_scaling));
     if (!std::isfinite(lr) || !(lr > 0)) {
@@ -356,7 +370,8 @@ void Flags::check() {
   c_.shuffle = !no_shuffle_;
   // The world size comes from the launcher's environment: no MPI call before the data is read.
   const distributed::LaunchInfo launch = distributed::launch_info();
-  check_batches(launch.world_size);
+  train::check_pipeline(c_, launch.world_size);
+  check_batches(launch.world_size / c_.pipeline);
   if (c_.zero == 1 && c_.bucket_kib > 0) {
     throw ValueError(
         "--zero 1 reduce-scatters the gradient at the boundary; it does not "

@@ -47,6 +47,14 @@ struct Setup {
   std::function<void(const std::string&)> log;
 };
 
+// One layer of a model that --pipeline cuts into stages: its parameters (those of `module`) go
+// with the stage that runs it.
+struct Layer {
+  std::string name;                                // printed in the stage plan
+  nn::Module* module = nullptr;                    // owns the layer's parameters
+  std::function<Tensor(const Tensor& x)> forward;  // the previous layer's output -> this one's
+};
+
 struct Task {
   std::string program = "accrue";  // prefixes messages: "accrue-mnist: ..."
   // Called once, first: loads the data onto setup.device; returns the training samples' count.
@@ -69,6 +77,12 @@ struct Task {
   // The micro-batch's sum-reduced loss and its item count; logits should be cast to loss_dtype
   // (float32 or float64) for the softmax, whatever the activations are in.
   std::function<nn::LossSum(nn::Module& model, const Batch& batch, DType loss_dtype)> loss;
+  // For --pipeline: the model's layers in order, the first taking Batch::input; and the
+  // micro-batch's loss from the last layer's output (what `loss` computes from the batch). Null:
+  // the model cannot be cut into stages.
+  std::function<std::vector<Layer>(nn::Module& model)> layers;
+  std::function<nn::LossSum(const Tensor& output, const Batch& batch, DType loss_dtype)>
+      loss_of_output;
   // Measures the model (the engine puts it in eval mode under NoGradGuard around the call).
   std::function<Evaluation(nn::Module& model)> evaluate;
   // After the last epoch instead of evaluate, when set (a costlier measure, e.g. the test split

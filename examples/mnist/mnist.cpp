@@ -61,6 +61,14 @@ double accuracy(nn::Module& model, const Split& test) {
   return test.size() ? static_cast<double>(correct) / static_cast<double>(test.size()) : 0.0;
 }
 
+// The softmax and the loss in float32 (or float64), whatever the activations are in.
+nn::LossSum loss_of_logits(const Tensor& logits, const train::Batch& b, DType loss_dtype) {
+  return nn::LossSum{
+      cross_entropy(cast(logits, loss_dtype), b.target),
+      // In the loss dtype, the accumulator's own: its count sum adds it without a cast.
+      scalar(static_cast<double>(b.target.numel()), loss_dtype, b.target.device())};
+}
+
 }  // namespace
 
 train::Task make_task(const Config& c) {
@@ -82,14 +90,22 @@ train::Task make_task(const Config& c) {
   task.model = [data, c](DType master) {
     return make_model(c, data->train.images.size(1), master);
   };
-  // The softmax and the loss in float32 (or float64), whatever the activations are in.
   task.loss = [](nn::Module& model, const train::Batch& b, DType loss_dtype) {
-    const Tensor logits = cast(model(b.input), loss_dtype);
-    return nn::LossSum{
-        cross_entropy(logits, b.target),
-        // In the loss dtype, the accumulator's own: its count sum adds it without a cast.
-        scalar(static_cast<double>(b.target.numel()), loss_dtype, b.target.device())};
+    return loss_of_logits(model(b.input), b, loss_dtype);
   };
+  // --pipeline: the MLP's Linear layers (each with its activation) for the stages to share.
+  if (c.model != "cnn") {
+    task.layers = [](nn::Module& model) {
+      auto& mlp = dynamic_cast<nn::MLP&>(model);
+      std::vector<train::Layer> layers;
+      for (size_t i = 0; i < mlp.layers().size(); ++i) {
+        layers.push_back({str_cat("layers.", i), mlp.layers()[i].get(),
+                          [&mlp, i](const Tensor& h) { return mlp.forward_layer(i, h); }});
+      }
+      return layers;
+    };
+    task.loss_of_output = loss_of_logits;
+  }
   task.evaluate = [data](nn::Module& model) {
     return train::Evaluation{"test_accuracy", "test accuracy", accuracy(model, data->test), true};
   };
