@@ -197,4 +197,40 @@ StageWindowStats PipelineStage::run_window(PipelineSchedule schedule, int micro_
   return stats;
 }
 
+TiedParameters::TiedParameters(Communicator& group, std::vector<Tie> ties)
+    : group_(group), ties_(std::move(ties)) {
+  for (const Tie& t : ties_) {
+    if (t.owner == t.user || t.owner < 0 || t.user < 0 || t.owner >= group.world_size() ||
+        t.user >= group.world_size()) {
+      throw ValueError(str_cat("[TiedParameters] owner stage ", t.owner, " and user stage ", t.user,
+                               " must be two stages of ", group.world_size()));
+    }
+  }
+}
+
+void TiedParameters::finish() {
+  const int stage = group_.rank();
+  for (Tie& t : ties_) {
+    // The owner's gradient is its arena's view, summed into in place; the other stages add
+    // zeros, the user its copy's gradient.
+    Tensor grad = t.param.grad();
+    if (stage != t.owner && (stage != t.user || !grad.defined())) {
+      grad = Tensor::zeros(t.param.shape(), t.param.dtype(), t.param.device());
+    }
+    group_.all_reduce_sum(grad);
+    if (stage == t.user && t.param.grad().defined()) t.param.grad().zero_();
+  }
+}
+
+bool TiedParameters::abandon() {
+  for (Tie& t : ties_) {
+    if (group_.rank() == t.user && t.param.grad().defined()) t.param.grad().zero_();
+  }
+  return true;
+}
+
+void TiedParameters::after_update() {
+  for (Tie& t : ties_) group_.broadcast(t.param, t.owner);
+}
+
 }  // namespace accrue::distributed

@@ -22,6 +22,7 @@
 
 #include "core/tensor.h"
 #include "distributed/communicator.h"
+#include "optim/seams.h"
 
 namespace accrue::distributed {
 
@@ -99,6 +100,30 @@ class PipelineStage {
   Communicator& group_;
   DType activations_;
   Device device_;
+};
+
+// A parameter two stages use (the embedding and the head tied to it): the owner's arena holds
+// it, the user keeps a copy outside its arena. At the boundary, before the norm (so the matrix is
+// counted once, in the owner's arena), the user's gradient is summed into the owner's over the
+// pipeline group; after the update the owner's values are broadcast back to the user. Every stage
+// of the group takes part in both. Plug in as a GradientConsumer before the data-parallel
+// all-reduce (which then sums the owner's whole gradient over the replicas) and as the
+// optimizer's ParameterSync.
+class TiedParameters : public optim::GradientConsumer, public optim::ParameterSync {
+ public:
+  struct Tie {
+    Tensor param;  // this rank's tensor (the owner's arena parameter, or the user's copy)
+    int owner = 0, user = 0;  // stages
+  };
+  TiedParameters(Communicator& group, std::vector<Tie> ties);
+  void ready(int64_t, int64_t) override {}
+  void finish() override;
+  bool abandon() override;  // the user's gradient is dropped with the window
+  void after_update() override;
+
+ private:
+  Communicator& group_;
+  std::vector<Tie> ties_;
 };
 
 }  // namespace accrue::distributed

@@ -110,19 +110,31 @@ GPT::GPT(const GPTConfig& c, DType dtype) : config_(c) {
 }
 
 Tensor GPT::forward(const Tensor& idx) {
+  Tensor x = embed(idx);
+  for (size_t i = 0; i < blocks_.size(); ++i) x = block(i, x);
+  return head(x);
+}
+
+Tensor GPT::embed(const Tensor& idx) {
   if (idx.dim() != 2 || idx.dtype() != DType::kInt32 || idx.size(1) > config_.block_size ||
       idx.size(1) < 1) {
     throw ShapeError(str_cat("[GPT] expects int32 token indices [B, T] with 1 <= T <= ",
                              config_.block_size, ", got ", idx.describe()));
   }
-  const int64_t b = idx.size(0), t = idx.size(1), c = config_.n_embd;
+  const int64_t b = idx.size(0), t = idx.size(1);
   std::vector<int32_t> positions(static_cast<size_t>(b * t));
   for (size_t i = 0; i < positions.size(); ++i) positions[i] = static_cast<int32_t>(i % t);
   const Tensor pos = Tensor::from_vector<int32_t>({b, t}, positions, idx.device());
-  Tensor x = add((*wte_)(idx), (*wpe_)(pos));  // [B, T, C]
-  for (auto& block : blocks_) x = (*block)(x);
-  x = reshape((*ln_f_)(x), {b * t, c});
-  return linear(x, wte_->weight(), Tensor());  // the tied head: [B T, V]
+  return add((*wte_)(idx), (*wpe_)(pos));  // [B, T, C]
+}
+
+Tensor GPT::block(size_t i, const Tensor& x) {
+  return (*blocks_.at(i))(x);
+}
+
+Tensor GPT::head(const Tensor& x) {
+  const Tensor h = reshape((*ln_f_)(x), {x.size(0) * x.size(1), config_.n_embd});
+  return linear(h, wte_->weight(), Tensor());  // the tied head: [B T, V]
 }
 
 }  // namespace accrue::nn

@@ -65,6 +65,16 @@ class GPT : public Module {
   GPT(const GPTConfig& config, DType dtype = DType::kFloat32);
   Tensor forward(const Tensor& idx) override;
   const GPTConfig& config() const { return config_; }
+  // forward() in its three parts, which pipeline stages run apart: idx [B, T] -> the embeddings
+  // x [B, T, C]; block i; the final LayerNorm and the tied head, x [B, T, C] -> [B T, V].
+  Tensor embed(const Tensor& idx);
+  Tensor block(size_t i, const Tensor& x);
+  Tensor head(const Tensor& x);
+  Embedding& wte() { return *wte_; }
+  Embedding& wpe() { return *wpe_; }
+  LayerNorm& ln_f() { return *ln_f_; }
+  size_t n_blocks() const { return blocks_.size(); }
+  Module& block_module(size_t i) { return *blocks_.at(i); }
 
  private:
   GPTConfig config_;

@@ -689,6 +689,61 @@ TEST(Dist, TheEngineOnTwoRanksNormalisesByTheTokensOfBoth) {
 // accrue-g2p's windows of variable-length sequences, normalised by their target tokens: 2 ranks
 // x micro 32 x k 2 against one process with 128 x 1, float64, per-step loss and norm and final
 // weights to 1e-10; the evaluation, shared between the ranks, equals the one-process result.
+// The G2P transformer cut into two stages (the embeddings and blocks on one, blocks, the final
+// LayerNorm and the head tied to the token embedding on the other) trains in float64 under
+// GPipe and 1F1B to one process's per-step loss, norm and weights: the head's copy of the tied
+// matrix sends its gradient to the embedding's stage and gets the update back every step (were
+// it stale, the second step's loss would already differ).
+TEST(Dist, G2PPipelineStagesEqualOneProcessWithTheTiedMatrix) {
+  const auto dir = std::filesystem::temp_directory_path() / "accrue-g2p-pipeline";
+  if (comm().rank() == 0) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    testing::write_g2p_fixture(dir, 200);
+  }
+  comm().barrier();
+  g2p::Config c;
+  c.data = (dir / "dict.txt").string();
+  c.layers = 2, c.heads = 2, c.width = 8, c.precision = "fp64", c.quiet = true, c.epochs = 2;
+  c.warmup = 0, c.threads = 1, c.micro_batch = 16, c.accum_steps = 4;
+  const auto run = [&](const std::string& tag, distributed::Communicator* comm, int pipeline,
+                       const std::string& schedule, std::vector<train::StepEvent>& steps) {
+    g2p::Config r = c;
+    r.comm = comm, r.pipeline = pipeline, r.pipeline_schedule = schedule;
+    r.save = (dir / (tag + ".safetensors")).string();
+    train::Callbacks callbacks;
+    callbacks.on_step = [&](const train::StepEvent& e) { steps.push_back(e); };
+    std::ostringstream out;
+    return g2p::train(r, out, callbacks);
+  };
+  const auto single = distributed::make_single_process();
+  std::vector<train::StepEvent> one_steps;
+  const std::string one_name = "one-" + std::to_string(comm().rank());
+  run(one_name, single.get(), 1, "1f1b", one_steps);
+  for (const std::string schedule : {"gpipe", "1f1b"}) {
+    SCOPED_TRACE(schedule);
+    std::vector<train::StepEvent> steps;
+    const train::Summary s = run("pipeline-" + schedule, nullptr, 2, schedule, steps);
+    ASSERT_EQ(steps.size(), one_steps.size());
+    ASSERT_GT(steps.size(), 2u);
+    for (size_t i = 0; i < steps.size(); ++i) {
+      EXPECT_NEAR(steps[i].loss, one_steps[i].loss, 1e-10 * one_steps[i].loss) << i;
+      EXPECT_NEAR(steps[i].grad_norm, one_steps[i].grad_norm, 1e-10 * one_steps[i].grad_norm);
+    }
+    EXPECT_EQ(s.stages.size(), 2u);
+    if (comm().rank() == 0) {
+      const auto a = optim::read_safetensors((dir / (one_name + ".safetensors")).string());
+      const auto b =
+          optim::read_safetensors((dir / ("pipeline-" + schedule + ".safetensors")).string());
+      EXPECT_EQ(a.size(), b.size());
+      for (const auto& [name, t] : a) {
+        EXPECT_LT(testing::max_rel_error(b.at(name), t), 1e-10) << name;
+      }
+    }
+  }
+  comm().barrier();
+}
+
 TEST(Dist, G2PTwoRanksEqualOneProcessAndShareTheEvaluation) {
   // One fixture for both ranks (the ranks' settings, the data path included, must agree).
   const auto dir = std::filesystem::temp_directory_path() / "accrue-g2p-dist";

@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <sstream>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "core/allocator.h"
@@ -36,6 +37,15 @@
 namespace accrue::train {
 
 namespace {
+
+// The parameters a pipeline layer owns: those of its modules.
+std::vector<Tensor> layer_parameters(const Layer& layer) {
+  std::vector<Tensor> out;
+  for (nn::Module* m : layer.modules) {
+    for (const Tensor& p : m->parameters()) out.push_back(p);
+  }
+  return out;
+}
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const Config& c, optim::ParameterArena& arena,
                                                  double lr) {
@@ -119,6 +129,8 @@ class Run {
   std::vector<Layer> all_layers_;
   std::vector<int> layer_stage_;  // the stage of each of all_layers_
   std::unique_ptr<distributed::GroupSum> stage_norm_sum_, world_sum_;
+  std::unique_ptr<distributed::TiedParameters> tied_;  // parameters shared by two stages
+  std::unique_ptr<optim::ConsumerChain> tied_then_all_reduce_;
   distributed::StageWindowStats stage_totals_;  // summed over windows (max for in flight/peak)
   std::optional<ThreadTuner> tuner_;
   DType compute_ = DType::kFloat32, master_ = DType::kFloat32;
@@ -209,7 +221,11 @@ std::vector<nn::NamedTensor> Run::assign_stage() {
   }
   std::vector<int64_t> sizes;
   int64_t total = 0;
-  for (const Layer& l : all_layers_) total += sizes.emplace_back(l.module->num_parameters());
+  for (const Layer& l : all_layers_) {
+    int64_t n = 0;
+    for (nn::Module* m : l.modules) n += m->num_parameters();
+    total += sizes.emplace_back(n);
+  }
   layer_stage_.assign(layers, 0);
   int64_t running = 0;
   int stage = 0;
@@ -235,10 +251,31 @@ std::vector<nn::NamedTensor> Run::assign_stage() {
   }
   log(line);
   std::unordered_set<const TensorImpl*> mine;
+  std::unordered_map<const TensorImpl*, int> owner;  // parameter -> its layer's stage
   for (int i = 0; i < layers; ++i) {
-    if (layer_stage_[i] != stage_->stage()) continue;
-    stage_layers_.push_back(all_layers_[i]);
-    for (const Tensor& p : all_layers_[i].module->parameters()) mine.insert(p.impl().get());
+    for (const Tensor& p : layer_parameters(all_layers_[i])) {
+      owner[p.impl().get()] = layer_stage_[i];
+      if (layer_stage_[i] == stage_->stage()) mine.insert(p.impl().get());
+    }
+    if (layer_stage_[i] == stage_->stage()) stage_layers_.push_back(all_layers_[i]);
+  }
+  // Borrowed parameters used on another stage than their owner's: tied across stages.
+  std::vector<distributed::TiedParameters::Tie> ties;
+  for (int i = 0; i < layers; ++i) {
+    for (const Tensor& p : all_layers_[i].borrowed) {
+      const auto it = owner.find(p.impl().get());
+      if (it == owner.end()) {
+        throw ValueError(str_cat(task_.program, ": layer ", all_layers_[i].name,
+                                 " borrows a parameter no layer owns"));
+      }
+      if (it->second != layer_stage_[i]) ties.push_back({p, it->second, layer_stage_[i]});
+    }
+  }
+  if (!ties.empty()) {
+    log(str_cat("pipeline: ", ties.size(),
+                " parameter(s) tied across stages: the gradient of "
+                "each copy summed into the owner's at the boundary, the update sent back"));
+    tied_ = std::make_unique<distributed::TiedParameters>(*pipeline_group_, std::move(ties));
   }
   std::vector<nn::NamedTensor> own;
   for (const auto& named : model_->named_parameters()) {
@@ -399,6 +436,12 @@ void Run::build_optimizer() {
   }
   // The stages' gradient norm is one: the sum of their partial sums of squares.
   if (stage_) optimizer_->set_partial_sum_reducer(stage_norm_sum_.get());
+  if (tied_) {
+    optimizer_->set_parameter_sync(tied_.get());
+    if (all_reduce_) {
+      tied_then_all_reduce_ = std::make_unique<optim::ConsumerChain>(*tied_, *all_reduce_);
+    }
+  }
   if (scaling_.on) {
     optim::LossScaling ls;
     ls.dynamic = scaling_.dynamic;
@@ -434,6 +477,11 @@ void Run::build_accumulator() {
   }
   // The loss is the last stage's: the boundary sums it (and the stop votes) over every rank.
   if (stage_) options.loss_reducer = world_sum_.get();
+  // Tied parameters: the user stage's gradient into the owner's, then the replicas' sum.
+  if (tied_) {
+    options.gradients = tied_then_all_reduce_ ? tied_then_all_reduce_.get()
+                                              : static_cast<optim::GradientConsumer*>(tied_.get());
+  }
   const int64_t bucket_kib = c_.bucket_kib >= 0
                                  ? c_.bucket_kib
                                  : (c_.offload_optimizer && comm_->world_size() == 1 ? 1024 : 0);
@@ -679,10 +727,10 @@ nn::LossSum Run::run_stages(const optim::Window& w, const Tensor& order, const T
 void Run::sync_stages() {
   if (!stage_) return;
   for (size_t i = 0; i < all_layers_.size(); ++i) {
-    for (Tensor t : all_layers_[i].module->parameters())
+    for (Tensor t : layer_parameters(all_layers_[i]))
       pipeline_group_->broadcast(t, layer_stage_[i]);
-    for (auto& [name, t] : all_layers_[i].module->named_buffers()) {
-      pipeline_group_->broadcast(t, layer_stage_[i]);
+    for (nn::Module* m : all_layers_[i].modules) {
+      for (auto& [name, t] : m->named_buffers()) pipeline_group_->broadcast(t, layer_stage_[i]);
     }
   }
 }

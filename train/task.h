@@ -10,6 +10,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 #include "distributed/communicator.h"
@@ -47,12 +48,15 @@ struct Setup {
   std::function<void(const std::string&)> log;
 };
 
-// One layer of a model that --pipeline cuts into stages: its parameters (those of `module`) go
-// with the stage that runs it.
+// One layer of a model that --pipeline cuts into stages: its parameters (those of its modules)
+// go with the stage that runs it. A parameter it only borrows from another layer (a head tied to
+// the embedding) stays with its owner: the stage that borrows it keeps a copy, sends its
+// gradient to the owner at every boundary and receives the updated values after the step.
 struct Layer {
   std::string name;                                // printed in the stage plan
-  nn::Module* module = nullptr;                    // owns the layer's parameters
+  std::vector<nn::Module*> modules;                // own the layer's parameters
   std::function<Tensor(const Tensor& x)> forward;  // the previous layer's output -> this one's
+  std::vector<Tensor> borrowed;                    // parameters of other layers it uses
 };
 
 struct Task {

@@ -289,6 +289,15 @@ nn::GPTConfig model_config(const Config& c, const Data& d) {
   return g;
 }
 
+// The loss in the loss dtype over the target tokens that are not padding, and their count (a
+// small host read of the targets).
+nn::LossSum loss_of_logits(const Tensor& logits, const train::Batch& b, DType loss_dtype) {
+  int64_t targets = 0;
+  for (int32_t t : b.target.to(Device::cpu()).to_vector<int32_t>()) targets += t != kIgnoreLabel;
+  return nn::LossSum{cross_entropy(cast(logits, loss_dtype), b.target),
+                     scalar(static_cast<double>(targets), loss_dtype, b.target.device())};
+}
+
 }  // namespace
 
 Config::Config() {
@@ -345,12 +354,30 @@ train::Task make_task(const Config& c) {
     return std::make_unique<nn::GPT>(model_config(c, state->data), master);
   };
   task.loss = [](nn::Module& model, const train::Batch& b, DType loss_dtype) {
-    const Tensor logits = cast(model(b.input), loss_dtype);
-    int64_t targets = 0;  // the micro-batch's loss tokens (a small host read of the targets)
-    for (int32_t t : b.target.to(Device::cpu()).to_vector<int32_t>()) targets += t != kIgnoreLabel;
-    return nn::LossSum{cross_entropy(logits, b.target),
-                       scalar(static_cast<double>(targets), loss_dtype, b.target.device())};
+    return loss_of_logits(model(b.input), b, loss_dtype);
   };
+  // --pipeline: the embeddings, each block, and the final LayerNorm with the head, which
+  // borrows the token embedding (tied) from the first layer.
+  task.layers = [](nn::Module& model) {
+    auto& gpt = dynamic_cast<nn::GPT&>(model);
+    std::vector<train::Layer> layers;
+    layers.push_back({"embeddings",
+                      {&gpt.wte(), &gpt.wpe()},
+                      [&gpt](const Tensor& idx) { return gpt.embed(idx); },
+                      {}});
+    for (size_t i = 0; i < gpt.n_blocks(); ++i) {
+      layers.push_back({str_cat("h.", i),
+                        {&gpt.block_module(i)},
+                        [&gpt, i](const Tensor& x) { return gpt.block(i, x); },
+                        {}});
+    }
+    layers.push_back({"ln_f + head",
+                      {&gpt.ln_f()},
+                      [&gpt](const Tensor& x) { return gpt.head(x); },
+                      {gpt.wte().weight()}});
+    return layers;
+  };
+  task.loss_of_output = loss_of_logits;
   // After each epoch the validation split; after the last, the splits of --eval.
   const auto evaluate = [state, c](nn::Module& model, const std::string& splits) {
     auto& gpt = dynamic_cast<nn::GPT&>(model);

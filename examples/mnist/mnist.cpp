@@ -99,8 +99,10 @@ train::Task make_task(const Config& c) {
       auto& mlp = dynamic_cast<nn::MLP&>(model);
       std::vector<train::Layer> layers;
       for (size_t i = 0; i < mlp.layers().size(); ++i) {
-        layers.push_back({str_cat("layers.", i), mlp.layers()[i].get(),
-                          [&mlp, i](const Tensor& h) { return mlp.forward_layer(i, h); }});
+        layers.push_back({str_cat("layers.", i),
+                          {mlp.layers()[i].get()},
+                          [&mlp, i](const Tensor& h) { return mlp.forward_layer(i, h); },
+                          {}});
       }
       return layers;
     };
