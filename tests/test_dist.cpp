@@ -617,6 +617,42 @@ TEST(Dist, ShardedRunsResumeBitForBit) {
   expect_same_on_every_rank(resumed.parameter_hash);
 }
 
+// Pipeline stages checkpoint each their part (DIR/stage-<s>, written by the stage's own rank) and
+// resume bit for bit; another --pipeline setting is refused by name.
+TEST(Dist, PipelineStagesResumeBitForBit) {
+  const auto data = testing::make_dataset("dist-pipeline-resume", 1001, 64);
+  mnist::Config c = dp_config(data, "fp32");
+  c.accum_steps = 4;
+  c.pipeline = 2;
+  c.max_steps = 10;
+  const Recorded whole = train_recorded(c, std::cout);
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / "accrue-dist-pipeline-resume";
+  if (comm().rank() == 0) std::filesystem::remove_all(dir);
+  comm().barrier();
+  c.max_steps = 5;
+  c.checkpoint = dir.string();
+  c.checkpoint_every = 5;
+  train_recorded(c, std::cout);
+  EXPECT_TRUE(std::filesystem::exists(dir / "stage-0" / "step-0000000005.json"));
+  EXPECT_TRUE(std::filesystem::exists(dir / "stage-1" / "step-0000000005.json"));
+  c.max_steps = 10;
+  c.checkpoint.clear();
+  c.resume = dir.string();
+  c.pipeline_schedule = "gpipe";  // the same sums in the same order: allowed, and bitwise
+  const Recorded resumed = train_recorded(c, std::cout);
+  EXPECT_EQ(resumed.parameter_hash, whole.parameter_hash);
+  expect_same_on_every_rank(resumed.parameter_hash);
+  // One process (a world of its own on each rank) cannot take the stages' checkpoints.
+  const auto single = distributed::make_single_process();
+  mnist::Config one = c;
+  one.pipeline = 1;
+  one.comm = single.get();
+  testing::expect_error<FileError>([&] { train_recorded(one, std::cout); },
+                                   {"--resume", "pipeline stages", "--pipeline 1"});
+  comm().barrier();
+}
+
 // A SIGTERM on rank 1 alone (at step 3) stops both ranks after the same step: the vote rides the
 // boundary's all-reduce. The checkpoint at step 4 resumes to the uninterrupted weights (#22).
 TEST(Dist, ASignalOnOneRankStopsEveryRankAtTheSameStep) {

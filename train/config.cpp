@@ -107,8 +107,6 @@ void check_pipeline(const Config& c, int world_size) {
       {c.offload_optimizer, "--offload-optimizer"},
       {!c.memory_budget.empty(), "--memory-budget"},
       {c.bucket_kib > 0, "--bucket-kib"},
-      {!c.checkpoint.empty(), "--checkpoint (stage checkpoints are not written yet)"},
-      {!c.resume.empty(), "--resume"},
       {c.precision == "bf16" || c.precision == "fp16",
        "--precision bf16 or fp16 (the stages keep no 16-bit working copies yet)"}};
   for (const auto& [given, flag] : excluded) {

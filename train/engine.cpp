@@ -4,6 +4,7 @@
 //   and its pieces -> accumulator -> resume -> epochs (windows, evaluation) -> summary and save.
 #include "train/engine.h"
 
+#include <filesystem>
 #include <iomanip>
 #include <map>
 #include <optional>
@@ -96,6 +97,7 @@ class Run {
   nlohmann::json run_config();
   void resume();
   void validate_position(const Checkpoint& saved);
+  void check_stages_resume_alike(int64_t step);
   void save_weights(const std::string& path);
   void write_checkpoint(const TrainPosition& position);
   void broadcast_buffers();
@@ -121,6 +123,10 @@ class Run {
   distributed::Communicator* comm_ = nullptr;   // the data-parallel ranks (of this stage)
   distributed::Communicator* world_ = nullptr;  // every rank of the job
   bool lead_ = true;
+  // Checkpoints: where this rank's are written and read (a stage's subfolder with --pipeline),
+  // and whether it writes them (the first data-parallel rank of its stage).
+  std::string checkpoint_dir_, resume_dir_;
+  bool writes_checkpoints_ = true;
   // --pipeline: this rank's stage, its group of stages and its layers; the sums over the stages
   // (the norm's partials) and over every rank (the boundary's loss sums); per-stage statistics.
   std::unique_ptr<distributed::Communicator> pipeline_group_, data_group_;
@@ -180,6 +186,10 @@ void Run::setup_ranks_and_threads() {
   if (c_.pipeline > 1) setup_pipeline_groups();
   lead_ = world_->rank() == 0;
   if (!lead_) c_.quiet = true;
+  writes_checkpoints_ = comm_->rank() == 0;
+  const std::string stage_folder = stage_ ? str_cat("/stage-", stage_->stage()) : "";
+  checkpoint_dir_ = c_.checkpoint.empty() ? "" : c_.checkpoint + stage_folder;
+  resume_dir_ = c_.resume.empty() ? "" : c_.resume + stage_folder;
   // --threads N fixes the team; 0 lets the tuner pick among 1, 2, 4, ..., every core by timing
   // windows as they run (core/threads.h). Either way the weights are the same to the bit.
   if (c_.threads > 0) {
@@ -518,9 +528,9 @@ nlohmann::json Run::run_config() {
             {"micro_batch", batch.micro_batch},
             {"accum_steps", k_schedule_ ? 0 : batch.accum_steps},
             {"ranks", comm_->world_size()},
-            {"pipeline", c_.pipeline},
             {"train_samples", train_samples_}});
   for (auto it = task_.settings.begin(); it != task_.settings.end(); ++it) j[it.key()] = *it;
+  if (stage_) j.update({{"pipeline", c_.pipeline}, {"pipeline_stage", stage_->stage()}});
   return j;
 }
 
@@ -528,8 +538,22 @@ nlohmann::json Run::run_config() {
 // is), the optimizer's state and the step clock.
 void Run::resume() {
   if (c_.resume.empty()) return;
+  // A stage reads its own subfolder: checkpoints of another --pipeline setting are refused here
+  // by name when the folders do not match, and by check_compatible when they do.
+  if (stage_ && !std::filesystem::is_directory(resume_dir_)) {
+    throw FileError(str_cat("--resume ", c_.resume, ": no checkpoint of pipeline stage ",
+                            stage_->stage(), " (", resume_dir_,
+                            "): it was written with another "
+                            "--pipeline setting or without one; this run has --pipeline ",
+                            c_.pipeline));
+  }
+  if (!stage_ && std::filesystem::is_directory(c_.resume + "/stage-0")) {
+    throw FileError(str_cat("--resume ", c_.resume,
+                            ": it holds the checkpoints of pipeline "
+                            "stages (written with --pipeline); this run has --pipeline 1"));
+  }
   const Checkpoint saved =
-      read_latest_checkpoint(c_.resume, [&](const Checkpoint& c) { validate_position(c); });
+      read_latest_checkpoint(resume_dir_, [&](const Checkpoint& c) { validate_position(c); });
   check_compatible(saved.config, run_config_, saved.path);
   if (!saved.run_id.empty()) run_id_ = saved.run_id;
   auto state = arena_->named_masters();
@@ -554,6 +578,8 @@ void Run::resume() {
     throw FileError(str_cat(saved.path, ": its optimizer state does not fit this run: ", e.what()));
   }
   acc_->restore_clock(saved.position.step, saved.position.skipped);
+  if (tied_) tied_->after_update();  // the copies of tied parameters: the owner's values
+  if (stage_) check_stages_resume_alike(saved.position.step);
   start_ = saved.position;
   last_checkpoint_ = start_.step;  // already on disk
   // The samples seen before the position: whole epochs, then the windows of its epoch.
@@ -563,6 +589,27 @@ void Run::resume() {
     samples_seen_ += windows[static_cast<size_t>(w)].samples;
   log(str_cat("resumed from ", saved.path, ": step ", start_.step, ", epoch ", start_.epoch + 1,
               ", window ", start_.window + 1));
+}
+
+// The stages resume from the same step: each read its newest complete checkpoint, and a stage
+// stopped while writing may have one fewer.
+void Run::check_stages_resume_alike(int64_t step) {
+  Tensor mine = Tensor::from_vector<int64_t>({1}, {step});
+  Tensor all = Tensor::zeros({world_->world_size()}, DType::kInt64);
+  world_->all_gather(mine, all);
+  const std::vector<int64_t> steps = all.to_vector<int64_t>();
+  for (size_t r = 0; r < steps.size(); ++r) {
+    if (steps[r] != step) {
+      throw FileError(str_cat("--resume ", c_.resume,
+                              ": the pipeline stages' newest complete "
+                              "checkpoints are at different steps (rank ",
+                              world_->rank(), ": ", step, ", rank ", r, ": ", steps[r],
+                              "); a stage stopped while "
+                              "writing: remove the newer step-",
+                              std::max(step, steps[r]),
+                              " files to resume from the step every stage has"));
+    }
+  }
 }
 
 // A checkpoint's position must be one this run's plan reaches: the windows of the epochs before
@@ -600,22 +647,22 @@ void Run::write_checkpoint(const TrainPosition& position) {
   if (c_.checkpoint.empty() || position.step == last_checkpoint_) return;
   const auto optimizer_state = optimizer_->save_state();
   const auto model_state = saved_state(*arena_, *model_);
-  if (lead_) {
-    // The metrics first: killed between the two, the resume starts from the previous
-    // checkpoint and drops the records past it; the other way round, records would be lost.
-    metrics_->publish();
-    train::write_checkpoint(c_.checkpoint, run_id_, run_config_, position, model_state,
+  // The metrics first: killed between the two, the resume starts from the previous checkpoint
+  // and drops the records past it; the other way round, records would be lost.
+  if (lead_) metrics_->publish();
+  if (writes_checkpoints_) {
+    train::write_checkpoint(checkpoint_dir_, run_id_, run_config_, position, model_state,
                             optimizer_state);
   }
-  if (comm_->world_size() > 1) {
+  if (world_->world_size() > 1) {
     // No rank reads it before it is complete. The others wait here while rank 0 writes: the
     // watchdog allows that at a slow disk's 1 MiB/s.
     size_t bytes = 0;
     for (const auto& state : {&optimizer_state, &model_state}) {
       for (const auto& [name, t] : *state) bytes += t.nbytes();
     }
-    const distributed::LongWaitAllowance allowance(*comm_, static_cast<double>(bytes) / (1 << 20));
-    comm_->barrier();
+    const distributed::LongWaitAllowance allowance(*world_, static_cast<double>(bytes) / (1 << 20));
+    world_->barrier();
   }
   last_checkpoint_ = position.step;
   if (callbacks_.on_checkpoint) callbacks_.on_checkpoint({position.step, c_.checkpoint});
@@ -1045,9 +1092,9 @@ void Run::save_weights(const std::string& path) {
 Summary Run::train() {
   const RunSignals signals;  // stop requests recorded; SIGXFSZ and SIGPIPE ignored
   setup_ranks_and_threads();
-  if (lead_ && !c_.checkpoint.empty()) {
-    check_checkpoint_folder(c_.checkpoint, c_.resume);  // the command line checked it before
-    checkpoint_lock_.emplace(c_.checkpoint);
+  if (writes_checkpoints_ && !checkpoint_dir_.empty()) {
+    check_checkpoint_folder(checkpoint_dir_, resume_dir_);  // the command line checked c_'s
+    checkpoint_lock_.emplace(checkpoint_dir_);
   }
   run_id_ = new_run_id();
   build_model();
