@@ -417,6 +417,10 @@ const EpochPlan& Run::plan_for(int64_t epoch) {
     ce.batch = 0;
   }
   const optim::ResolvedBatch b = resolve_config_batch(ce, comm_->world_size());
+  if (stage_ && b.accum_steps < c_.pipeline) {
+    throw ValueError(str_cat("--pipeline ", c_.pipeline, " needs at least as many micro-batches "
+                             "per window: k is ", b.accum_steps, " in epoch ", epoch + 1));
+  }
   auto it = plans_.find(b.accum_steps);
   if (it == plans_.end()) {
     const optim::LrScaling rule = optim::parse_lr_scaling(c_.lr_scaling);
@@ -711,14 +715,15 @@ optim::StepResult Run::run_window(const optim::Window& w, const Tensor& order,
   }());
   if (stage_) {
     acc_->pipelined_window([&](const Tensor& seed) { return run_stages(w, order, seed); });
-  }
-  for (const optim::MicroBatch& mb : stage_ ? std::vector<optim::MicroBatch>{} : w.micro) {
-    acc_->micro_step(items_of(mb.start, mb.count), [&] {
-      const Tensor index = order.narrow(mb.start, mb.count);
-      // Dropout's masks are keyed by the samples and the optimizer step, not the split.
-      const nn::SampleKeys keys(c_.seed, acc_->steps(), index);
-      return task_.loss(*model_, task_.batch(index), master_);
-    });
+  } else {
+    for (const optim::MicroBatch& mb : w.micro) {
+      acc_->micro_step(items_of(mb.start, mb.count), [&] {
+        const Tensor index = order.narrow(mb.start, mb.count);
+        // Dropout's masks are keyed by the samples and the optimizer step, not the split.
+        const nn::SampleKeys keys(c_.seed, acc_->steps(), index);
+        return task_.loss(*model_, task_.batch(index), master_);
+      });
+    }
   }
   if (stop_requested() != 0) acc_->request_stop();
   const optim::StepResult r = acc_->step();
@@ -1019,7 +1024,7 @@ void Run::report_summary() {
                        : batch.str())
        << " | device " << c_.device.str() << " | peak " << mib(mem.peak_bytes) << ", activations "
        << mib(mem.peak_activation_bytes) << ", optimizer state " << mib(optimizer_->state_bytes())
-       << (comm_->world_size() > 1 ? " per rank" : "") << offload_line << " | " << c_.precision
+       << (world_->world_size() > 1 ? " per rank" : "") << offload_line << " | " << c_.precision
        << (scaling_.on ? str_cat(", loss scale ", optimizer_->scaler_state().first) : "")
        << " | skipped steps " << acc_->skipped_steps() << " | "
        << (tuner_ ? tuner_->describe() : std::to_string(c_.threads) + " threads (fixed)");
