@@ -963,8 +963,8 @@ void Run::report_stages() {
                     r[3],
                     r[4],
                     r[5]};
-    log(str_cat("pipeline stage ", st.stage, ": at most ", st.max_in_flight,
-                " micro-batches in flight, peak activations ", mib(st.peak_activation_bytes),
+    log(str_cat("pipeline stage ", st.stage, ": micro-batches in flight at most ",
+                st.max_in_flight, ", peak activations ", mib(st.peak_activation_bytes),
                 ", idle ", std::llround(1000 * st.idle_fraction()) / 10.0, "% of ",
                 std::llround(1000 * st.seconds) / 1000.0, " s"));
     records.push_back({{"stage", st.stage},
