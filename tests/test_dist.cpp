@@ -384,14 +384,7 @@ TEST(Dist, PipelinedEngineEqualsOneProcessInFloat64) {
     EXPECT_EQ(r.stages[0].max_in_flight, schedule == "gpipe" ? 4 : 2);
     EXPECT_EQ(r.stages[1].max_in_flight, schedule == "gpipe" ? 4 : 1);
     EXPECT_GT(r.stages[0].peak_activation_bytes, 0u);
-    if (comm().rank() == 0) {
-      const auto a = optim::read_safetensors(p.save);
-      const auto b = optim::read_safetensors(one.save);
-      ASSERT_EQ(a.size(), b.size());
-      for (const auto& [key, t] : b) {
-        EXPECT_LT(testing::max_rel_error(a.at(key), t), 1e-10) << key;
-      }
-    }
+    if (comm().rank() == 0) testing::expect_same_weights(p.save, one.save, 1e-10);
   }
   // 1F1B holds fewer activations than GPipe on the first stage.
   comm().barrier();
@@ -722,22 +715,36 @@ TEST(Dist, TheEngineOnTwoRanksNormalisesByTheTokensOfBoth) {
   EXPECT_GT(a.steps[0].items, a.steps[0].samples);
 }
 
-// accrue-g2p's windows of variable-length sequences, normalised by their target tokens: 2 ranks
-// x micro 32 x k 2 against one process with 128 x 1, float64, per-step loss and norm and final
-// weights to 1e-10; the evaluation, shared between the ranks, equals the one-process result.
-// The G2P transformer cut into two stages (the embeddings and blocks on one, blocks, the final
-// LayerNorm and the head tied to the token embedding on the other) trains in float64 under
-// GPipe and 1F1B to one process's per-step loss, norm and weights: the head's copy of the tied
-// matrix sends its gradient to the embedding's stage and gets the update back every step (were
-// it stale, the second step's loss would already differ).
-TEST(Dist, G2PPipelineStagesEqualOneProcessWithTheTiedMatrix) {
-  const auto dir = std::filesystem::temp_directory_path() / "accrue-g2p-pipeline";
+// One G2P fixture for both ranks (the ranks' settings, the data path included, must agree),
+// written by rank 0.
+std::filesystem::path shared_g2p_fixture(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / name;
   if (comm().rank() == 0) {
     std::filesystem::remove_all(dir);
     std::filesystem::create_directories(dir);
     testing::write_g2p_fixture(dir, 200);
   }
   comm().barrier();
+  return dir;
+}
+
+// Trains accrue-g2p with `c`, saving to dir/<tag>.safetensors; its steps go to `steps`.
+train::Summary train_g2p(g2p::Config c, const std::filesystem::path& dir, const std::string& tag,
+                         std::vector<train::StepEvent>& steps) {
+  c.save = (dir / (tag + ".safetensors")).string();
+  train::Callbacks callbacks;
+  callbacks.on_step = [&](const train::StepEvent& e) { steps.push_back(e); };
+  std::ostringstream out;
+  return g2p::train(c, out, callbacks);
+}
+
+// The G2P transformer cut into two stages (the embeddings and blocks on one, blocks, the final
+// LayerNorm and the head tied to the token embedding on the other) trains in float64 under
+// GPipe and 1F1B to one process's per-step loss, norm and weights: the head's copy of the tied
+// matrix sends its gradient to the embedding's stage and gets the update back every step (were
+// it stale, the second step's loss would already differ).
+TEST(Dist, G2PPipelineStagesEqualOneProcessWithTheTiedMatrix) {
+  const auto dir = shared_g2p_fixture("accrue-g2p-pipeline");
   g2p::Config c;
   c.data = (dir / "dict.txt").string();
   c.layers = 2, c.heads = 2, c.width = 8, c.precision = "fp64", c.quiet = true, c.epochs = 2;
@@ -746,11 +753,7 @@ TEST(Dist, G2PPipelineStagesEqualOneProcessWithTheTiedMatrix) {
                        const std::string& schedule, std::vector<train::StepEvent>& steps) {
     g2p::Config r = c;
     r.comm = comm, r.pipeline = pipeline, r.pipeline_schedule = schedule;
-    r.save = (dir / (tag + ".safetensors")).string();
-    train::Callbacks callbacks;
-    callbacks.on_step = [&](const train::StepEvent& e) { steps.push_back(e); };
-    std::ostringstream out;
-    return g2p::train(r, out, callbacks);
+    return train_g2p(r, dir, tag, steps);
   };
   const auto single = distributed::make_single_process();
   std::vector<train::StepEvent> one_steps;
@@ -768,27 +771,18 @@ TEST(Dist, G2PPipelineStagesEqualOneProcessWithTheTiedMatrix) {
     }
     EXPECT_EQ(s.stages.size(), 2u);
     if (comm().rank() == 0) {
-      const auto a = optim::read_safetensors((dir / (one_name + ".safetensors")).string());
-      const auto b =
-          optim::read_safetensors((dir / ("pipeline-" + schedule + ".safetensors")).string());
-      EXPECT_EQ(a.size(), b.size());
-      for (const auto& [name, t] : a) {
-        EXPECT_LT(testing::max_rel_error(b.at(name), t), 1e-10) << name;
-      }
+      testing::expect_same_weights((dir / ("pipeline-" + schedule + ".safetensors")).string(),
+                                   (dir / (one_name + ".safetensors")).string(), 1e-10);
     }
   }
   comm().barrier();
 }
 
+// accrue-g2p's windows of variable-length sequences, normalised by their target tokens: 2 ranks
+// x micro 32 x k 2 against one process with 128 x 1, float64, per-step loss and norm and final
+// weights to 1e-10; the evaluation, shared between the ranks, equals the one-process result.
 TEST(Dist, G2PTwoRanksEqualOneProcessAndShareTheEvaluation) {
-  // One fixture for both ranks (the ranks' settings, the data path included, must agree).
-  const auto dir = std::filesystem::temp_directory_path() / "accrue-g2p-dist";
-  if (comm().rank() == 0) {
-    std::filesystem::remove_all(dir);
-    std::filesystem::create_directories(dir);
-    testing::write_g2p_fixture(dir, 200);
-  }
-  comm().barrier();
+  const auto dir = shared_g2p_fixture("accrue-g2p-dist");
   g2p::Config c;
   c.data = (dir / "dict.txt").string();
   c.layers = 1, c.heads = 2, c.width = 8, c.precision = "fp64", c.quiet = true, c.epochs = 1;
@@ -797,11 +791,7 @@ TEST(Dist, G2PTwoRanksEqualOneProcessAndShareTheEvaluation) {
                        std::vector<train::StepEvent>& steps) {
     g2p::Config r = c;
     r.micro_batch = micro, r.accum_steps = k, r.comm = comm;
-    r.save = (dir / (std::string(tag) + ".safetensors")).string();
-    train::Callbacks callbacks;
-    callbacks.on_step = [&](const train::StepEvent& e) { steps.push_back(e); };
-    std::ostringstream out;
-    return g2p::train(r, out, callbacks);
+    return train_g2p(r, dir, tag, steps);
   };
   std::unique_ptr<distributed::Communicator> single = distributed::make_single_process();
   std::vector<train::StepEvent> one_steps, two_steps;
@@ -818,9 +808,8 @@ TEST(Dist, G2PTwoRanksEqualOneProcessAndShareTheEvaluation) {
     EXPECT_NEAR(two_steps[i].grad_norm, one_steps[i].grad_norm, 1e-10 * one_steps[i].grad_norm);
   }
   if (comm().rank() == 0) {
-    const auto a = optim::read_safetensors((dir / (one_name + ".safetensors")).string());
-    const auto b = optim::read_safetensors((dir / "two.safetensors").string());
-    for (const auto& [name, t] : a) EXPECT_LT(testing::max_rel_error(b.at(name), t), 1e-10) << name;
+    testing::expect_same_weights((dir / "two.safetensors").string(),
+                                 (dir / (one_name + ".safetensors")).string(), 1e-10);
   }
   // Each rank decoded half the words; the sums over both are the one process's.
   for (const auto& [key, value] : one.evaluation.details.items()) {

@@ -11,6 +11,7 @@
 
 #include "accrue.h"
 #include "kernels/backend.h"
+#include "optim/safetensors.h"
 
 namespace accrue {
 inline void PrintTo(const Device& d, std::ostream* out) {
@@ -58,6 +59,19 @@ inline double max_rel_error(const Tensor& a, const Tensor& b) {
     worst = std::max(worst, std::abs(va[i] - vb[i]) / std::max(1.0, std::abs(vb[i])));
   }
   return worst;
+}
+
+// Two safetensors files hold the same tensor names, each pair within `tolerance` (max_rel_error).
+inline void expect_same_weights(const std::string& path, const std::string& expected_path,
+                                double tolerance) {
+  const auto got = optim::read_safetensors(path);
+  const auto expected = optim::read_safetensors(expected_path);
+  ASSERT_EQ(got.size(), expected.size()) << path << " and " << expected_path;
+  for (const auto& [name, t] : expected) {
+    const auto it = got.find(name);
+    ASSERT_NE(it, got.end()) << name << " is missing from " << path;
+    EXPECT_LT(max_rel_error(it->second, t), tolerance) << name;
+  }
 }
 
 // ||a - b|| / ||b|| over all elements (a norm-wise relative error).
