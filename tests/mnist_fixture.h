@@ -39,6 +39,16 @@ inline Recorded train_recorded(const mnist::Config& config, std::ostream& out) {
   return r;
 }
 
+// The same steps: per-step loss and gradient norm within `tolerance`, the same effective batches.
+inline void expect_same_steps(const Recorded& got, const Recorded& expected, double tolerance) {
+  ASSERT_EQ(got.step_losses.size(), expected.step_losses.size());
+  for (size_t i = 0; i < got.step_losses.size(); ++i) {
+    EXPECT_NEAR(got.step_losses[i], expected.step_losses[i], tolerance) << "step " << i + 1;
+    EXPECT_NEAR(got.step_grad_norms[i], expected.step_grad_norms[i], tolerance) << "step " << i + 1;
+    EXPECT_EQ(got.step_batches[i], expected.step_batches[i]) << "step " << i + 1;
+  }
+}
+
 // IDX writers for the fixtures (the format of examples/mnist/idx.h).
 inline void put_big_endian(std::string& out, uint32_t v) {
   out += {char(v >> 24), char(v >> 16), char(v >> 8), char(v)};

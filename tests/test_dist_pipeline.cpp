@@ -31,12 +31,7 @@ void expect_same_training(mnist::Config pipelined, mnist::Config single, const s
   single.comm = one.get();
   const Recorded r = train_recorded(pipelined, std::cout);
   const Recorded expected = train_recorded(single, std::cout);
-  ASSERT_EQ(r.step_losses.size(), expected.step_losses.size());
-  for (size_t i = 0; i < r.step_losses.size(); ++i) {
-    EXPECT_NEAR(r.step_losses[i], expected.step_losses[i], 1e-10) << "step " << i + 1;
-    EXPECT_NEAR(r.step_grad_norms[i], expected.step_grad_norms[i], 1e-10) << "step " << i + 1;
-    EXPECT_EQ(r.step_batches[i], expected.step_batches[i]);
-  }
+  testing::expect_same_steps(r, expected, 1e-10);
   EXPECT_EQ(r.test_accuracy, expected.test_accuracy);
   if (comm().rank() == 0) testing::expect_same_weights(pipelined.save, single.save, 1e-10);
   comm().barrier();
