@@ -96,6 +96,7 @@ class Mpi final : public Communicator {
       throw BackendError(str_cat("[dist] MPI says rank ", rank_, " of ", size_, " but ",
                                  info.launcher, " said rank ", info.rank, " of ", info.world_size));
     }
+    world_rank_ = rank_;
     read_max_tag();
   }
   // A group of the job (split): owns its MPI communicator.
@@ -105,6 +106,7 @@ class Mpi final : public Communicator {
     ACCRUE_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     ACCRUE_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
     ACCRUE_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+    ACCRUE_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_));
     read_max_tag();
   }
   ~Mpi() override {
@@ -213,7 +215,7 @@ class Mpi final : public Communicator {
       if (done) return;
       const double waited = std::chrono::duration<double>(Clock::now() - start).count();
       if (limit > 0 && waited > limit) {
-        throw BackendError(str_cat("[watchdog] rank ", rank_, ": MPI ", op, " (wait ", waits_,
+        throw BackendError(str_cat("[watchdog] rank ", world_rank_, ": MPI ", op, " (wait ", waits_,
                                    ") did not complete within ", limit,
                                    " s: another rank is stopped, hung or much slower "
                                    "(--comm-timeout sets the limit)"));
@@ -259,6 +261,7 @@ class Mpi final : public Communicator {
 
   int64_t waits_ = 0;  // numbered in the message: where in the run the job stopped
   int rank_ = 0, size_ = 1, local_rank_ = 0, max_tag_ = 32767;
+  int world_rank_ = 0;  // in the job, for messages (rank_ is in this group)
   MPI_Comm comm_ = MPI_COMM_WORLD;
   bool owned_ = false;                 // a split group, freed with this object
   std::vector<MPI_Request> requests_;  // started, not yet waited for
