@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <limits>
 #include <memory>
 
@@ -231,6 +232,21 @@ bool TiedParameters::abandon() {
 
 void TiedParameters::after_update() {
   for (Tie& t : ties_) group_.broadcast(t.param, t.owner);
+}
+
+bool TiedParameters::copies_identical() {
+  double differing = 0;
+  for (Tie& t : ties_) {
+    Tensor owners = t.param.clone();
+    group_.broadcast(owners, t.owner);
+    if (group_.rank() == t.user) {
+      const Tensor mine = t.param.to(Device::cpu()), theirs = owners.to(Device::cpu());
+      differing += std::memcmp(mine.raw(), theirs.raw(), mine.nbytes()) != 0;
+    }
+  }
+  Tensor total = Tensor::from_vector<double>({1}, {differing});
+  group_.all_reduce_sum(total);
+  return total.item() == 0;
 }
 
 }  // namespace accrue::distributed

@@ -120,6 +120,8 @@ class TiedParameters : public optim::GradientConsumer, public optim::ParameterSy
   void finish() override;
   bool abandon() override;  // the user's gradient is dropped with the window
   void after_update() override;
+  // Collective over the group: whether every user's copy equals its owner's values bit for bit.
+  bool copies_identical();
 
  private:
   Communicator& group_;

@@ -761,6 +761,7 @@ TEST(Dist, G2PPipelineStagesEqualOneProcessWithTheTiedMatrix) {
       EXPECT_NEAR(steps[i].grad_norm, one_steps[i].grad_norm, 1e-10 * one_steps[i].grad_norm);
     }
     EXPECT_EQ(s.stages.size(), 2u);
+    EXPECT_TRUE(s.tied_copies_identical);  // the head's copy and the embedding, bit for bit
     if (comm().rank() == 0) {
       testing::expect_same_weights((dir / ("pipeline-" + schedule + ".safetensors")).string(),
                                    (dir / (one_name + ".safetensors")).string(), 1e-10);

@@ -418,8 +418,10 @@ const EpochPlan& Run::plan_for(int64_t epoch) {
   }
   const optim::ResolvedBatch b = resolve_config_batch(ce, comm_->world_size());
   if (stage_ && b.accum_steps < c_.pipeline) {
-    throw ValueError(str_cat("--pipeline ", c_.pipeline, " needs at least as many micro-batches "
-                             "per window: k is ", b.accum_steps, " in epoch ", epoch + 1));
+    throw ValueError(str_cat("--pipeline ", c_.pipeline,
+                             " needs at least as many micro-batches "
+                             "per window: k is ",
+                             b.accum_steps, " in epoch ", epoch + 1));
   }
   auto it = plans_.find(b.accum_steps);
   if (it == plans_.end()) {
@@ -963,9 +965,9 @@ void Run::report_stages() {
                     r[3],
                     r[4],
                     r[5]};
-    log(str_cat("pipeline stage ", st.stage, ": micro-batches in flight at most ",
-                st.max_in_flight, ", peak activations ", mib(st.peak_activation_bytes),
-                ", idle ", std::llround(1000 * st.idle_fraction()) / 10.0, "% of ",
+    log(str_cat("pipeline stage ", st.stage, ": micro-batches in flight at most ", st.max_in_flight,
+                ", peak activations ", mib(st.peak_activation_bytes), ", idle ",
+                std::llround(1000 * st.idle_fraction()) / 10.0, "% of ",
                 std::llround(1000 * st.seconds) / 1000.0, " s"));
     records.push_back({{"stage", st.stage},
                        {"max_in_flight", st.max_in_flight},
@@ -1063,6 +1065,7 @@ void Run::report_summary() {
 // The end of the run: its last checkpoint, the summary, the metrics file, and --save.
 void Run::finish() {
   write_checkpoint(position_);  // unless that step was just written
+  if (tied_) summary_.tied_copies_identical = tied_->copies_identical();
   sync_stages();
   report_stages();
   report_summary();

@@ -89,6 +89,9 @@ struct Summary {
   size_t host_state_bytes = 0;
   optim::OffloadTraffic offload;     // bytes moved by the offloaded optimizer (zeros otherwise)
   std::vector<StageSummary> stages;  // --pipeline, stage order; empty without
+  // --pipeline: every stage's copy of a parameter tied across stages equals its owner's (checked
+  // bit for bit at the end of the run; true without ties).
+  bool tied_copies_identical = true;
 };
 
 // Trains and evaluates; prints progress and the summary to out (rank 0 only). Metrics
