@@ -780,6 +780,8 @@ nn::LossSum Run::run_stages(const optim::Window& w, const Tensor& order, const T
 // its pipeline group, so evaluation, saving and the summary's hash see the trained model.
 void Run::sync_stages() {
   if (!stage_) return;
+  // Before the broadcast below makes them so: the copies kept by the steps themselves.
+  if (tied_ && !tied_->copies_identical()) summary_.tied_copies_identical = false;
   for (size_t i = 0; i < all_layers_.size(); ++i) {
     for (Tensor t : layer_parameters(all_layers_[i]))
       pipeline_group_->broadcast(t, layer_stage_[i]);
@@ -1065,7 +1067,6 @@ void Run::report_summary() {
 // The end of the run: its last checkpoint, the summary, the metrics file, and --save.
 void Run::finish() {
   write_checkpoint(position_);  // unless that step was just written
-  if (tied_) summary_.tied_copies_identical = tied_->copies_identical();
   sync_stages();
   report_stages();
   report_summary();

@@ -89,8 +89,8 @@ struct Summary {
   size_t host_state_bytes = 0;
   optim::OffloadTraffic offload;     // bytes moved by the offloaded optimizer (zeros otherwise)
   std::vector<StageSummary> stages;  // --pipeline, stage order; empty without
-  // --pipeline: every stage's copy of a parameter tied across stages equals its owner's (checked
-  // bit for bit at the end of the run; true without ties).
+  // --pipeline: every stage's copy of a parameter tied across stages equaled its owner's, bit
+  // for bit, at every evaluation and at the end (true without ties).
   bool tied_copies_identical = true;
 };
 
