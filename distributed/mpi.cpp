@@ -231,13 +231,25 @@ class Mpi final : public Communicator {
   // A started MPI_Isend or MPI_Irecv; holds the tensor until it completes.
   struct MpiTransfer final : Transfer {
     MpiTransfer(Mpi& owner, const Tensor& t, const char* op) : owner(owner), tensor(t), op(op) {}
+    // A transfer dropped unfinished (a stage unwinding after an error): cancelled, and given a
+    // second to finish. MPI may go on reading (a send it cannot cancel) or writing (a matched
+    // receive) the buffer after MPI_Request_free, so then the tensor is kept alive for good
+    // rather than handed back to the allocator; the job is ending anyway.
     ~MpiTransfer() override {
       int finalized = 1;
       if (request == MPI_REQUEST_NULL || MPI_Finalized(&finalized) != MPI_SUCCESS || finalized) {
         return;
       }
       MPI_Cancel(&request);
+      const auto start = std::chrono::steady_clock::now();
+      int done = 0;
+      while (!done && std::chrono::steady_clock::now() - start < std::chrono::seconds(1)) {
+        if (MPI_Test(&request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+      }
+      if (done) return;
       MPI_Request_free(&request);
+      static std::vector<Tensor>* kept = new std::vector<Tensor>();  // never freed, on purpose
+      kept->push_back(tensor);
     }
     void wait() override { owner.wait(&request, 1, op); }
     bool done() override {

@@ -4,9 +4,10 @@
 // kernels that produced their input and before the ones that read their output, with no host
 // synchronisation. Point-to-point transfers (pipeline stages) are staged through host memory
 // over MPI for now: correct, not fast (NCCL's own send/recv, grouped, on per-peer streams, is the
-// faster path still to write). Errors throw with ncclGetErrorString and file:line; abort() is
-// MPI_Abort.
-// The communicator is never destroyed: ncclCommDestroy is collective (a rank leaving alone would
+// faster path still to write); CPU tensors handed to it (small host-side sums and statistics)
+// go through its MPI twin, and a group made by split() is bootstrapped over its own MPI twin as
+// the world's is. Errors throw with ncclGetErrorString and file:line; abort() is MPI_Abort.
+// A communicator is never destroyed: ncclCommDestroy is collective (a rank leaving alone would
 // hang in it) and at exit the CUDA runtime may already be gone; the process's end frees it.
 #include <nccl.h>
 
@@ -14,9 +15,9 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/cuda/check.h"
 #include "core/error.h"
 #include "distributed/communicator.h"
-#include "core/cuda/check.h"
 #include "kernels/cuda/context.h"
 
 #define ACCRUE_NCCL_CHECK(call)                                                             \
@@ -78,26 +79,19 @@ class Nccl final : public Communicator {
     ACCRUE_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     ACCRUE_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
   }
-  // A group of the job: `parent` split by ncclCommSplit, with its MPI twin split the same way.
-  Nccl(Nccl& parent, std::unique_ptr<Communicator> mpi_group, int color, int key)
-      : owned_mpi_(std::move(mpi_group)), mpi_(owned_mpi_.get()), device_(parent.device_) {
-    cuda::context(device_);
-    ACCRUE_NCCL_CHECK(ncclCommSplit(parent.comm_, color, key, &comm_, nullptr));
-    timeout_ = parent.timeout_;
-    ACCRUE_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
-    ACCRUE_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
-    ACCRUE_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
-  }
   int rank() const override { return mpi_->rank(); }
   int world_size() const override { return mpi_->world_size(); }
   int local_rank() const override { return mpi_->local_rank(); }
   const char* backend() const override { return "nccl"; }
 
+  // CPU tensors (a run's small host-side sums, hashes and statistics) go through the MPI twin.
   void all_reduce_sum(Tensor& t) override {
+    if (t.device().is_cpu()) return mpi_->all_reduce_sum(t);
     ACCRUE_NCCL_CHECK(ncclAllReduce(t.raw(), t.raw(), size_t(t.numel()),
                                     nccl_type(t, "all_reduce_sum"), ncclSum, comm_, stream(t)));
   }
   void broadcast(Tensor& t, int root) override {
+    if (t.device().is_cpu()) return mpi_->broadcast(t, root);
     if (root < 0 || root >= world_size()) {
       throw ValueError(
           str_cat("[broadcast] root ", root, " in a world of ", world_size(), " ranks"));
@@ -106,12 +100,14 @@ class Nccl final : public Communicator {
                                     root, comm_, stream(t)));
   }
   void all_gather(const Tensor& in, Tensor& out) override {
+    if (in.device().is_cpu() && out.device().is_cpu()) return mpi_->all_gather(in, out);
     // In place when in is this rank's slice of out: NCCL's own in-place layout.
     check_gather("all_gather", in, out, world_size(), rank());
     ACCRUE_NCCL_CHECK(ncclAllGather(in.raw(), out.raw(), size_t(in.numel()),
                                     nccl_type(in, "all_gather"), comm_, stream(in)));
   }
   void reduce_scatter(const Tensor& in, Tensor& out) override {
+    if (in.device().is_cpu() && out.device().is_cpu()) return mpi_->reduce_scatter(in, out);
     check_gather("reduce_scatter", out, in, world_size());
     ACCRUE_NCCL_CHECK(ncclReduceScatter(in.raw(), out.raw(), size_t(out.numel()),
                                         nccl_type(in, "reduce_scatter"), ncclSum, comm_,
@@ -150,8 +146,10 @@ class Nccl final : public Communicator {
       const double waited =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (timeout() > 0 && waited > timeout()) {
-        throw BackendError(str_cat("[watchdog] rank ", rank(), ": the NCCL collectives before a "
-                                   "barrier did not complete within ", timeout(),
+        throw BackendError(str_cat("[watchdog] rank ", rank(),
+                                   ": the NCCL collectives before a "
+                                   "barrier did not complete within ",
+                                   timeout(),
                                    " s: another rank is stopped, hung or much slower "
                                    "(--comm-timeout sets the limit)"));
       }
@@ -159,19 +157,28 @@ class Nccl final : public Communicator {
     mpi_->set_timeout(timeout());
     mpi_->barrier();
   }
-  // Staged: the device tensor copied to host (after the stream's work), sent over MPI.
+  // Staged: a device tensor copied to host (after the stream's work), sent over MPI; CPU
+  // tensors (the activations' shape headers) go as they are.
   std::unique_ptr<Transfer> isend(const Tensor& t, int peer, int tag) override {
+    if (t.device().is_cpu()) return mpi_->isend(t, peer, tag);
     stream(t);  // checks the device
     return mpi_->isend(t.to(Device::cpu()), peer, tag);
   }
   std::unique_ptr<Transfer> irecv(Tensor& t, int peer, int tag) override {
+    if (t.device().is_cpu()) return mpi_->irecv(t, peer, tag);
     stream(t);
     return std::make_unique<StagedReceive>(*mpi_, t, peer, tag);
   }
+  // A group: its MPI twin split the same way, and a communicator of its own bootstrapped over
+  // the twin as the world's is (no ncclCommSplit: it needs NCCL 2.18).
   std::unique_ptr<Communicator> split(int color, int key) override {
     if (color < 0) throw ValueError(str_cat("[split] color ", color, " is negative"));
-    auto mpi_group = mpi_->split(color, key);
-    return std::make_unique<Nccl>(*this, std::move(mpi_group), color, key);
+    std::unique_ptr<Communicator> mpi_group = mpi_->split(color, key);
+    mpi_group->set_timeout(timeout_);
+    auto group = std::make_unique<Nccl>(*mpi_group, device_);
+    group->owned_mpi_ = std::move(mpi_group);
+    group->timeout_ = timeout_;
+    return group;
   }
   // MPI_Abort ends every process of the job; ncclCommAbort is not called because NCCL requires
   // every rank to call it, and here one rank is failing alone.
@@ -192,14 +199,18 @@ class Nccl final : public Communicator {
   // Received into host memory over MPI; wait() copies it into the device tensor.
   struct StagedReceive final : Transfer {
     StagedReceive(Communicator& mpi, Tensor& t, int peer, int tag)
-        : device_tensor(t), host(Tensor::empty(t.shape(), t.dtype())),
+        : device_tensor(t),
+          host(Tensor::empty(t.shape(), t.dtype())),
           inner(mpi.irecv(host, peer, tag)) {}
     void wait() override {
       inner->wait();
       if (!copied) device_tensor.copy_(host);
       copied = true;
     }
-    bool done() override { return copied || inner->done(); }
+    bool done() override {
+      if (!copied && inner->done()) wait();  // the host data is in: copy it to the device
+      return copied;
+    }
     Tensor device_tensor, host;
     std::unique_ptr<Transfer> inner;
     bool copied = false;

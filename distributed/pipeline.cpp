@@ -136,6 +136,35 @@ SimulatedPipeline simulate_pipeline(const std::vector<std::vector<PipelineAction
   return out;
 }
 
+std::vector<int> balance_stages(const std::vector<int64_t>& sizes, int stages) {
+  const int layers = static_cast<int>(sizes.size());
+  if (stages < 1 || layers < stages) {
+    throw ValueError(str_cat("[pipeline] ", stages,
+                             " stages need at least as many layers; the "
+                             "model has ",
+                             layers));
+  }
+  int64_t total = 0;
+  for (const int64_t n : sizes) total += n;
+  std::vector<int> stage_of(sizes.size());
+  int stage = 0, in_stage = 0;
+  int64_t running = 0;
+  for (int i = 0; i < layers; ++i) {
+    // Move on from a stage that has a layer when the layers left are just enough for the stages
+    // after it, or when this layer would take it past its share by more than half the layer.
+    const bool needed = layers - i == stages - 1 - stage;
+    const bool has_share = running + sizes[i] / 2 > total * (stage + 1) / stages;
+    if (stage < stages - 1 && in_stage > 0 && (needed || has_share)) {
+      ++stage;
+      in_stage = 0;
+    }
+    stage_of[i] = stage;
+    ++in_stage;
+    running += sizes[i];
+  }
+  return stage_of;
+}
+
 PipelineStage::PipelineStage(Communicator& group, DType activations, Device device)
     : group_(group), activations_(activations), device_(device) {}
 

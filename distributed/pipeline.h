@@ -61,6 +61,11 @@ SimulatedPipeline simulate_pipeline(PipelineSchedule schedule, int stages, int m
 SimulatedPipeline simulate_pipeline(const std::vector<std::vector<PipelineAction>>& actions,
                                     double forward_cost = 1, double backward_cost = 1);
 
+// The stage of each layer, given the layers' parameter counts in order: contiguous runs, a cut
+// where the running count passes each stage's equal share, every stage at least one layer
+// (needs at least `stages` layers; throws ValueError otherwise).
+std::vector<int> balance_stages(const std::vector<int64_t>& sizes, int stages);
+
 // What a window did on one stage.
 struct StageWindowStats {
   int max_in_flight = 0;             // micro-batches with activations held at once

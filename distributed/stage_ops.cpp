@@ -1,4 +1,4 @@
-// The stage boundary's send and receive (see stage_ops.h): a header [ndim, dims...] and the
+// The stage boundary's send and receive (see stage_ops.h): a header [dtype, ndim, dims...] and the
 // data, and the tape nodes whose backward moves the gradient the other way.
 #include "distributed/stage_ops.h"
 
@@ -22,27 +22,35 @@ void timed_wait(Transfer& transfer) {
 }
 
 constexpr int kMaxDims = 8;
-constexpr int kHeaderLength = 1 + kMaxDims;  // ndim, then the dims (unused ones 0)
+constexpr int kHeaderLength = 2 + kMaxDims;  // dtype, ndim, then the dims (unused ones 0)
 
-Tensor make_header(const Shape& shape) {
+Tensor make_header(DType dtype, const Shape& shape) {
   if (shape.size() > kMaxDims) {
     throw ShapeError(
         str_cat("[send_activation] at most ", kMaxDims, " dimensions, got ", shape_str(shape)));
   }
   std::vector<int64_t> values(kHeaderLength, 0);
-  values[0] = static_cast<int64_t>(shape.size());
-  for (size_t i = 0; i < shape.size(); ++i) values[1 + i] = shape[i];
+  values[0] = static_cast<int64_t>(dtype);
+  values[1] = static_cast<int64_t>(shape.size());
+  for (size_t i = 0; i < shape.size(); ++i) values[2 + i] = shape[i];
   return Tensor::from_vector({kHeaderLength}, values);
 }
 
-Shape read_header(const Tensor& header, int prev, int micro) {
+// The shape a header announces, after checking its dtype is the one this stage expects.
+Shape read_header(const Tensor& header, DType expected, int prev, int micro) {
   const auto* values = header.data<int64_t>();
-  const int64_t ndim = values[0];
+  if (values[0] != static_cast<int64_t>(expected)) {
+    const bool known = values[0] >= 0 && values[0] <= static_cast<int64_t>(DType::kInt64);
+    throw DTypeError(str_cat("[recv_activation] rank ", prev, " sent micro-batch ", micro, " as ",
+                             known ? dtype_name(static_cast<DType>(values[0])) : "an unknown dtype",
+                             ", this stage expects ", dtype_name(expected)));
+  }
+  const int64_t ndim = values[1];
   if (ndim < 0 || ndim > kMaxDims) {
     throw ValueError(str_cat("[recv_activation] rank ", prev, " sent micro-batch ", micro, " with ",
                              ndim, " dimensions: the ranks run different programs"));
   }
-  Shape shape(values + 1, values + 1 + ndim);
+  Shape shape(values + 2, values + 2 + ndim);
   for (const int64_t d : shape) {
     if (d < 0) {
       throw ValueError(str_cat("[recv_activation] rank ", prev, " sent micro-batch ", micro,
@@ -99,7 +107,7 @@ int gradient_tag(int micro) {
 Tensor send_activation(const Tensor& y, int next, int micro, Communicator& comm) {
   const int tag = activation_tag(micro);
   auto node = std::make_unique<SendActivationBackward>();
-  node->header_sent = comm.isend(make_header(y.shape()), next, tag);
+  node->header_sent = comm.isend(make_header(y.dtype(), y.shape()), next, tag);
   node->data_sent = comm.isend(y, next, tag);
   if (!(grad_enabled() && y.requires_grad())) {
     node->header_sent->wait();
@@ -117,7 +125,7 @@ Tensor recv_activation(int prev, int micro, DType dtype, Device device, Communic
   const int tag = activation_tag(micro);
   Tensor header = Tensor::empty({kHeaderLength}, DType::kInt64);
   timed_wait(*comm.irecv(header, prev, tag));
-  Tensor x = Tensor::empty(read_header(header, prev, micro), dtype, device);
+  Tensor x = Tensor::empty(read_header(header, dtype, prev, micro), dtype, device);
   timed_wait(*comm.irecv(x, prev, tag));
   if (grad_enabled()) {
     auto node = std::make_unique<RecvActivationBackward>();

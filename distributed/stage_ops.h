@@ -6,10 +6,12 @@
 //                 -- x's node sends dL/dx back to `prev`
 // Sending never waits: the activation goes out with isend, and the receive of its gradient is
 // posted at once, so it lands while the stage computes. The shape travels with the activation
-// (a small header before it), so micro-batches of different shapes (the last, short one; padded
-// sequences) need no agreement; the dtype does (the run's compute dtype). Micro-batch m's
+// (a small header before it, with the dtype, which the receiver checks), so micro-batches of
+// different shapes (the last, short one; padded sequences) need no agreement. Micro-batch m's
 // messages carry tag 2m (activation) and 2m + 1 (its gradient), so they cannot be mistaken for
-// another micro-batch's. Read next: pipeline.h, the schedules that call these.
+// another micro-batch's of the same window; the tags repeat every window, so a window that
+// fails on one stage must end the job (the engine does: any error aborts every rank), or a
+// later window could receive its leftovers. Read next: pipeline.h, the schedules that call these.
 #pragma once
 
 #include "core/tensor.h"

@@ -256,6 +256,18 @@ TEST(Dist, SendAndReceiveActivationsAreDifferentiableAcrossRanks) {
     comm().broadcast(l, 1);
     return l.item();
   };
+  // An activation in another dtype than the receiving stage expects is refused by name; the
+  // data message is drained so no later receive meets it.
+  const int odd = 5000;
+  if (r == 0) {
+    distributed::send_activation(full({2, 3}, 1.0, DType::kFloat32), 1, odd, comm());
+  } else {
+    testing::expect_error<DTypeError>(
+        [&] { distributed::recv_activation(0, odd, DType::kFloat64, Device::cpu(), comm()); },
+        {"[recv_activation]", "rank 0", "micro-batch 5000", "float32", "expects float64"});
+    Tensor drained = Tensor::empty({2, 3}, DType::kFloat32);
+    comm().irecv(drained, 0, distributed::activation_tag(odd))->wait();
+  }
   x.set_requires_grad(true);
   if (r == 0) {
     const Tensor token = distributed::send_activation(accrue::tanh(mul(x, w0)), 1, 0, comm());

@@ -108,6 +108,24 @@ TEST(Pipeline, ADeadlockingOrderIsRecognisedAndBadArgumentsNamed) {
   EXPECT_EQ(distributed::parse_pipeline_schedule("1f1b"), PipelineSchedule::kOneFOneB);
 }
 
+// Stages by parameter count: contiguous, each with at least one layer, cut near equal shares.
+TEST(Pipeline, StagesAreBalancedByParametersAndNeverEmpty) {
+  using V = std::vector<int>;
+  EXPECT_EQ(distributed::balance_stages({100, 1, 1, 1}, 4), (V{0, 1, 2, 3}));
+  EXPECT_EQ(distributed::balance_stages({1, 1, 1, 100}, 2), (V{0, 0, 0, 1}));
+  EXPECT_EQ(distributed::balance_stages({5, 5, 5, 5, 5}, 5), (V{0, 1, 2, 3, 4}));
+  EXPECT_EQ(distributed::balance_stages({0, 0, 10}, 2), (V{0, 0, 1}));
+  EXPECT_EQ(distributed::balance_stages({0, 100, 1, 1}, 4), (V{0, 1, 2, 3}));
+  EXPECT_EQ(distributed::balance_stages({10, 10, 10, 10, 10, 10}, 3), (V{0, 0, 1, 1, 2, 2}));
+  // The G2P GPT: small embeddings, four equal blocks, a small head.
+  EXPECT_EQ(distributed::balance_stages({20, 200, 200, 200, 200, 1}, 2), (V{0, 0, 0, 1, 1, 1}));
+  testing::expect_error<ValueError>(
+      [] {
+        distributed::balance_stages({1, 2}, 3);
+      },
+      {"[pipeline]", "3 stages", "has 2"});
+}
+
 // One stage (P = 1, the world of one process) runs a window of 5 micro-batches through a tape
 // each: the gradient equals plain accumulation's bit for bit, every activation is freed, and
 // GPipe holds all 5 in flight while 1F1B holds one.

@@ -85,6 +85,7 @@ class Run {
   void setup_pipeline_groups();
   void build_model();
   std::vector<nn::NamedTensor> assign_stage();
+  void check_layers_own_each_parameter_once() const;
   nn::LossSum run_stages(const optim::Window& w, const Tensor& order, const Tensor& seed);
   void sync_stages();
   void report_stages();
@@ -226,28 +227,13 @@ std::vector<nn::NamedTensor> Run::assign_stage() {
   }
   all_layers_ = task_.layers(*model_);
   const int stages = c_.pipeline, layers = static_cast<int>(all_layers_.size());
-  if (layers < stages) {
-    throw ValueError(str_cat("--pipeline ", stages, ": the model has only ", layers, " layers"));
-  }
   std::vector<int64_t> sizes;
-  int64_t total = 0;
   for (const Layer& l : all_layers_) {
     int64_t n = 0;
     for (nn::Module* m : l.modules) n += m->num_parameters();
-    total += sizes.emplace_back(n);
+    sizes.push_back(n);
   }
-  layer_stage_.assign(layers, 0);
-  int64_t running = 0;
-  int stage = 0;
-  for (int i = 0; i < layers; ++i) {
-    // Move on when this stage has its share, or when the stages left need every layer left.
-    const bool full =
-        stage < stages - 1 && running > 0 &&
-        (running + sizes[i] / 2 > total * (stage + 1) / stages || layers - i == stages - 1 - stage);
-    if (full) ++stage;
-    layer_stage_[i] = stage;
-    running += sizes[i];
-  }
+  layer_stage_ = distributed::balance_stages(sizes, stages);
   std::vector<std::string> plan(stages);
   std::vector<int64_t> counts(stages, 0);
   for (int i = 0; i < layers; ++i) {
@@ -260,6 +246,14 @@ std::vector<nn::NamedTensor> Run::assign_stage() {
     line += str_cat(" | stage ", s, ": ", plan[s], " (", counts[s], " parameters)");
   }
   log(line);
+  for (int s = 0; s < stages; ++s) {
+    if (counts[s] == 0) {
+      throw ValueError(str_cat("--pipeline ", stages, ": stage ", s, " (", plan[s],
+                               ") would hold "
+                               "no parameters; use fewer stages"));
+    }
+  }
+  check_layers_own_each_parameter_once();
   std::unordered_set<const TensorImpl*> mine;
   std::unordered_map<const TensorImpl*, int> owner;  // parameter -> its layer's stage
   for (int i = 0; i < layers; ++i) {
@@ -292,6 +286,23 @@ std::vector<nn::NamedTensor> Run::assign_stage() {
     if (mine.count(named.second.impl().get())) own.push_back(named);
   }
   return own;
+}
+
+// Every parameter of the model belongs to exactly one pipeline layer: one no layer owns would
+// never be trained, one owned twice would sit in two stages' arenas.
+void Run::check_layers_own_each_parameter_once() const {
+  std::unordered_map<const TensorImpl*, int> owners;
+  for (const Layer& l : all_layers_) {
+    for (const Tensor& p : layer_parameters(l)) ++owners[p.impl().get()];
+  }
+  for (const auto& [name, p] : model_->named_parameters()) {
+    const auto it = owners.find(p.impl().get());
+    const int n = it == owners.end() ? 0 : it->second;
+    if (n != 1) {
+      throw ValueError(str_cat(task_.program, ": --pipeline: parameter ", name, " belongs to ", n,
+                               " of the task's layers (Task::layers), not one"));
+    }
+  }
 }
 
 void Run::build_model() {
@@ -1048,7 +1059,7 @@ void Run::report_summary() {
                            {"offload_optimizer", c_.offload_optimizer},
                            {"offload_to_host_bytes", summary_.offload.to_host_bytes},
                            {"offload_from_host_bytes", summary_.offload.from_host_bytes},
-                           {"ranks", comm_->world_size()},
+                           {"ranks", world_->world_size()},
                            {"zero", c_.zero},
                            {"batch", batch.batch},
                            {"micro_batch", batch.micro_batch},
@@ -1113,7 +1124,10 @@ Summary Run::train() {
   build_accumulator();
   run_config_ = run_config();
   resume();
-  if (!c_.save_init.empty()) save_weights(c_.save_init);
+  if (!c_.save_init.empty()) {
+    sync_stages();  // a resumed pipeline's stages hold their own layers only
+    save_weights(c_.save_init);
+  }
   metrics_ = std::make_unique<MetricsLog>(lead_ ? c_.metrics : std::string());
   if (!c_.resume.empty()) metrics_->continue_from(start_.step, start_.epoch);
   const EpochPlan& first = plan_for(0);
