@@ -245,7 +245,7 @@ void TiedParameters::finish() {
     // zeros, the user its copy's gradient.
     Tensor grad = t.param.grad();
     if (stage != t.owner && (stage != t.user || !grad.defined())) {
-      grad = Tensor::zeros(t.param.shape(), t.param.dtype(), t.param.device());
+      grad = Tensor::zeros(t.param.shape(), t.gradient_dtype, t.param.device());
     }
     group_.all_reduce_sum(grad);
     if (stage == t.user && t.param.grad().defined()) t.param.grad().zero_();
@@ -261,6 +261,13 @@ bool TiedParameters::abandon() {
 
 void TiedParameters::after_update() {
   for (Tie& t : ties_) group_.broadcast(t.param, t.owner);
+}
+
+bool TiedParameters::uses(const Tensor& t) const {
+  for (const Tie& tie : ties_) {
+    if (tie.param.impl() == t.impl()) return true;
+  }
+  return false;
 }
 
 bool TiedParameters::copies_identical() {

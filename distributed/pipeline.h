@@ -118,7 +118,8 @@ class TiedParameters : public optim::GradientConsumer, public optim::ParameterSy
  public:
   struct Tie {
     Tensor param;  // this rank's tensor (the owner's arena parameter, or the user's copy)
-    int owner = 0, user = 0;  // stages
+    int owner = 0, user = 0;                 // stages
+    DType gradient_dtype = DType::kFloat32;  // the masters' (the owner's arena gradient)
   };
   TiedParameters(Communicator& group, std::vector<Tie> ties);
   void ready(int64_t, int64_t) override {}
@@ -127,6 +128,8 @@ class TiedParameters : public optim::GradientConsumer, public optim::ParameterSy
   void after_update() override;
   // Collective over the group: whether every user's copy equals its owner's values bit for bit.
   bool copies_identical();
+  // Whether t is the tensor of one of the ties on this rank.
+  bool uses(const Tensor& t) const;
 
  private:
   Communicator& group_;

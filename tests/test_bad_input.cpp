@@ -317,7 +317,7 @@ TEST(BadInput, CommandLineMistakesExitTwoBeforeReadingData) {
       {{"--pipeline", "2"}, {"--pipeline 2", "multiple of 2 ranks", "started 1"}},
       {{"--pipeline", "2", "--zero", "1"}, {"--pipeline", "--zero 1"}},
       {{"--pipeline", "2", "--offload-optimizer"}, {"--pipeline", "--offload-optimizer"}},
-      {{"--pipeline", "2", "--precision", "bf16"}, {"--pipeline", "--precision bf16"}},
+      {{"--pipeline", "2", "--memory-budget", "64MiB"}, {"--pipeline", "--memory-budget"}},
       {{"--pipeline-schedule", "zigzag"}, {"--pipeline-schedule", "zigzag"}},
       {{"--precision", "fp8"}, {"--precision", "fp8"}},
       {{"--model", "resnet"}, {"--model", "resnet"}},

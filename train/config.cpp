@@ -102,13 +102,10 @@ namespace {
 void check_pipeline(const Config& c, int world_size) {
   if (c.pipeline < 1) throw ValueError(str_cat("--pipeline ", c.pipeline, ": at least 1"));
   if (c.pipeline == 1) return;
-  const std::pair<bool, const char*> excluded[] = {
-      {c.zero == 1, "--zero 1"},
-      {c.offload_optimizer, "--offload-optimizer"},
-      {!c.memory_budget.empty(), "--memory-budget"},
-      {c.bucket_kib > 0, "--bucket-kib"},
-      {c.precision == "bf16" || c.precision == "fp16",
-       "--precision bf16 or fp16 (the stages keep no 16-bit working copies yet)"}};
+  const std::pair<bool, const char*> excluded[] = {{c.zero == 1, "--zero 1"},
+                                                   {c.offload_optimizer, "--offload-optimizer"},
+                                                   {!c.memory_budget.empty(), "--memory-budget"},
+                                                   {c.bucket_kib > 0, "--bucket-kib"}};
   for (const auto& [given, flag] : excluded) {
     if (given) throw ValueError(str_cat("--pipeline does not combine with ", flag));
   }

@@ -74,8 +74,8 @@ struct Config {
 };
 
 // --pipeline P: the ranks must split into groups of P, and the stages do not (yet) combine with
-// ZeRO, the offloaded optimizer, the memory budget, overlapped buckets or 16-bit precisions;
-// throws ValueError naming the flag. world_size: every rank of the job.
+// ZeRO, the offloaded optimizer, the memory budget or overlapped buckets; throws ValueError
+// naming the flag. world_size: every rank of the job.
 void check_pipeline(const Config& config, int world_size);
 
 // The dtype of the activations and of the weights the GEMMs read, and of the master weights,

@@ -86,6 +86,8 @@ class Run {
   void build_model();
   std::vector<nn::NamedTensor> assign_stage();
   void check_layers_own_each_parameter_once() const;
+  void hold_other_stages_in_compute_dtype();
+  std::vector<nn::NamedTensor> gathered_masters();
   nn::LossSum run_stages(const optim::Window& w, const Tensor& order, const Tensor& seed);
   void sync_stages();
   void report_stages();
@@ -99,7 +101,7 @@ class Run {
   void resume();
   void validate_position(const Checkpoint& saved);
   void check_stages_resume_alike(int64_t step);
-  void save_weights(const std::string& path);
+  void save_weights(const std::string& path, const std::vector<nn::NamedTensor>& masters);
   void write_checkpoint(const TrainPosition& position);
   void broadcast_buffers();
   void run_epoch(int64_t epoch);
@@ -134,7 +136,8 @@ class Run {
   std::optional<distributed::PipelineStage> stage_;
   std::vector<Layer> stage_layers_;
   std::vector<Layer> all_layers_;
-  std::vector<int> layer_stage_;  // the stage of each of all_layers_
+  std::vector<int> layer_stage_;                // the stage of each of all_layers_
+  std::map<std::string, int> parameter_stage_;  // the stage owning each named parameter
   std::unique_ptr<distributed::GroupSum> stage_norm_sum_, world_sum_;
   std::unique_ptr<distributed::TiedParameters> tied_;  // parameters shared by two stages
   std::unique_ptr<optim::ConsumerChain> tied_then_all_reduce_;
@@ -272,7 +275,7 @@ std::vector<nn::NamedTensor> Run::assign_stage() {
         throw ValueError(str_cat(task_.program, ": layer ", all_layers_[i].name,
                                  " borrows a parameter no layer owns"));
       }
-      if (it->second != layer_stage_[i]) ties.push_back({p, it->second, layer_stage_[i]});
+      if (it->second != layer_stage_[i]) ties.push_back({p, it->second, layer_stage_[i], master_});
     }
   }
   if (!ties.empty()) {
@@ -283,6 +286,7 @@ std::vector<nn::NamedTensor> Run::assign_stage() {
   }
   std::vector<nn::NamedTensor> own;
   for (const auto& named : model_->named_parameters()) {
+    parameter_stage_[named.first] = owner.at(named.second.impl().get());
     if (mine.count(named.second.impl().get())) own.push_back(named);
   }
   return own;
@@ -327,6 +331,43 @@ void Run::build_model() {
   }
   if (compute_ != master_) arena_->use_working_copy(compute_);
   if (c_.offload_optimizer) arena_->offload_masters();
+  if (stage_) hold_other_stages_in_compute_dtype();
+}
+
+// With a 16-bit working copy, a stage's own parameters are 16-bit views of its arena; the other
+// stages' layers it holds (for evaluation, and a tied copy it computes with) take the same dtype,
+// so the whole model reads as one process's does. A tied copy's gradient stays in the master
+// dtype, as an arena's does, for the exchange with its owner.
+void Run::hold_other_stages_in_compute_dtype() {
+  if (compute_ == master_) return;
+  std::unordered_set<const TensorImpl*> own;
+  for (const auto& entry : arena_->entries()) own.insert(entry.param.impl().get());
+  for (auto& [name, p] : model_->named_parameters()) {
+    if (own.count(p.impl().get())) continue;
+    const Tensor working = to_dtype(p, compute_);
+    TensorImpl& impl = *p.impl();
+    impl.storage = working.impl()->storage;
+    impl.offset = working.impl()->offset;
+    impl.dtype = compute_;
+    if (tied_ && tied_->uses(p)) impl.grad = Tensor::zeros(p.shape(), master_, p.device()).impl();
+  }
+}
+
+// The master parameters of every stage, in the model's order, on every rank of the pipeline
+// group (each broadcast by its stage): what --save writes and the summary hashes, as one
+// process's arena would give them. Collective over the pipeline group.
+std::vector<nn::NamedTensor> Run::gathered_masters() {
+  std::map<std::string, Tensor> own;
+  for (const auto& [name, t] : arena_->named_masters()) own.emplace(name, t);
+  std::vector<nn::NamedTensor> out;
+  for (const auto& [name, p] : model_->named_parameters()) {
+    const int owner = parameter_stage_.at(name);
+    Tensor t =
+        owner == stage_->stage() ? own.at(name) : Tensor::empty(p.shape(), master_, p.device());
+    pipeline_group_->broadcast(t, owner);
+    out.emplace_back(name, t);
+  }
+  return out;
 }
 
 // Before any other collective: every rank must train the same model on the same data with the
@@ -1087,25 +1128,25 @@ void Run::finish() {
                                      " steps were skipped (non-finite gradients)",
                                      c_.save.empty() ? "" : "; nothing saved"));
   }
-  summary_.parameter_hash =
-      tensor_hash(stage_ ? model_->named_parameters() : arena_->named_masters());
+  const std::vector<nn::NamedTensor> masters =
+      stage_ ? gathered_masters() : arena_->named_masters();
+  summary_.parameter_hash = tensor_hash(masters);
   summary_.buffer_hash = tensor_hash(model_->named_buffers());
   summary_.buckets_overlapped = acc_->buckets_overlapped();
   summary_.buckets_at_step = acc_->buckets_at_step();
-  if (!c_.save.empty()) save_weights(c_.save);
+  if (!c_.save.empty()) save_weights(c_.save, masters);
 }
 
 // --save and --save-init (rank 0): the weights and buffers, with the task's metadata.
-void Run::save_weights(const std::string& path) {
+void Run::save_weights(const std::string& path, const std::vector<nn::NamedTensor>& masters) {
   if (!lead_) return;
   std::map<std::string, std::string> metadata{{"format", "pt"}};
   if (task_.metadata) {
     for (auto& [key, value] : task_.metadata()) metadata[key] = value;
   }
-  // A pipeline's stages were made whole on every rank (sync_stages): the model holds them all.
-  std::vector<nn::NamedTensor> state = model_->named_parameters();
+  std::vector<nn::NamedTensor> state = masters;
   for (auto& b : model_->named_buffers()) state.push_back(b);
-  optim::save_safetensors(path, stage_ ? state : saved_state(*arena_, *model_), metadata);
+  optim::save_safetensors(path, state, metadata);
   log("saved weights to " + path);
 }
 
@@ -1125,8 +1166,8 @@ Summary Run::train() {
   run_config_ = run_config();
   resume();
   if (!c_.save_init.empty()) {
-    sync_stages();  // a resumed pipeline's stages hold their own layers only
-    save_weights(c_.save_init);
+    sync_stages();  // the buffers of a resumed pipeline's other stages
+    save_weights(c_.save_init, stage_ ? gathered_masters() : arena_->named_masters());
   }
   metrics_ = std::make_unique<MetricsLog>(lead_ ? c_.metrics : std::string());
   if (!c_.resume.empty()) metrics_->continue_from(start_.step, start_.epoch);
