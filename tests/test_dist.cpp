@@ -10,8 +10,8 @@
 
 #include <cmath>
 #include <fstream>
-#include <iterator>
 #include <iostream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -763,6 +763,16 @@ std::filesystem::path shared_g2p_fixture(const std::string& name) {
   return dir;
 }
 
+// A GPT of `layers` blocks, width 8 and 2 heads on the fixture in dir, one epoch, quiet, one
+// thread, no warm-up.
+g2p::Config small_g2p(const std::filesystem::path& dir, const std::string& precision, int layers) {
+  g2p::Config c;
+  c.data = (dir / "dict.txt").string();
+  c.layers = layers, c.heads = 2, c.width = 8, c.precision = precision, c.quiet = true;
+  c.epochs = 1, c.warmup = 0, c.threads = 1;
+  return c;
+}
+
 // Trains accrue-g2p with `c`, saving to dir/<tag>.safetensors; its steps go to `steps`.
 train::Summary train_g2p(g2p::Config c, const std::filesystem::path& dir, const std::string& tag,
                          std::vector<train::StepEvent>& steps) {
@@ -780,10 +790,8 @@ train::Summary train_g2p(g2p::Config c, const std::filesystem::path& dir, const 
 // it stale, the second step's loss would already differ).
 TEST(Dist, G2PPipelineStagesEqualOneProcessWithTheTiedMatrix) {
   const auto dir = shared_g2p_fixture("accrue-g2p-pipeline");
-  g2p::Config c;
-  c.data = (dir / "dict.txt").string();
-  c.layers = 2, c.heads = 2, c.width = 8, c.precision = "fp64", c.quiet = true, c.epochs = 2;
-  c.warmup = 0, c.threads = 1, c.micro_batch = 16, c.accum_steps = 4;
+  g2p::Config c = small_g2p(dir, "fp64", 2);
+  c.epochs = 2, c.micro_batch = 16, c.accum_steps = 4;
   const auto run = [&](const std::string& tag, distributed::Communicator* comm, int pipeline,
                        const std::string& schedule, std::vector<train::StepEvent>& steps) {
     g2p::Config r = c;
@@ -820,10 +828,8 @@ TEST(Dist, G2PPipelineStagesEqualOneProcessWithTheTiedMatrix) {
 // within 1e-4 of one process's (measured on the real dictionary: 4.5e-6 after 30 steps).
 TEST(Dist, G2PPipelineStagesTrainInFp16WithTheLossScale) {
   const auto dir = shared_g2p_fixture("accrue-g2p-pipeline-fp16");
-  g2p::Config c;
-  c.data = (dir / "dict.txt").string();
-  c.layers = 2, c.heads = 2, c.width = 8, c.precision = "fp16", c.quiet = true, c.epochs = 2;
-  c.warmup = 0, c.threads = 1, c.micro_batch = 16, c.accum_steps = 4;
+  g2p::Config c = small_g2p(dir, "fp16", 2);
+  c.epochs = 2, c.micro_batch = 16, c.accum_steps = 4;
   const auto single = distributed::make_single_process();
   std::vector<train::StepEvent> one_steps, steps;
   g2p::Config one = c;
@@ -846,10 +852,8 @@ TEST(Dist, G2PPipelineStagesTrainInFp16WithTheLossScale) {
 // weights to 1e-10; the evaluation, shared between the ranks, equals the one-process result.
 TEST(Dist, G2PTwoRanksEqualOneProcessAndShareTheEvaluation) {
   const auto dir = shared_g2p_fixture("accrue-g2p-dist");
-  g2p::Config c;
-  c.data = (dir / "dict.txt").string();
-  c.layers = 1, c.heads = 2, c.width = 8, c.precision = "fp64", c.quiet = true, c.epochs = 1;
-  c.warmup = 0, c.threads = 1, c.eval = "both";
+  g2p::Config c = small_g2p(dir, "fp64", 1);
+  c.eval = "both";
   const auto run = [&](int64_t micro, int64_t k, distributed::Communicator* comm, const char* tag,
                        std::vector<train::StepEvent>& steps) {
     g2p::Config r = c;
