@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <iterator>
 #include <nlohmann/json.hpp>
@@ -619,18 +620,11 @@ TEST(Dist, MixedPrecisionShardedOrNotTrainsTheSame) {
   }
 }
 
-// A checkpoint written by --zero 1 across the ranks (each rank's slice of the optimizer state
-// gathered into one file) resumes to the bits of an uninterrupted run.
-TEST(Dist, ShardedRunsResumeBitForBit) {
-  const auto data = testing::make_dataset("dist-resume", 1001, 64);
-  mnist::Config c = dp_config(data, "fp32");
-  c.accum_steps = 2;
-  c.zero = 1;
-  c.max_steps = 10;
-  const Recorded whole = train_recorded(c, std::cout);
-  // One folder for both ranks (each rank's fixture folder has its own name), as on a cluster's
-  // shared file system; rank 0 writes it.
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "accrue-dist-resume";
+// Trains `c` to step 5 with a checkpoint at step 5 in a fresh folder shared by the ranks (each
+// rank's fixture folder has its own name), as on a cluster's shared file system; then resumes it
+// to step 10 with `c` as `adjust` leaves it. Returns the resumed run; `c` is the resuming config.
+Recorded checkpoint_and_resume(mnist::Config& c, const std::filesystem::path& dir,
+                               const std::function<void(mnist::Config&)>& adjust = {}) {
   if (comm().rank() == 0) std::filesystem::remove_all(dir);
   comm().barrier();
   c.max_steps = 5;
@@ -640,7 +634,21 @@ TEST(Dist, ShardedRunsResumeBitForBit) {
   c.max_steps = 10;
   c.checkpoint.clear();
   c.resume = dir.string();
-  const Recorded resumed = train_recorded(c, std::cout);
+  if (adjust) adjust(c);
+  return train_recorded(c, std::cout);
+}
+
+// A checkpoint written by --zero 1 across the ranks (each rank's slice of the optimizer state
+// gathered into one file) resumes to the bits of an uninterrupted run.
+TEST(Dist, ShardedRunsResumeBitForBit) {
+  const auto data = testing::make_dataset("dist-resume", 1001, 64);
+  mnist::Config c = dp_config(data, "fp32");
+  c.accum_steps = 2;
+  c.zero = 1;
+  c.max_steps = 10;
+  const Recorded whole = train_recorded(c, std::cout);
+  const Recorded resumed =
+      checkpoint_and_resume(c, std::filesystem::temp_directory_path() / "accrue-dist-resume");
   EXPECT_EQ(resumed.parameter_hash, whole.parameter_hash);
   expect_same_on_every_rank(resumed.parameter_hash);
 }
@@ -656,19 +664,11 @@ TEST(Dist, PipelineStagesResumeBitForBit) {
   const Recorded whole = train_recorded(c, std::cout);
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / "accrue-dist-pipeline-resume";
-  if (comm().rank() == 0) std::filesystem::remove_all(dir);
-  comm().barrier();
-  c.max_steps = 5;
-  c.checkpoint = dir.string();
-  c.checkpoint_every = 5;
-  train_recorded(c, std::cout);
-  EXPECT_TRUE(std::filesystem::exists(dir / "stage-0" / "step-0000000005.json"));
-  EXPECT_TRUE(std::filesystem::exists(dir / "stage-1" / "step-0000000005.json"));
-  c.max_steps = 10;
-  c.checkpoint.clear();
-  c.resume = dir.string();
-  c.pipeline_schedule = "gpipe";  // the same sums in the same order: allowed, and bitwise
-  const Recorded resumed = train_recorded(c, std::cout);
+  const Recorded resumed = checkpoint_and_resume(c, dir, [&](mnist::Config& r) {
+    EXPECT_TRUE(std::filesystem::exists(dir / "stage-0" / "step-0000000005.json"));
+    EXPECT_TRUE(std::filesystem::exists(dir / "stage-1" / "step-0000000005.json"));
+    r.pipeline_schedule = "gpipe";  // the same sums in the same order: allowed, and bitwise
+  });
   EXPECT_EQ(resumed.parameter_hash, whole.parameter_hash);
   expect_same_on_every_rank(resumed.parameter_hash);
   // One process (a world of its own on each rank) cannot take the stages' checkpoints.
