@@ -5,7 +5,10 @@
 // (mixed precision: the GEMMs on bfloat16 operands beside their float32 twins, the Adam pass
 // that also writes the bfloat16 working copy).
 #include "common.h"
+#include <optional>
+
 #include "kernels/backend.h"
+#include "kernels/cpu/conv.h"
 
 namespace accrue::bench {
 
@@ -135,9 +138,14 @@ void gemm_weight_grad(State& state, Device d, DType dtype = DType::kFloat32) {
 }
 
 // Convolution, NCHW, 3 x 3, padding 1: {batch, in channels, out channels, size}. 2 N O OH OW C
-// KH KW FLOP per pass (forward, backward-data, backward-filter alike).
+// KH KW FLOP per pass (forward, backward-data, backward-filter alike), whatever the algorithm:
+// Winograd's GFLOP/s are those of the direct convolution it stands for. On the CPU, `forced`
+// runs one algorithm where it applies (else the backend's choice).
 enum class ConvPass { kForward, kData, kFilter };
-void conv(State& state, Device d, ConvPass pass) {
+void conv(State& state, Device d, ConvPass pass,
+          std::optional<cpu::ConvAlgorithm> forced = std::nullopt) {
+  std::optional<cpu::ForcedConvAlgorithm> force;
+  if (forced) force.emplace(*forced);
   const int64_t n = state.range(0), c = state.range(1), o = state.range(2), hw = state.range(3);
   const Conv2dGeometry g{1, 1, 1, 1, 1, 1};
   Tensor x = filled({n, c, hw, hw}, d, 1), w = filled({o, c, 3, 3}, d, 2), b = filled({o}, d, 3);
@@ -249,15 +257,18 @@ void register_kernel_benchmarks() {
     if (!conv_unavailable_reason(d).empty()) continue;
     for (const std::vector<int64_t>& shape :
          {std::vector<int64_t>{32, 1, 32, 28}, std::vector<int64_t>{32, 32, 64, 14}}) {
-      add("conv2d_forward", [](State& s, Device dd) {
-        conv(s, dd, ConvPass::kForward);
-      })->Args(shape);
-      add("conv2d_backward_data", [](State& s, Device dd) {
-        conv(s, dd, ConvPass::kData);
-      })->Args(shape);
-      add("conv2d_backward_filter", [](State& s, Device dd) {
-        conv(s, dd, ConvPass::kFilter);
-      })->Args(shape);
+      for (const auto& [pass, name] : {std::pair<ConvPass, std::string>{ConvPass::kForward, "forward"},
+                                       {ConvPass::kData, "backward_data"},
+                                       {ConvPass::kFilter, "backward_filter"}}) {
+        add("conv2d_" + name, [pass = pass](State& s, Device dd) { conv(s, dd, pass); })->Args(shape);
+        if (!d.is_cpu()) continue;
+        for (cpu::ConvAlgorithm algorithm :
+             {cpu::ConvAlgorithm::kIm2col, cpu::ConvAlgorithm::kWinograd}) {
+          add(str_cat("conv2d_", name, "_", cpu::conv_algorithm_name(algorithm)),
+              [pass = pass, algorithm](State& s, Device dd) { conv(s, dd, pass, algorithm); })
+              ->Args(shape);
+        }
+      }
       // The layers after each convolution: {batch, its out channels, size}.
       const std::vector<int64_t> after{shape[0], shape[2], shape[3]};
       add("max_pool2d", [](State& s, Device dd) { max_pool(s, dd, false); })->Args(after);

@@ -20,6 +20,7 @@
 #include <cstring>
 
 #include "kernels/cpu/blas.h"
+#include "kernels/cpu/conv.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/gemm_cut.h"
 #include "kernels/cpu/parallel.h"
@@ -29,16 +30,6 @@
 namespace accrue::cpu {
 
 namespace {
-
-// The sizes of one convolution, read off its tensors.
-struct ConvShape {
-  int64_t n, c, h, w, o, kh, kw, oh, ow;
-  int64_t patch() const { return c * kh * kw; }  // rows of cols
-  int64_t pixels() const { return oh * ow; }     // columns of cols
-  int64_t image() const { return c * h * w; }    // one sample of x
-  int64_t output() const { return o * pixels(); }
-  int64_t macs() const { return n * output() * patch(); }
-};
 
 ConvShape conv_shape(const Tensor& x, const Tensor& w, const Tensor& y) {
   return {x.size(0), x.size(1), x.size(2), x.size(3), w.size(0),
@@ -228,13 +219,46 @@ void bias_gradient(const T* dy, const ConvShape& s, double beta, T* dbias) {
 
 }  // namespace
 
+// Winograd where its 16 products per tile pay for the transforms: measured with bench/kernels.cpp
+// (conv2d_*, the algorithms forced) at the MNIST CNN's shapes.
+constexpr int64_t kWinogradMinChannels = 8;
+
+namespace {
+thread_local int forced_algorithm = -1;  // a ConvAlgorithm, or -1: none forced
+}  // namespace
+
+const char* conv_algorithm_name(ConvAlgorithm algorithm) {
+  return algorithm == ConvAlgorithm::kWinograd ? "winograd" : "im2col";
+}
+
+bool winograd_applies(const ConvShape& s, const Conv2dGeometry& g) {
+  return s.kh == 3 && s.kw == 3 && g.stride_h == 1 && g.stride_w == 1 && g.dilation_h == 1 &&
+         g.dilation_w == 1 && g.pad_h >= 0 && g.pad_h <= 2 && g.pad_w >= 0 && g.pad_w <= 2;
+}
+
+ConvAlgorithm conv_algorithm(const ConvShape& s, const Conv2dGeometry& g) {
+  if (!winograd_applies(s, g)) return ConvAlgorithm::kIm2col;
+  if (forced_algorithm >= 0) return static_cast<ConvAlgorithm>(forced_algorithm);
+  return s.c >= kWinogradMinChannels && s.o >= kWinogradMinChannels ? ConvAlgorithm::kWinograd
+                                                                     : ConvAlgorithm::kIm2col;
+}
+
+ForcedConvAlgorithm::ForcedConvAlgorithm(ConvAlgorithm algorithm) : previous_(forced_algorithm) {
+  forced_algorithm = static_cast<int>(algorithm);
+}
+ForcedConvAlgorithm::~ForcedConvAlgorithm() { forced_algorithm = previous_; }
+
 void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias,
                                 const Conv2dGeometry& g, Tensor& y) {
   const ConvShape s = conv_shape(x, w, y);
   if (y.numel() == 0) return;
   ACCRUE_DISPATCH_FLOATING(x.dtype(), "conv2d", [&] {
-    forward(x.data<T>(), w.data<T>(), bias.defined() ? bias.data<T>() : nullptr, s, g, x.dtype(),
-            y.data<T>());
+    const T* b = bias.defined() ? bias.data<T>() : nullptr;
+    if (conv_algorithm(s, g) == ConvAlgorithm::kWinograd) {
+      winograd::forward(x.data<T>(), w.data<T>(), b, s, g, x.dtype(), y.data<T>());
+    } else {
+      forward(x.data<T>(), w.data<T>(), b, s, g, x.dtype(), y.data<T>());
+    }
   });
 }
 
@@ -243,7 +267,11 @@ void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const C
   const ConvShape s = conv_shape(dx, w, dy);
   if (dx.numel() == 0) return;
   ACCRUE_DISPATCH_FLOATING(dy.dtype(), "conv2d_backward_data", [&] {
-    backward_data(dy.data<T>(), w.data<T>(), s, g, dy.dtype(), dx.data<T>());
+    if (conv_algorithm(s, g) == ConvAlgorithm::kWinograd) {
+      winograd::backward_data(dy.data<T>(), w.data<T>(), s, g, dy.dtype(), dx.data<T>());
+    } else {
+      backward_data(dy.data<T>(), w.data<T>(), s, g, dy.dtype(), dx.data<T>());
+    }
   });
 }
 
@@ -252,7 +280,11 @@ void CpuBackend::conv2d_backward_filter(const Tensor& dy, const Tensor& x, const
   const ConvShape s = conv_shape(x, dw, dy);
   ACCRUE_DISPATCH_FLOATING(dy.dtype(), "conv2d_backward_filter", [&] {
     if (dw.numel() > 0) {
-      backward_filter(dy.data<T>(), x.data<T>(), s, g, beta, dy.dtype(), dw.data<T>());
+      if (conv_algorithm(s, g) == ConvAlgorithm::kWinograd) {
+        winograd::backward_filter(dy.data<T>(), x.data<T>(), s, g, beta, dy.dtype(), dw.data<T>());
+      } else {
+        backward_filter(dy.data<T>(), x.data<T>(), s, g, beta, dy.dtype(), dw.data<T>());
+      }
     }
     if (dbias.defined()) bias_gradient(dy.data<T>(), s, beta, dbias.data<T>());
   });

@@ -1,0 +1,65 @@
+// The CPU convolution's two algorithms and the rule that picks one. im2col + GEMM (conv.cpp)
+// takes every geometry; Winograd F(2x2, 3x3) (conv_winograd.cpp) takes 3x3 filters at stride 1,
+// dilation 1 and padding up to 2, and does 16 multiplications per 2x2 output tile and channel pair
+// where the direct convolution does 36.
+//
+// The choice is a fixed function of the shape (never of the thread count or of timings taken at
+// run time), so seeds, resume and thread counts stay bitwise. ForcedConvAlgorithm is the test
+// hook that runs a chosen algorithm wherever it applies.
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "core/geometry.h"
+
+namespace accrue::cpu {
+
+// The sizes of one convolution: x [N, C, H, W], w [O, C, KH, KW], y [N, O, OH, OW].
+struct ConvShape {
+  int64_t n, c, h, w, o, kh, kw, oh, ow;
+  int64_t patch() const { return c * kh * kw; }  // rows of the unfolded patches
+  int64_t pixels() const { return oh * ow; }     // columns of the unfolded patches
+  int64_t image() const { return c * h * w; }    // one sample of x
+  int64_t output() const { return o * pixels(); }
+  int64_t macs() const { return n * output() * patch(); }
+};
+
+enum class ConvAlgorithm { kIm2col, kWinograd };
+
+const char* conv_algorithm_name(ConvAlgorithm algorithm);
+
+// Whether Winograd F(2x2, 3x3) computes this convolution at all.
+bool winograd_applies(const ConvShape& s, const Conv2dGeometry& g);
+
+// The algorithm the CPU backend runs for this convolution (the forced one where it applies).
+ConvAlgorithm conv_algorithm(const ConvShape& s, const Conv2dGeometry& g);
+
+// While alive, the calling thread's convolutions run `algorithm` wherever it applies (tests).
+class ForcedConvAlgorithm {
+ public:
+  explicit ForcedConvAlgorithm(ConvAlgorithm algorithm);
+  ~ForcedConvAlgorithm();
+  ForcedConvAlgorithm(const ForcedConvAlgorithm&) = delete;
+  ForcedConvAlgorithm& operator=(const ForcedConvAlgorithm&) = delete;
+
+ private:
+  int previous_;
+};
+
+// Winograd F(2x2, 3x3), the three passes; each requires winograd_applies(s, g). Deterministic and
+// independent of the thread count: samples in chunks fixed by the shape, the filter gradient's
+// chunk sums added in chunk order.
+namespace winograd {
+template <typename T>
+void forward(const T* x, const T* w, const T* bias, const ConvShape& s, const Conv2dGeometry& g,
+             DType dtype, T* y);
+template <typename T>
+void backward_data(const T* dy, const T* w, const ConvShape& s, const Conv2dGeometry& g,
+                   DType dtype, T* dx);
+template <typename T>
+void backward_filter(const T* dy, const T* x, const ConvShape& s, const Conv2dGeometry& g,
+                     double beta, DType dtype, T* dw);
+}  // namespace winograd
+
+}  // namespace accrue::cpu

@@ -1,0 +1,334 @@
+// CPU Winograd F(2x2, 3x3) convolution (Lavin and Gray, 2015), NCHW, 3x3 filters at stride 1.
+// Each 2x2 output tile reads a 4x4 input tile d; with the constant matrices B, G and A below,
+//   y = A^T [ (G g G^T) (.) (B^T d B) ] A
+// so the 36 multiplications of a tile and channel pair become 16 element-wise products, and summed
+// over the input channels those are 16 GEMMs: for each of the 16 positions xi of the 4x4 tile,
+//   M[xi] [O, tiles] = U[xi] [O, C] @ V[xi] [C, tiles].
+// The backward passes are the same machinery: the data gradient is the forward convolution of dy
+// with the filters flipped and their channels swapped (padding 2 - pad), and the filter gradient
+// is the adjoint of the forward formula, dU[xi] = dM[xi] @ V[xi]^T with dM = A dy A^T, brought
+// back to 3x3 as G^T dU G.
+//
+// Samples go in chunks fixed by the shape (the transformed tiles of a chunk sized to stay in the
+// cache), each chunk on one thread with single-threaded BLAS calls; the filter gradient's chunk
+// sums are added in chunk order. So results do not depend on the thread count.
+//
+// The transforms run along a row of tiles at a time, reading padded rows with unit stride, so the
+// compiler vectorises them over the tiles.
+#include <algorithm>
+#include <cstring>
+
+#include "core/tensor.h"
+#include "kernels/cpu/blas.h"
+#include "kernels/cpu/conv.h"
+#include "kernels/cpu/gemm_cut.h"
+#include "kernels/cpu/parallel.h"
+#include "kernels/cpu/scratch.h"
+
+namespace accrue::cpu::winograd {
+
+namespace {
+
+constexpr int64_t kPositions = 16;  // of a 4x4 tile: the number of GEMMs
+
+// The transformed tiles of one chunk (input and output sides) stay within this many bytes.
+constexpr int64_t kChunkBytes = int64_t{1} << 20;
+// The chunk count is a multiple of this (when there are enough samples), so teams of 2, 4 and 8
+// threads share the chunks evenly.
+constexpr int64_t kChunkMultiple = 8;
+
+// A sample's 2x2 output tiles, th x tw of them.
+struct Tiling {
+  int64_t th, tw;
+  int64_t per_sample() const { return th * tw; }
+  int64_t input_row() const { return 2 * tw + 2; }  // the tiles' reach along a padded input row
+};
+Tiling tiling(const ConvShape& s) { return {(s.oh + 1) / 2, (s.ow + 1) / 2}; }
+
+struct Chunks {
+  int64_t samples, count;  // samples per chunk (the last may hold fewer), chunks
+  int64_t first(int64_t chunk) const { return chunk * samples; }
+  int64_t end(int64_t chunk, int64_t n) const { return std::min(n, (chunk + 1) * samples); }
+};
+Chunks chunks(const ConvShape& s, const Tiling& tiles, int64_t element_bytes) {
+  const int64_t bytes = s.n * kPositions * (s.c + s.o) * tiles.per_sample() * element_bytes;
+  int64_t count = std::max<int64_t>(1, (bytes + kChunkBytes - 1) / kChunkBytes);
+  count = std::min(s.n, (count + kChunkMultiple - 1) / kChunkMultiple * kChunkMultiple);
+  const int64_t samples = (s.n + count - 1) / count;
+  return {samples, (s.n + samples - 1) / samples};
+}
+
+// U [16, outs, ins] = G g G^T for each filter g = filter(out, in) (a pointer to 3x3 values read
+// as g[i * 3 + j] through at(g, i, j)), G = [1 0 0; 1/2 1/2 1/2; 1/2 -1/2 1/2; 0 0 1].
+template <typename T, typename Filter>
+void transform_filters(int64_t outs, int64_t ins, Filter filter, T* u) {
+  for (int64_t out = 0; out < outs; ++out) {
+    for (int64_t in = 0; in < ins; ++in) {
+      T gg[4][3];  // G g
+      for (int j = 0; j < 3; ++j) {
+        const T g0 = filter(out, in, 0, j), g1 = filter(out, in, 1, j), g2 = filter(out, in, 2, j);
+        gg[0][j] = g0;
+        gg[1][j] = T(0.5) * (g0 + g1 + g2);
+        gg[2][j] = T(0.5) * (g0 - g1 + g2);
+        gg[3][j] = g2;
+      }
+      for (int i = 0; i < 4; ++i) {
+        const T row[4] = {gg[i][0], T(0.5) * (gg[i][0] + gg[i][1] + gg[i][2]),
+                          T(0.5) * (gg[i][0] - gg[i][1] + gg[i][2]), gg[i][2]};
+        for (int j = 0; j < 4; ++j) u[((i * 4 + j) * outs + out) * ins + in] = row[j];
+      }
+    }
+  }
+}
+
+// V [16, C, ld] columns t0 ... of one sample x [C, H, W]: B^T d B for each tile d, with
+// B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1]. rows: 8 padded input rows of scratch.
+template <typename T>
+void input_tiles(const T* x, const ConvShape& s, const Conv2dGeometry& g, const Tiling& tiles,
+                 int64_t ld, int64_t t0, T* rows, T* v) {
+  const int64_t width = tiles.input_row();
+  T* r[4] = {rows, rows + width, rows + 2 * width, rows + 3 * width};
+  T* d[4] = {rows + 4 * width, rows + 5 * width, rows + 6 * width, rows + 7 * width};
+  for (int64_t c = 0; c < s.c; ++c) {
+    const T* plane = x + c * s.h * s.w;
+    for (int64_t ty = 0; ty < tiles.th; ++ty) {
+      for (int i = 0; i < 4; ++i) {  // the tile row's 4 input rows, zero-padded
+        const int64_t ih = 2 * ty - g.pad_h + i;
+        std::fill(r[i], r[i] + width, T(0));
+        if (ih >= 0 && ih < s.h) std::copy(plane + ih * s.w, plane + (ih + 1) * s.w, r[i] + g.pad_w);
+      }
+      for (int64_t j = 0; j < width; ++j) {  // B^T over the rows
+        d[0][j] = r[0][j] - r[2][j];
+        d[1][j] = r[1][j] + r[2][j];
+        d[2][j] = r[2][j] - r[1][j];
+        d[3][j] = r[1][j] - r[3][j];
+      }
+      for (int a = 0; a < 4; ++a) {  // B over each tile's columns
+        const T* in = d[a];
+        T* out0 = v + ((a * 4 + 0) * s.c + c) * ld + t0 + ty * tiles.tw;
+        T* out1 = out0 + s.c * ld;
+        T* out2 = out1 + s.c * ld;
+        T* out3 = out2 + s.c * ld;
+        for (int64_t tx = 0; tx < tiles.tw; ++tx) {
+          const T* p = in + 2 * tx;
+          out0[tx] = p[0] - p[2];
+          out1[tx] = p[1] + p[2];
+          out2[tx] = p[2] - p[1];
+          out3[tx] = p[1] - p[3];
+        }
+      }
+    }
+  }
+}
+
+// One sample's y [O, OH, OW] = bias + A^T m A for each tile's m (from M [16, O, ld], columns
+// t0 ...), A^T = [1 1 1 0; 0 1 -1 -1]; edge tiles clipped. rows: 2 rows of 2 tw of scratch.
+template <typename T>
+void output_tiles(const T* m, const ConvShape& s, const Tiling& tiles, int64_t ld, int64_t t0,
+                  const T* bias, T* rows, T* y) {
+  T* top = rows;
+  T* bottom = rows + 2 * tiles.tw;
+  for (int64_t o = 0; o < s.o; ++o) {
+    const T b = bias ? bias[o] : T(0);
+    for (int64_t ty = 0; ty < tiles.th; ++ty) {
+      const T* at[16];
+      for (int xi = 0; xi < 16; ++xi) at[xi] = m + (xi * s.o + o) * ld + t0 + ty * tiles.tw;
+      for (int64_t tx = 0; tx < tiles.tw; ++tx) {
+        T col[4][2];  // A over each row's columns
+        for (int a = 0; a < 4; ++a) {
+          const T m0 = at[a * 4][tx], m1 = at[a * 4 + 1][tx], m2 = at[a * 4 + 2][tx],
+                  m3 = at[a * 4 + 3][tx];
+          col[a][0] = m0 + m1 + m2;
+          col[a][1] = m1 - m2 - m3;
+        }
+        top[2 * tx] = b + (col[0][0] + col[1][0] + col[2][0]);  // A^T over the rows
+        top[2 * tx + 1] = b + (col[0][1] + col[1][1] + col[2][1]);
+        bottom[2 * tx] = b + (col[1][0] - col[2][0] - col[3][0]);
+        bottom[2 * tx + 1] = b + (col[1][1] - col[2][1] - col[3][1]);
+      }
+      T* plane = y + o * s.oh * s.ow;
+      std::copy(top, top + s.ow, plane + 2 * ty * s.ow);
+      if (2 * ty + 1 < s.oh) std::copy(bottom, bottom + s.ow, plane + (2 * ty + 1) * s.ow);
+    }
+  }
+}
+
+// dM [16, O, ld] columns t0 ... of one sample's dy [O, OH, OW]: A g A^T for each 2x2 tile g
+// (outputs past the edge are zero). rows: 6 rows of 2 tw of scratch.
+template <typename T>
+void gradient_tiles(const T* dy, const ConvShape& s, const Tiling& tiles, int64_t ld, int64_t t0,
+                    T* rows, T* dm) {
+  const int64_t width = 2 * tiles.tw;
+  T* g0 = rows;
+  T* g1 = rows + width;
+  T* e[4] = {g0, rows + 2 * width, rows + 3 * width, rows + 4 * width};
+  for (int64_t o = 0; o < s.o; ++o) {
+    const T* plane = dy + o * s.oh * s.ow;
+    for (int64_t ty = 0; ty < tiles.th; ++ty) {
+      std::fill(g0 + s.ow, g0 + width, T(0));
+      std::copy(plane + 2 * ty * s.ow, plane + (2 * ty + 1) * s.ow, g0);
+      std::fill(g1, g1 + width, T(0));
+      if (2 * ty + 1 < s.oh) std::copy(plane + (2 * ty + 1) * s.ow, plane + (2 * ty + 2) * s.ow, g1);
+      for (int64_t j = 0; j < width; ++j) {  // A over the rows: g0, g0 + g1, g0 - g1, -g1
+        e[1][j] = g0[j] + g1[j];
+        e[2][j] = g0[j] - g1[j];
+        e[3][j] = -g1[j];
+      }
+      for (int a = 0; a < 4; ++a) {  // A^T over each tile's columns
+        const T* in = e[a];
+        T* out0 = dm + ((a * 4 + 0) * s.o + o) * ld + t0 + ty * tiles.tw;
+        T* out1 = out0 + s.o * ld;
+        T* out2 = out1 + s.o * ld;
+        T* out3 = out2 + s.o * ld;
+        for (int64_t tx = 0; tx < tiles.tw; ++tx) {
+          const T x0 = in[2 * tx], x1 = in[2 * tx + 1];
+          out0[tx] = x0;
+          out1[tx] = x0 + x1;
+          out2[tx] = x0 - x1;
+          out3[tx] = -x1;
+        }
+      }
+    }
+  }
+}
+
+void check_blas_sizes(const ConvShape& s, const Chunks& chunks, const Tiling& tiles,
+                      const char* op) {
+  blas_int(s.o, op, "out channels");
+  blas_int(s.c, op, "in channels");
+  blas_int(chunks.samples * tiles.per_sample(), op, "tiles per chunk");
+}
+
+// y [N, O, OH, OW] = bias + the convolution of x [N, C, H, W] with the filters whose transforms
+// are u [16, O, C].
+template <typename T>
+void convolve(const T* x, const T* u, const T* bias, const ConvShape& s, const Conv2dGeometry& g,
+              DType dtype, T* y, const char* op) {
+  const Tiling tiles = tiling(s);
+  const Chunks ch = chunks(s, tiles, sizeof(T));
+  check_blas_sizes(s, ch, tiles, op);
+  const int64_t most = ch.samples * tiles.per_sample();  // tiles of the largest chunk
+  const int64_t v_size = kPositions * s.c * most, m_size = kPositions * s.o * most;
+  ThreadScratch<T> scratch(1, v_size + m_size + 8 * tiles.input_row(), dtype);
+  for_library_calls(ch.count, s.macs() >= kParallelMacs, [&](int64_t chunk) {
+    T* v = scratch.mine();
+    T* m = v + v_size;
+    T* rows = m + m_size;
+    const int64_t first = ch.first(chunk), end = ch.end(chunk, s.n);
+    const int64_t ld = (end - first) * tiles.per_sample();
+    for (int64_t n = first; n < end; ++n) {
+      input_tiles(x + n * s.image(), s, g, tiles, ld, (n - first) * tiles.per_sample(), rows, v);
+    }
+    for (int64_t xi = 0; xi < kPositions; ++xi) {
+      blas(CblasNoTrans, CblasNoTrans, int(s.o), int(ld), int(s.c), T(1), u + xi * s.o * s.c,
+           int(s.c), v + xi * s.c * ld, int(ld), T(0), m + xi * s.o * ld, int(ld));
+    }
+    for (int64_t n = first; n < end; ++n) {
+      output_tiles(m, s, tiles, ld, (n - first) * tiles.per_sample(), bias, rows,
+                   y + n * s.output());
+    }
+  });
+}
+
+}  // namespace
+
+template <typename T>
+void forward(const T* x, const T* w, const T* bias, const ConvShape& s, const Conv2dGeometry& g,
+             DType dtype, T* y) {
+  // x [N, C, H, W], w [O, C, 3, 3] -> y [N, O, OH, OW]
+  Tensor u = Tensor::empty({kPositions, s.o, s.c}, dtype, Device::cpu());
+  transform_filters(
+      s.o, s.c,
+      [=](int64_t o, int64_t c, int i, int j) { return w[((o * s.c + c) * 3 + i) * 3 + j]; },
+      u.data<T>());
+  convolve(x, u.data<T>(), bias, s, g, dtype, y, "conv2d");
+}
+
+template <typename T>
+void backward_data(const T* dy, const T* w, const ConvShape& s, const Conv2dGeometry& g,
+                   DType dtype, T* dx) {
+  // dx [N, C, H, W] = dy [N, O, OH, OW] convolved with w [O, C, 3, 3] flipped as [C, O, 3, 3]
+  const ConvShape flipped{s.n, s.o, s.oh, s.ow, s.c, 3, 3, s.h, s.w};
+  Conv2dGeometry full = g;
+  full.pad_h = 2 - g.pad_h;
+  full.pad_w = 2 - g.pad_w;
+  Tensor u = Tensor::empty({kPositions, s.c, s.o}, dtype, Device::cpu());
+  transform_filters(
+      s.c, s.o,
+      [=](int64_t c, int64_t o, int i, int j) {
+        return w[((o * s.c + c) * 3 + (2 - i)) * 3 + (2 - j)];
+      },
+      u.data<T>());
+  convolve(dy, u.data<T>(), static_cast<const T*>(nullptr), flipped, full, dtype, dx,
+           "conv2d_backward_data");
+}
+
+template <typename T>
+void backward_filter(const T* dy, const T* x, const ConvShape& s, const Conv2dGeometry& g,
+                     double beta, DType dtype, T* dw) {
+  // dw [O, C, 3, 3] = beta dw + G^T (sum over chunks of dM [16, O, tiles] @ V [16, C, tiles]^T) G
+  const Tiling tiles = tiling(s);
+  const Chunks ch = chunks(s, tiles, sizeof(T));
+  check_blas_sizes(s, ch, tiles, "conv2d_backward_filter");
+  const int64_t most = ch.samples * tiles.per_sample();
+  const int64_t v_size = kPositions * s.c * most, m_size = kPositions * s.o * most;
+  const int64_t rows_size = std::max(8 * tiles.input_row(), 10 * tiles.tw);
+  const int64_t transformed = kPositions * s.o * s.c;
+  ThreadScratch<T> scratch(1, v_size + m_size + rows_size, dtype);
+  Tensor partials = Tensor::empty({ch.count, transformed}, dtype, Device::cpu());
+  T* partial = partials.data<T>();
+  for_library_calls(ch.count, s.macs() >= kParallelMacs, [&](int64_t chunk) {
+    T* v = scratch.mine();
+    T* dm = v + v_size;
+    T* rows = dm + m_size;
+    const int64_t first = ch.first(chunk), end = ch.end(chunk, s.n);
+    const int64_t ld = (end - first) * tiles.per_sample();
+    for (int64_t n = first; n < end; ++n) {
+      const int64_t t0 = (n - first) * tiles.per_sample();
+      input_tiles(x + n * s.image(), s, g, tiles, ld, t0, rows, v);
+      gradient_tiles(dy + n * s.output(), s, tiles, ld, t0, rows, dm);
+    }
+    for (int64_t xi = 0; xi < kPositions; ++xi) {
+      blas(CblasNoTrans, CblasTrans, int(s.o), int(s.c), int(ld), T(1), dm + xi * s.o * ld, int(ld),
+           v + xi * s.c * ld, int(ld), T(0), partial + chunk * transformed + xi * s.o * s.c,
+           int(s.c));
+    }
+  });
+  for_range(s.o * s.c, s.o * s.c * kPositions * ch.count, [=](int64_t pair) {  // o * C + c
+    T du[4][4];
+    for (int xi = 0; xi < 16; ++xi) {
+      T total = 0;
+      for (int64_t chunk = 0; chunk < ch.count; ++chunk) {
+        total += partial[chunk * transformed + xi * s.o * s.c + pair];
+      }
+      du[xi / 4][xi % 4] = total;
+    }
+    T r[3][4];  // G^T dU, G^T = [1 1/2 1/2 0; 0 1/2 -1/2 0; 0 1/2 1/2 1]
+    for (int j = 0; j < 4; ++j) {
+      r[0][j] = du[0][j] + T(0.5) * (du[1][j] + du[2][j]);
+      r[1][j] = T(0.5) * (du[1][j] - du[2][j]);
+      r[2][j] = T(0.5) * (du[1][j] + du[2][j]) + du[3][j];
+    }
+    for (int i = 0; i < 3; ++i) {
+      const T row[3] = {r[i][0] + T(0.5) * (r[i][1] + r[i][2]), T(0.5) * (r[i][1] - r[i][2]),
+                        T(0.5) * (r[i][1] + r[i][2]) + r[i][3]};
+      for (int j = 0; j < 3; ++j) {
+        T& out = dw[pair * 9 + i * 3 + j];
+        out = beta == 0 ? row[j] : T(beta) * out + row[j];
+      }
+    }
+  });
+}
+
+#define ACCRUE_WINOGRAD_INSTANTIATE(T)                                                       \
+  template void forward<T>(const T*, const T*, const T*, const ConvShape&,                  \
+                           const Conv2dGeometry&, DType, T*);                               \
+  template void backward_data<T>(const T*, const T*, const ConvShape&, const Conv2dGeometry&, \
+                                 DType, T*);                                                \
+  template void backward_filter<T>(const T*, const T*, const ConvShape&,                    \
+                                   const Conv2dGeometry&, double, DType, T*);
+ACCRUE_WINOGRAD_INSTANTIATE(float)
+ACCRUE_WINOGRAD_INSTANTIATE(double)
+#undef ACCRUE_WINOGRAD_INSTANTIATE
+
+}  // namespace accrue::cpu::winograd
