@@ -4,9 +4,9 @@
 // benchmark (the footprint is the distinct memory it touches); float32 unless a name says bf16
 // (mixed precision: the GEMMs on bfloat16 operands beside their float32 twins, the Adam pass
 // that also writes the bfloat16 working copy).
-#include "common.h"
 #include <optional>
 
+#include "common.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/conv.h"
 
@@ -141,7 +141,7 @@ void gemm_weight_grad(State& state, Device d, DType dtype = DType::kFloat32) {
 // KH KW FLOP per pass (forward, backward-data, backward-filter alike), whatever the algorithm:
 // Winograd's GFLOP/s are those of the direct convolution it stands for. On the CPU, `forced`
 // runs one algorithm where it applies (else the backend's choice).
-enum class ConvPass { kForward, kData, kFilter };
+using cpu::ConvPass;
 void conv(State& state, Device d, ConvPass pass,
           std::optional<cpu::ConvAlgorithm> forced = std::nullopt) {
   std::optional<cpu::ForcedConvAlgorithm> force;
@@ -155,8 +155,8 @@ void conv(State& state, Device d, ConvPass pass,
   Backend& be = backend_for(d);
   const double seconds = run_timed(state, d, [&] {
     if (pass == ConvPass::kForward) be.conv2d_forward(x, w, b, g, y);
-    if (pass == ConvPass::kData) be.conv2d_backward_data(y, w, g, dx);
-    if (pass == ConvPass::kFilter) be.conv2d_backward_filter(y, x, g, 1.0, dw, db);
+    if (pass == ConvPass::kBackwardData) be.conv2d_backward_data(y, w, g, dx);
+    if (pass == ConvPass::kBackwardFilter) be.conv2d_backward_filter(y, x, g, 1.0, dw, db);
   });
   report_flops(state, d, seconds, 2.0 * n * o * hw * hw * c * 9);
 }
@@ -257,11 +257,14 @@ void register_kernel_benchmarks() {
     if (!conv_unavailable_reason(d).empty()) continue;
     for (const std::vector<int64_t>& shape :
          {std::vector<int64_t>{32, 1, 32, 28}, std::vector<int64_t>{32, 32, 64, 14}}) {
-      for (const auto& [pass, name] : {std::pair<ConvPass, std::string>{ConvPass::kForward, "forward"},
-                                       {ConvPass::kData, "backward_data"},
-                                       {ConvPass::kFilter, "backward_filter"}}) {
-        add("conv2d_" + name, [pass = pass](State& s, Device dd) { conv(s, dd, pass); })->Args(shape);
-        if (!d.is_cpu()) continue;
+      for (const auto& [pass, name] :
+           {std::pair<ConvPass, std::string>{ConvPass::kForward, "forward"},
+            {ConvPass::kBackwardData, "backward_data"},
+            {ConvPass::kBackwardFilter, "backward_filter"}}) {
+        add("conv2d_" + name, [pass = pass](State& s, Device dd) {
+          conv(s, dd, pass);
+        })->Args(shape);
+        if (!d.is_cpu() || pass == ConvPass::kBackwardFilter) continue;  // Winograd: not for dW
         for (cpu::ConvAlgorithm algorithm :
              {cpu::ConvAlgorithm::kIm2col, cpu::ConvAlgorithm::kWinograd}) {
           add(str_cat("conv2d_", name, "_", cpu::conv_algorithm_name(algorithm)),

@@ -231,22 +231,25 @@ const char* conv_algorithm_name(ConvAlgorithm algorithm) {
   return algorithm == ConvAlgorithm::kWinograd ? "winograd" : "im2col";
 }
 
-bool winograd_applies(const ConvShape& s, const Conv2dGeometry& g) {
-  return s.kh == 3 && s.kw == 3 && g.stride_h == 1 && g.stride_w == 1 && g.dilation_h == 1 &&
-         g.dilation_w == 1 && g.pad_h >= 0 && g.pad_h <= 2 && g.pad_w >= 0 && g.pad_w <= 2;
+bool winograd_applies(const ConvShape& s, const Conv2dGeometry& g, ConvPass pass) {
+  return pass != ConvPass::kBackwardFilter && s.kh == 3 && s.kw == 3 && g.stride_h == 1 &&
+         g.stride_w == 1 && g.dilation_h == 1 && g.dilation_w == 1 && g.pad_h >= 0 &&
+         g.pad_h <= 2 && g.pad_w >= 0 && g.pad_w <= 2;
 }
 
-ConvAlgorithm conv_algorithm(const ConvShape& s, const Conv2dGeometry& g) {
-  if (!winograd_applies(s, g)) return ConvAlgorithm::kIm2col;
+ConvAlgorithm conv_algorithm(const ConvShape& s, const Conv2dGeometry& g, ConvPass pass) {
+  if (!winograd_applies(s, g, pass)) return ConvAlgorithm::kIm2col;
   if (forced_algorithm >= 0) return static_cast<ConvAlgorithm>(forced_algorithm);
   return s.c >= kWinogradMinChannels && s.o >= kWinogradMinChannels ? ConvAlgorithm::kWinograd
-                                                                     : ConvAlgorithm::kIm2col;
+                                                                    : ConvAlgorithm::kIm2col;
 }
 
 ForcedConvAlgorithm::ForcedConvAlgorithm(ConvAlgorithm algorithm) : previous_(forced_algorithm) {
   forced_algorithm = static_cast<int>(algorithm);
 }
-ForcedConvAlgorithm::~ForcedConvAlgorithm() { forced_algorithm = previous_; }
+ForcedConvAlgorithm::~ForcedConvAlgorithm() {
+  forced_algorithm = previous_;
+}
 
 void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias,
                                 const Conv2dGeometry& g, Tensor& y) {
@@ -254,7 +257,7 @@ void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& 
   if (y.numel() == 0) return;
   ACCRUE_DISPATCH_FLOATING(x.dtype(), "conv2d", [&] {
     const T* b = bias.defined() ? bias.data<T>() : nullptr;
-    if (conv_algorithm(s, g) == ConvAlgorithm::kWinograd) {
+    if (conv_algorithm(s, g, ConvPass::kForward) == ConvAlgorithm::kWinograd) {
       winograd::forward(x.data<T>(), w.data<T>(), b, s, g, x.dtype(), y.data<T>());
     } else {
       forward(x.data<T>(), w.data<T>(), b, s, g, x.dtype(), y.data<T>());
@@ -267,7 +270,7 @@ void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const C
   const ConvShape s = conv_shape(dx, w, dy);
   if (dx.numel() == 0) return;
   ACCRUE_DISPATCH_FLOATING(dy.dtype(), "conv2d_backward_data", [&] {
-    if (conv_algorithm(s, g) == ConvAlgorithm::kWinograd) {
+    if (conv_algorithm(s, g, ConvPass::kBackwardData) == ConvAlgorithm::kWinograd) {
       winograd::backward_data(dy.data<T>(), w.data<T>(), s, g, dy.dtype(), dx.data<T>());
     } else {
       backward_data(dy.data<T>(), w.data<T>(), s, g, dy.dtype(), dx.data<T>());
@@ -279,13 +282,8 @@ void CpuBackend::conv2d_backward_filter(const Tensor& dy, const Tensor& x, const
                                         double beta, Tensor& dw, Tensor& dbias) {
   const ConvShape s = conv_shape(x, dw, dy);
   ACCRUE_DISPATCH_FLOATING(dy.dtype(), "conv2d_backward_filter", [&] {
-    if (dw.numel() > 0) {
-      if (conv_algorithm(s, g) == ConvAlgorithm::kWinograd) {
-        winograd::backward_filter(dy.data<T>(), x.data<T>(), s, g, beta, dy.dtype(), dw.data<T>());
-      } else {
-        backward_filter(dy.data<T>(), x.data<T>(), s, g, beta, dy.dtype(), dw.data<T>());
-      }
-    }
+    if (dw.numel() > 0)
+      backward_filter(dy.data<T>(), x.data<T>(), s, g, beta, dy.dtype(), dw.data<T>());
     if (dbias.defined()) bias_gradient(dy.data<T>(), s, beta, dbias.data<T>());
   });
 }

@@ -1,7 +1,11 @@
 // The CPU convolution's two algorithms and the rule that picks one. im2col + GEMM (conv.cpp)
-// takes every geometry; Winograd F(2x2, 3x3) (conv_winograd.cpp) takes 3x3 filters at stride 1,
-// dilation 1 and padding up to 2, and does 16 multiplications per 2x2 output tile and channel pair
-// where the direct convolution does 36.
+// takes every geometry and pass; Winograd F(2x2, 3x3) (conv_winograd.cpp) takes the forward and
+// data-gradient passes of 3x3 filters at stride 1, dilation 1 and padding up to 2, and does 16
+// multiplications per 2x2 output tile and channel pair where the direct convolution does 36.
+//
+// Winograd's filter gradient was written and measured too (faster than im2col at the CNN's
+// conv2, 1.60 ms against 1.95) and dropped: G^T dU G adds up terms several times larger than the
+// result, and its float32 error came out at 1.2-1.8x the backend table's bound.
 //
 // The choice is a fixed function of the shape (never of the thread count or of timings taken at
 // run time), so seeds, resume and thread counts stay bitwise. ForcedConvAlgorithm is the test
@@ -26,14 +30,15 @@ struct ConvShape {
 };
 
 enum class ConvAlgorithm { kIm2col, kWinograd };
+enum class ConvPass { kForward, kBackwardData, kBackwardFilter };
 
 const char* conv_algorithm_name(ConvAlgorithm algorithm);
 
-// Whether Winograd F(2x2, 3x3) computes this convolution at all.
-bool winograd_applies(const ConvShape& s, const Conv2dGeometry& g);
+// Whether Winograd F(2x2, 3x3) computes this pass of this convolution at all.
+bool winograd_applies(const ConvShape& s, const Conv2dGeometry& g, ConvPass pass);
 
-// The algorithm the CPU backend runs for this convolution (the forced one where it applies).
-ConvAlgorithm conv_algorithm(const ConvShape& s, const Conv2dGeometry& g);
+// The algorithm the CPU backend runs for this pass (the forced one where it applies).
+ConvAlgorithm conv_algorithm(const ConvShape& s, const Conv2dGeometry& g, ConvPass pass);
 
 // While alive, the calling thread's convolutions run `algorithm` wherever it applies (tests).
 class ForcedConvAlgorithm {
@@ -47,9 +52,8 @@ class ForcedConvAlgorithm {
   int previous_;
 };
 
-// Winograd F(2x2, 3x3), the three passes; each requires winograd_applies(s, g). Deterministic and
-// independent of the thread count: samples in chunks fixed by the shape, the filter gradient's
-// chunk sums added in chunk order.
+// Winograd F(2x2, 3x3), its two passes; each requires winograd_applies. Deterministic and
+// independent of the thread count: samples in chunks fixed by the shape.
 namespace winograd {
 template <typename T>
 void forward(const T* x, const T* w, const T* bias, const ConvShape& s, const Conv2dGeometry& g,
@@ -57,9 +61,6 @@ void forward(const T* x, const T* w, const T* bias, const ConvShape& s, const Co
 template <typename T>
 void backward_data(const T* dy, const T* w, const ConvShape& s, const Conv2dGeometry& g,
                    DType dtype, T* dx);
-template <typename T>
-void backward_filter(const T* dy, const T* x, const ConvShape& s, const Conv2dGeometry& g,
-                     double beta, DType dtype, T* dw);
 }  // namespace winograd
 
 }  // namespace accrue::cpu

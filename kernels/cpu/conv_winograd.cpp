@@ -4,17 +4,16 @@
 // so the 36 multiplications of a tile and channel pair become 16 element-wise products, and summed
 // over the input channels those are 16 GEMMs: for each of the 16 positions xi of the 4x4 tile,
 //   M[xi] [O, tiles] = U[xi] [O, C] @ V[xi] [C, tiles].
-// The backward passes are the same machinery: the data gradient is the forward convolution of dy
-// with the filters flipped and their channels swapped (padding 2 - pad), and the filter gradient
-// is the adjoint of the forward formula, dU[xi] = dM[xi] @ V[xi]^T with dM = A dy A^T, brought
-// back to 3x3 as G^T dU G.
+// The data gradient is the same machinery: the forward convolution of dy with the filters flipped
+// and their channels swapped (padding 2 - pad). The filter gradient stays with im2col (conv.h says
+// why).
 //
 // Samples go in chunks fixed by the shape (the transformed tiles of a chunk sized to stay in the
-// cache), each chunk on one thread with single-threaded BLAS calls; the filter gradient's chunk
-// sums are added in chunk order. So results do not depend on the thread count.
+// cache), each chunk on one thread with single-threaded BLAS calls, so results do not depend on
+// the thread count.
 //
-// The transforms run along a row of tiles at a time, reading padded rows with unit stride, so the
-// compiler vectorises them over the tiles.
+// The input transform goes along each padded row first, then combines rows over all of a sample's
+// tiles in one unit-stride loop, which the compiler vectorises.
 #include <algorithm>
 #include <cstring>
 
@@ -32,7 +31,7 @@ namespace {
 constexpr int64_t kPositions = 16;  // of a 4x4 tile: the number of GEMMs
 
 // The transformed tiles of one chunk (input and output sides) stay within this many bytes.
-constexpr int64_t kChunkBytes = int64_t{1} << 20;
+constexpr int64_t kChunkBytes = int64_t{1} << 22;
 // The chunk count is a multiple of this (when there are enough samples), so teams of 2, 4 and 8
 // threads share the chunks evenly.
 constexpr int64_t kChunkMultiple = 8;
@@ -43,7 +42,9 @@ struct Tiling {
   int64_t per_sample() const { return th * tw; }
   int64_t input_row() const { return 2 * tw + 2; }  // the tiles' reach along a padded input row
 };
-Tiling tiling(const ConvShape& s) { return {(s.oh + 1) / 2, (s.ow + 1) / 2}; }
+Tiling tiling(const ConvShape& s) {
+  return {(s.oh + 1) / 2, (s.ow + 1) / 2};
+}
 
 struct Chunks {
   int64_t samples, count;  // samples per chunk (the last may hold fewer), chunks
@@ -81,41 +82,58 @@ void transform_filters(int64_t outs, int64_t ins, Filter filter, T* u) {
   }
 }
 
+// The scratch input_tiles needs: one padded input row, and the B-transformed columns of the
+// 2 th + 2 rows the tiles read (4 per row, even and odd rows apart); output_tiles needs less.
+int64_t input_scratch(const Tiling& tiles) {
+  return tiles.input_row() + 8 * (tiles.th + 1) * tiles.tw;
+}
+
 // V [16, C, ld] columns t0 ... of one sample x [C, H, W]: B^T d B for each tile d, with
-// B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1]. rows: 8 padded input rows of scratch.
+// B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1]. B first goes along each padded input row (the
+// tiles' columns); B^T then combines rows 2 ty ... 2 ty + 3 of those, which with the even and odd
+// rows stored apart is one unit-stride loop over all of the sample's tiles.
 template <typename T>
 void input_tiles(const T* x, const ConvShape& s, const Conv2dGeometry& g, const Tiling& tiles,
-                 int64_t ld, int64_t t0, T* rows, T* v) {
-  const int64_t width = tiles.input_row();
-  T* r[4] = {rows, rows + width, rows + 2 * width, rows + 3 * width};
-  T* d[4] = {rows + 4 * width, rows + 5 * width, rows + 6 * width, rows + 7 * width};
+                 int64_t ld, int64_t t0, T* scratch, T* v) {
+  const int64_t width = tiles.input_row(), tw = tiles.tw, count = tiles.per_sample();
+  const int64_t half = (tiles.th + 1) * tw;  // transformed columns of the even (or odd) rows
+  T* padded = scratch;
+  T* even[4];
+  T* odd[4];
+  for (int k = 0; k < 4; ++k) {
+    even[k] = scratch + width + 2 * k * half;
+    odd[k] = even[k] + half;
+  }
+  std::fill(padded, padded + width, T(0));
   for (int64_t c = 0; c < s.c; ++c) {
     const T* plane = x + c * s.h * s.w;
-    for (int64_t ty = 0; ty < tiles.th; ++ty) {
-      for (int i = 0; i < 4; ++i) {  // the tile row's 4 input rows, zero-padded
-        const int64_t ih = 2 * ty - g.pad_h + i;
-        std::fill(r[i], r[i] + width, T(0));
-        if (ih >= 0 && ih < s.h) std::copy(plane + ih * s.w, plane + (ih + 1) * s.w, r[i] + g.pad_w);
+    for (int64_t r = 0; r < 2 * tiles.th + 2; ++r) {  // B along each row: p B per tile
+      const int64_t ih = r - g.pad_h;
+      const bool inside = ih >= 0 && ih < s.h;
+      if (inside) std::copy(plane + ih * s.w, plane + (ih + 1) * s.w, padded + g.pad_w);
+      T* const* out = r % 2 == 0 ? even : odd;
+      const int64_t at = (r / 2) * tw;
+      for (int64_t tx = 0; tx < tw; ++tx) {
+        const T* p = padded + 2 * tx;
+        out[0][at + tx] = p[0] - p[2];
+        out[1][at + tx] = p[1] + p[2];
+        out[2][at + tx] = p[2] - p[1];
+        out[3][at + tx] = p[1] - p[3];
       }
-      for (int64_t j = 0; j < width; ++j) {  // B^T over the rows
-        d[0][j] = r[0][j] - r[2][j];
-        d[1][j] = r[1][j] + r[2][j];
-        d[2][j] = r[2][j] - r[1][j];
-        d[3][j] = r[1][j] - r[3][j];
-      }
-      for (int a = 0; a < 4; ++a) {  // B over each tile's columns
-        const T* in = d[a];
-        T* out0 = v + ((a * 4 + 0) * s.c + c) * ld + t0 + ty * tiles.tw;
-        T* out1 = out0 + s.c * ld;
-        T* out2 = out1 + s.c * ld;
-        T* out3 = out2 + s.c * ld;
-        for (int64_t tx = 0; tx < tiles.tw; ++tx) {
-          const T* p = in + 2 * tx;
-          out0[tx] = p[0] - p[2];
-          out1[tx] = p[1] + p[2];
-          out2[tx] = p[2] - p[1];
-          out3[tx] = p[1] - p[3];
-        }
+      if (inside) std::fill(padded + g.pad_w, padded + g.pad_w + s.w, T(0));
+    }
+    for (int k = 0; k < 4; ++k) {  // B^T over the rows: tile ty reads even/odd rows ty, ty + 1
+      const T* e = even[k];
+      const T* o = odd[k];
+      T* out0 = v + (k * s.c + c) * ld + t0;
+      T* out1 = out0 + 4 * s.c * ld;
+      T* out2 = out1 + 4 * s.c * ld;
+      T* out3 = out2 + 4 * s.c * ld;
+      for (int64_t t = 0; t < count; ++t) {
+        out0[t] = e[t] - e[t + tw];
+        out1[t] = o[t] + e[t + tw];
+        out2[t] = e[t + tw] - o[t];
+        out3[t] = o[t] - o[t + tw];
       }
     }
   }
@@ -153,45 +171,6 @@ void output_tiles(const T* m, const ConvShape& s, const Tiling& tiles, int64_t l
   }
 }
 
-// dM [16, O, ld] columns t0 ... of one sample's dy [O, OH, OW]: A g A^T for each 2x2 tile g
-// (outputs past the edge are zero). rows: 6 rows of 2 tw of scratch.
-template <typename T>
-void gradient_tiles(const T* dy, const ConvShape& s, const Tiling& tiles, int64_t ld, int64_t t0,
-                    T* rows, T* dm) {
-  const int64_t width = 2 * tiles.tw;
-  T* g0 = rows;
-  T* g1 = rows + width;
-  T* e[4] = {g0, rows + 2 * width, rows + 3 * width, rows + 4 * width};
-  for (int64_t o = 0; o < s.o; ++o) {
-    const T* plane = dy + o * s.oh * s.ow;
-    for (int64_t ty = 0; ty < tiles.th; ++ty) {
-      std::fill(g0 + s.ow, g0 + width, T(0));
-      std::copy(plane + 2 * ty * s.ow, plane + (2 * ty + 1) * s.ow, g0);
-      std::fill(g1, g1 + width, T(0));
-      if (2 * ty + 1 < s.oh) std::copy(plane + (2 * ty + 1) * s.ow, plane + (2 * ty + 2) * s.ow, g1);
-      for (int64_t j = 0; j < width; ++j) {  // A over the rows: g0, g0 + g1, g0 - g1, -g1
-        e[1][j] = g0[j] + g1[j];
-        e[2][j] = g0[j] - g1[j];
-        e[3][j] = -g1[j];
-      }
-      for (int a = 0; a < 4; ++a) {  // A^T over each tile's columns
-        const T* in = e[a];
-        T* out0 = dm + ((a * 4 + 0) * s.o + o) * ld + t0 + ty * tiles.tw;
-        T* out1 = out0 + s.o * ld;
-        T* out2 = out1 + s.o * ld;
-        T* out3 = out2 + s.o * ld;
-        for (int64_t tx = 0; tx < tiles.tw; ++tx) {
-          const T x0 = in[2 * tx], x1 = in[2 * tx + 1];
-          out0[tx] = x0;
-          out1[tx] = x0 + x1;
-          out2[tx] = x0 - x1;
-          out3[tx] = -x1;
-        }
-      }
-    }
-  }
-}
-
 void check_blas_sizes(const ConvShape& s, const Chunks& chunks, const Tiling& tiles,
                       const char* op) {
   blas_int(s.o, op, "out channels");
@@ -209,7 +188,7 @@ void convolve(const T* x, const T* u, const T* bias, const ConvShape& s, const C
   check_blas_sizes(s, ch, tiles, op);
   const int64_t most = ch.samples * tiles.per_sample();  // tiles of the largest chunk
   const int64_t v_size = kPositions * s.c * most, m_size = kPositions * s.o * most;
-  ThreadScratch<T> scratch(1, v_size + m_size + 8 * tiles.input_row(), dtype);
+  ThreadScratch<T> scratch(1, v_size + m_size + input_scratch(tiles), dtype);
   for_library_calls(ch.count, s.macs() >= kParallelMacs, [&](int64_t chunk) {
     T* v = scratch.mine();
     T* m = v + v_size;
@@ -263,70 +242,11 @@ void backward_data(const T* dy, const T* w, const ConvShape& s, const Conv2dGeom
            "conv2d_backward_data");
 }
 
-template <typename T>
-void backward_filter(const T* dy, const T* x, const ConvShape& s, const Conv2dGeometry& g,
-                     double beta, DType dtype, T* dw) {
-  // dw [O, C, 3, 3] = beta dw + G^T (sum over chunks of dM [16, O, tiles] @ V [16, C, tiles]^T) G
-  const Tiling tiles = tiling(s);
-  const Chunks ch = chunks(s, tiles, sizeof(T));
-  check_blas_sizes(s, ch, tiles, "conv2d_backward_filter");
-  const int64_t most = ch.samples * tiles.per_sample();
-  const int64_t v_size = kPositions * s.c * most, m_size = kPositions * s.o * most;
-  const int64_t rows_size = std::max(8 * tiles.input_row(), 10 * tiles.tw);
-  const int64_t transformed = kPositions * s.o * s.c;
-  ThreadScratch<T> scratch(1, v_size + m_size + rows_size, dtype);
-  Tensor partials = Tensor::empty({ch.count, transformed}, dtype, Device::cpu());
-  T* partial = partials.data<T>();
-  for_library_calls(ch.count, s.macs() >= kParallelMacs, [&](int64_t chunk) {
-    T* v = scratch.mine();
-    T* dm = v + v_size;
-    T* rows = dm + m_size;
-    const int64_t first = ch.first(chunk), end = ch.end(chunk, s.n);
-    const int64_t ld = (end - first) * tiles.per_sample();
-    for (int64_t n = first; n < end; ++n) {
-      const int64_t t0 = (n - first) * tiles.per_sample();
-      input_tiles(x + n * s.image(), s, g, tiles, ld, t0, rows, v);
-      gradient_tiles(dy + n * s.output(), s, tiles, ld, t0, rows, dm);
-    }
-    for (int64_t xi = 0; xi < kPositions; ++xi) {
-      blas(CblasNoTrans, CblasTrans, int(s.o), int(s.c), int(ld), T(1), dm + xi * s.o * ld, int(ld),
-           v + xi * s.c * ld, int(ld), T(0), partial + chunk * transformed + xi * s.o * s.c,
-           int(s.c));
-    }
-  });
-  for_range(s.o * s.c, s.o * s.c * kPositions * ch.count, [=](int64_t pair) {  // o * C + c
-    T du[4][4];
-    for (int xi = 0; xi < 16; ++xi) {
-      T total = 0;
-      for (int64_t chunk = 0; chunk < ch.count; ++chunk) {
-        total += partial[chunk * transformed + xi * s.o * s.c + pair];
-      }
-      du[xi / 4][xi % 4] = total;
-    }
-    T r[3][4];  // G^T dU, G^T = [1 1/2 1/2 0; 0 1/2 -1/2 0; 0 1/2 1/2 1]
-    for (int j = 0; j < 4; ++j) {
-      r[0][j] = du[0][j] + T(0.5) * (du[1][j] + du[2][j]);
-      r[1][j] = T(0.5) * (du[1][j] - du[2][j]);
-      r[2][j] = T(0.5) * (du[1][j] + du[2][j]) + du[3][j];
-    }
-    for (int i = 0; i < 3; ++i) {
-      const T row[3] = {r[i][0] + T(0.5) * (r[i][1] + r[i][2]), T(0.5) * (r[i][1] - r[i][2]),
-                        T(0.5) * (r[i][1] + r[i][2]) + r[i][3]};
-      for (int j = 0; j < 3; ++j) {
-        T& out = dw[pair * 9 + i * 3 + j];
-        out = beta == 0 ? row[j] : T(beta) * out + row[j];
-      }
-    }
-  });
-}
-
-#define ACCRUE_WINOGRAD_INSTANTIATE(T)                                                       \
-  template void forward<T>(const T*, const T*, const T*, const ConvShape&,                  \
-                           const Conv2dGeometry&, DType, T*);                               \
-  template void backward_data<T>(const T*, const T*, const ConvShape&, const Conv2dGeometry&, \
-                                 DType, T*);                                                \
-  template void backward_filter<T>(const T*, const T*, const ConvShape&,                    \
-                                   const Conv2dGeometry&, double, DType, T*);
+#define ACCRUE_WINOGRAD_INSTANTIATE(T)                                                            \
+  template void forward<T>(const T*, const T*, const T*, const ConvShape&, const Conv2dGeometry&, \
+                           DType, T*);                                                            \
+  template void backward_data<T>(const T*, const T*, const ConvShape&, const Conv2dGeometry&,     \
+                                 DType, T*);
 ACCRUE_WINOGRAD_INSTANTIATE(float)
 ACCRUE_WINOGRAD_INSTANTIATE(double)
 #undef ACCRUE_WINOGRAD_INSTANTIATE
