@@ -8,7 +8,6 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/parallel.h"
-#include "kernels/cpu/scratch.h"
 #include "kernels/dispatch.h"
 
 namespace accrue::cpu {
@@ -50,46 +49,29 @@ bool beats(T v, T best) {
   return (v > best) | ((v != v) & (best == best));  // no short circuit: selects, not branches
 }
 
-// The running maxima and their indices against one more tap: best[j] / at[j] take v[j] (input
-// index starts[j] + tap_offset) where it beats them. Branch-free over contiguous arrays, so the
-// compiler turns it into vector compares and blends.
-template <typename T>
-void take_better(const T* __restrict v, const int32_t* __restrict starts, int32_t tap_offset,
-                 int64_t n, T* __restrict best, int32_t* __restrict at) {
-  for (int64_t j = 0; j < n; ++j) {
-    const bool take = beats(v[j], best[j]);
-    best[j] = take ? v[j] : best[j];
-    at[j] = take ? starts[j] + tap_offset : at[j];
-  }
-}
-
 // Max pooling of one plane whose regions all lie inside it (no padding, so no clipping), tap by
-// tap in the region order (rows, then columns): each tap's values for all the plane's outputs
-// are gathered into a contiguous scratch row and compared with the running maxima in one pass,
-// since a plane's output rows (14 or 7 wide on MNIST) are too short to vectorise one by one.
-// starts[j] is the flat input index of output j's region. The same maxima and first-maximum
-// indices as the region-by-region loop, about 3x faster on MNIST's planes (2x2, stride 2).
+// tap in the region order (rows, then columns): each tap's value for every output of the plane is
+// loaded through starts[j], the flat input index of output j's region, and compared with the
+// running maxima in one branch-free pass over the plane's outputs, which the compiler turns into
+// vector gathers, compares and blends (a plane's output rows, 14 or 7 wide on MNIST, are too short
+// to vectorise one by one). The same maxima and first-maximum indices as the region-by-region loop.
 template <typename T>
-void max_pool_plane_inside(const T* plane, const PlaneShape& s, const Pool2dGeometry& g,
-                           const int32_t* starts, T* tap, T* out, int32_t* at) {
+void max_pool_plane_inside(const T* __restrict plane, const PlaneShape& s, const Pool2dGeometry& g,
+                           const int32_t* __restrict starts, T* __restrict best,
+                           int32_t* __restrict at) {
   const int64_t n = s.oh * s.ow;
+  for (int64_t j = 0; j < n; ++j) {
+    best[j] = plane[starts[j]];
+    at[j] = starts[j];
+  }
   for (int64_t ki = 0; ki < g.kernel_h; ++ki) {
-    for (int64_t kj = 0; kj < g.kernel_w; ++kj) {
-      const bool first = ki == 0 && kj == 0;
-      T* values = first ? out : tap;
-      for (int64_t oh = 0; oh < s.oh; ++oh) {
-        const T* row = plane + (oh * g.stride_h + ki) * s.w + kj;
-        T* dst = values + oh * s.ow;
-        if (g.stride_w == 2) {  // the common case, with a constant stride the copy vectorises
-          for (int64_t ow = 0; ow < s.ow; ++ow) dst[ow] = row[2 * ow];
-        } else {
-          for (int64_t ow = 0; ow < s.ow; ++ow) dst[ow] = row[ow * g.stride_w];
-        }
-      }
-      if (first) {
-        std::copy(starts, starts + n, at);
-      } else {
-        take_better(tap, starts, static_cast<int32_t>(ki * s.w + kj), n, out, at);
+    for (int64_t kj = ki == 0 ? 1 : 0; kj < g.kernel_w; ++kj) {
+      const int32_t offset = static_cast<int32_t>(ki * s.w + kj);
+      for (int64_t j = 0; j < n; ++j) {
+        const T v = plane[starts[j] + offset];
+        const bool take = beats(v, best[j]);
+        best[j] = take ? v : best[j];
+        at[j] = take ? starts[j] + offset : at[j];
       }
     }
   }
@@ -111,10 +93,8 @@ void CpuBackend::max_pool2d(const Tensor& x, const Pool2dGeometry& g, Tensor& y,
       for (int64_t j = 0; j < n; ++j) {
         starts[j] = static_cast<int32_t>((j / s.ow) * g.stride_h * s.w + (j % s.ow) * g.stride_w);
       }
-      ThreadScratch<T> tap(1, n, x.dtype());
       for_range(s.planes, s.planes * s.h * s.w, [&](int64_t p) {
-        max_pool_plane_inside(in + p * s.h * s.w, s, g, starts.data(), tap.mine(), out + p * n,
-                              at + p * n);
+        max_pool_plane_inside(in + p * s.h * s.w, s, g, starts.data(), out + p * n, at + p * n);
       });
       return;
     }
