@@ -83,9 +83,36 @@ void transform_filters(int64_t outs, int64_t ins, Filter filter, T* u) {
 }
 
 // The scratch input_tiles needs: one padded input row, and the B-transformed columns of the
-// 2 th + 2 rows the tiles read (4 per row, even and odd rows apart); output_tiles needs less.
+// 2 th + 2 rows the tiles read (4 per row, even and odd rows apart); output_tiles needs less
+// (8 th tw + 2 tw).
 int64_t input_scratch(const Tiling& tiles) {
   return tiles.input_row() + 8 * (tiles.th + 1) * tiles.tw;
+}
+
+// p B for each tile along one padded row p: the tiles' 4 columns c0 ... c3, tw of each. The
+// restrict-qualified pointers let the compiler vectorise (they never overlap).
+template <typename T>
+void along_row(const T* __restrict p, int64_t tw, T* __restrict c0, T* __restrict c1,
+               T* __restrict c2, T* __restrict c3) {
+  for (int64_t tx = 0; tx < tw; ++tx) {
+    c0[tx] = p[2 * tx] - p[2 * tx + 2];
+    c1[tx] = p[2 * tx + 1] + p[2 * tx + 2];
+    c2[tx] = p[2 * tx + 2] - p[2 * tx + 1];
+    c3[tx] = p[2 * tx + 1] - p[2 * tx + 3];
+  }
+}
+
+// B^T over rows: tile t (row ty) reads the even rows e[t], e[t + tw] (rows 2 ty, 2 ty + 2) and
+// the odd rows o[t], o[t + tw] (rows 2 ty + 1, 2 ty + 3).
+template <typename T>
+void across_rows(const T* __restrict e, const T* __restrict o, int64_t tw, int64_t count,
+                 T* __restrict d0, T* __restrict d1, T* __restrict d2, T* __restrict d3) {
+  for (int64_t t = 0; t < count; ++t) {
+    d0[t] = e[t] - e[t + tw];
+    d1[t] = o[t] + e[t + tw];
+    d2[t] = e[t + tw] - o[t];
+    d3[t] = o[t] - o[t + tw];
+  }
 }
 
 // V [16, C, ld] columns t0 ... of one sample x [C, H, W]: B^T d B for each tile d, with
@@ -113,13 +140,7 @@ void input_tiles(const T* x, const ConvShape& s, const Conv2dGeometry& g, const 
       if (inside) std::copy(plane + ih * s.w, plane + (ih + 1) * s.w, padded + g.pad_w);
       T* const* out = r % 2 == 0 ? even : odd;
       const int64_t at = (r / 2) * tw;
-      for (int64_t tx = 0; tx < tw; ++tx) {
-        const T* p = padded + 2 * tx;
-        out[0][at + tx] = p[0] - p[2];
-        out[1][at + tx] = p[1] + p[2];
-        out[2][at + tx] = p[2] - p[1];
-        out[3][at + tx] = p[1] - p[3];
-      }
+      along_row(padded, tw, out[0] + at, out[1] + at, out[2] + at, out[3] + at);
       if (inside) std::fill(padded + g.pad_w, padded + g.pad_w + s.w, T(0));
     }
     for (int k = 0; k < 4; ++k) {  // B^T over the rows: tile ty reads even/odd rows ty, ty + 1
@@ -129,44 +150,66 @@ void input_tiles(const T* x, const ConvShape& s, const Conv2dGeometry& g, const 
       T* out1 = out0 + 4 * s.c * ld;
       T* out2 = out1 + 4 * s.c * ld;
       T* out3 = out2 + 4 * s.c * ld;
-      for (int64_t t = 0; t < count; ++t) {
-        out0[t] = e[t] - e[t + tw];
-        out1[t] = o[t] + e[t + tw];
-        out2[t] = e[t + tw] - o[t];
-        out3[t] = o[t] - o[t + tw];
-      }
+      across_rows(e, o, tw, count, out0, out1, out2, out3);
     }
   }
 }
 
+// A^T over the rows of tiles: for one of the tile's columns, s0 = m0 + m1 + m2 and
+// s1 = m1 - m2 - m3 (m0 ... m3 its 4 rows), over count tiles.
+template <typename T>
+void outputs_across_rows(const T* __restrict m0, const T* __restrict m1, const T* __restrict m2,
+                         const T* __restrict m3, int64_t count, T* __restrict s0,
+                         T* __restrict s1) {
+  for (int64_t t = 0; t < count; ++t) {
+    s0[t] = m0[t] + m1[t] + m2[t];
+    s1[t] = m1[t] - m2[t] - m3[t];
+  }
+}
+
+// A along one output row: tile tx's columns q0 ... q3 give out[2 tx] = b + q0 + q1 + q2 and
+// out[2 tx + 1] = b + q1 - q2 - q3.
+template <typename T>
+void outputs_along_row(const T* __restrict q0, const T* __restrict q1, const T* __restrict q2,
+                       const T* __restrict q3, int64_t tw, T b, T* __restrict out) {
+  for (int64_t tx = 0; tx < tw; ++tx) {
+    out[2 * tx] = b + (q0[tx] + q1[tx] + q2[tx]);
+    out[2 * tx + 1] = b + (q1[tx] - q2[tx] - q3[tx]);
+  }
+}
+
 // One sample's y [O, OH, OW] = bias + A^T m A for each tile's m (from M [16, O, ld], columns
-// t0 ...), A^T = [1 1 1 0; 0 1 -1 -1]; edge tiles clipped. rows: 2 rows of 2 tw of scratch.
+// t0 ...), A^T = [1 1 1 0; 0 1 -1 -1]; edge tiles clipped. As in input_tiles, the rows are
+// combined first over all of the sample's tiles, then each output row pair is written.
+// scratch: input_scratch.
 template <typename T>
 void output_tiles(const T* m, const ConvShape& s, const Tiling& tiles, int64_t ld, int64_t t0,
-                  const T* bias, T* rows, T* y) {
-  T* top = rows;
-  T* bottom = rows + 2 * tiles.tw;
+                  const T* bias, T* scratch, T* y) {
+  const int64_t tw = tiles.tw, count = tiles.per_sample();
+  T* top[4];     // s0 of each tile column: the tiles' top output rows, before A
+  T* bottom[4];  // s1: their bottom rows
+  for (int k = 0; k < 4; ++k) {
+    top[k] = scratch + 2 * k * count;
+    bottom[k] = top[k] + count;
+  }
+  T* row = scratch + 8 * count;  // one output row, 2 tw
   for (int64_t o = 0; o < s.o; ++o) {
     const T b = bias ? bias[o] : T(0);
+    for (int k = 0; k < 4; ++k) {
+      const T* m0 = m + (k * s.o + o) * ld + t0;
+      const int64_t next = 4 * s.o * ld;  // from tile row a to a + 1
+      outputs_across_rows(m0, m0 + next, m0 + 2 * next, m0 + 3 * next, count, top[k], bottom[k]);
+    }
+    T* plane = y + o * s.oh * s.ow;
     for (int64_t ty = 0; ty < tiles.th; ++ty) {
-      const T* at[16];
-      for (int xi = 0; xi < 16; ++xi) at[xi] = m + (xi * s.o + o) * ld + t0 + ty * tiles.tw;
-      for (int64_t tx = 0; tx < tiles.tw; ++tx) {
-        T col[4][2];  // A over each row's columns
-        for (int a = 0; a < 4; ++a) {
-          const T m0 = at[a * 4][tx], m1 = at[a * 4 + 1][tx], m2 = at[a * 4 + 2][tx],
-                  m3 = at[a * 4 + 3][tx];
-          col[a][0] = m0 + m1 + m2;
-          col[a][1] = m1 - m2 - m3;
-        }
-        top[2 * tx] = b + (col[0][0] + col[1][0] + col[2][0]);  // A^T over the rows
-        top[2 * tx + 1] = b + (col[0][1] + col[1][1] + col[2][1]);
-        bottom[2 * tx] = b + (col[1][0] - col[2][0] - col[3][0]);
-        bottom[2 * tx + 1] = b + (col[1][1] - col[2][1] - col[3][1]);
+      const int64_t at = ty * tw;
+      outputs_along_row(top[0] + at, top[1] + at, top[2] + at, top[3] + at, tw, b, row);
+      std::copy(row, row + s.ow, plane + 2 * ty * s.ow);
+      if (2 * ty + 1 < s.oh) {
+        outputs_along_row(bottom[0] + at, bottom[1] + at, bottom[2] + at, bottom[3] + at, tw, b,
+                          row);
+        std::copy(row, row + s.ow, plane + (2 * ty + 1) * s.ow);
       }
-      T* plane = y + o * s.oh * s.ow;
-      std::copy(top, top + s.ow, plane + 2 * ty * s.ow);
-      if (2 * ty + 1 < s.oh) std::copy(bottom, bottom + s.ow, plane + (2 * ty + 1) * s.ow);
     }
   }
 }
