@@ -1,7 +1,8 @@
 // CPU convolution, NCHW, as im2col + GEMM: a sample's patches are unfolded into
 // cols [C KH KW, OH OW] and multiplied by the weight viewed as [O, C KH KW], which writes the
 // sample's output [O, OH OW] in NCHW order directly. The samples are shared out over the team,
-// each sample one single-threaded BLAS call with its unfolded patches in the thread's own scratch
+// each sample one single-threaded BLAS call (the filter gradient: a few samples side by side per
+// call, see kFilterLoweringBytes) with its unfolded patches in the thread's own scratch
 // (225 KiB for the MNIST CNN's conv2: it stays in L2 between the unfolding and the product); the
 // scratch comes from the caching allocator, so it counts as activation memory. The bias is
 // written first and the GEMM adds onto it (beta = 1), saving a pass over the output.
@@ -178,10 +179,10 @@ void backward_data(const T* dy, const T* w, const ConvShape& s, const Conv2dGeom
 // in its own buffer), so 2, 4 or 8 threads share them evenly; the chunks are added in order.
 constexpr int64_t kFilterChunks = 8;
 // Within a chunk, samples are unfolded side by side (and their dy gathered beside them) into
-// one product of up to this many bytes of operands, so a call sums over several samples' pixels:
-// conv1's filter gradient (K = 9, a short product per sample) went from 540 to about 300 us at 4
-// samples a call; conv2's (3 samples a call) stayed at about 2.0 ms, bound by the GEMM itself
-// (bench, conv2d_backward_filter).
+// one product of up to this many bytes of operands, so a call sums over several samples' pixels.
+// Measured (bench, conv2d_backward_filter): conv1's (K = 9, a short product per sample) runs at
+// 4 samples a call in about 300 us against 540 at one; conv2's (3 a call) is bound by the GEMM
+// itself and runs alike either way.
 constexpr int64_t kFilterLoweringBytes = int64_t{1} << 20;
 
 template <typename T>

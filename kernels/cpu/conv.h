@@ -3,9 +3,9 @@
 // data-gradient passes of 3x3 filters at stride 1, dilation 1 and padding up to 2, and does 16
 // multiplications per 2x2 output tile and channel pair where the direct convolution does 36.
 //
-// Winograd's filter gradient was written and measured too (faster than im2col at the CNN's
-// conv2, 1.60 ms against 1.95) and dropped: G^T dU G adds up terms several times larger than the
-// result, and its float32 error came out at 1.2-1.8x the backend table's bound.
+// The filter gradient stays with im2col: Winograd's G^T dU G adds up terms several times larger
+// than the result, and its float32 error measured 1.2-1.8x the backend table's bound (although
+// it ran conv2's filter gradient at 1.60 ms against im2col's 1.95).
 //
 // The choice is a fixed function of the shape (never of the thread count or of timings taken at
 // run time), so seeds, resume and thread counts stay bitwise. ForcedConvAlgorithm is the test

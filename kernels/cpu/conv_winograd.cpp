@@ -15,7 +15,6 @@
 // The input transform goes along each padded row first, then combines rows over all of a sample's
 // tiles in one unit-stride loop, which the compiler vectorises.
 #include <algorithm>
-#include <cstring>
 
 #include "core/tensor.h"
 #include "kernels/cpu/blas.h"
