@@ -316,8 +316,8 @@ struct NormGrad {
 };
 
 // The dropout mask: a counter-based hash (splitmix64's finaliser, chained) of the key, the
-// sample and the element, turned into a uniform double in [0, 1); the element is kept when it
-// is >= p. The same on both backends and for any micro-batch split.
+// sample and the element, whose top 53 bits u stand for the uniform u * 2^-53 in [0, 1); the
+// element is kept when that is >= p. The same on both backends and for any micro-batch split.
 ACCRUE_HD uint64_t mix64(uint64_t z) {
   z += 0x9e3779b97f4a7c15ull;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -331,8 +331,17 @@ struct DropoutMask {
   ACCRUE_HD uint64_t row_key(uint64_t sample) const {
     return mix64(mix64(mix64(seed) ^ step) ^ sample);
   }
+  // u * 2^-53 >= p, in integers: u >= ceil(p * 2^53). Both scalings by 2^53 are exact and u <
+  // 2^53 converts to double exactly, so the two tests agree for every u and p; the integer one
+  // has no conversion in it and vectorises (the CPU loop computes the threshold once).
+  ACCRUE_HD uint64_t keep_threshold() const {
+    return p > 0 ? static_cast<uint64_t>(std::ceil(p * 0x1.0p53)) : 0;
+  }
+  ACCRUE_HD static bool kept(uint64_t hash, uint64_t threshold) {
+    return (hash >> 11) >= threshold;
+  }
   ACCRUE_HD bool keep_in_row(uint64_t row, uint64_t element) const {
-    return static_cast<double>(mix64(row ^ element) >> 11) * 0x1.0p-53 >= p;
+    return kept(mix64(row ^ element), keep_threshold());
   }
   ACCRUE_HD bool keep(uint64_t sample, uint64_t element) const {
     return keep_in_row(row_key(sample), element);

@@ -13,6 +13,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <random>
 
 #include "cnn.h"
 #include "kernels/functors.h"
@@ -420,6 +421,29 @@ TEST(Dropout, EachElementIsTheFunctorsValueForItsSampleAndIndex) {
     }
   }
   EXPECT_NEAR(dropped / double(rows * per_row), 0.3, 0.01);
+}
+
+// The mask's integer test (u >= ceil(p * 2^53), what the CPU loop vectorises) against the
+// uniform it stands for (u * 2^-53 >= p) at the edges: hashes whose top 53 bits u sit one below,
+// at and one above each p's threshold, with any low bits, and the extreme hashes.
+TEST(Dropout, TheIntegerKeepTestIsTheUniformComparison) {
+  const std::vector<double> ps = {0.0, 0x1.0p-60, 0x1.0p-53, 1e-9,          0.1,          0.3,
+                                  0.5, 0.7,       0.9,       1 - 0x1.0p-53, 1 - 0x1.0p-30};
+  std::mt19937_64 low_bits(7);
+  for (const double p : ps) {
+    const fn::DropoutMask mask{1, 2, p, 1.0 / (1.0 - p)};
+    const uint64_t threshold = mask.keep_threshold();
+    std::vector<uint64_t> hashes = {0, ~uint64_t{0}, uint64_t{1} << 63};
+    for (const uint64_t u : {threshold - 1, threshold, threshold + 1}) {
+      if (u >> 53) continue;  // not a 53-bit value (threshold 0 minus one)
+      hashes.push_back(u << 11);
+      hashes.push_back((u << 11) | (low_bits() & 0x7ff));
+    }
+    for (const uint64_t h : hashes) {
+      const bool uniform = static_cast<double>(h >> 11) * 0x1.0p-53 >= p;
+      EXPECT_EQ(fn::DropoutMask::kept(h, threshold), uniform) << "p " << p << " hash " << h;
+    }
+  }
 }
 
 }  // namespace
