@@ -760,56 +760,62 @@ TEST(Backend, WinogradEqualsIm2colInFloat64) {
 // the first maximum in region order (rows, then columns) wins ties, and the first NaN wins and
 // stays. Values from a set of four with NaNs sprinkled in make both frequent; the geometries
 // take the CPU's inside-the-plane path (2x2 stride 2, 3x3 stride 1, 3x2 with strides 2, 1) and
-// its clipped path (padding).
+// its clipped path (padding); the even widths take its 2x2 stride-2 path, with output rows
+// narrower than its vector rows (6, 7 and 14 wide), and wider (20), and an odd height.
 TEST(Backend, MaxPoolingKeepsTheFirstMaximumAndTheFirstNaN) {
   const Pool2dGeometry geometries[] = {
       {2, 2, 2, 2, 0, 0}, {3, 3, 1, 1, 0, 0}, {3, 2, 2, 1, 0, 0}, {3, 3, 2, 2, 1, 1}};
-  const int64_t n = 2, c = 3, h = 9, w = 11;
-  std::vector<double> values(n * c * h * w);
-  for (size_t i = 0; i < values.size(); ++i) {
-    values[i] = i % 17 == 5 ? std::nan("") : static_cast<double>((i * 7919) % 4);
-  }
-  for (const Pool2dGeometry& g : geometries) {
-    const int64_t oh = (h + 2 * g.pad_h - g.kernel_h) / g.stride_h + 1;
-    const int64_t ow = (w + 2 * g.pad_w - g.kernel_w) / g.stride_w + 1;
-    std::vector<float> expected_y;
-    std::vector<int32_t> expected_at;
-    for (int64_t p = 0; p < n * c; ++p) {
-      for (int64_t i = 0; i < oh; ++i) {
-        for (int64_t j = 0; j < ow; ++j) {
-          double best = -INFINITY;
-          int64_t best_at = -1;
-          for (int64_t ih = i * g.stride_h - g.pad_h; ih < i * g.stride_h - g.pad_h + g.kernel_h;
-               ++ih) {
-            for (int64_t iw = j * g.stride_w - g.pad_w; iw < j * g.stride_w - g.pad_w + g.kernel_w;
-                 ++iw) {
-              if (ih < 0 || ih >= h || iw < 0 || iw >= w) continue;
-              const double v = values[p * h * w + ih * w + iw];
-              const bool nan_wins = std::isnan(v) && !std::isnan(best);
-              if (best_at < 0 || v > best || nan_wins) best = v, best_at = ih * w + iw;
+  for (const auto& [h, w] :
+       std::vector<std::pair<int64_t, int64_t>>{{9, 11}, {9, 12}, {14, 14}, {8, 28}, {6, 40}}) {
+    const int64_t n = 2, c = 3;
+    std::vector<double> values(n * c * h * w);
+    for (size_t i = 0; i < values.size(); ++i) {
+      values[i] = i % 17 == 5 ? std::nan("") : static_cast<double>((i * 7919) % 4);
+    }
+    for (const Pool2dGeometry& g : geometries) {
+      const int64_t oh = (h + 2 * g.pad_h - g.kernel_h) / g.stride_h + 1;
+      const int64_t ow = (w + 2 * g.pad_w - g.kernel_w) / g.stride_w + 1;
+      std::vector<float> expected_y;
+      std::vector<int32_t> expected_at;
+      for (int64_t p = 0; p < n * c; ++p) {
+        for (int64_t i = 0; i < oh; ++i) {
+          for (int64_t j = 0; j < ow; ++j) {
+            double best = -INFINITY;
+            int64_t best_at = -1;
+            for (int64_t ih = i * g.stride_h - g.pad_h; ih < i * g.stride_h - g.pad_h + g.kernel_h;
+                 ++ih) {
+              for (int64_t iw = j * g.stride_w - g.pad_w;
+                   iw < j * g.stride_w - g.pad_w + g.kernel_w; ++iw) {
+                if (ih < 0 || ih >= h || iw < 0 || iw >= w) continue;
+                const double v = values[p * h * w + ih * w + iw];
+                const bool nan_wins = std::isnan(v) && !std::isnan(best);
+                if (best_at < 0 || v > best || nan_wins) best = v, best_at = ih * w + iw;
+              }
             }
+            expected_y.push_back(static_cast<float>(best));
+            expected_at.push_back(static_cast<int32_t>(best_at));
           }
-          expected_y.push_back(static_cast<float>(best));
-          expected_at.push_back(static_cast<int32_t>(best_at));
         }
       }
-    }
-    for (Device device : devices()) {
-      Tensor x = Tensor::from_vector<double>({n, c, h, w}, values);
-      x = to_dtype(x, DType::kFloat32).to(device);
-      Tensor y = Tensor::empty({n, c, oh, ow}, DType::kFloat32, device);
-      Tensor at = Tensor::empty({n, c, oh, ow}, DType::kInt32, device);
-      backend_for(device).max_pool2d(x, g, y, at);
-      const std::vector<float> got_y = y.to(Device::cpu()).to_vector<float>();
-      const std::string where = device.str() + ", kernel " + std::to_string(g.kernel_h) + "x" +
-                                std::to_string(g.kernel_w) + " pad " + std::to_string(g.pad_h);
-      EXPECT_EQ(at.to(Device::cpu()).to_vector<int32_t>(), expected_at) << where;
-      ASSERT_EQ(got_y.size(), expected_y.size());
-      for (size_t k = 0; k < got_y.size(); ++k) {
-        if (std::isnan(expected_y[k])) {
-          EXPECT_TRUE(std::isnan(got_y[k])) << where << " output " << k;
-        } else {
-          EXPECT_EQ(got_y[k], expected_y[k]) << where << " output " << k;
+      for (Device device : devices()) {
+        Tensor x = Tensor::from_vector<double>({n, c, h, w}, values);
+        x = to_dtype(x, DType::kFloat32).to(device);
+        Tensor y = Tensor::empty({n, c, oh, ow}, DType::kFloat32, device);
+        Tensor at = Tensor::empty({n, c, oh, ow}, DType::kInt32, device);
+        backend_for(device).max_pool2d(x, g, y, at);
+        const std::vector<float> got_y = y.to(Device::cpu()).to_vector<float>();
+        const std::string where = device.str() + ", " + std::to_string(h) + "x" +
+                                  std::to_string(w) + ", kernel " + std::to_string(g.kernel_h) +
+                                  "x" + std::to_string(g.kernel_w) + " pad " +
+                                  std::to_string(g.pad_h);
+        EXPECT_EQ(at.to(Device::cpu()).to_vector<int32_t>(), expected_at) << where;
+        ASSERT_EQ(got_y.size(), expected_y.size());
+        for (size_t k = 0; k < got_y.size(); ++k) {
+          if (std::isnan(expected_y[k])) {
+            EXPECT_TRUE(std::isnan(got_y[k])) << where << " output " << k;
+          } else {
+            EXPECT_EQ(got_y[k], expected_y[k]) << where << " output " << k;
+          }
         }
       }
     }
