@@ -767,7 +767,7 @@ TEST(Backend, MaxPoolingKeepsTheFirstMaximumAndTheFirstNaN) {
       {2, 2, 2, 2, 0, 0}, {3, 3, 1, 1, 0, 0}, {3, 2, 2, 1, 0, 0}, {3, 3, 2, 2, 1, 1}};
   for (const auto& [h, w] :
        std::vector<std::pair<int64_t, int64_t>>{{9, 11}, {9, 12}, {14, 14}, {8, 28}, {6, 40}}) {
-    const int64_t n = 2, c = 3;
+    const int64_t n = 2, c = 5;  // 10 planes: a group of 8 and one of 2 on the 2x2 path
     std::vector<double> values(n * c * h * w);
     for (size_t i = 0; i < values.size(); ++i) {
       values[i] = i % 17 == 5 ? std::nan("") : static_cast<double>((i * 7919) % 4);

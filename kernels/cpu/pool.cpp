@@ -78,29 +78,38 @@ void max_pool_plane_inside(const T* __restrict plane, const PlaneShape& s, const
   }
 }
 
-// Max pooling 2 x 2 with stride 2 of one plane whose width is even (W = 2 OW), in two linear
-// passes instead of max_pool_plane_inside's gathers:
-// - the horizontal pairs of the 2 OH rows in use, pair q being the plane's flat elements 2q and
-//   2q + 1 (rows included, since W is even), the first of the two on a tie;
-// - each output the better of its top and bottom pair, the top one on a tie.
+// Max pooling 2 x 2 with stride 2 of `count` consecutive planes whose width is even (W = 2 OW),
+// in two linear passes instead of max_pool_plane_inside's gathers:
+// - per plane, the horizontal pairs of the 2 OH rows in use, pair q being the plane's flat
+//   elements 2q and 2q + 1 (rows included, since W is even), the first of the two on a tie;
+// - each output the better of its top and bottom pair, the top one on a tie, over the output rows
+//   of all the planes at once (the pairs lie as [count OH, 2, OW], the outputs as [count OH, OW]).
 // That is the taps in region order (a, b, then c, d). An output row (7 or 14 wide on MNIST) is
-// shorter than a loop the compiler vectorises, so every row but the last ones runs kLanes
-// outputs, the lanes past the row overwriting the next row's outputs, which that row rewrites
-// right after; rows whose kLanes would run past the plane take the exact loop. pair_best and
-// pair_at hold 2 OH OW + kLanes entries (the wide rows read past the last pair).
+// shorter than a loop the compiler vectorises, so every row but the last ones runs kPoolLanes
+// outputs, the lanes past the row overwriting the next rows' outputs, which those rows rewrite
+// right after; rows whose lanes would run past the group's outputs take the exact loop. pair_best
+// and pair_at hold 2 count OH OW + kPoolLanes entries (the wide rows read past the last pair).
 constexpr int64_t kPoolLanes = 16;
+constexpr int64_t kPoolPlanesPerTask = 8;
 
 template <typename T>
-void max_pool_plane_2x2(const T* __restrict plane, int64_t oh, int64_t ow, T* __restrict pair_best,
-                        int32_t* __restrict pair_at, T* __restrict best, int32_t* __restrict at) {
-  const int64_t pairs = 2 * oh * ow;
+void max_pool_planes_2x2(const T* __restrict planes, int64_t count, const PlaneShape& s,
+                         T* __restrict pair_best, int32_t* __restrict pair_at, T* __restrict best,
+                         int32_t* __restrict at) {
+  const int64_t pairs = 2 * s.oh * s.ow;  // per plane
+  for (int64_t k = 0; k < count; ++k) {
+    const T* plane = planes + k * s.h * s.w;
+    T* plane_best = pair_best + k * pairs;
+    int32_t* plane_at = pair_at + k * pairs;
 #pragma omp simd
-  for (int64_t q = 0; q < pairs; ++q) {
-    const T a = plane[2 * q], b = plane[2 * q + 1];
-    const bool take = beats(b, a);
-    pair_best[q] = take ? b : a;
-    pair_at[q] = static_cast<int32_t>(2 * q) + static_cast<int32_t>(take);
+    for (int64_t q = 0; q < pairs; ++q) {
+      const T a = plane[2 * q], b = plane[2 * q + 1];
+      const bool take = beats(b, a);
+      plane_best[q] = take ? b : a;
+      plane_at[q] = static_cast<int32_t>(2 * q) + static_cast<int32_t>(take);
+    }
   }
+  const int64_t ow = s.ow, rows = count * s.oh;
   const auto bottom_wins = [&](int64_t i, int64_t len) {
     const T* top = pair_best + 2 * i * ow;
     const int32_t* top_at = pair_at + 2 * i * ow;
@@ -111,12 +120,8 @@ void max_pool_plane_2x2(const T* __restrict plane, int64_t oh, int64_t ow, T* __
       at[i * ow + j] = take ? top_at[ow + j] : top_at[j];
     }
   };
-  for (int64_t i = 0; i < oh; ++i) {
-    if (ow <= kPoolLanes && i * ow + kPoolLanes <= oh * ow) {
-      bottom_wins(i, kPoolLanes);
-    } else {
-      bottom_wins(i, ow);
-    }
+  for (int64_t i = 0; i < rows; ++i) {
+    bottom_wins(i, ow <= kPoolLanes && i * ow + kPoolLanes <= rows * ow ? kPoolLanes : ow);
   }
 }
 
@@ -133,12 +138,13 @@ void CpuBackend::max_pool2d(const Tensor& x, const Pool2dGeometry& g, Tensor& y,
     const bool two_by_two =
         g.kernel_h == 2 && g.kernel_w == 2 && g.stride_h == 2 && g.stride_w == 2 && s.w == 2 * s.ow;
     if (inside && two_by_two && s.oh > 0) {
-      const int64_t n = s.oh * s.ow;
-      ThreadScratch<T> pair_best(1, 2 * n + kPoolLanes, x.dtype());
-      ThreadScratch<int32_t> pair_at(1, 2 * n + kPoolLanes, DType::kInt32);
-      for_range(s.planes, s.planes * s.h * s.w, [&](int64_t p) {
-        max_pool_plane_2x2(in + p * s.h * s.w, s.oh, s.ow, pair_best.mine(), pair_at.mine(),
-                           out + p * n, at + p * n);
+      const int64_t n = s.oh * s.ow, group = kPoolPlanesPerTask;
+      ThreadScratch<T> pair_best(1, 2 * n * group + kPoolLanes, x.dtype());
+      ThreadScratch<int32_t> pair_at(1, 2 * n * group + kPoolLanes, DType::kInt32);
+      for_range((s.planes + group - 1) / group, s.planes * s.h * s.w, [&](int64_t task) {
+        const int64_t p = task * group, count = std::min(group, s.planes - p);
+        max_pool_planes_2x2(in + p * s.h * s.w, count, s, pair_best.mine(), pair_at.mine(),
+                            out + p * n, at + p * n);
       });
       return;
     }
