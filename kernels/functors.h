@@ -327,7 +327,7 @@ ACCRUE_HD uint64_t mix64(uint64_t z) {
 struct DropoutMask {
   uint64_t seed, step;
   double p, scale;  // scale = 1 / (1 - p)
-  // The part of the hash shared by a sample's elements (a loop over a row computes it once).
+  // The part of the hash shared by a sample's elements.
   ACCRUE_HD uint64_t row_key(uint64_t sample) const {
     return mix64(mix64(mix64(seed) ^ step) ^ sample);
   }
@@ -340,19 +340,17 @@ struct DropoutMask {
   ACCRUE_HD static bool kept(uint64_t hash, uint64_t threshold) {
     return (hash >> 11) >= threshold;
   }
-  ACCRUE_HD bool keep_in_row(uint64_t row, uint64_t element) const {
-    return kept(mix64(row ^ element), keep_threshold());
-  }
-  ACCRUE_HD bool keep(uint64_t sample, uint64_t element) const {
-    return keep_in_row(row_key(sample), element);
-  }
+  // x masked and scaled, given the row's key and the threshold (a loop over a row computes both
+  // once). The product is taken either way, so the pick is a select rather than a branch on a
+  // coin flip (and a CPU loop of it vectorises).
   template <typename T>
-  ACCRUE_HD T apply_in_row(T x, uint64_t row, uint64_t element) const {
-    return keep_in_row(row, element) ? x * T(scale) : T(0);
+  ACCRUE_HD T apply_in_row(T x, uint64_t row, uint64_t element, uint64_t threshold) const {
+    const T scaled = x * T(scale);
+    return kept(mix64(row ^ element), threshold) ? scaled : T(0);
   }
   template <typename T>
   ACCRUE_HD T operator()(T x, uint64_t sample, uint64_t element) const {
-    return apply_in_row(x, row_key(sample), element);
+    return apply_in_row(x, row_key(sample), element, keep_threshold());
   }
 };
 

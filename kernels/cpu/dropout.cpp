@@ -15,15 +15,13 @@ constexpr int64_t kDropoutChunk = 1 << 14;  // elements per task of the team
 namespace {
 
 // out [n] = in [n] masked and scaled, the elements being first .. first + n - 1 of the row whose
-// key is `row`: the mask in integers only (fn::DropoutMask::kept), so the hash vectorises.
+// key is `row`, with the threshold computed once: the mask in integers only, so the hash
+// vectorises.
 template <typename T>
-void dropout_run(const T* in, T* out, int64_t n, uint64_t row, uint64_t first, uint64_t threshold,
-                 T scale) {
+void dropout_run(const fn::DropoutMask& mask, const T* in, T* out, int64_t n, uint64_t row,
+                 uint64_t first, uint64_t threshold) {
 #pragma omp simd
-  for (int64_t j = 0; j < n; ++j) {
-    const bool keep = fn::DropoutMask::kept(fn::mix64(row ^ (first + uint64_t(j))), threshold);
-    out[j] = keep ? in[j] * scale : T(0);
-  }
+  for (int64_t j = 0; j < n; ++j) out[j] = mask.apply_in_row(in[j], row, first + j, threshold);
 }
 
 }  // namespace
@@ -37,14 +35,14 @@ void CpuBackend::dropout(const Tensor& x, const DropoutKey& key, const Tensor& s
     const T* in = x.data<T>();
     T* out = y.data<T>();
     const int32_t* sample = samples.data<int32_t>();
-    const T scale = T(mask.scale);
     // Fixed chunks of the flat index; within a chunk, runs of one row each, the row's part of
     // the hash computed once per run.
     for_chunks(x.numel(), kDropoutChunk, [=](int64_t, int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end;) {
         const int64_t r = i / per_row, run_end = std::min(end, (r + 1) * per_row);
-        dropout_run(in + i, out + i, run_end - i, mask.row_key(static_cast<uint64_t>(sample[r])),
-                    static_cast<uint64_t>(i - r * per_row), threshold, scale);
+        dropout_run(mask, in + i, out + i, run_end - i,
+                    mask.row_key(static_cast<uint64_t>(sample[r])),
+                    static_cast<uint64_t>(i - r * per_row), threshold);
         i = run_end;
       }
     });
