@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "common.h"
+#include "kernels/cpu/blas.h"
 
 namespace accrue::bench {
 Limits measure_limits(Device device);
@@ -38,6 +39,7 @@ int main(int argc, char** argv) {
     benchmark::AddCustomContext("copy_bandwidth_GBps:" + d.str(), copies);
     benchmark::AddCustomContext("gemm_GFLOPs:" + d.str(),
                                 std::to_string(l.gemm_flops_per_second / 1e9));
+    if (d.is_cpu()) benchmark::AddCustomContext("blas_core:cpu", cpu::blas_core());
     std::cerr << d.str() << " (" << device_name(d) << "): copy GB/s by footprint {" << copies
               << "}, large GEMM " << l.gemm_flops_per_second / 1e9 << " GFLOP/s\n";
   }

@@ -56,6 +56,10 @@ int main(int argc, char** argv) {
               << ctx.value("copy_bandwidth_GBps:" + dev, "?") << " GB/s | "
               << ctx.value("gemm_GFLOPs:" + dev, "?") << " GFLOP/s |\n";
   }
+  if (ctx.contains("blas_core:cpu")) {
+    std::cout << "\nOpenBLAS kernels on the CPU: " << ctx["blas_core:cpu"].get<std::string>()
+              << " (the GEMM rate depends on them: AVX2 or AVX-512).\n";
+  }
   if (ctx.contains("cuda")) std::cout << "\nCUDA: " << ctx["cuda"].get<std::string>() << "\n";
   std::cout
       << "\n`roofline` is the fraction of the same-run memory bandwidth (bandwidth-bound "
