@@ -264,9 +264,14 @@ void register_kernel_benchmarks() {
         add("conv2d_" + name, [pass = pass](State& s, Device dd) {
           conv(s, dd, pass);
         })->Args(shape);
-        if (!d.is_cpu() || pass == ConvPass::kBackwardFilter) continue;  // Winograd: not for dW
+        if (!d.is_cpu()) continue;
+        // The CPU's algorithms forced: Winograd for the forward and data passes, the direct
+        // filter gradient where the patch is small (conv1).
+        const bool filter = pass == ConvPass::kBackwardFilter;
+        if (filter && shape[1] > 1) continue;  // conv1 only: one input channel, 3 x 3
         for (cpu::ConvAlgorithm algorithm :
-             {cpu::ConvAlgorithm::kIm2col, cpu::ConvAlgorithm::kWinograd}) {
+             {cpu::ConvAlgorithm::kIm2col,
+              filter ? cpu::ConvAlgorithm::kDirect : cpu::ConvAlgorithm::kWinograd}) {
           add(str_cat("conv2d_", name, "_", cpu::conv_algorithm_name(algorithm)),
               [pass = pass, algorithm](State& s, Device dd) { conv(s, dd, pass, algorithm); })
               ->Args(shape);

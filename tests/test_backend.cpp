@@ -432,6 +432,31 @@ std::vector<Row> rows() {
                        }});
     }
   }
+  // The filter gradient of a one-channel convolution (patches of 9 values, as the CNN's conv1),
+  // im2col's GEMM against the direct dot products; odd pixel counts reach the lanes' tail, and a
+  // strided, dilated geometry goes through the same unfolding.
+  for (cpu::ConvAlgorithm algorithm : {cpu::ConvAlgorithm::kIm2col, cpu::ConvAlgorithm::kDirect}) {
+    for (const Conv2dGeometry& g :
+         {Conv2dGeometry{1, 1, 1, 1, 1, 1}, Conv2dGeometry{2, 1, 2, 0, 2, 1}}) {
+      const int64_t oh = conv2d_out_size(19, 3, g.stride_h, g.pad_h, g.dilation_h),
+                    ow = conv2d_out_size(22, 3, g.stride_w, g.pad_w, g.dilation_w);
+      for (bool bias : {true, false}) {
+        for (double beta : {0.0, 1.0}) {
+          table.push_back(
+              {str_cat("conv2d_backward_filter/", cpu::conv_algorithm_name(algorithm),
+                       "_one_channel_stride", g.stride_h, bias ? "" : "_no_bias",
+                       beta == 0 ? "_write" : "_accumulate"),
+               [=](const Maker& m) {
+                 cpu::ForcedConvAlgorithm force(algorithm);
+                 Tensor dw = m.uniform({7, 1, 3, 3}, 44), db = bias ? m.uniform({7}, 45) : Tensor();
+                 m.be().conv2d_backward_filter(m.uniform({11, 7, oh, ow}, 43),
+                                               m.uniform({11, 1, 19, 22}, 40), g, beta, dw, db);
+                 return bias ? Outputs{dw, db} : Outputs{dw};
+               }});
+        }
+      }
+    }
+  }
   const Pool2dGeometry two{2, 2, 2, 2, 0, 0}, three{3, 3, 2, 2, 1, 1};
   table.push_back({"max_pool2d", [=](const Maker& m) {
                      Tensor y = m.empty({4, 6, 16, 17});
@@ -704,6 +729,47 @@ TEST(Backend, ConvolutionsSayWhyTheyCannotRunOnADevice) {
   }
 }
 
+// The direct filter gradient (patches of at most 9 values) computes the same sums as im2col's
+// GEMM: in float64 they agree to rounding, with and without the bias, for every patch size it
+// takes (1x1 to 3x3 filters, one or two input channels), strided and dilated geometries, pixel
+// counts below, at and past its 16 lanes, one sample and several chunks.
+TEST(Backend, DirectFilterGradientEqualsIm2colInFloat64) {
+  Backend& be = backend_for(Device::cpu());
+  struct Case {
+    int64_t n, c, o, h, w, kh, kw;
+    Conv2dGeometry g;
+  };
+  const Case cases[] = {
+      {1, 1, 3, 5, 6, 3, 3, {1, 1, 1, 1, 1, 1}},    {11, 1, 7, 19, 22, 3, 3, {1, 1, 0, 0, 1, 1}},
+      {37, 1, 5, 28, 28, 3, 3, {1, 1, 1, 1, 1, 1}}, {5, 2, 4, 9, 8, 2, 2, {2, 1, 1, 0, 1, 2}},
+      {3, 1, 2, 4, 4, 1, 1, {1, 1, 0, 0, 1, 1}},    {6, 1, 3, 12, 10, 3, 2, {1, 2, 2, 1, 2, 1}}};
+  for (const Case& k : cases) {
+    const cpu::ConvShape shape{k.n, k.c, k.h, k.w, k.o, k.kh, k.kw, 0, 0};
+    ASSERT_TRUE(cpu::direct_applies(shape, cpu::ConvPass::kBackwardFilter));
+    const int64_t oh = conv2d_out_size(k.h, k.kh, k.g.stride_h, k.g.pad_h, k.g.dilation_h);
+    const int64_t ow = conv2d_out_size(k.w, k.kw, k.g.stride_w, k.g.pad_w, k.g.dilation_w);
+    const Tensor x = testing::random({k.n, k.c, k.h, k.w}, 1);
+    const Tensor dy = testing::random({k.n, k.o, oh, ow}, 4);
+    const Tensor dw0 = testing::random({k.o, k.c, k.kh, k.kw}, 5);
+    const Tensor db0 = testing::random({k.o}, 6);
+    auto run = [&](cpu::ConvAlgorithm algorithm, double beta) {
+      cpu::ForcedConvAlgorithm force(algorithm);
+      Tensor dw = dw0.clone(), db = db0.clone();
+      be.conv2d_backward_filter(dy, x, k.g, beta, dw, db);
+      return std::vector<Tensor>{dw, db};
+    };
+    for (double beta : {0.0, 1.0}) {
+      const std::vector<Tensor> im2col = run(cpu::ConvAlgorithm::kIm2col, beta);
+      const std::vector<Tensor> direct = run(cpu::ConvAlgorithm::kDirect, beta);
+      for (size_t i = 0; i < im2col.size(); ++i) {
+        EXPECT_LT(max_rel_error(direct[i], im2col[i]), 1e-13)
+            << (i == 0 ? "dw" : "dbias") << " of " << k.n << " x " << k.c << " -> " << k.o << " at "
+            << k.h << " x " << k.w << ", filter " << k.kh << " x " << k.kw << ", beta " << beta;
+      }
+    }
+  }
+}
+
 // Winograd F(2x2, 3x3) computes the convolution itself: in float64 its two passes equal im2col's
 // to rounding, at every padding it takes, with clipped edge tiles, one sample and a
 // batch of several chunks, and a 1x1 output. The choice rule: Winograd only where it applies and
@@ -748,11 +814,24 @@ TEST(Backend, WinogradEqualsIm2colInFloat64) {
   EXPECT_EQ(cpu::conv_algorithm(conv2, same, ConvPass::kForward), ConvAlgorithm::kWinograd);
   EXPECT_EQ(cpu::conv_algorithm(conv2, same, ConvPass::kBackwardData), ConvAlgorithm::kWinograd);
   EXPECT_EQ(cpu::conv_algorithm(conv2, same, ConvPass::kBackwardFilter), ConvAlgorithm::kIm2col);
+  EXPECT_EQ(cpu::conv_algorithm(conv1, same, ConvPass::kBackwardFilter), ConvAlgorithm::kDirect);
+  EXPECT_EQ(cpu::conv_algorithm(conv1, strided, ConvPass::kBackwardFilter), ConvAlgorithm::kDirect);
   EXPECT_EQ(cpu::conv_algorithm(conv2, strided, ConvPass::kForward), ConvAlgorithm::kIm2col);
   EXPECT_EQ(cpu::conv_algorithm(conv2, wide, ConvPass::kForward), ConvAlgorithm::kIm2col);
-  cpu::ForcedConvAlgorithm force(ConvAlgorithm::kWinograd);
-  EXPECT_EQ(cpu::conv_algorithm(conv1, same, ConvPass::kForward), ConvAlgorithm::kWinograd);
-  EXPECT_EQ(cpu::conv_algorithm(conv2, strided, ConvPass::kForward), ConvAlgorithm::kIm2col);
+  {
+    cpu::ForcedConvAlgorithm force(ConvAlgorithm::kWinograd);
+    EXPECT_EQ(cpu::conv_algorithm(conv1, same, ConvPass::kForward), ConvAlgorithm::kWinograd);
+    EXPECT_EQ(cpu::conv_algorithm(conv2, strided, ConvPass::kForward), ConvAlgorithm::kIm2col);
+    EXPECT_EQ(cpu::conv_algorithm(conv2, same, ConvPass::kBackwardFilter), ConvAlgorithm::kIm2col);
+    EXPECT_EQ(cpu::conv_algorithm(conv1, same, ConvPass::kBackwardFilter), ConvAlgorithm::kDirect);
+  }
+  {
+    cpu::ForcedConvAlgorithm force(ConvAlgorithm::kIm2col);
+    EXPECT_EQ(cpu::conv_algorithm(conv1, same, ConvPass::kBackwardFilter), ConvAlgorithm::kIm2col);
+  }
+  cpu::ForcedConvAlgorithm force(ConvAlgorithm::kDirect);  // applies to small patches' dW only
+  EXPECT_EQ(cpu::conv_algorithm(conv2, same, ConvPass::kForward), ConvAlgorithm::kWinograd);
+  EXPECT_EQ(cpu::conv_algorithm(conv1, same, ConvPass::kForward), ConvAlgorithm::kIm2col);
   EXPECT_EQ(cpu::conv_algorithm(conv2, same, ConvPass::kBackwardFilter), ConvAlgorithm::kIm2col);
 }
 
