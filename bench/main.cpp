@@ -5,7 +5,7 @@
 #include <iostream>
 
 #include "common.h"
-#include "kernels/cpu/blas.h"
+#include "kernels/cpu/blas_core.h"
 
 namespace accrue::bench {
 Limits measure_limits(Device device);
@@ -16,6 +16,7 @@ void register_offload_benchmarks();
 
 int main(int argc, char** argv) {
   using namespace accrue;
+  cpu::run_with_cpu_blas_kernels(argv);  // rates of the kernels the CPU has, not a fallback's
   std::vector<char*> args;
   for (int i = 0; i < argc; ++i) {
     if (std::strcmp(argv[i], "--smoke") == 0) {

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/blas_core.h"
 #include "kernels/cpu/conv.h"
 #include "kernels/trace.h"
 #include "test_util.h"
@@ -970,6 +971,43 @@ INSTANTIATE_TEST_SUITE_P(Backend, BackendTable, ::testing::ValuesIn(rows()), [](
   }
   return name;
 });
+
+// OpenBLAS's kernels: the core asked for (or "": keep) from the running core, the user's
+// OPENBLAS_CORETYPE and the CPU's vector level (3 AVX-512, 2 AVX2, 1 older).
+TEST(BlasCore, AsksForTheCpusOwnKernelsOnlyWhenTheRunningOnesAreLowerAndTheUserChoseNone) {
+  struct Row {
+    const char* running;
+    const char* env;
+    int cpu_level;
+    const char* want;
+  };
+  const Row rows[] = {
+      {"Prescott", nullptr, 3, "SkylakeX"},  // a Xeon OpenBLAS 0.3.21 does not know
+      {"Prescott", "", 3, "SkylakeX"},       // empty is unset
+      {"unknown", nullptr, 3, "SkylakeX"},
+      {"Prescott", nullptr, 2, "Haswell"},
+      {"Sandybridge", nullptr, 2, "Haswell"},
+      {"Haswell", nullptr, 3, "SkylakeX"},
+      {"SkylakeX", nullptr, 3, ""},
+      {"Cooperlake", nullptr, 3, ""},  // OpenBLAS's own pick on a Zen 5
+      {"SapphireRapids", nullptr, 3, ""},
+      {"Zen", nullptr, 2, ""},
+      {"Haswell", nullptr, 2, ""},
+      {"Prescott", nullptr, 1, ""},     // nothing better on this CPU
+      {"Prescott", "Prescott", 3, ""},  // the user's choice stands
+      {"Haswell", "Haswell", 3, ""},
+  };
+  for (const Row& r : rows) {
+    EXPECT_EQ(cpu::blas_core_to_request(r.running, r.env, r.cpu_level), r.want)
+        << r.running << ", OPENBLAS_CORETYPE " << (r.env ? r.env : "unset") << ", CPU level "
+        << r.cpu_level;
+  }
+  EXPECT_EQ(cpu::blas_core_level("SkylakeX"), 3);
+  EXPECT_EQ(cpu::blas_core_level("Zen"), 2);
+  EXPECT_EQ(cpu::blas_core_level("Prescott"), 1);
+  EXPECT_GE(cpu::cpu_vector_level(), 1);
+  EXPECT_LE(cpu::cpu_vector_level(), 3);
+}
 
 }  // namespace
 }  // namespace accrue::testing

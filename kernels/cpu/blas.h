@@ -6,8 +6,6 @@
 
 #include <climits>
 #include <cstdint>
-#include <cstdlib>
-#include <string>
 
 #include "core/error.h"
 
@@ -29,18 +27,6 @@ inline int blas_int(int64_t size, const char* op, const char* what) {
     throw ShapeError(str_cat("[", op, "] ", what, " ", size, " exceeds BLAS's int range"));
   }
   return static_cast<int>(size);
-}
-
-// The OpenBLAS core whose kernels run, as the library names it ("Haswell": AVX2; "SkylakeX",
-// "Cooperlake": AVX-512), and whether OPENBLAS_CORETYPE chose it rather than the library's own
-// look at the CPU. Benchmarks report it: the same machine runs GEMMs at about twice the rate with
-// the AVX-512 kernels, so a ratio means little without it.
-inline std::string blas_core() {
-  const char* name = openblas_get_corename();
-  const char* forced = std::getenv("OPENBLAS_CORETYPE");
-  std::string core = name && *name ? name : "unknown";
-  if (forced && *forced) core += std::string(" (OPENBLAS_CORETYPE=") + forced + ")";
-  return core;
 }
 
 }  // namespace accrue::cpu

@@ -1,0 +1,43 @@
+// Which OpenBLAS kernels the CPU GEMMs run, and a way to run the CPU's own kernels when OpenBLAS
+// does not recognise the CPU.
+//
+// A DYNAMIC_ARCH OpenBLAS (Debian's) picks its kernels once, when it loads, from the CPU's model
+// number. A model newer than the library falls back to generic ones: Debian 12's 0.3.21 on a
+// 5th-generation Xeon (family 6, model 207) runs "Prescott", SSE3 kernels at a quarter of the
+// rate of its AVX-512 ("SkylakeX") kernels on the same machine (large GEMM 60 -> 275 GFLOP/s).
+// Only the OPENBLAS_CORETYPE environment variable, read as the library loads, changes the pick,
+// so a program that wants the fast kernels sets it and runs itself again before doing anything
+// else. A user who sets OPENBLAS_CORETYPE keeps the kernels asked for.
+#pragma once
+
+#include <string>
+
+namespace accrue::cpu {
+
+// The OpenBLAS core whose kernels run, as the library names it ("Prescott", "Haswell", ...).
+std::string blas_core_name();
+
+// The same, and whether OPENBLAS_CORETYPE chose it rather than the library's own
+// look at the CPU. Benchmarks report it: a rate means little without it.
+std::string blas_core();
+
+// The vector level of an OpenBLAS core name: 3 AVX-512 (SkylakeX, Cooperlake, SapphireRapids),
+// 2 AVX2 with FMA (Haswell, Zen), 1 anything older or unknown.
+int blas_core_level(const std::string& core);
+
+// The level of this CPU's own vector units (as blas_core_level), read with cpuid.
+int cpu_vector_level();
+
+// The OpenBLAS core to ask for, or "" to keep the running one: the core of the CPU's own level
+// when the running core is of a lower level and the user set no OPENBLAS_CORETYPE (null or
+// empty `coretype_env`).
+std::string blas_core_to_request(const std::string& running, const char* coretype_env,
+                                 int cpu_level);
+
+// Called first thing in main(): when blas_core_to_request names a core, sets OPENBLAS_CORETYPE
+// to it and executes this program again with the same arguments (/proc/self/exe), so OpenBLAS
+// loads with the CPU's own kernels; returns when nothing needs to change, or, with one line on
+// stderr, when the program cannot be executed again (it then runs on with the kernels it has).
+void run_with_cpu_blas_kernels(char** argv);
+
+}  // namespace accrue::cpu
