@@ -973,7 +973,7 @@ INSTANTIATE_TEST_SUITE_P(Backend, BackendTable, ::testing::ValuesIn(rows()), [](
 });
 
 // OpenBLAS's kernels: the core asked for (or "": keep) from the running core, the user's
-// OPENBLAS_CORETYPE and the CPU's vector level (3 AVX-512, 2 AVX2, 1 older).
+// OPENBLAS_CORETYPE and the CPU's vector level (4 AVX-512 with BF16, 3 AVX-512, 2 AVX2, 1 older).
 TEST(BlasCore, AsksForTheCpusOwnKernelsOnlyWhenTheRunningOnesAreLowerAndTheUserChoseNone) {
   struct Row {
     const char* running;
@@ -982,31 +982,34 @@ TEST(BlasCore, AsksForTheCpusOwnKernelsOnlyWhenTheRunningOnesAreLowerAndTheUserC
     const char* want;
   };
   const Row rows[] = {
-      {"Prescott", nullptr, 3, "SkylakeX"},  // a Xeon OpenBLAS 0.3.21 does not know
-      {"Prescott", "", 3, "SkylakeX"},       // empty is unset
-      {"unknown", nullptr, 3, "SkylakeX"},
+      {"Prescott", nullptr, 4, "Cooperlake"},  // a Xeon OpenBLAS 0.3.21 does not know
+      {"Prescott", "", 4, "Cooperlake"},       // empty is unset
+      {"unknown", nullptr, 4, "Cooperlake"},
+      {"SkylakeX", nullptr, 4, "Cooperlake"},
+      {"Prescott", nullptr, 3, "SkylakeX"},
+      {"Haswell", nullptr, 3, "SkylakeX"},
       {"Prescott", nullptr, 2, "Haswell"},
       {"Sandybridge", nullptr, 2, "Haswell"},
-      {"Haswell", nullptr, 3, "SkylakeX"},
+      {"Cooperlake", nullptr, 4, ""},  // OpenBLAS's own pick on a Zen 5
+      {"SapphireRapids", nullptr, 4, ""},
       {"SkylakeX", nullptr, 3, ""},
-      {"Cooperlake", nullptr, 3, ""},  // OpenBLAS's own pick on a Zen 5
-      {"SapphireRapids", nullptr, 3, ""},
       {"Zen", nullptr, 2, ""},
       {"Haswell", nullptr, 2, ""},
       {"Prescott", nullptr, 1, ""},     // nothing better on this CPU
       {"Prescott", "Prescott", 3, ""},  // the user's choice stands
-      {"Haswell", "Haswell", 3, ""},
+      {"Haswell", "Haswell", 4, ""},
   };
   for (const Row& r : rows) {
     EXPECT_EQ(cpu::blas_core_to_request(r.running, r.env, r.cpu_level), r.want)
         << r.running << ", OPENBLAS_CORETYPE " << (r.env ? r.env : "unset") << ", CPU level "
         << r.cpu_level;
   }
+  EXPECT_EQ(cpu::blas_core_level("Cooperlake"), 4);
   EXPECT_EQ(cpu::blas_core_level("SkylakeX"), 3);
   EXPECT_EQ(cpu::blas_core_level("Zen"), 2);
   EXPECT_EQ(cpu::blas_core_level("Prescott"), 1);
   EXPECT_GE(cpu::cpu_vector_level(), 1);
-  EXPECT_LE(cpu::cpu_vector_level(), 3);
+  EXPECT_LE(cpu::cpu_vector_level(), 4);
 }
 
 }  // namespace

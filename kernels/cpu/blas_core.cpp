@@ -24,19 +24,17 @@ std::string blas_core() {
 }
 
 int blas_core_level(const std::string& core) {
-  for (const char* avx512 : {"SkylakeX", "Cooperlake", "SapphireRapids"}) {
-    if (core == avx512) return 3;
-  }
+  if (core == "Cooperlake" || core == "SapphireRapids") return 4;
+  if (core == "SkylakeX") return 3;
   return core == "Haswell" || core == "Zen" ? 2 : 1;
 }
 
 int cpu_vector_level() {
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-      __builtin_cpu_supports("avx512cd")) {
-    return 3;
-  }
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                      __builtin_cpu_supports("avx512cd");
+  if (avx512) return __builtin_cpu_supports("avx512bf16") ? 4 : 3;
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 2 : 1;
 }
 
@@ -44,7 +42,16 @@ std::string blas_core_to_request(const std::string& running, const char* coretyp
                                  int cpu_level) {
   if (coretype_env && *coretype_env) return "";  // the user's choice stands
   if (blas_core_level(running) >= cpu_level) return "";
-  return cpu_level >= 3 ? "SkylakeX" : cpu_level == 2 ? "Haswell" : "";
+  switch (cpu_level) {
+    case 4:
+      return "Cooperlake";
+    case 3:
+      return "SkylakeX";
+    case 2:
+      return "Haswell";
+    default:
+      return "";
+  }
 }
 
 void run_with_cpu_blas_kernels(char** argv) {

@@ -4,7 +4,7 @@
 // A DYNAMIC_ARCH OpenBLAS (Debian's) picks its kernels once, when it loads, from the CPU's model
 // number. A model newer than the library falls back to generic ones: Debian 12's 0.3.21 on a
 // 5th-generation Xeon (family 6, model 207) runs "Prescott", SSE3 kernels at a quarter of the
-// rate of its AVX-512 ("SkylakeX") kernels on the same machine (large GEMM 60 -> 275 GFLOP/s).
+// rate of its AVX-512 kernels on the same machine (large GEMM 60 -> 272 GFLOP/s with "Cooperlake").
 // Only the OPENBLAS_CORETYPE environment variable, read as the library loads, changes the pick,
 // so a program that wants the fast kernels sets it and runs itself again before doing anything
 // else. A user who sets OPENBLAS_CORETYPE keeps the kernels asked for.
@@ -21,16 +21,18 @@ std::string blas_core_name();
 // look at the CPU. Benchmarks report it: a rate means little without it.
 std::string blas_core();
 
-// The vector level of an OpenBLAS core name: 3 AVX-512 (SkylakeX, Cooperlake, SapphireRapids),
-// 2 AVX2 with FMA (Haswell, Zen), 1 anything older or unknown.
+// The vector level of an OpenBLAS core name: 4 AVX-512 with BF16 (Cooperlake; 0.3.21 runs the
+// same kernels for SapphireRapids), 3 AVX-512 (SkylakeX), 2 AVX2 with FMA (Haswell, Zen), 1
+// anything older or unknown. OpenBLAS's own pick for a CPU it knows follows the same features
+// (Cooperlake on a Sapphire Rapids or a Zen 5, SkylakeX on an Ice Lake).
 int blas_core_level(const std::string& core);
 
 // The level of this CPU's own vector units (as blas_core_level), read with cpuid.
 int cpu_vector_level();
 
 // The OpenBLAS core to ask for, or "" to keep the running one: the core of the CPU's own level
-// when the running core is of a lower level and the user set no OPENBLAS_CORETYPE (null or
-// empty `coretype_env`).
+// (Cooperlake, SkylakeX or Haswell) when the running core is of a lower level and the user set no
+// OPENBLAS_CORETYPE (null or empty `coretype_env`).
 std::string blas_core_to_request(const std::string& running, const char* coretype_env,
                                  int cpu_level);
 
