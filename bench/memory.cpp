@@ -8,9 +8,11 @@
 
 #include "accrue.h"
 #include "cnn.h"
+#include "kernels/cpu/blas_core.h"
 
 int main(int argc, char** argv) {
   using namespace accrue;
+  cpu::run_with_cpu_blas_kernels(argv);  // bytes do not depend on it; the run's length does
   if (argc != 4) {
     std::cerr << "usage: accrue-memory DEVICE OUT.csv OUT.md\n";
     return 2;
