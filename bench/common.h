@@ -31,12 +31,16 @@ std::map<std::string, Limits>& limits();
 bool& smoke();
 std::vector<Device> bench_devices();
 
-// Runs body once per iteration, waits for the device, and records the wall time of each
-// iteration as its manual time (benchmarks register with UseManualTime). Returns the total.
-template <typename F>
-double run_timed(benchmark::State& state, Device device, F body) {
+// Runs prepare() and then body once per iteration, waits for the device after each, and records
+// the wall time of body alone as the iteration's manual time (benchmarks register with
+// UseManualTime). prepare restores what body consumes (a gradient the optimizer zeroes).
+// Returns the total.
+template <typename P, typename F>
+double run_timed_after(benchmark::State& state, Device device, P prepare, F body) {
   double total = 0;
   for (auto _ : state) {
+    prepare();
+    synchronize(device);
     const auto t0 = std::chrono::steady_clock::now();
     body();
     synchronize(device);
@@ -46,6 +50,13 @@ double run_timed(benchmark::State& state, Device device, F body) {
     total += seconds;
   }
   return total;
+}
+
+// run_timed_after with nothing to prepare.
+template <typename F>
+double run_timed(benchmark::State& state, Device device, F body) {
+  return run_timed_after(
+      state, device, [] {}, body);
 }
 
 // Bytes/s and the fraction of the same-run copy bandwidth at the same memory footprint.
