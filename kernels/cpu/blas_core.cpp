@@ -23,10 +23,23 @@ std::string blas_core() {
   return core;
 }
 
+namespace {
+
+// OpenBLAS's x86 cores by vector level; the first of a level is the one to ask for.
+struct CoreLevel {
+  const char* name;
+  int level;
+};
+constexpr CoreLevel kCores[] = {
+    {"Cooperlake", 4}, {"SapphireRapids", 4}, {"SkylakeX", 3}, {"Haswell", 2}, {"Zen", 2}};
+
+}  // namespace
+
 int blas_core_level(const std::string& core) {
-  if (core == "Cooperlake" || core == "SapphireRapids") return 4;
-  if (core == "SkylakeX") return 3;
-  return core == "Haswell" || core == "Zen" ? 2 : 1;
+  for (const CoreLevel& c : kCores) {
+    if (core == c.name) return c.level;
+  }
+  return 1;
 }
 
 int cpu_vector_level() {
@@ -42,16 +55,10 @@ std::string blas_core_to_request(const std::string& running, const char* coretyp
                                  int cpu_level) {
   if (coretype_env && *coretype_env) return "";  // the user's choice stands
   if (blas_core_level(running) >= cpu_level) return "";
-  switch (cpu_level) {
-    case 4:
-      return "Cooperlake";
-    case 3:
-      return "SkylakeX";
-    case 2:
-      return "Haswell";
-    default:
-      return "";
+  for (const CoreLevel& c : kCores) {
+    if (c.level == cpu_level) return c.name;
   }
+  return "";
 }
 
 void run_with_cpu_blas_kernels(char** argv) {
