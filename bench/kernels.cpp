@@ -171,16 +171,17 @@ void conv(State& state, Device d, ConvPass pass,
 // The CNN's other kernels at its micro-batch shapes {batch, channels, size}, in bytes against the
 // same-run copy bandwidth: what each must read and write at least (the input once, the output
 // once; the backward passes also read what they were given).
-void max_pool(State& state, Device d, bool backward) {
+// max_pool2d_relu is the CNN's (the ReLU before the pooling applied per tap).
+void max_pool(State& state, Device d, bool backward, bool relu) {
   const int64_t n = state.range(0), c = state.range(1), hw = state.range(2);
   const Pool2dGeometry g{2, 2, 2, 2, 0, 0};
   Tensor x = filled({n, c, hw, hw}, d, 1), y = filled({n, c, hw / 2, hw / 2}, d, 2);
   Tensor at = Tensor::empty(y.shape(), DType::kInt32, d);
   Backend& be = backend_for(d);
-  be.max_pool2d(x, g, y, at);
+  be.max_pool2d(x, g, relu, y, at);
   const double seconds = run_timed(state, d, [&] {
     if (backward) be.max_pool2d_backward(y, at, x);
-    if (!backward) be.max_pool2d(x, g, y, at);
+    if (!backward) be.max_pool2d(x, g, relu, y, at);
   });
   const double bytes = 4.0 * x.numel() + 8.0 * y.numel();  // x or dx, y and argmax or dy and argmax
   report_bytes(state, d, seconds, bytes, bytes);
@@ -286,8 +287,13 @@ void register_kernel_benchmarks() {
       }
       // The layers after each convolution: {batch, its out channels, size}.
       const std::vector<int64_t> after{shape[0], shape[2], shape[3]};
-      add("max_pool2d", [](State& s, Device dd) { max_pool(s, dd, false); })->Args(after);
-      add("max_pool2d_backward", [](State& s, Device dd) { max_pool(s, dd, true); })->Args(after);
+      add("max_pool2d", [](State& s, Device dd) { max_pool(s, dd, false, false); })->Args(after);
+      add("max_pool2d_relu", [](State& s, Device dd) {
+        max_pool(s, dd, false, true);
+      })->Args(after);
+      add("max_pool2d_backward", [](State& s, Device dd) {
+        max_pool(s, dd, true, false);
+      })->Args(after);
       add("group_norm", [](State& s, Device dd) { group_norm(s, dd, false); })->Args(after);
       add("group_norm_backward", [](State& s, Device dd) { group_norm(s, dd, true); })->Args(after);
       add("dropout", dropout)->Args(after);

@@ -111,9 +111,11 @@ namespace accrue {
   /* Pooling, x [N, C, H, W] -> y [N, C, OH, OW]; padding counts in the average (PyTorch's         \
      default) and never wins a maximum. max_pool2d also writes argmax (int32, like y: the flat     \
      index in the input plane of the first maximum); its backward adds dy at argmax into dx,       \
-     which it zeroes first. avg_pool2d_backward spreads dy / region size over each region. */      \
-  X(max_pool2d, (const Tensor& x, const Pool2dGeometry& g, Tensor& y, Tensor& argmax),             \
-    (x, g, y, argmax))                                                                             \
+     which it zeroes first, skipping argmax -1. With relu it pools relu(x) (fn::Relu per tap) and  \
+     writes argmax -1 where the maximum is not positive (relu's gradient is zero there).           \
+     avg_pool2d_backward spreads dy / region size over each region. */                             \
+  X(max_pool2d, (const Tensor& x, const Pool2dGeometry& g, bool relu, Tensor& y, Tensor& argmax),  \
+    (x, g, relu, y, argmax))                                                                       \
   X(max_pool2d_backward, (const Tensor& dy, const Tensor& argmax, Tensor& dx), (dy, argmax, dx))   \
   X(avg_pool2d, (const Tensor& x, const Pool2dGeometry& g, Tensor& y), (x, g, y))                  \
   X(avg_pool2d_backward, (const Tensor& dy, const Pool2dGeometry& g, Tensor& dx), (dy, g, dx))     \

@@ -1,7 +1,8 @@
-// conv2d, max_pool2d, avg_pool2d and flatten, NCHW. The convolution's backward accumulates the
-// filter and bias gradients straight into the parameters' gradient buffers (beta = 1, as the
-// Linear layers do) when they are leaves; the pooling backward nodes keep only what they need
-// (max: the argmax indices; average: nothing but the geometry). Read next: ops/norm.cpp.
+// conv2d, max_pool2d (and max_pool2d_relu), avg_pool2d and flatten, NCHW. The convolution's
+// backward accumulates the filter and bias gradients straight into the parameters' gradient buffers
+// (beta = 1, as the Linear layers do) when they are leaves; the pooling backward nodes keep only
+// what they need (max: the argmax indices; average: nothing but the geometry). Read next:
+// ops/norm.cpp.
 #include <memory>
 
 #include "kernels/backend.h"
@@ -33,8 +34,8 @@ int64_t out_size(const char* op, const char* axis, int64_t in, int64_t kernel, i
   const int64_t out = conv2d_out_size(in, kernel, stride, pad, dilation);
   if (out < 1) {
     throw ShapeError(str_cat("[", op, "] ", axis, " ", in, " with padding ", pad,
-                             " is smaller than the kernel (size ", kernel, ", dilation ",
-                             dilation, ")"));
+                             " is smaller than the kernel (size ", kernel, ", dilation ", dilation,
+                             ")"));
   }
   return out;
 }
@@ -76,9 +77,10 @@ struct Conv2dBackward : Node {
 };
 
 struct MaxPool2dBackward : Node {
-  Tensor argmax;  // int32, the output's shape
+  Tensor argmax;  // int32, the output's shape; -1 where nothing flows back (max_pool2d_relu)
   Shape input_shape;
-  const char* name() const override { return "max_pool2d"; }
+  const char* op = "max_pool2d";
+  const char* name() const override { return op; }
   void backward(const Tensor& dy, GradSink& sink) override {
     Tensor dx = Tensor::empty(input_shape, dy.dtype(), dy.device());
     backend_for(dy.device()).max_pool2d_backward(dy, argmax, dx);
@@ -142,18 +144,32 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
   return out;
 }
 
-Tensor max_pool2d(const Tensor& x, const Pool2dGeometry& g) {
-  const Shape shape = pool_shape("max_pool2d", x, g);
+namespace {
+
+// max_pool2d and max_pool2d_relu: one primitive, the ReLU applied per tap or not.
+Tensor max_pool(const char* op, const Tensor& x, const Pool2dGeometry& g, bool relu) {
+  const Shape shape = pool_shape(op, x, g);
   Tensor out = Tensor::empty(shape, x.dtype(), x.device());
   Tensor argmax = Tensor::empty(shape, DType::kInt32, x.device());
-  backend_for(x.device()).max_pool2d(x, g, out, argmax);
+  backend_for(x.device()).max_pool2d(x, g, relu, out, argmax);
   if (should_record({&x})) {
     auto node = std::make_unique<MaxPool2dBackward>();
+    node->op = op;
     node->argmax = argmax;
     node->input_shape = x.shape();
     record(std::move(node), {&x}, out);
   }
   return out;
+}
+
+}  // namespace
+
+Tensor max_pool2d(const Tensor& x, const Pool2dGeometry& g) {
+  return max_pool("max_pool2d", x, g, false);
+}
+
+Tensor max_pool2d_relu(const Tensor& x, const Pool2dGeometry& g) {
+  return max_pool("max_pool2d_relu", x, g, true);
 }
 
 Tensor avg_pool2d(const Tensor& x, const Pool2dGeometry& g) {

@@ -67,6 +67,9 @@ int64_t count_equal(const Tensor& a, const Tensor& b);
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
               const Conv2dGeometry& geometry = {});
 Tensor max_pool2d(const Tensor& x, const Pool2dGeometry& geometry);
+// max_pool2d(relu(x)) as one op, the same bits forward and backward (a maximum of ReLUs is the
+// ReLU of the maximum), without the ReLU's passes over the full-size input and its gradient.
+Tensor max_pool2d_relu(const Tensor& x, const Pool2dGeometry& geometry);
 Tensor avg_pool2d(const Tensor& x, const Pool2dGeometry& geometry);
 Tensor flatten(const Tensor& x);
 

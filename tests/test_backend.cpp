@@ -459,26 +459,29 @@ std::vector<Row> rows() {
     }
   }
   const Pool2dGeometry two{2, 2, 2, 2, 0, 0}, three{3, 3, 2, 2, 1, 1};
-  table.push_back({"max_pool2d", [=](const Maker& m) {
-                     Tensor y = m.empty({4, 6, 16, 17});
-                     Tensor at = Tensor::empty({4, 6, 16, 17}, DType::kInt32, m.device);
-                     m.be().max_pool2d(m.uniform({4, 6, 33, 34}, 46), two, y, at);
-                     return Outputs{y, at};
-                   }});
-  table.push_back({"max_pool2d/padded", [=](const Maker& m) {
-                     Tensor y = m.empty({4, 6, 17, 17});
-                     Tensor at = Tensor::empty({4, 6, 17, 17}, DType::kInt32, m.device);
-                     m.be().max_pool2d(m.uniform({4, 6, 33, 34}, 46), three, y, at);
-                     return Outputs{y, at};
-                   }});
-  table.push_back({"max_pool2d_backward", [=](const Maker& m) {
-                     Tensor y = m.empty({4, 6, 17, 17});
-                     Tensor at = Tensor::empty({4, 6, 17, 17}, DType::kInt32, m.device);
-                     m.be().max_pool2d(m.uniform({4, 6, 33, 34}, 46), three, y, at);
-                     Tensor dx = m.uniform({4, 6, 33, 34}, 47);  // overwritten entirely
-                     m.be().max_pool2d_backward(m.uniform({4, 6, 17, 17}, 48), at, dx);
-                     return Outputs{dx};
-                   }});
+  for (const bool relu : {false, true}) {
+    const std::string name = relu ? "max_pool2d_relu" : "max_pool2d";
+    table.push_back({name, [=](const Maker& m) {
+                       Tensor y = m.empty({4, 6, 16, 17});
+                       Tensor at = Tensor::empty({4, 6, 16, 17}, DType::kInt32, m.device);
+                       m.be().max_pool2d(m.uniform({4, 6, 33, 34}, 46), two, relu, y, at);
+                       return Outputs{y, at};
+                     }});
+    table.push_back({name + "/padded", [=](const Maker& m) {
+                       Tensor y = m.empty({4, 6, 17, 17});
+                       Tensor at = Tensor::empty({4, 6, 17, 17}, DType::kInt32, m.device);
+                       m.be().max_pool2d(m.uniform({4, 6, 33, 34}, 46), three, relu, y, at);
+                       return Outputs{y, at};
+                     }});
+    table.push_back({name + "_backward", [=](const Maker& m) {
+                       Tensor y = m.empty({4, 6, 17, 17});
+                       Tensor at = Tensor::empty({4, 6, 17, 17}, DType::kInt32, m.device);
+                       m.be().max_pool2d(m.uniform({4, 6, 33, 34}, 46), three, relu, y, at);
+                       Tensor dx = m.uniform({4, 6, 33, 34}, 47);  // overwritten entirely
+                       m.be().max_pool2d_backward(m.uniform({4, 6, 17, 17}, 48), at, dx);
+                       return Outputs{dx};
+                     }});
+  }
   table.push_back({"avg_pool2d", [=](const Maker& m) {
                      Tensor y = m.empty({4, 6, 17, 17});
                      m.be().avg_pool2d(m.uniform({4, 6, 33, 34}, 46), three, y);
@@ -841,18 +844,24 @@ TEST(Backend, WinogradEqualsIm2colInFloat64) {
 // stays. Values from a set of four with NaNs sprinkled in make both frequent; the geometries
 // take the CPU's inside-the-plane path (2x2 stride 2, 3x3 stride 1, 3x2 with strides 2, 1) and
 // its clipped path (padding); the even widths take its 2x2 stride-2 path, with output rows
-// narrower than its vector rows (6, 7 and 14 wide), and wider (20), and an odd height.
+// narrower than its vector rows (6, 7 and 14 wide), and wider (20), and an odd height. With relu
+// (max_pool2d_relu) the taps compete as relu(x), so zeros tie often, and argmax is -1 where the
+// maximum is not positive (a region of zeros and negatives).
 TEST(Backend, MaxPoolingKeepsTheFirstMaximumAndTheFirstNaN) {
   const Pool2dGeometry geometries[] = {
       {2, 2, 2, 2, 0, 0}, {3, 3, 1, 1, 0, 0}, {3, 2, 2, 1, 0, 0}, {3, 3, 2, 2, 1, 1}};
+  std::vector<std::pair<Pool2dGeometry, bool>> pool_cases;  // each geometry without and with relu
+  for (const bool relu : {false, true}) {
+    for (const Pool2dGeometry& g : geometries) pool_cases.emplace_back(g, relu);
+  }
   for (const auto& [h, w] :
        std::vector<std::pair<int64_t, int64_t>>{{9, 11}, {9, 12}, {14, 14}, {8, 28}, {6, 40}}) {
     const int64_t n = 2, c = 5;  // 10 planes: a group of 8 and one of 2 on the 2x2 path
     std::vector<double> values(n * c * h * w);
     for (size_t i = 0; i < values.size(); ++i) {
-      values[i] = i % 17 == 5 ? std::nan("") : static_cast<double>((i * 7919) % 4);
+      values[i] = i % 17 == 5 ? std::nan("") : static_cast<double>((i * 7919) % 4) - 1.0;
     }
-    for (const Pool2dGeometry& g : geometries) {
+    for (const auto& [g, relu] : pool_cases) {
       const int64_t oh = (h + 2 * g.pad_h - g.kernel_h) / g.stride_h + 1;
       const int64_t ow = (w + 2 * g.pad_w - g.kernel_w) / g.stride_w + 1;
       std::vector<float> expected_y;
@@ -867,13 +876,14 @@ TEST(Backend, MaxPoolingKeepsTheFirstMaximumAndTheFirstNaN) {
               for (int64_t iw = j * g.stride_w - g.pad_w;
                    iw < j * g.stride_w - g.pad_w + g.kernel_w; ++iw) {
                 if (ih < 0 || ih >= h || iw < 0 || iw >= w) continue;
-                const double v = values[p * h * w + ih * w + iw];
+                const double x = values[p * h * w + ih * w + iw];
+                const double v = relu && x < 0 ? 0.0 : x;
                 const bool nan_wins = std::isnan(v) && !std::isnan(best);
                 if (best_at < 0 || v > best || nan_wins) best = v, best_at = ih * w + iw;
               }
             }
             expected_y.push_back(static_cast<float>(best));
-            expected_at.push_back(static_cast<int32_t>(best_at));
+            expected_at.push_back(relu && !(best > 0) ? -1 : static_cast<int32_t>(best_at));
           }
         }
       }
@@ -882,12 +892,10 @@ TEST(Backend, MaxPoolingKeepsTheFirstMaximumAndTheFirstNaN) {
         x = to_dtype(x, DType::kFloat32).to(device);
         Tensor y = Tensor::empty({n, c, oh, ow}, DType::kFloat32, device);
         Tensor at = Tensor::empty({n, c, oh, ow}, DType::kInt32, device);
-        backend_for(device).max_pool2d(x, g, y, at);
+        backend_for(device).max_pool2d(x, g, relu, y, at);
         const std::vector<float> got_y = y.to(Device::cpu()).to_vector<float>();
-        const std::string where = device.str() + ", " + std::to_string(h) + "x" +
-                                  std::to_string(w) + ", kernel " + std::to_string(g.kernel_h) +
-                                  "x" + std::to_string(g.kernel_w) + " pad " +
-                                  std::to_string(g.pad_h);
+        const std::string where = str_cat(device.str(), ", ", h, "x", w, ", kernel ", g.kernel_h,
+                                          "x", g.kernel_w, " pad ", g.pad_h, relu ? ", relu" : "");
         EXPECT_EQ(at.to(Device::cpu()).to_vector<int32_t>(), expected_at) << where;
         ASSERT_EQ(got_y.size(), expected_y.size());
         for (size_t k = 0; k < got_y.size(); ++k) {

@@ -4,6 +4,7 @@
 // device, compared with float64 on the same rounded inputs, with a tolerance derived from the
 // format's epsilon.
 #include <memory>
+#include <random>
 
 #include "core/threads.h"
 #include "kernels/backend.h"
@@ -225,6 +226,11 @@ std::vector<OpCase> op_table() {
       {"max_pool2d_padded", image_shapes,
        [](const Inputs& x) {
          return max_pool2d(x[0], {3, 3, 2, 2, 1, 1});
+       }},
+      {"max_pool2d_relu", image_shapes, [](const Inputs& x) { return max_pool2d_relu(x[0], {}); }},
+      {"max_pool2d_relu_padded", image_shapes,
+       [](const Inputs& x) {
+         return max_pool2d_relu(x[0], {3, 3, 2, 2, 1, 1});
        }},
       {"avg_pool2d", image_shapes,
        [](const Inputs& x) {
@@ -540,6 +546,45 @@ TEST(Ops, IgnoredTargetsAreAsIfTheirRowsWereAbsent) {
                       Tensor::from_vector<int32_t>({2}, {0, -1}));
       },
       {"cross_entropy", "label -1"});
+}
+
+// The bytes of a tensor, on the host.
+std::vector<unsigned char> bytes_of(const Tensor& t) {
+  const Tensor host = t.to(Device::cpu());
+  const auto* p = static_cast<const unsigned char*>(host.raw());
+  return {p, p + host.nbytes()};
+}
+
+// max_pool2d_relu is max_pool2d(relu(x)) to the bit, forward and gradient, in float32 and float64
+// on every device. Values from {-2.5, -1, -0, 0, 1, 2} with NaNs make ties, regions of zeros and
+// negatives (nothing flows back) and NaN regions; the geometries take the CPU's 2x2 path, its
+// gather path (3x3 stride 1, overlapping regions) and its clipped path (padding).
+TEST(Ops, MaxPoolReluIsMaxPoolOfReluToTheBit) {
+  const Pool2dGeometry geometries[] = {{2, 2, 2, 2, 0, 0}, {3, 3, 1, 1, 0, 0}, {3, 3, 2, 2, 1, 1}};
+  const double set[] = {-2.5, -1.0, -0.0, 0.0, 1.0, 2.0};
+  const Shape shape{2, 5, 12, 14};
+  std::vector<double> values(2 * 5 * 12 * 14);
+  std::mt19937 rng(5);
+  for (double& v : values) v = rng() % 23 == 7 ? std::nan("") : set[rng() % 6];
+  for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
+    for (Device device : devices()) {
+      for (const Pool2dGeometry& g : geometries) {
+        const Tensor x = to_dtype(Tensor::from_vector<double>(shape, values), dtype).to(device);
+        Tensor fused_x = x.clone(), composed_x = x.clone();
+        fused_x.set_requires_grad(true);
+        composed_x.set_requires_grad(true);
+        const Tensor fused = max_pool2d_relu(fused_x, g);
+        const Tensor dy = random(fused.shape(), 3, dtype).to(device);
+        backward(fused, dy);  // a backward consumes the tape: one pass at a time
+        const Tensor composed = max_pool2d(relu(composed_x), g);
+        backward(composed, dy);
+        const std::string where = str_cat(device.str(), " ", dtype_name(dtype), " kernel ",
+                                          g.kernel_h, " stride ", g.stride_h, " pad ", g.pad_h);
+        EXPECT_EQ(bytes_of(fused), bytes_of(composed)) << where;
+        EXPECT_EQ(bytes_of(fused_x.grad()), bytes_of(composed_x.grad())) << where;
+      }
+    }
+  }
 }
 
 // Parameter gradients accumulate in place across backward calls: three identical backward

@@ -86,7 +86,7 @@ TEST(Threads, ConvolutionAndTheCnnKernelsAreBitwiseTheSameOnOneTwoAndThreeThread
       const Pool2dGeometry pool{2, 2, 2, 2, 0, 0};
       Tensor pooled = Tensor::empty({k.n, k.o, oh / 2, ow / 2}, DType::kFloat32, Device::cpu());
       Tensor at = Tensor::empty(pooled.shape(), DType::kInt32, Device::cpu());
-      be.max_pool2d(y, pool, pooled, at);
+      be.max_pool2d(y, pool, true, pooled, at);
       results.push_back({y, dx, dw, db, pooled, at});
     }
     for (size_t t = 1; t < results.size(); ++t) {

@@ -1,9 +1,13 @@
 // CPU pooling over NCHW planes, one (sample, channel) plane per iteration: max pooling keeps the
 // flat input index of each region's first maximum for its backward, average pooling divides by
-// the whole region, padding included (PyTorch's count_include_pad default).
+// the whole region, padding included (PyTorch's count_include_pad default). With `relu` max
+// pooling compares relu(x) tap by tap (max_pool2d_relu: the ReLU's own pass over the full-size
+// input, forward and backward, disappears) and writes argmax -1 where the maximum is not
+// positive, where relu's gradient is zero; the backward adds nothing at -1.
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
@@ -50,32 +54,62 @@ bool beats(T v, T best) {
   return (v > best) | ((v != v) & (best == best));  // no short circuit: selects, not branches
 }
 
+// The value a tap competes with: x, or relu(x), fn::Relu's values (+0 where x < 0, else x itself,
+// NaN and -0 included) as a mask on x's bits: GCC turns fn::Relu's select into branches in the
+// loops below (18 times slower on random signs), the mask it vectorises.
+template <bool kRelu, typename T>
+T tap(T x) {
+  if constexpr (kRelu) {
+    using Bits = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+    static_assert(sizeof(Bits) == sizeof(T), "float32 or float64");
+    Bits bits;
+    std::memcpy(&bits, &x, sizeof(T));
+    bits &= x < T(0) ? Bits(0) : ~Bits(0);
+    std::memcpy(&x, &bits, sizeof(T));
+    return x;
+  } else {
+    return x;
+  }
+}
+
+// The argmax kept for the backward: -1 after a ReLU whose input there was not positive (the
+// maximum relu(x) is positive exactly where x is).
+template <bool kRelu, typename T>
+int32_t routed(int32_t at, T best) {
+  if constexpr (kRelu) {
+    return best > T(0) ? at : -1;
+  } else {
+    return at;
+  }
+}
+
 // Max pooling of one plane whose regions all lie inside it (no padding, so no clipping), tap by
 // tap in the region order (rows, then columns): each tap's value for every output of the plane is
 // loaded through starts[j], the flat input index of output j's region, and compared with the
 // running maxima in one branch-free pass over the plane's outputs, which the compiler turns into
 // vector gathers, compares and blends (a plane's output rows, 14 or 7 wide on MNIST, are too short
 // to vectorise one by one). The same maxima and first-maximum indices as the region-by-region loop.
-template <typename T>
+template <bool kRelu, typename T>
 void max_pool_plane_inside(const T* __restrict plane, const PlaneShape& s, const Pool2dGeometry& g,
                            const int32_t* __restrict starts, T* __restrict best,
                            int32_t* __restrict at) {
   const int64_t n = s.oh * s.ow;
   for (int64_t j = 0; j < n; ++j) {
-    best[j] = plane[starts[j]];
+    best[j] = tap<kRelu>(plane[starts[j]]);
     at[j] = starts[j];
   }
   for (int64_t ki = 0; ki < g.kernel_h; ++ki) {
     for (int64_t kj = ki == 0 ? 1 : 0; kj < g.kernel_w; ++kj) {
       const int32_t offset = static_cast<int32_t>(ki * s.w + kj);
       for (int64_t j = 0; j < n; ++j) {
-        const T v = plane[starts[j] + offset];
+        const T v = tap<kRelu>(plane[starts[j] + offset]);
         const bool take = beats(v, best[j]);
         best[j] = take ? v : best[j];
         at[j] = take ? starts[j] + offset : at[j];
       }
     }
   }
+  for (int64_t j = 0; j < n; ++j) at[j] = routed<kRelu>(at[j], best[j]);
 }
 
 // Max pooling 2 x 2 with stride 2 of `count` consecutive planes whose width is even (W = 2 OW),
@@ -92,7 +126,7 @@ void max_pool_plane_inside(const T* __restrict plane, const PlaneShape& s, const
 constexpr int64_t kPoolLanes = 16;
 constexpr int64_t kPoolPlanesPerTask = 8;
 
-template <typename T>
+template <bool kRelu, typename T>
 void max_pool_planes_2x2(const T* __restrict planes, int64_t count, const PlaneShape& s,
                          T* __restrict pair_best, int32_t* __restrict pair_at, T* __restrict best,
                          int32_t* __restrict at) {
@@ -103,7 +137,7 @@ void max_pool_planes_2x2(const T* __restrict planes, int64_t count, const PlaneS
     int32_t* plane_at = pair_at + k * pairs;
 #pragma omp simd
     for (int64_t q = 0; q < pairs; ++q) {
-      const T a = plane[2 * q], b = plane[2 * q + 1];
+      const T a = tap<kRelu>(plane[2 * q]), b = tap<kRelu>(plane[2 * q + 1]);
       const bool take = beats(b, a);
       plane_best[q] = take ? b : a;
       plane_at[q] = static_cast<int32_t>(2 * q) + static_cast<int32_t>(take);
@@ -116,8 +150,9 @@ void max_pool_planes_2x2(const T* __restrict planes, int64_t count, const PlaneS
 #pragma omp simd
     for (int64_t j = 0; j < len; ++j) {
       const bool take = beats(top[ow + j], top[j]);
-      best[i * ow + j] = take ? top[ow + j] : top[j];
-      at[i * ow + j] = take ? top_at[ow + j] : top_at[j];
+      const T winner = take ? top[ow + j] : top[j];
+      best[i * ow + j] = winner;
+      at[i * ow + j] = routed<kRelu>(take ? top_at[ow + j] : top_at[j], winner);
     }
   };
   for (int64_t i = 0; i < rows; ++i) {
@@ -125,64 +160,75 @@ void max_pool_planes_2x2(const T* __restrict planes, int64_t count, const PlaneS
   }
 }
 
-}  // namespace
-
-void CpuBackend::max_pool2d(const Tensor& x, const Pool2dGeometry& g, Tensor& y, Tensor& argmax) {
+// Max pooling of x into y and argmax, by the fastest of the three loops above that applies.
+template <bool kRelu, typename T>
+void max_pool(const Tensor& x, const Pool2dGeometry& g, Tensor& y, Tensor& argmax) {
   const PlaneShape s = plane_shape(x, y);
   const bool inside = g.pad_h == 0 && g.pad_w == 0 && (s.oh - 1) * g.stride_h + g.kernel_h <= s.h &&
                       (s.ow - 1) * g.stride_w + g.kernel_w <= s.w;
-  ACCRUE_DISPATCH_FLOATING(x.dtype(), "max_pool2d", [&] {
-    const T* in = x.data<T>();
-    T* out = y.data<T>();
-    int32_t* at = argmax.data<int32_t>();
-    const bool two_by_two =
-        g.kernel_h == 2 && g.kernel_w == 2 && g.stride_h == 2 && g.stride_w == 2 && s.w == 2 * s.ow;
-    if (inside && two_by_two && s.oh > 0) {
-      const int64_t n = s.oh * s.ow, group = kPoolPlanesPerTask;
-      ThreadScratch<T> pair_best(1, 2 * n * group + kPoolLanes, x.dtype());
-      ThreadScratch<int32_t> pair_at(1, 2 * n * group + kPoolLanes, DType::kInt32);
-      for_range((s.planes + group - 1) / group, s.planes * s.h * s.w, [&](int64_t task) {
-        const int64_t p = task * group, count = std::min(group, s.planes - p);
-        max_pool_planes_2x2(in + p * s.h * s.w, count, s, pair_best.mine(), pair_at.mine(),
-                            out + p * n, at + p * n);
-      });
-      return;
+  const T* in = x.data<T>();
+  T* out = y.data<T>();
+  int32_t* at = argmax.data<int32_t>();
+  const bool two_by_two =
+      g.kernel_h == 2 && g.kernel_w == 2 && g.stride_h == 2 && g.stride_w == 2 && s.w == 2 * s.ow;
+  if (inside && two_by_two && s.oh > 0) {
+    const int64_t n = s.oh * s.ow, group = kPoolPlanesPerTask;
+    ThreadScratch<T> pair_best(1, 2 * n * group + kPoolLanes, x.dtype());
+    ThreadScratch<int32_t> pair_at(1, 2 * n * group + kPoolLanes, DType::kInt32);
+    for_range((s.planes + group - 1) / group, s.planes * s.h * s.w, [&](int64_t task) {
+      const int64_t p = task * group, count = std::min(group, s.planes - p);
+      max_pool_planes_2x2<kRelu>(in + p * s.h * s.w, count, s, pair_best.mine(), pair_at.mine(),
+                                 out + p * n, at + p * n);
+    });
+    return;
+  }
+  if (inside && s.oh > 0 && s.ow > 0) {
+    const int64_t n = s.oh * s.ow;
+    std::vector<int32_t> starts(static_cast<size_t>(n));
+    for (int64_t j = 0; j < n; ++j) {
+      starts[j] = static_cast<int32_t>((j / s.ow) * g.stride_h * s.w + (j % s.ow) * g.stride_w);
     }
-    if (inside && s.oh > 0 && s.ow > 0) {
-      const int64_t n = s.oh * s.ow;
-      std::vector<int32_t> starts(static_cast<size_t>(n));
-      for (int64_t j = 0; j < n; ++j) {
-        starts[j] = static_cast<int32_t>((j / s.ow) * g.stride_h * s.w + (j % s.ow) * g.stride_w);
-      }
-      for_range(s.planes, s.planes * s.h * s.w, [&](int64_t p) {
-        max_pool_plane_inside(in + p * s.h * s.w, s, g, starts.data(), out + p * n, at + p * n);
-      });
-      return;
-    }
-    for_regions(
-        s, g,
-        [&](int64_t p, int64_t oh, int64_t ow, int64_t h0, int64_t h1, int64_t w0, int64_t w1) {
-          const T* plane = in + p * s.h * s.w;
-          T best = -std::numeric_limits<T>::infinity();
-          int64_t best_at = h0 * s.w + w0;
-          for (int64_t ih = h0; ih < h1; ++ih) {
-            for (int64_t iw = w0; iw < w1; ++iw) {
-              const T v = plane[ih * s.w + iw];
-              if (beats(v, best)) {
-                best = v;
-                best_at = ih * s.w + iw;
-              }
+    for_range(s.planes, s.planes * s.h * s.w, [&](int64_t p) {
+      max_pool_plane_inside<kRelu>(in + p * s.h * s.w, s, g, starts.data(), out + p * n,
+                                   at + p * n);
+    });
+    return;
+  }
+  for_regions(
+      s, g, [&](int64_t p, int64_t oh, int64_t ow, int64_t h0, int64_t h1, int64_t w0, int64_t w1) {
+        const T* plane = in + p * s.h * s.w;
+        T best = -std::numeric_limits<T>::infinity();
+        int64_t best_at = h0 * s.w + w0;
+        for (int64_t ih = h0; ih < h1; ++ih) {
+          for (int64_t iw = w0; iw < w1; ++iw) {
+            const T v = tap<kRelu>(plane[ih * s.w + iw]);
+            if (beats(v, best)) {
+              best = v;
+              best_at = ih * s.w + iw;
             }
           }
-          const int64_t o = (p * s.oh + oh) * s.ow + ow;
-          out[o] = best;
-          at[o] = static_cast<int32_t>(best_at);
-        });
+        }
+        const int64_t o = (p * s.oh + oh) * s.ow + ow;
+        out[o] = best;
+        at[o] = routed<kRelu>(static_cast<int32_t>(best_at), best);
+      });
+}
+
+}  // namespace
+
+void CpuBackend::max_pool2d(const Tensor& x, const Pool2dGeometry& g, bool relu, Tensor& y,
+                            Tensor& argmax) {
+  ACCRUE_DISPATCH_FLOATING(x.dtype(), "max_pool2d", [&] {
+    if (relu) {
+      max_pool<true, T>(x, g, y, argmax);
+    } else {
+      max_pool<false, T>(x, g, y, argmax);
+    }
   });
 }
 
 void CpuBackend::max_pool2d_backward(const Tensor& dy, const Tensor& argmax, Tensor& dx) {
-  // dx [planes, H W] = 0, then dx[argmax] += dy, plane by plane
+  // dx [planes, H W] = 0, then dx[argmax] += dy where argmax >= 0, plane by plane
   const int64_t planes = dx.size(0) * dx.size(1), area = dx.size(2) * dx.size(3);
   const int64_t outputs = dy.size(2) * dy.size(3);
   ACCRUE_DISPATCH_FLOATING(dy.dtype(), "max_pool2d_backward", [&] {
@@ -192,7 +238,10 @@ void CpuBackend::max_pool2d_backward(const Tensor& dy, const Tensor& argmax, Ten
     for_range(planes, planes * (area + outputs), [=](int64_t p) {
       T* plane = out + p * area;
       std::fill(plane, plane + area, T(0));
-      for (int64_t o = 0; o < outputs; ++o) plane[at[p * outputs + o]] += grad[p * outputs + o];
+      for (int64_t o = 0; o < outputs; ++o) {
+        const int32_t i = at[p * outputs + o];
+        if (i >= 0) plane[i] += grad[p * outputs + o];
+      }
     });
   });
 }

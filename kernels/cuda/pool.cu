@@ -1,11 +1,13 @@
 // CUDA pooling, NCHW: one thread per output element for the forward passes and for average
-// pooling's backward (each input element gathers the pooling regions that cover it: no atomics, a fixed
-// order); max pooling's backward scatters dy at the saved argmax one plane per thread, in order.
+// pooling's backward (each input element gathers the pooling regions that cover it: no atomics, a
+// fixed order); max pooling's backward scatters dy at the saved argmax one plane per thread, in
+// order, skipping -1 (max_pool2d_relu's argmax where the pooled relu(x) is not positive).
 #include <cfloat>
 
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/dispatch.h"
+#include "kernels/functors.h"
 
 namespace accrue::cuda {
 
@@ -25,9 +27,10 @@ struct Region {
   }
 };
 
+// With relu each tap competes as relu(x) and argmax is -1 where the maximum is not positive.
 template <typename T>
 void max_pool(const T* in, int64_t planes, int64_t h, int64_t w, int64_t oh, int64_t ow,
-              Pool2dGeometry g, T* out, int32_t* at, cudaStream_t stream) {
+              Pool2dGeometry g, bool relu, T* out, int32_t* at, cudaStream_t stream) {
   for_each(planes * oh * ow, stream, [=] __device__(int64_t o) {
     const Region win(o, h, w, oh, ow, g);
     const int64_t h0 = win.h0, h1 = win.h1, w0 = win.w0, w1 = win.w1;
@@ -36,7 +39,7 @@ void max_pool(const T* in, int64_t planes, int64_t h, int64_t w, int64_t oh, int
     int64_t best_at = h0 * w + w0;
     for (int64_t ih = h0; ih < h1; ++ih) {
       for (int64_t iw = w0; iw < w1; ++iw) {
-        const T v = plane[ih * w + iw];
+        const T v = relu ? fn::Relu{}(plane[ih * w + iw]) : plane[ih * w + iw];
         if (v > best || (v != v && best == best)) {  // the first NaN wins, as on the CPU
           best = v;
           best_at = ih * w + iw;
@@ -44,7 +47,7 @@ void max_pool(const T* in, int64_t planes, int64_t h, int64_t w, int64_t oh, int
       }
     }
     out[o] = best;
-    at[o] = static_cast<int32_t>(best_at);
+    at[o] = relu && !(best > T(0)) ? -1 : static_cast<int32_t>(best_at);
   });
 }
 
@@ -89,16 +92,20 @@ void max_pool_backward(const T* dy, const int32_t* at, int64_t planes, int64_t a
   for_each(planes, stream, [=] __device__(int64_t p) {
     T* plane = dx + p * area;
     for (int64_t i = 0; i < area; ++i) plane[i] = T(0);
-    for (int64_t o = 0; o < outputs; ++o) plane[at[p * outputs + o]] += dy[p * outputs + o];
+    for (int64_t o = 0; o < outputs; ++o) {
+      const int32_t i = at[p * outputs + o];
+      if (i >= 0) plane[i] += dy[p * outputs + o];
+    }
   });
 }
 
 }  // namespace
 
-void CudaBackend::max_pool2d(const Tensor& x, const Pool2dGeometry& g, Tensor& y, Tensor& argmax) {
+void CudaBackend::max_pool2d(const Tensor& x, const Pool2dGeometry& g, bool relu, Tensor& y,
+                             Tensor& argmax) {
   ACCRUE_DISPATCH_FLOATING(x.dtype(), "max_pool2d", [&] {
     max_pool(x.data<T>(), x.size(0) * x.size(1), x.size(2), x.size(3), y.size(2), y.size(3), g,
-             y.data<T>(), argmax.data<int32_t>(), stream_of(x));
+             relu, y.data<T>(), argmax.data<int32_t>(), stream_of(x));
   });
 }
 
