@@ -73,14 +73,12 @@ struct GroupNormBackward : Node {
     Backend& be = backend_for(dy.device());
     const Tensor g = dy.view(x.shape());
     Tensor dx = sink.needs(0) ? Tensor::empty(x.shape(), x.dtype(), x.device()) : Tensor();
-    Tensor none;
-    // dx first, alone; then the affine gradients (each primitive call writes what is defined).
-    if (dx.defined()) be.group_norm_backward(g, x, groups, mean, rstd, weight, dx, 0.0, none, none);
+    // One primitive call writes dx and the affine gradients (each when defined): its pass over
+    // dy and x gives both their sums.
     affine_backward(sink, x, x.size(1), weight_shape, bias_shape,
                     [&](double beta, Tensor& dw, Tensor& db) {
-                      if (!dw.defined() && !db.defined()) return;
-                      Tensor no_dx;
-                      be.group_norm_backward(g, x, groups, mean, rstd, weight, no_dx, beta, dw, db);
+                      if (!dx.defined() && !dw.defined() && !db.defined()) return;
+                      be.group_norm_backward(g, x, groups, mean, rstd, weight, dx, beta, dw, db);
                     });
     if (dx.defined()) sink.add(0, dx.view(input_shape));
   }
@@ -96,14 +94,10 @@ struct BatchNormBackward : Node {
     Backend& be = backend_for(dy.device());
     const Tensor g = dy.view(x.shape());
     Tensor dx = sink.needs(0) ? Tensor::empty(x.shape(), x.dtype(), x.device()) : Tensor();
-    Tensor none;
-    if (dx.defined())
-      be.batch_norm_backward(g, x, use_running, mean, rstd, weight, dx, 0.0, none, none);
     affine_backward(
         sink, x, x.size(1), weight_shape, bias_shape, [&](double beta, Tensor& dw, Tensor& db) {
-          if (!dw.defined() && !db.defined()) return;
-          Tensor no_dx;
-          be.batch_norm_backward(g, x, use_running, mean, rstd, weight, no_dx, beta, dw, db);
+          if (!dx.defined() && !dw.defined() && !db.defined()) return;
+          be.batch_norm_backward(g, x, use_running, mean, rstd, weight, dx, beta, dw, db);
         });
     if (dx.defined()) sink.add(0, dx.view(input_shape));
   }
