@@ -136,6 +136,19 @@ namespace accrue {
     (const Tensor& dy, const Tensor& x, int64_t groups, const Tensor& mean, const Tensor& rstd,    \
      const Tensor& weight, Tensor& dx, double beta, Tensor& dweight, Tensor& dbias),               \
     (dy, x, groups, mean, rstd, weight, dx, beta, dweight, dbias))                                 \
+  /* group_norm_relu_max_pool2d: max_pool2d_relu(group_norm(x)) for x [N, C, H, W], the same       \
+     y, argmax, mean and rstd bits as the two primitives (the normalised activation need not       \
+     reach memory); its backward takes the pooled dy and the argmax and writes what                \
+     max_pool2d_backward then group_norm_backward would. */                                        \
+  X(group_norm_relu_max_pool2d,                                                                    \
+    (const Tensor& x, int64_t groups, double eps, const Tensor& weight, const Tensor& bias,        \
+     const Pool2dGeometry& g, Tensor& y, Tensor& argmax, Tensor& mean, Tensor& rstd),              \
+    (x, groups, eps, weight, bias, g, y, argmax, mean, rstd))                                      \
+  X(group_norm_relu_max_pool2d_backward,                                                           \
+    (const Tensor& dy, const Tensor& argmax, const Tensor& x, int64_t groups, const Tensor& mean,  \
+     const Tensor& rstd, const Tensor& weight, Tensor& dx, double beta, Tensor& dweight,           \
+     Tensor& dbias),                                                                               \
+    (dy, argmax, x, groups, mean, rstd, weight, dx, beta, dweight, dbias))                         \
   X(batch_norm,                                                                                    \
     (const Tensor& x, double eps, double momentum, bool use_running, const Tensor& weight,         \
      const Tensor& bias, Tensor& running_mean, Tensor& running_var, Tensor& y, Tensor& mean,       \

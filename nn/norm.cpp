@@ -1,6 +1,7 @@
 // Normalisation and dropout modules (see norm.h).
 #include "nn/norm.h"
 
+#include "kernels/profile.h"
 #include "ops/ops.h"
 
 namespace accrue::nn {
@@ -75,6 +76,15 @@ Tensor GroupNorm::forward(const Tensor& x) {
         str_cat("[GroupNorm] expects [N, ", channels_, ", ...], got shape ", shape_str(x.shape())));
   }
   return group_norm(x, groups_, weight_, bias_, eps_);
+}
+
+Tensor GroupNorm::forward_relu_max_pool(const Tensor& x, const Pool2dGeometry& pool) {
+  if (x.dim() != 4 || x.size(1) != channels_) {
+    throw ShapeError(str_cat("[GroupNorm] fused with pooling expects [N, ", channels_,
+                             ", H, W], got shape ", shape_str(x.shape())));
+  }
+  const ProfileScope scope(profile_scope());
+  return group_norm_relu_max_pool2d(x, groups_, weight_, bias_, pool, eps_);
 }
 
 LayerNorm::LayerNorm(std::vector<int64_t> normalized_shape, double eps, bool elementwise_affine,

@@ -39,6 +39,9 @@ class GroupNorm : public Module {
   GroupNorm(int64_t num_groups, int64_t num_channels, double eps = 1e-5, bool affine = true,
             DType dtype = DType::kFloat32);
   Tensor forward(const Tensor& x) override;
+  // max_pool2d_relu(forward(x), pool) for x [N, C, H, W] as the one fused op (ops.h), the same
+  // bits, as Linear::forward_relu is for its ReLU.
+  Tensor forward_relu_max_pool(const Tensor& x, const Pool2dGeometry& pool);
 
  private:
   int64_t groups_, channels_;

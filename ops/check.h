@@ -2,6 +2,7 @@
 #pragma once
 
 #include "core/error.h"
+#include "core/geometry.h"
 #include "core/tensor.h"
 
 namespace accrue::check {
@@ -46,5 +47,9 @@ inline void compatible(const char* op, const Tensor& a, const Tensor& b) {
   same_device(op, a, b);
   same_dtype(op, a, b);
 }
+
+// The output shape of pooling x [N, C, H, W] (ops/conv.cpp); throws, naming op, unless x is a
+// floating 4-D tensor the geometry fits.
+Shape pool2d_shape(const char* op, const Tensor& x, const Pool2dGeometry& g);
 
 }  // namespace accrue::check

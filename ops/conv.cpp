@@ -99,8 +99,9 @@ struct AvgPool2dBackward : Node {
   }
 };
 
-// The output shape of a pooling op, after its checks.
-Shape pool_shape(const char* op, const Tensor& x, const Pool2dGeometry& g) {
+}  // namespace
+
+Shape check::pool2d_shape(const char* op, const Tensor& x, const Pool2dGeometry& g) {
   check_nchw(op, x);
   if (g.pad_h * 2 > g.kernel_h || g.pad_w * 2 > g.kernel_w) {
     throw ValueError(str_cat("[", op, "] padding ", g.pad_h, "x", g.pad_w,
@@ -110,8 +111,6 @@ Shape pool_shape(const char* op, const Tensor& x, const Pool2dGeometry& g) {
           out_size(op, "height", x.size(2), g.kernel_h, g.stride_h, g.pad_h, 1),
           out_size(op, "width", x.size(3), g.kernel_w, g.stride_w, g.pad_w, 1)};
 }
-
-}  // namespace
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dGeometry& g) {
   check_nchw("conv2d", x);
@@ -148,7 +147,7 @@ namespace {
 
 // max_pool2d and max_pool2d_relu: one primitive, the ReLU applied per tap or not.
 Tensor max_pool(const char* op, const Tensor& x, const Pool2dGeometry& g, bool relu) {
-  const Shape shape = pool_shape(op, x, g);
+  const Shape shape = check::pool2d_shape(op, x, g);
   Tensor out = Tensor::empty(shape, x.dtype(), x.device());
   Tensor argmax = Tensor::empty(shape, DType::kInt32, x.device());
   backend_for(x.device()).max_pool2d(x, g, relu, out, argmax);
@@ -173,7 +172,7 @@ Tensor max_pool2d_relu(const Tensor& x, const Pool2dGeometry& g) {
 }
 
 Tensor avg_pool2d(const Tensor& x, const Pool2dGeometry& g) {
-  const Shape shape = pool_shape("avg_pool2d", x, g);
+  const Shape shape = check::pool2d_shape("avg_pool2d", x, g);
   Tensor out = Tensor::empty(shape, x.dtype(), x.device());
   backend_for(x.device()).avg_pool2d(x, g, out);
   if (should_record({&x})) {

@@ -1,4 +1,5 @@
-// batch_norm, group_norm and layer_norm over x [N, C, ...] (viewed as [N, C, S]), and dropout.
+// batch_norm, group_norm and layer_norm over x [N, C, ...] (viewed as [N, C, S]), group_norm
+// fused with the ReLU and max pooling after it (group_norm_relu_max_pool2d), and dropout.
 // The normalisations save their input and the statistics they used; their backward nodes
 // accumulate the affine gradients straight into the parameters' gradient buffers when those
 // are leaves. BatchNorm normalises with the statistics of the batch it is given (a micro-batch
@@ -84,6 +85,26 @@ struct GroupNormBackward : Node {
   }
 };
 
+// The fused group_norm_relu_max_pool2d: the pooled dy and the argmax in, dx and the affine
+// gradients out, in one primitive call.
+struct GroupNormReluMaxPoolBackward : Node {
+  Tensor x, argmax, mean, rstd, weight;  // x [N, C, H, W]
+  int64_t groups = 1;
+  Shape weight_shape, bias_shape;
+  const char* name() const override { return "group_norm_relu_max_pool2d"; }
+  void backward(const Tensor& dy, GradSink& sink) override {
+    Backend& be = backend_for(dy.device());
+    Tensor dx = sink.needs(0) ? Tensor::empty(x.shape(), x.dtype(), x.device()) : Tensor();
+    affine_backward(sink, x, x.size(1), weight_shape, bias_shape,
+                    [&](double beta, Tensor& dw, Tensor& db) {
+                      if (!dx.defined() && !dw.defined() && !db.defined()) return;
+                      be.group_norm_relu_max_pool2d_backward(dy, argmax, x, groups, mean, rstd,
+                                                             weight, dx, beta, dw, db);
+                    });
+    if (dx.defined()) sink.add(0, dx);
+  }
+};
+
 struct BatchNormBackward : Node {
   Tensor x, mean, rstd, weight;  // x as [N, C, S]
   bool use_running = false;
@@ -122,19 +143,26 @@ void check_batched(const char* op, const Tensor& x, int64_t min_dim) {
   }
 }
 
+// group_norm's checks, under the name of the op that runs them.
+void check_group_norm(const char* op, const Tensor& x, int64_t groups, const Tensor& weight,
+                      const Tensor& bias, double eps) {
+  check_batched(op, x, 2);
+  const int64_t channels = x.size(1);
+  if (groups < 1 || channels % groups != 0) {
+    throw ValueError(
+        str_cat("[", op, "] ", channels, " channels do not split into ", groups, " groups"));
+  }
+  if (!(eps > 0)) throw ValueError(str_cat("[", op, "] eps must be > 0, got ", eps));
+  check_affine(op, x, weight, "weight", channels);
+  check_affine(op, x, bias, "bias", channels);
+}
+
 }  // namespace
 
 Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias,
                   double eps) {
-  check_batched("group_norm", x, 2);
+  check_group_norm("group_norm", x, groups, weight, bias, eps);
   const int64_t channels = x.size(1);
-  if (groups < 1 || channels % groups != 0) {
-    throw ValueError(
-        str_cat("[group_norm] ", channels, " channels do not split into ", groups, " groups"));
-  }
-  if (!(eps > 0)) throw ValueError(str_cat("[group_norm] eps must be > 0, got ", eps));
-  check_affine("group_norm", x, weight, "weight", channels);
-  check_affine("group_norm", x, bias, "bias", channels);
   const Tensor xs = as_ncs(x);
   Tensor out = Tensor::empty(xs.shape(), x.dtype(), x.device());
   Tensor mean = Tensor::empty({x.size(0), groups}, x.dtype(), x.device());
@@ -151,6 +179,36 @@ Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const T
     node->weight = w.defined() ? node->save(w) : Tensor();
     node->groups = groups;
     node->input_shape = x.shape();
+    node->weight_shape = weight.defined() ? weight.shape() : Shape{};
+    node->bias_shape = bias.defined() ? bias.shape() : Shape{};
+    record(std::move(node), {&x, &weight, &bias}, out);
+  }
+  return out;
+}
+
+Tensor group_norm_relu_max_pool2d(const Tensor& x, int64_t groups, const Tensor& weight,
+                                  const Tensor& bias, const Pool2dGeometry& pool, double eps) {
+  const char* op = "group_norm_relu_max_pool2d";
+  check_group_norm(op, x, groups, weight, bias, eps);
+  const Shape shape = check::pool2d_shape(op, x, pool);
+  if (x.numel() == 0) return max_pool2d_relu(group_norm(x, groups, weight, bias, eps), pool);
+  const int64_t channels = x.size(1);
+  Tensor out = Tensor::empty(shape, x.dtype(), x.device());
+  Tensor argmax = Tensor::empty(shape, DType::kInt32, x.device());
+  Tensor mean = Tensor::empty({x.size(0), groups}, x.dtype(), x.device());
+  Tensor rstd = Tensor::empty({x.size(0), groups}, x.dtype(), x.device());
+  const Tensor w = weight.defined() ? weight.view({channels}) : Tensor();
+  const Tensor b = bias.defined() ? bias.view({channels}) : Tensor();
+  backend_for(x.device())
+      .group_norm_relu_max_pool2d(x, groups, eps, w, b, pool, out, argmax, mean, rstd);
+  if (should_record({&x, &weight, &bias})) {
+    auto node = std::make_unique<GroupNormReluMaxPoolBackward>();
+    node->x = node->save(x);
+    node->argmax = argmax;
+    node->mean = mean;
+    node->rstd = rstd;
+    node->weight = w.defined() ? node->save(w) : Tensor();
+    node->groups = groups;
     node->weight_shape = weight.defined() ? weight.shape() : Shape{};
     node->bias_shape = bias.defined() ? bias.shape() : Shape{};
     record(std::move(node), {&x, &weight, &bias}, out);

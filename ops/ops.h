@@ -84,6 +84,11 @@ Tensor flatten(const Tensor& x);
 // (samples, int32 [N]) and the element's index in its row.
 Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias,
                   double eps = 1e-5);
+// max_pool2d_relu(group_norm(x, ...), pool) for x [N, C, H, W] as one op, the same bits forward
+// and backward, without the normalised activation and its gradient at full size in memory.
+Tensor group_norm_relu_max_pool2d(const Tensor& x, int64_t groups, const Tensor& weight,
+                                  const Tensor& bias, const Pool2dGeometry& pool,
+                                  double eps = 1e-5);
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor running_mean,
                   Tensor running_var, bool training, double momentum = 0.1, double eps = 1e-5);

@@ -516,6 +516,34 @@ std::vector<Row> rows() {
            return affine ? Outputs{dx, dw, db} : Outputs{dx};
          }});
   }
+  for (bool affine : {true, false}) {
+    const std::string suffix = affine ? "" : "/no_affine";
+    const Pool2dGeometry pool{2, 2, 2, 2, 0, 0};
+    table.push_back({"group_norm_relu_max_pool2d" + suffix, [=](const Maker& m) {
+                       Tensor y = m.empty({4, 12, 7, 10}), mean = m.empty({4, 3});
+                       Tensor rstd = m.empty({4, 3});
+                       Tensor at = Tensor::empty({4, 12, 7, 10}, DType::kInt32, m.device);
+                       m.be().group_norm_relu_max_pool2d(
+                           m.uniform({4, 12, 15, 20}, 50, -2, 3), 3, 1e-5,
+                           affine ? m.uniform({12}, 51) : Tensor(),
+                           affine ? m.uniform({12}, 52) : Tensor(), pool, y, at, mean, rstd);
+                       return Outputs{y, at, mean, rstd};
+                     }});
+    table.push_back(
+        {"group_norm_relu_max_pool2d_backward" + suffix, [=](const Maker& m) {
+           Tensor x = m.uniform({4, 12, 15, 20}, 50, -2, 3);
+           Tensor y = m.empty({4, 12, 7, 10}), mean = m.empty({4, 3}), rstd = m.empty({4, 3});
+           Tensor at = Tensor::empty({4, 12, 7, 10}, DType::kInt32, m.device);
+           Tensor w = affine ? m.uniform({12}, 51) : Tensor();
+           m.be().group_norm_relu_max_pool2d(x, 3, 1e-5, w, Tensor(), pool, y, at, mean, rstd);
+           Tensor dx = m.uniform({4, 12, 15, 20}, 56);  // overwritten entirely
+           Tensor dw = affine ? m.uniform({12}, 53) : Tensor();
+           Tensor db = affine ? m.uniform({12}, 54) : Tensor();
+           m.be().group_norm_relu_max_pool2d_backward(m.uniform({4, 12, 7, 10}, 55), at, x, 3, mean,
+                                                      rstd, w, dx, 1.0, dw, db);
+           return affine ? Outputs{dx, dw, db} : Outputs{dx};
+         }});
+  }
   for (bool eval : {false, true}) {
     const std::string mode = eval ? "/eval" : "/train";
     table.push_back({"batch_norm" + mode, [=](const Maker& m) {

@@ -239,6 +239,12 @@ std::vector<OpCase> op_table() {
       {"flatten", image_shapes, [](const Inputs& x) { return flatten(x[0]); }},
       {"group_norm", group_norm_shapes,
        [](const Inputs& x) { return group_norm(x[0], 3, x[1], x[2]); }},
+      {"group_norm_relu_max_pool2d", group_norm_shapes,
+       [](const Inputs& x) { return group_norm_relu_max_pool2d(x[0], 3, x[1], x[2], {}); }},
+      {"group_norm_relu_max_pool2d_padded", group_norm_shapes,
+       [](const Inputs& x) {
+         return group_norm_relu_max_pool2d(x[0], 2, x[1], x[2], {3, 3, 2, 2, 1, 1});
+       }},
       {"layer_norm", layer_norm_shapes,
        [](const Inputs& x) { return layer_norm(x[0], x[1], x[2]); }},
       {"batch_norm_train", batch_norm_shapes,
@@ -582,6 +588,56 @@ TEST(Ops, MaxPoolReluIsMaxPoolOfReluToTheBit) {
                                           g.kernel_h, " stride ", g.stride_h, " pad ", g.pad_h);
         EXPECT_EQ(bytes_of(fused), bytes_of(composed)) << where;
         EXPECT_EQ(bytes_of(fused_x.grad()), bytes_of(composed_x.grad())) << where;
+      }
+    }
+  }
+}
+
+// group_norm_relu_max_pool2d is max_pool2d_relu(group_norm(x)) to the bit: the output and the
+// gradients of x, weight and bias, in float32 and float64 on every device, with and without the
+// affine, for one and several groups, each pooling path of the CPU (2x2 stride 2, overlapping
+// 3x3 stride 1, padded 3x3 stride 2), and a shape large enough to share its groups out over the
+// threads.
+TEST(Ops, GroupNormReluMaxPoolIsTheThreeOpsToTheBit) {
+  struct Case {
+    Shape shape;
+    int64_t groups;
+    Pool2dGeometry pool;
+  };
+  const Case cases[] = {{{2, 8, 12, 14}, 1, {2, 2, 2, 2, 0, 0}},
+                        {{2, 8, 12, 14}, 4, {3, 3, 1, 1, 0, 0}},
+                        {{2, 8, 13, 14}, 2, {3, 3, 2, 2, 1, 1}},
+                        {{4, 32, 28, 28}, 8, {2, 2, 2, 2, 0, 0}}};
+  for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
+    for (Device device : devices()) {
+      for (const Case& k : cases) {
+        for (const bool affine : {true, false}) {
+          const int64_t c = k.shape[1];
+          std::vector<Tensor> leaves;  // x, weight, bias for each of the two forms
+          std::vector<Tensor> outs;
+          for (int form = 0; form < 2; ++form) {
+            Tensor x = random(k.shape, 1, dtype, -2, 3).to(device);
+            Tensor w = affine ? random({c}, 2, dtype).to(device) : Tensor();
+            Tensor b = affine ? random({c}, 3, dtype).to(device) : Tensor();
+            for (Tensor* t : {&x, &w, &b}) {
+              if (t->defined()) t->set_requires_grad(true);
+            }
+            const Tensor y = form == 0 ? group_norm_relu_max_pool2d(x, k.groups, w, b, k.pool)
+                                       : max_pool2d_relu(group_norm(x, k.groups, w, b), k.pool);
+            backward(y, random(y.shape(), 4, dtype).to(device));
+            outs.push_back(y);
+            leaves.insert(leaves.end(), {x, w, b});
+          }
+          const std::string where = str_cat(
+              device.str(), " ", dtype_name(dtype), " ", shape_str(k.shape), " groups ", k.groups,
+              " pool ", k.pool.kernel_h, " stride ", k.pool.stride_h, affine ? "" : " no affine");
+          EXPECT_EQ(bytes_of(outs[0]), bytes_of(outs[1])) << where;
+          for (size_t i = 0; i < 3; ++i) {
+            if (!leaves[i].defined()) continue;
+            EXPECT_EQ(bytes_of(leaves[i].grad()), bytes_of(leaves[3 + i].grad()))
+                << where << ", gradient of input " << i;
+          }
+        }
       }
     }
   }

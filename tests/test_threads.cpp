@@ -100,6 +100,43 @@ TEST(Threads, ConvolutionAndTheCnnKernelsAreBitwiseTheSameOnOneTwoAndThreeThread
   }
 }
 
+// Group norm fused with the ReLU and pooling (groups shared over the team, the affine gradients
+// summed per channel in sample order) at the CNN's two shapes.
+TEST(Threads, FusedGroupNormReluPoolIsBitwiseTheSameOnOneTwoAndThreeThreads) {
+  ThreadsGuard guard;
+  Backend& be = backend_for(Device::cpu());
+  const Pool2dGeometry pool{2, 2, 2, 2, 0, 0};
+  for (const Shape& shape : {Shape{32, 32, 28, 28}, Shape{32, 64, 14, 14}}) {
+    const int64_t n = shape[0], c = shape[1], oh = shape[2] / 2, ow = shape[3] / 2;
+    const Tensor x = testing::random(shape, 1, DType::kFloat32);
+    const Tensor w = testing::random({c}, 2, DType::kFloat32);
+    const Tensor b = testing::random({c}, 3, DType::kFloat32);
+    const Tensor dy = testing::random({n, c, oh, ow}, 4, DType::kFloat32);
+    std::vector<std::vector<Tensor>> results;
+    for (int threads : {1, 2, 3}) {
+      set_cpu_threads(threads);
+      Tensor y = Tensor::empty({n, c, oh, ow}, DType::kFloat32, Device::cpu());
+      Tensor at = Tensor::empty(y.shape(), DType::kInt32, Device::cpu());
+      Tensor mean = Tensor::empty({n, 8}, DType::kFloat32, Device::cpu());
+      Tensor rstd = Tensor::empty({n, 8}, DType::kFloat32, Device::cpu());
+      Tensor dx = Tensor::empty(shape, DType::kFloat32, Device::cpu());
+      Tensor dw = Tensor::zeros({c}, DType::kFloat32, Device::cpu());
+      Tensor db = Tensor::zeros({c}, DType::kFloat32, Device::cpu());
+      be.group_norm_relu_max_pool2d(x, 8, 1e-5, w, b, pool, y, at, mean, rstd);
+      be.group_norm_relu_max_pool2d_backward(dy, at, x, 8, mean, rstd, w, dx, 1.0, dw, db);
+      results.push_back({y, at, mean, rstd, dx, dw, db});
+    }
+    for (size_t t = 1; t < results.size(); ++t) {
+      for (size_t i = 0; i < results[0].size(); ++i) {
+        EXPECT_EQ(0, std::memcmp(results[0][i].raw(), results[t][i].raw(),
+                                 static_cast<size_t>(results[0][i].nbytes())))
+            << "output " << i << " at " << shape_str(shape) << ": " << t + 1
+            << " threads differ from 1";
+      }
+    }
+  }
+}
+
 std::string file_bytes(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};

@@ -40,6 +40,15 @@ MnistCNN::MnistCNN(Norm norm, DType dtype) {
   fc2_ = register_module("fc2", std::make_shared<nn::Linear>(128, 10, true, dtype));
 }
 
+// max_pool2d(relu(norm(h))) by the fused ops, which give the separate ops' bits without their
+// full-size passes: group norm, ReLU and pooling as one (ops/norm.cpp), or the ReLU inside the
+// pooling after a batch norm or none.
+Tensor MnistCNN::norm_relu_pool(nn::Module* norm, const Tensor& h, const Pool2dGeometry& pool) {
+  if (auto* group = dynamic_cast<nn::GroupNorm*>(norm))
+    return group->forward_relu_max_pool(h, pool);
+  return max_pool2d_relu(norm != nullptr ? (*norm)(h) : h, pool);
+}
+
 Tensor MnistCNN::forward(const Tensor& x) {
   const bool rows = x.dim() == 2 && x.size(1) == 28 * 28;
   const bool images = x.dim() == 4 && x.size(1) == 1 && x.size(2) == 28 && x.size(3) == 28;
@@ -49,12 +58,8 @@ Tensor MnistCNN::forward(const Tensor& x) {
   }
   const Pool2dGeometry pool{2, 2, 2, 2, 0, 0};
   Tensor h = rows ? reshape(x, {x.size(0), 1, 28, 28}) : x;
-  h = (*conv1_)(h);
-  if (norm1_) h = (*norm1_)(h);
-  h = max_pool2d_relu(h, pool);  // max_pool2d(relu(h)) to the bit, without the ReLU's passes
-  h = (*conv2_)(h);
-  if (norm2_) h = (*norm2_)(h);
-  h = max_pool2d_relu(h, pool);
+  h = norm_relu_pool(norm1_.get(), (*conv1_)(h), pool);
+  h = norm_relu_pool(norm2_.get(), (*conv2_)(h), pool);
   h = fc1_->forward_relu(flatten(h));
   return (*fc2_)(h);
 }

@@ -28,6 +28,7 @@ class MnistCNN : public nn::Module {
   Tensor forward(const Tensor& x) override;
 
  private:
+  static Tensor norm_relu_pool(nn::Module* norm, const Tensor& h, const Pool2dGeometry& pool);
   std::shared_ptr<nn::Module> make_norm(Norm norm, int64_t channels, DType dtype);
   std::shared_ptr<nn::Conv2d> conv1_, conv2_;
   std::shared_ptr<nn::Module> norm1_, norm2_;  // null for Norm::kNone

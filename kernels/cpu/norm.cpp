@@ -10,6 +10,8 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/pool.h"
+#include "kernels/cpu/scratch.h"
 #include "kernels/dispatch.h"
 #include "kernels/functors.h"
 
@@ -151,12 +153,37 @@ void norm_grad(const T* dy, const T* x, T* dx, int64_t segments, int64_t run, in
   }
 }
 
+// Group norm's forward over x [N, C, S], group by group: the group's statistics, then its
+// normalised [per, S] values written where target(ng) says, then done(ng, values) (the fused
+// pooling reads them there).
+template <typename T, typename Target, typename Done>
+void group_norm_groups(const T* in, int64_t n, int64_t c, int64_t s, int64_t groups, double eps,
+                       const T* w, const T* b, T* mu, T* rs, Target target, Done done) {
+  const int64_t per = c / groups;
+  for_range(n * groups, n * c * s, [=](int64_t ng) {
+    const int64_t at = ng * per * s, c0 = (ng % groups) * per;
+    statistics(in + at, 1, per * s, 0, eps, mu + ng, rs + ng);
+    const fn::NormApply apply;
+    // mean and rstd as locals: as far as the compiler knows, the target may alias them
+    const T m = mu[ng], r = rs[ng];
+    T* values = target(ng);
+    for (int64_t k = 0; k < per; ++k) {
+      const T wk = w ? w[c0 + k] : T(1), bk = b ? b[c0 + k] : T(0);
+      const T* channel = in + at + k * s;
+      T* result = values + k * s;
+      for (int64_t i = 0; i < s; ++i) result[i] = apply(channel[i], m, r, wk, bk);
+    }
+    done(ng, values);
+  });
+}
+
 // Group norm's backward over planes (S > 1): one pass over dy and x gives each (sample, channel)
 // its sums of dy and dy xhat, which make both the group's dx terms and the affine gradients (the
-// per-channel pass over N strided planes is gone); a second pass writes dx. Sums in double, in a
-// fixed order.
-template <typename T>
-void group_norm_backward_planes(const T* dy, const T* x, int64_t n, int64_t c, int64_t s,
+// per-channel pass over N strided planes is gone); a second pass writes dx. group_dy(ng) gives
+// group ng's dy [per, S] (the fused pooling's backward spreads it there first). Sums in double,
+// in a fixed order.
+template <typename T, typename GroupDy>
+void group_norm_backward_planes(GroupDy group_dy, const T* x, int64_t n, int64_t c, int64_t s,
                                 int64_t groups, const T* mean, const T* rstd, const T* weight,
                                 T* dx, double beta, T* dweight, T* dbias) {
   const int64_t per = c / groups;
@@ -165,10 +192,11 @@ void group_norm_backward_planes(const T* dy, const T* x, int64_t n, int64_t c, i
   for_range(n * groups, n * c * s, [=](int64_t ng) {
     const int64_t sample = ng / groups, c0 = (ng % groups) * per;
     const double m = static_cast<double>(mean[ng]), r = static_cast<double>(rstd[ng]);
+    const T* dy = group_dy(ng);
     double group_g = 0, group_gx = 0;
     for (int64_t k = 0; k < per; ++k) {
       const int64_t sc = sample * c + c0 + k;
-      const T *g = dy + sc * s, *xs = x + sc * s;
+      const T *g = dy + k * s, *xs = x + sc * s;
       const auto [g_sum, gx_sum] = run_sums(
           s, [=](int64_t i) { return static_cast<double>(g[i]); },
           [=](int64_t i) {
@@ -190,8 +218,10 @@ void group_norm_backward_planes(const T* dy, const T* x, int64_t n, int64_t c, i
     for (int64_t k = 0; k < per; ++k) {
       const int64_t at = (sample * c + c0 + k) * s;
       const T w = weight ? weight[c0 + k] : T(1);
-      for (int64_t i = at; i < at + s; ++i) {
-        dx[i] = grad(dy[i] * w, (x[i] - group_mean) * group_rstd, group_rstd, mean_g, mean_gx);
+      const T *g = dy + k * s, *xs = x + at;
+      T* out = dx + at;
+      for (int64_t i = 0; i < s; ++i) {
+        out[i] = grad(g[i] * w, (xs[i] - group_mean) * group_rstd, group_rstd, mean_g, mean_gx);
       }
     }
   });
@@ -215,21 +245,11 @@ void CpuBackend::group_norm(const Tensor& x, int64_t groups, double eps, const T
   // x [N, C, S]; a group is C / groups consecutive channels of one sample: contiguous
   const int64_t n = x.size(0), c = x.size(1), s = x.size(2), per = c / groups;
   ACCRUE_DISPATCH_FLOATING(x.dtype(), "group_norm", [&] {
-    const T *in = x.data<T>(), *w = optional_data<T>(weight), *b = optional_data<T>(bias);
-    T *out = y.data<T>(), *mu = mean.data<T>(), *rs = rstd.data<T>();
-    for_range(n * groups, n * c * s, [=](int64_t ng) {
-      const int64_t at = ng * per * s, c0 = (ng % groups) * per;
-      statistics(in + at, 1, per * s, 0, eps, mu + ng, rs + ng);
-      const fn::NormApply apply;
-      // mean and rstd as locals: as far as the compiler knows, out may alias them
-      const T m = mu[ng], r = rs[ng];
-      for (int64_t k = 0; k < per; ++k) {
-        const T wk = w ? w[c0 + k] : T(1), bk = b ? b[c0 + k] : T(0);
-        const T* channel = in + at + k * s;
-        T* result = out + at + k * s;
-        for (int64_t i = 0; i < s; ++i) result[i] = apply(channel[i], m, r, wk, bk);
-      }
-    });
+    T* out = y.data<T>();
+    group_norm_groups(
+        x.data<T>(), n, c, s, groups, eps, optional_data<T>(weight), optional_data<T>(bias),
+        mean.data<T>(), rstd.data<T>(), [=](int64_t ng) { return out + ng * per * s; },
+        [](int64_t, const T*) {});
   });
 }
 
@@ -242,8 +262,9 @@ void CpuBackend::group_norm_backward(const Tensor& dy, const Tensor& x, int64_t 
     const T *mu = mean.data<T>(), *rs = rstd.data<T>();
     T* out = optional_data<T>(dx);
     if (s > 1) {
-      group_norm_backward_planes(g, in, n, c, s, groups, mu, rs, w, out, beta,
-                                 optional_data<T>(dweight), optional_data<T>(dbias));
+      group_norm_backward_planes([=](int64_t ng) { return g + ng * per * s; }, in, n, c, s, groups,
+                                 mu, rs, w, out, beta, optional_data<T>(dweight),
+                                 optional_data<T>(dbias));
       return;
     }
     if (out != nullptr) {
@@ -266,6 +287,58 @@ void CpuBackend::group_norm_backward(const Tensor& dy, const Tensor& x, int64_t 
           return std::pair<double, double>(mu[ng], rs[ng]);
         },
         beta, optional_data<T>(dweight), optional_data<T>(dbias));
+  });
+}
+
+// The fused form normalises a group into a per-thread [per, H W] buffer and pools it from there
+// with max_pool2d_relu's loops; its backward spreads the pooled dy over the group's planes in a
+// per-thread buffer (max_pool2d_backward's values: zeros, and 0 + dy at argmax) and runs the
+// group's backward on it. The full-size normalised activation and its gradient never reach
+// memory, and every value is the one the three separate primitives compute.
+void CpuBackend::group_norm_relu_max_pool2d(const Tensor& x, int64_t groups, double eps,
+                                            const Tensor& weight, const Tensor& bias,
+                                            const Pool2dGeometry& g, Tensor& y, Tensor& argmax,
+                                            Tensor& mean, Tensor& rstd) {
+  // x [N, C, H, W] -> y, argmax [N, C, OH, OW]
+  const int64_t n = x.size(0), c = x.size(1), s = x.size(2) * x.size(3), per = c / groups;
+  const PlaneShape planes{per, x.size(2), x.size(3), y.size(2), y.size(3)};
+  const int64_t pooled = per * planes.oh * planes.ow;  // a group's outputs
+  ACCRUE_DISPATCH_FLOATING(x.dtype(), "group_norm_relu_max_pool2d", [&] {
+    T* out = y.data<T>();
+    int32_t* at = argmax.data<int32_t>();
+    ThreadScratch<T> values(per, s, x.dtype()),
+        scratch(1, max_pool_scratch(per, planes), x.dtype());
+    ThreadScratch<int32_t> scratch_at(1, max_pool_scratch(per, planes), DType::kInt32);
+    group_norm_groups(
+        x.data<T>(), n, c, s, groups, eps, optional_data<T>(weight), optional_data<T>(bias),
+        mean.data<T>(), rstd.data<T>(), [&](int64_t) { return values.mine(); },
+        [&](int64_t ng, const T* normalised) {
+          max_pool_planes(normalised, per, planes, g, true, scratch.mine(), scratch_at.mine(),
+                          out + ng * pooled, at + ng * pooled);
+        });
+  });
+}
+
+void CpuBackend::group_norm_relu_max_pool2d_backward(const Tensor& dy, const Tensor& argmax,
+                                                     const Tensor& x, int64_t groups,
+                                                     const Tensor& mean, const Tensor& rstd,
+                                                     const Tensor& weight, Tensor& dx, double beta,
+                                                     Tensor& dweight, Tensor& dbias) {
+  const int64_t n = x.size(0), c = x.size(1), s = x.size(2) * x.size(3), per = c / groups;
+  const int64_t outputs = dy.size(2) * dy.size(3);
+  ACCRUE_DISPATCH_FLOATING(x.dtype(), "group_norm_relu_max_pool2d_backward", [&] {
+    const T* pooled_dy = dy.data<T>();
+    const int32_t* at = argmax.data<int32_t>();
+    ThreadScratch<T> spread(per, s, x.dtype());
+    group_norm_backward_planes(
+        [&](int64_t ng) {
+          T* group_dy = spread.mine();
+          max_pool_backward_planes(pooled_dy + ng * per * outputs, at + ng * per * outputs, per, s,
+                                   outputs, group_dy);
+          return static_cast<const T*>(group_dy);
+        },
+        x.data<T>(), n, c, s, groups, mean.data<T>(), rstd.data<T>(), optional_data<T>(weight),
+        optional_data<T>(dx), beta, optional_data<T>(dweight), optional_data<T>(dbias));
   });
 }
 

@@ -12,6 +12,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/pool.h"
 #include "kernels/cpu/scratch.h"
 #include "kernels/dispatch.h"
 
@@ -19,28 +20,34 @@ namespace accrue::cpu {
 
 namespace {
 
-struct PlaneShape {
-  int64_t planes, h, w, oh, ow;
-};
-
 PlaneShape plane_shape(const Tensor& x, const Tensor& y) {
   return {x.size(0) * x.size(1), x.size(2), x.size(3), y.size(2), y.size(3)};
 }
 
-// body(plane, oh, ow, h0, h1, w0, w1) for every output position: its pooling region clipped to the
-// input, [h0, h1) x [w0, w1).
+// body(oh, ow, h0, h1, w0, w1) for every output position of one plane: its pooling region
+// clipped to the input, [h0, h1) x [w0, w1).
+template <typename F>
+void for_plane_regions(const PlaneShape& s, const Pool2dGeometry& g, F body) {
+  for (int64_t oh = 0; oh < s.oh; ++oh) {
+    const int64_t start_h = oh * g.stride_h - g.pad_h;
+    const int64_t h0 = std::max<int64_t>(start_h, 0), h1 = std::min(start_h + g.kernel_h, s.h);
+    for (int64_t ow = 0; ow < s.ow; ++ow) {
+      const int64_t start_w = ow * g.stride_w - g.pad_w;
+      const int64_t w0 = std::max<int64_t>(start_w, 0), w1 = std::min(start_w + g.kernel_w, s.w);
+      body(oh, ow, h0, h1, w0, w1);
+    }
+  }
+}
+
+// body(plane, oh, ow, h0, h1, w0, w1) for every output position of every plane, planes shared
+// out over the threads.
 template <typename F>
 void for_regions(const PlaneShape& s, const Pool2dGeometry& g, F body) {
   for_range(s.planes, s.planes * s.oh * s.ow * g.kernel_h * g.kernel_w, [&](int64_t p) {
-    for (int64_t oh = 0; oh < s.oh; ++oh) {
-      const int64_t start_h = oh * g.stride_h - g.pad_h;
-      const int64_t h0 = std::max<int64_t>(start_h, 0), h1 = std::min(start_h + g.kernel_h, s.h);
-      for (int64_t ow = 0; ow < s.ow; ++ow) {
-        const int64_t start_w = ow * g.stride_w - g.pad_w;
-        const int64_t w0 = std::max<int64_t>(start_w, 0), w1 = std::min(start_w + g.kernel_w, s.w);
-        body(p, oh, ow, h0, h1, w0, w1);
-      }
-    }
+    for_plane_regions(s, g,
+                      [&](int64_t oh, int64_t ow, int64_t h0, int64_t h1, int64_t w0, int64_t w1) {
+                        body(p, oh, ow, h0, h1, w0, w1);
+                      });
   });
 }
 
@@ -160,70 +167,110 @@ void max_pool_planes_2x2(const T* __restrict planes, int64_t count, const PlaneS
   }
 }
 
-// Max pooling of x into y and argmax, by the fastest of the three loops above that applies.
+// Max pooling of one plane region by region, the regions clipped to the plane (padding).
 template <bool kRelu, typename T>
-void max_pool(const Tensor& x, const Pool2dGeometry& g, Tensor& y, Tensor& argmax) {
-  const PlaneShape s = plane_shape(x, y);
+void max_pool_plane_clipped(const T* plane, const PlaneShape& s, const Pool2dGeometry& g, T* out,
+                            int32_t* at) {
+  for_plane_regions(s, g,
+                    [&](int64_t oh, int64_t ow, int64_t h0, int64_t h1, int64_t w0, int64_t w1) {
+                      T best = -std::numeric_limits<T>::infinity();
+                      int64_t best_at = h0 * s.w + w0;
+                      for (int64_t ih = h0; ih < h1; ++ih) {
+                        for (int64_t iw = w0; iw < w1; ++iw) {
+                          const T v = tap<kRelu>(plane[ih * s.w + iw]);
+                          if (beats(v, best)) {
+                            best = v;
+                            best_at = ih * s.w + iw;
+                          }
+                        }
+                      }
+                      out[oh * s.ow + ow] = best;
+                      at[oh * s.ow + ow] = routed<kRelu>(static_cast<int32_t>(best_at), best);
+                    });
+}
+
+// `count` planes by the fastest of the three loops above that applies.
+template <bool kRelu, typename T>
+void max_pool_some_planes(const T* in, int64_t count, const PlaneShape& s, const Pool2dGeometry& g,
+                          T* scratch, int32_t* scratch_at, T* out, int32_t* at) {
+  const int64_t n = s.oh * s.ow;
+  if (n == 0) return;
   const bool inside = g.pad_h == 0 && g.pad_w == 0 && (s.oh - 1) * g.stride_h + g.kernel_h <= s.h &&
                       (s.ow - 1) * g.stride_w + g.kernel_w <= s.w;
-  const T* in = x.data<T>();
-  T* out = y.data<T>();
-  int32_t* at = argmax.data<int32_t>();
   const bool two_by_two =
       g.kernel_h == 2 && g.kernel_w == 2 && g.stride_h == 2 && g.stride_w == 2 && s.w == 2 * s.ow;
-  if (inside && two_by_two && s.oh > 0) {
-    const int64_t n = s.oh * s.ow, group = kPoolPlanesPerTask;
-    ThreadScratch<T> pair_best(1, 2 * n * group + kPoolLanes, x.dtype());
-    ThreadScratch<int32_t> pair_at(1, 2 * n * group + kPoolLanes, DType::kInt32);
-    for_range((s.planes + group - 1) / group, s.planes * s.h * s.w, [&](int64_t task) {
-      const int64_t p = task * group, count = std::min(group, s.planes - p);
-      max_pool_planes_2x2<kRelu>(in + p * s.h * s.w, count, s, pair_best.mine(), pair_at.mine(),
-                                 out + p * n, at + p * n);
-    });
+  if (inside && two_by_two) {
+    max_pool_planes_2x2<kRelu>(in, count, s, scratch, scratch_at, out, at);
     return;
   }
-  if (inside && s.oh > 0 && s.ow > 0) {
-    const int64_t n = s.oh * s.ow;
-    std::vector<int32_t> starts(static_cast<size_t>(n));
+  if (inside) {
+    int32_t* starts = scratch_at;
     for (int64_t j = 0; j < n; ++j) {
       starts[j] = static_cast<int32_t>((j / s.ow) * g.stride_h * s.w + (j % s.ow) * g.stride_w);
     }
-    for_range(s.planes, s.planes * s.h * s.w, [&](int64_t p) {
-      max_pool_plane_inside<kRelu>(in + p * s.h * s.w, s, g, starts.data(), out + p * n,
-                                   at + p * n);
-    });
+    for (int64_t k = 0; k < count; ++k) {
+      max_pool_plane_inside<kRelu>(in + k * s.h * s.w, s, g, starts, out + k * n, at + k * n);
+    }
     return;
   }
-  for_regions(
-      s, g, [&](int64_t p, int64_t oh, int64_t ow, int64_t h0, int64_t h1, int64_t w0, int64_t w1) {
-        const T* plane = in + p * s.h * s.w;
-        T best = -std::numeric_limits<T>::infinity();
-        int64_t best_at = h0 * s.w + w0;
-        for (int64_t ih = h0; ih < h1; ++ih) {
-          for (int64_t iw = w0; iw < w1; ++iw) {
-            const T v = tap<kRelu>(plane[ih * s.w + iw]);
-            if (beats(v, best)) {
-              best = v;
-              best_at = ih * s.w + iw;
-            }
-          }
-        }
-        const int64_t o = (p * s.oh + oh) * s.ow + ow;
-        out[o] = best;
-        at[o] = routed<kRelu>(static_cast<int32_t>(best_at), best);
-      });
+  for (int64_t k = 0; k < count; ++k) {
+    max_pool_plane_clipped<kRelu>(in + k * s.h * s.w, s, g, out + k * n, at + k * n);
+  }
 }
 
 }  // namespace
 
+int64_t max_pool_scratch(int64_t count, const PlaneShape& s) {
+  return 2 * count * s.oh * s.ow + kPoolLanes;
+}
+
+template <typename T>
+void max_pool_planes(const T* in, int64_t count, const PlaneShape& s, const Pool2dGeometry& g,
+                     bool relu, T* scratch, int32_t* scratch_at, T* y, int32_t* argmax) {
+  if (relu) {
+    max_pool_some_planes<true>(in, count, s, g, scratch, scratch_at, y, argmax);
+  } else {
+    max_pool_some_planes<false>(in, count, s, g, scratch, scratch_at, y, argmax);
+  }
+}
+
+template <typename T>
+void max_pool_backward_planes(const T* dy, const int32_t* argmax, int64_t count, int64_t area,
+                              int64_t outputs, T* dx) {
+  for (int64_t p = 0; p < count; ++p) {
+    T* plane = dx + p * area;
+    std::fill(plane, plane + area, T(0));
+    for (int64_t o = 0; o < outputs; ++o) {
+      const int32_t i = argmax[p * outputs + o];
+      if (i >= 0) plane[i] += dy[p * outputs + o];
+    }
+  }
+}
+
+template void max_pool_planes(const float*, int64_t, const PlaneShape&, const Pool2dGeometry&, bool,
+                              float*, int32_t*, float*, int32_t*);
+template void max_pool_planes(const double*, int64_t, const PlaneShape&, const Pool2dGeometry&,
+                              bool, double*, int32_t*, double*, int32_t*);
+template void max_pool_backward_planes(const float*, const int32_t*, int64_t, int64_t, int64_t,
+                                       float*);
+template void max_pool_backward_planes(const double*, const int32_t*, int64_t, int64_t, int64_t,
+                                       double*);
+
 void CpuBackend::max_pool2d(const Tensor& x, const Pool2dGeometry& g, bool relu, Tensor& y,
                             Tensor& argmax) {
+  const PlaneShape s = plane_shape(x, y);
+  const int64_t n = s.oh * s.ow, group = kPoolPlanesPerTask;
   ACCRUE_DISPATCH_FLOATING(x.dtype(), "max_pool2d", [&] {
-    if (relu) {
-      max_pool<true, T>(x, g, y, argmax);
-    } else {
-      max_pool<false, T>(x, g, y, argmax);
-    }
+    const T* in = x.data<T>();
+    T* out = y.data<T>();
+    int32_t* at = argmax.data<int32_t>();
+    ThreadScratch<T> scratch(1, max_pool_scratch(group, s), x.dtype());
+    ThreadScratch<int32_t> scratch_at(1, max_pool_scratch(group, s), DType::kInt32);
+    for_range((s.planes + group - 1) / group, s.planes * s.h * s.w, [&](int64_t task) {
+      const int64_t p = task * group, count = std::min(group, s.planes - p);
+      max_pool_planes(in + p * s.h * s.w, count, s, g, relu, scratch.mine(), scratch_at.mine(),
+                      out + p * n, at + p * n);
+    });
   });
 }
 
@@ -236,12 +283,8 @@ void CpuBackend::max_pool2d_backward(const Tensor& dy, const Tensor& argmax, Ten
     const int32_t* at = argmax.data<int32_t>();
     T* out = dx.data<T>();
     for_range(planes, planes * (area + outputs), [=](int64_t p) {
-      T* plane = out + p * area;
-      std::fill(plane, plane + area, T(0));
-      for (int64_t o = 0; o < outputs; ++o) {
-        const int32_t i = at[p * outputs + o];
-        if (i >= 0) plane[i] += grad[p * outputs + o];
-      }
+      max_pool_backward_planes(grad + p * outputs, at + p * outputs, 1, area, outputs,
+                               out + p * area);
     });
   });
 }

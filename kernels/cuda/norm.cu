@@ -175,9 +175,9 @@ void CudaBackend::group_norm(const Tensor& x, int64_t groups, double eps, const 
   ACCRUE_DISPATCH_FLOATING(x.dtype(), "group_norm", [&] {
     const SetLayout l{1, per * s, 0};
     normalize_kernel<<<static_cast<unsigned>(n * groups), kThreads, 0, stream_of(x)>>>(
-        x.data<T>(), l, GroupBase{per * s}, GroupChannel{groups, per, s}, eps, optional_data<T>(weight),
-        optional_data<T>(bias), -1.0, static_cast<T*>(nullptr), static_cast<T*>(nullptr), false,
-        y.data<T>(), mean.data<T>(), rstd.data<T>());
+        x.data<T>(), l, GroupBase{per * s}, GroupChannel{groups, per, s}, eps,
+        optional_data<T>(weight), optional_data<T>(bias), -1.0, static_cast<T*>(nullptr),
+        static_cast<T*>(nullptr), false, y.data<T>(), mean.data<T>(), rstd.data<T>());
     ACCRUE_CUDA_LAUNCH_CHECK();
   });
 }
@@ -190,8 +190,8 @@ void CudaBackend::group_norm_backward(const Tensor& dy, const Tensor& x, int64_t
     if (dx.defined()) {
       norm_grad_kernel<<<static_cast<unsigned>(n * groups), kThreads, 0, stream_of(x)>>>(
           dy.data<T>(), x.data<T>(), SetLayout{1, per * s, 0}, GroupBase{per * s},
-          GroupChannel{groups, per, s}, optional_data<T>(weight), mean.data<T>(), rstd.data<T>(), false,
-          dx.data<T>());
+          GroupChannel{groups, per, s}, optional_data<T>(weight), mean.data<T>(), rstd.data<T>(),
+          false, dx.data<T>());
       ACCRUE_CUDA_LAUNCH_CHECK();
     }
     if (dweight.defined() || dbias.defined()) {
@@ -203,15 +203,43 @@ void CudaBackend::group_norm_backward(const Tensor& dy, const Tensor& x, int64_t
   });
 }
 
+// The fused group norm, ReLU and max pooling as the two primitives it stands for, through a
+// temporary for the normalised activation (its gradient on the way back): the same bits by
+// construction. A kernel that pools straight from the normalising block is left for the day a
+// GPU can measure it.
+void CudaBackend::group_norm_relu_max_pool2d(const Tensor& x, int64_t groups, double eps,
+                                             const Tensor& weight, const Tensor& bias,
+                                             const Pool2dGeometry& g, Tensor& y, Tensor& argmax,
+                                             Tensor& mean, Tensor& rstd) {
+  const Shape ncs{x.size(0), x.size(1), x.size(2) * x.size(3)};
+  Tensor normalised = Tensor::empty(x.shape(), x.dtype(), x.device());
+  Tensor normalised_ncs = normalised.view(ncs);
+  group_norm(x.view(ncs), groups, eps, weight, bias, normalised_ncs, mean, rstd);
+  max_pool2d(normalised, g, true, y, argmax);
+}
+
+void CudaBackend::group_norm_relu_max_pool2d_backward(const Tensor& dy, const Tensor& argmax,
+                                                      const Tensor& x, int64_t groups,
+                                                      const Tensor& mean, const Tensor& rstd,
+                                                      const Tensor& weight, Tensor& dx, double beta,
+                                                      Tensor& dweight, Tensor& dbias) {
+  const Shape ncs{x.size(0), x.size(1), x.size(2) * x.size(3)};
+  Tensor spread = Tensor::empty(x.shape(), x.dtype(), x.device());
+  max_pool2d_backward(dy, argmax, spread);
+  Tensor dx_ncs = dx.defined() ? dx.view(ncs) : Tensor();
+  group_norm_backward(spread.view(ncs), x.view(ncs), groups, mean, rstd, weight, dx_ncs, beta,
+                      dweight, dbias);
+}
+
 void CudaBackend::batch_norm(const Tensor& x, double eps, double momentum, bool use_running,
                              const Tensor& weight, const Tensor& bias, Tensor& running_mean,
                              Tensor& running_var, Tensor& y, Tensor& mean, Tensor& rstd) {
   const int64_t n = x.size(0), c = x.size(1), s = x.size(2);
   ACCRUE_DISPATCH_FLOATING(x.dtype(), "batch_norm", [&] {
     normalize_kernel<<<static_cast<unsigned>(c), kThreads, 0, stream_of(x)>>>(
-        x.data<T>(), SetLayout{n, s, c * s}, ChannelBase{s}, ChannelOf{}, eps, optional_data<T>(weight),
-        optional_data<T>(bias), momentum, optional_data<T>(running_mean), optional_data<T>(running_var),
-        use_running, y.data<T>(), mean.data<T>(), rstd.data<T>());
+        x.data<T>(), SetLayout{n, s, c * s}, ChannelBase{s}, ChannelOf{}, eps,
+        optional_data<T>(weight), optional_data<T>(bias), momentum, optional_data<T>(running_mean),
+        optional_data<T>(running_var), use_running, y.data<T>(), mean.data<T>(), rstd.data<T>());
     ACCRUE_CUDA_LAUNCH_CHECK();
   });
 }

@@ -1,0 +1,31 @@
+// Max pooling of planes on the calling thread, for kernels that pool what they have just computed
+// (group norm's fused ReLU and pooling, norm.cpp) exactly as max_pool2d does (pool.cpp: the same
+// loops, so the same maxima and argmax).
+#pragma once
+
+#include <cstdint>
+
+#include "core/geometry.h"
+
+namespace accrue::cpu {
+
+// planes of H x W pooled into OH x OW.
+struct PlaneShape {
+  int64_t planes, h, w, oh, ow;
+};
+
+// Entries of T (and as many of int32) that max_pool_planes needs as scratch for `count` planes.
+int64_t max_pool_scratch(int64_t count, const PlaneShape& s);
+
+// in [count, H, W] -> y, argmax [count, OH, OW], as CpuBackend::max_pool2d (relu: the
+// max_pool2d_relu form, argmax -1 where the maximum is not positive). float and double.
+template <typename T>
+void max_pool_planes(const T* in, int64_t count, const PlaneShape& s, const Pool2dGeometry& g,
+                     bool relu, T* scratch, int32_t* scratch_at, T* y, int32_t* argmax);
+
+// dx [count, area] = 0, then dx[argmax] += dy where argmax >= 0, as max_pool2d_backward.
+template <typename T>
+void max_pool_backward_planes(const T* dy, const int32_t* argmax, int64_t count, int64_t area,
+                              int64_t outputs, T* dx);
+
+}  // namespace accrue::cpu
