@@ -203,6 +203,30 @@ void group_norm(State& state, Device d, bool backward) {
   report_bytes(state, d, seconds, bytes, bytes);
 }
 
+// The GroupNorm CNN's group norm, ReLU and 2x2 max pooling as one op: x in, the pooled y and its
+// argmax out (backward: dy and argmax at the pooled size and x in, dx out).
+void group_norm_relu_pool(State& state, Device d, bool backward) {
+  const int64_t n = state.range(0), c = state.range(1), hw = state.range(2), groups = 8;
+  const Pool2dGeometry g{2, 2, 2, 2, 0, 0};
+  Tensor x = filled({n, c, hw, hw}, d, 1), dy = filled({n, c, hw / 2, hw / 2}, d, 2);
+  Tensor w = filled({c}, d, 3), b = filled({c}, d, 4), y = Tensor::empty(dy.shape(), x.dtype(), d);
+  Tensor at = Tensor::empty(dy.shape(), DType::kInt32, d),
+         dx = Tensor::empty(x.shape(), x.dtype(), d);
+  Tensor mean = Tensor::empty({n, groups}, x.dtype(), d), rstd = mean.clone();
+  Tensor dw = Tensor::zeros({c}, x.dtype(), d), db = dw.clone();
+  Backend& be = backend_for(d);
+  be.group_norm_relu_max_pool2d(x, groups, 1e-5, w, b, g, y, at, mean, rstd);
+  const double seconds = run_timed(state, d, [&] {
+    if (backward) {
+      be.group_norm_relu_max_pool2d_backward(dy, at, x, groups, mean, rstd, w, g, dx, 1.0, dw, db);
+    } else {
+      be.group_norm_relu_max_pool2d(x, groups, 1e-5, w, b, g, y, at, mean, rstd);
+    }
+  });
+  const double bytes = 4.0 * x.numel() * (backward ? 2 : 1) + 8.0 * y.numel();
+  report_bytes(state, d, seconds, bytes, bytes);
+}
+
 void dropout(State& state, Device d) {
   const int64_t n = state.range(0), c = state.range(1), hw = state.range(2);
   Tensor x = filled({n, c * hw * hw}, d, 1), y = Tensor::empty(x.shape(), x.dtype(), d);
@@ -296,6 +320,12 @@ void register_kernel_benchmarks() {
       })->Args(after);
       add("group_norm", [](State& s, Device dd) { group_norm(s, dd, false); })->Args(after);
       add("group_norm_backward", [](State& s, Device dd) { group_norm(s, dd, true); })->Args(after);
+      add("group_norm_relu_max_pool2d", [](State& s, Device dd) {
+        group_norm_relu_pool(s, dd, false);
+      })->Args(after);
+      add("group_norm_relu_max_pool2d_backward", [](State& s, Device dd) {
+        group_norm_relu_pool(s, dd, true);
+      })->Args(after);
       add("dropout", dropout)->Args(after);
     }
   }

@@ -146,9 +146,9 @@ namespace accrue {
     (x, groups, eps, weight, bias, g, y, argmax, mean, rstd))                                      \
   X(group_norm_relu_max_pool2d_backward,                                                           \
     (const Tensor& dy, const Tensor& argmax, const Tensor& x, int64_t groups, const Tensor& mean,  \
-     const Tensor& rstd, const Tensor& weight, Tensor& dx, double beta, Tensor& dweight,           \
-     Tensor& dbias),                                                                               \
-    (dy, argmax, x, groups, mean, rstd, weight, dx, beta, dweight, dbias))                         \
+     const Tensor& rstd, const Tensor& weight, const Pool2dGeometry& g, Tensor& dx, double beta,   \
+     Tensor& dweight, Tensor& dbias),                                                              \
+    (dy, argmax, x, groups, mean, rstd, weight, g, dx, beta, dweight, dbias))                      \
   X(batch_norm,                                                                                    \
     (const Tensor& x, double eps, double momentum, bool use_running, const Tensor& weight,         \
      const Tensor& bias, Tensor& running_mean, Tensor& running_var, Tensor& y, Tensor& mean,       \

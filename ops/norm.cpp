@@ -90,6 +90,7 @@ struct GroupNormBackward : Node {
 struct GroupNormReluMaxPoolBackward : Node {
   Tensor x, argmax, mean, rstd, weight;  // x [N, C, H, W]
   int64_t groups = 1;
+  Pool2dGeometry pool;
   Shape weight_shape, bias_shape;
   const char* name() const override { return "group_norm_relu_max_pool2d"; }
   void backward(const Tensor& dy, GradSink& sink) override {
@@ -99,7 +100,7 @@ struct GroupNormReluMaxPoolBackward : Node {
                     [&](double beta, Tensor& dw, Tensor& db) {
                       if (!dx.defined() && !dw.defined() && !db.defined()) return;
                       be.group_norm_relu_max_pool2d_backward(dy, argmax, x, groups, mean, rstd,
-                                                             weight, dx, beta, dw, db);
+                                                             weight, pool, dx, beta, dw, db);
                     });
     if (dx.defined()) sink.add(0, dx);
   }
@@ -209,6 +210,7 @@ Tensor group_norm_relu_max_pool2d(const Tensor& x, int64_t groups, const Tensor&
     node->rstd = rstd;
     node->weight = w.defined() ? node->save(w) : Tensor();
     node->groups = groups;
+    node->pool = pool;
     node->weight_shape = weight.defined() ? weight.shape() : Shape{};
     node->bias_shape = bias.defined() ? bias.shape() : Shape{};
     record(std::move(node), {&x, &weight, &bias}, out);

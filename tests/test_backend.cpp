@@ -540,7 +540,7 @@ std::vector<Row> rows() {
            Tensor dw = affine ? m.uniform({12}, 53) : Tensor();
            Tensor db = affine ? m.uniform({12}, 54) : Tensor();
            m.be().group_norm_relu_max_pool2d_backward(m.uniform({4, 12, 7, 10}, 55), at, x, 3, mean,
-                                                      rstd, w, dx, 1.0, dw, db);
+                                                      rstd, w, pool, dx, 1.0, dw, db);
            return affine ? Outputs{dx, dw, db} : Outputs{dx};
          }});
   }

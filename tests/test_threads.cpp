@@ -123,7 +123,7 @@ TEST(Threads, FusedGroupNormReluPoolIsBitwiseTheSameOnOneTwoAndThreeThreads) {
       Tensor dw = Tensor::zeros({c}, DType::kFloat32, Device::cpu());
       Tensor db = Tensor::zeros({c}, DType::kFloat32, Device::cpu());
       be.group_norm_relu_max_pool2d(x, 8, 1e-5, w, b, pool, y, at, mean, rstd);
-      be.group_norm_relu_max_pool2d_backward(dy, at, x, 8, mean, rstd, w, dx, 1.0, dw, db);
+      be.group_norm_relu_max_pool2d_backward(dy, at, x, 8, mean, rstd, w, pool, dx, 1.0, dw, db);
       results.push_back({y, at, mean, rstd, dx, dw, db});
     }
     for (size_t t = 1; t < results.size(); ++t) {

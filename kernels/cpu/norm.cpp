@@ -322,10 +322,13 @@ void CpuBackend::group_norm_relu_max_pool2d(const Tensor& x, int64_t groups, dou
 void CpuBackend::group_norm_relu_max_pool2d_backward(const Tensor& dy, const Tensor& argmax,
                                                      const Tensor& x, int64_t groups,
                                                      const Tensor& mean, const Tensor& rstd,
-                                                     const Tensor& weight, Tensor& dx, double beta,
-                                                     Tensor& dweight, Tensor& dbias) {
+                                                     const Tensor& weight, const Pool2dGeometry& g,
+                                                     Tensor& dx, double beta, Tensor& dweight,
+                                                     Tensor& dbias) {
   const int64_t n = x.size(0), c = x.size(1), s = x.size(2) * x.size(3), per = c / groups;
-  const int64_t outputs = dy.size(2) * dy.size(3);
+  const PlaneShape planes{per, x.size(2), x.size(3), dy.size(2), dy.size(3)};
+  const int64_t pooled = per * planes.oh * planes.ow;  // a group's outputs
+  const bool two_by_two = pools_2x2(planes, g);
   ACCRUE_DISPATCH_FLOATING(x.dtype(), "group_norm_relu_max_pool2d_backward", [&] {
     const T* pooled_dy = dy.data<T>();
     const int32_t* at = argmax.data<int32_t>();
@@ -333,8 +336,8 @@ void CpuBackend::group_norm_relu_max_pool2d_backward(const Tensor& dy, const Ten
     group_norm_backward_planes(
         [&](int64_t ng) {
           T* group_dy = spread.mine();
-          max_pool_backward_planes(pooled_dy + ng * per * outputs, at + ng * per * outputs, per, s,
-                                   outputs, group_dy);
+          max_pool_backward_planes(pooled_dy + ng * pooled, at + ng * pooled, per, planes,
+                                   two_by_two, group_dy);
           return static_cast<const T*>(group_dy);
         },
         x.data<T>(), n, c, s, groups, mean.data<T>(), rstd.data<T>(), optional_data<T>(weight),

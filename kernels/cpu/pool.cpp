@@ -61,19 +61,25 @@ bool beats(T v, T best) {
   return (v > best) | ((v != v) & (best == best));  // no short circuit: selects, not branches
 }
 
+// keep ? v : +0, as a mask on v's bits: GCC turns such selects into branches in the loops below
+// (18 times slower on random data), the mask it computes without one.
+template <typename T>
+T kept_or_zero(bool keep, T v) {
+  using Bits = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+  static_assert(sizeof(Bits) == sizeof(T), "float32 or float64");
+  Bits bits;
+  std::memcpy(&bits, &v, sizeof(T));
+  bits &= Bits(0) - Bits(keep);
+  std::memcpy(&v, &bits, sizeof(T));
+  return v;
+}
+
 // The value a tap competes with: x, or relu(x), fn::Relu's values (+0 where x < 0, else x itself,
-// NaN and -0 included) as a mask on x's bits: GCC turns fn::Relu's select into branches in the
-// loops below (18 times slower on random signs), the mask it vectorises.
+// NaN and -0 included).
 template <bool kRelu, typename T>
 T tap(T x) {
   if constexpr (kRelu) {
-    using Bits = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
-    static_assert(sizeof(Bits) == sizeof(T), "float32 or float64");
-    Bits bits;
-    std::memcpy(&bits, &x, sizeof(T));
-    bits &= x < T(0) ? Bits(0) : ~Bits(0);
-    std::memcpy(&x, &bits, sizeof(T));
-    return x;
+    return kept_or_zero(!(x < T(0)), x);
   } else {
     return x;
   }
@@ -197,9 +203,7 @@ void max_pool_some_planes(const T* in, int64_t count, const PlaneShape& s, const
   if (n == 0) return;
   const bool inside = g.pad_h == 0 && g.pad_w == 0 && (s.oh - 1) * g.stride_h + g.kernel_h <= s.h &&
                       (s.ow - 1) * g.stride_w + g.kernel_w <= s.w;
-  const bool two_by_two =
-      g.kernel_h == 2 && g.kernel_w == 2 && g.stride_h == 2 && g.stride_w == 2 && s.w == 2 * s.ow;
-  if (inside && two_by_two) {
+  if (pools_2x2(s, g)) {
     max_pool_planes_2x2<kRelu>(in, count, s, scratch, scratch_at, out, at);
     return;
   }
@@ -234,15 +238,31 @@ void max_pool_planes(const T* in, int64_t count, const PlaneShape& s, const Pool
   }
 }
 
+bool pools_2x2(const PlaneShape& s, const Pool2dGeometry& g) {
+  return g.kernel_h == 2 && g.kernel_w == 2 && g.stride_h == 2 && g.stride_w == 2 && g.pad_h == 0 &&
+         g.pad_w == 0 && s.w == 2 * s.ow && s.h >= 2 * s.oh;
+}
+
 template <typename T>
-void max_pool_backward_planes(const T* dy, const int32_t* argmax, int64_t count, int64_t area,
-                              int64_t outputs, T* dx) {
+void max_pool_backward_planes(const T* dy, const int32_t* argmax, int64_t count,
+                              const PlaneShape& s, bool two_by_two, T* dx) {
+  const int64_t area = s.h * s.w, outputs = s.oh * s.ow;
   for (int64_t p = 0; p < count; ++p) {
     T* plane = dx + p * area;
+    const T* grad = dy + p * outputs;
+    const int32_t* at = argmax + p * outputs;
     std::fill(plane, plane + area, T(0));
+    if (!two_by_two) {
+      for (int64_t o = 0; o < outputs; ++o) {
+        if (at[o] >= 0) plane[at[o]] += grad[o];
+      }
+      continue;
+    }
+    // Disjoint regions: no two outputs share an argmax, so the adds onto the zeros (0 + dy) are
+    // independent and go out as vector scatters.
+#pragma omp simd
     for (int64_t o = 0; o < outputs; ++o) {
-      const int32_t i = argmax[p * outputs + o];
-      if (i >= 0) plane[i] += dy[p * outputs + o];
+      if (at[o] >= 0) plane[at[o]] = T(0) + grad[o];
     }
   }
 }
@@ -251,10 +271,10 @@ template void max_pool_planes(const float*, int64_t, const PlaneShape&, const Po
                               float*, int32_t*, float*, int32_t*);
 template void max_pool_planes(const double*, int64_t, const PlaneShape&, const Pool2dGeometry&,
                               bool, double*, int32_t*, double*, int32_t*);
-template void max_pool_backward_planes(const float*, const int32_t*, int64_t, int64_t, int64_t,
-                                       float*);
-template void max_pool_backward_planes(const double*, const int32_t*, int64_t, int64_t, int64_t,
-                                       double*);
+template void max_pool_backward_planes(const float*, const int32_t*, int64_t, const PlaneShape&,
+                                       bool, float*);
+template void max_pool_backward_planes(const double*, const int32_t*, int64_t, const PlaneShape&,
+                                       bool, double*);
 
 void CpuBackend::max_pool2d(const Tensor& x, const Pool2dGeometry& g, bool relu, Tensor& y,
                             Tensor& argmax) {
@@ -276,15 +296,15 @@ void CpuBackend::max_pool2d(const Tensor& x, const Pool2dGeometry& g, bool relu,
 
 void CpuBackend::max_pool2d_backward(const Tensor& dy, const Tensor& argmax, Tensor& dx) {
   // dx [planes, H W] = 0, then dx[argmax] += dy where argmax >= 0, plane by plane
-  const int64_t planes = dx.size(0) * dx.size(1), area = dx.size(2) * dx.size(3);
-  const int64_t outputs = dy.size(2) * dy.size(3);
+  // (no geometry here: regions may overlap, so the scatter)
+  const PlaneShape s = plane_shape(dx, dy);
+  const int64_t planes = s.planes, area = s.h * s.w, outputs = s.oh * s.ow;
   ACCRUE_DISPATCH_FLOATING(dy.dtype(), "max_pool2d_backward", [&] {
     const T* grad = dy.data<T>();
     const int32_t* at = argmax.data<int32_t>();
     T* out = dx.data<T>();
     for_range(planes, planes * (area + outputs), [=](int64_t p) {
-      max_pool_backward_planes(grad + p * outputs, at + p * outputs, 1, area, outputs,
-                               out + p * area);
+      max_pool_backward_planes(grad + p * outputs, at + p * outputs, 1, s, false, out + p * area);
     });
   });
 }

@@ -23,9 +23,14 @@ template <typename T>
 void max_pool_planes(const T* in, int64_t count, const PlaneShape& s, const Pool2dGeometry& g,
                      bool relu, T* scratch, int32_t* scratch_at, T* y, int32_t* argmax);
 
-// dx [count, area] = 0, then dx[argmax] += dy where argmax >= 0, as max_pool2d_backward.
+// Whether g pools disjoint 2x2 regions at stride 2 that cover the planes' columns exactly.
+bool pools_2x2(const PlaneShape& s, const Pool2dGeometry& g);
+
+// dy, argmax [count, OH, OW] -> dx [count, H, W]: dx = 0, then dx[argmax] += dy where argmax >= 0,
+// as max_pool2d_backward; two_by_two (pools_2x2 of the geometry) writes the same values row by
+// row instead of zeroing and scattering.
 template <typename T>
-void max_pool_backward_planes(const T* dy, const int32_t* argmax, int64_t count, int64_t area,
-                              int64_t outputs, T* dx);
+void max_pool_backward_planes(const T* dy, const int32_t* argmax, int64_t count,
+                              const PlaneShape& s, bool two_by_two, T* dx);
 
 }  // namespace accrue::cpu

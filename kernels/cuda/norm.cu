@@ -221,8 +221,9 @@ void CudaBackend::group_norm_relu_max_pool2d(const Tensor& x, int64_t groups, do
 void CudaBackend::group_norm_relu_max_pool2d_backward(const Tensor& dy, const Tensor& argmax,
                                                       const Tensor& x, int64_t groups,
                                                       const Tensor& mean, const Tensor& rstd,
-                                                      const Tensor& weight, Tensor& dx, double beta,
-                                                      Tensor& dweight, Tensor& dbias) {
+                                                      const Tensor& weight, const Pool2dGeometry&,
+                                                      Tensor& dx, double beta, Tensor& dweight,
+                                                      Tensor& dbias) {
   const Shape ncs{x.size(0), x.size(1), x.size(2) * x.size(3)};
   Tensor spread = Tensor::empty(x.shape(), x.dtype(), x.device());
   max_pool2d_backward(dy, argmax, spread);
