@@ -86,8 +86,11 @@ TEST(Threads, ConvolutionAndTheCnnKernelsAreBitwiseTheSameOnOneTwoAndThreeThread
       const Pool2dGeometry pool{2, 2, 2, 2, 0, 0};
       Tensor pooled = Tensor::empty({k.n, k.o, oh / 2, ow / 2}, DType::kFloat32, Device::cpu());
       Tensor at = Tensor::empty(pooled.shape(), DType::kInt32, Device::cpu());
-      be.max_pool2d(y, pool, true, pooled, at);
-      results.push_back({y, dx, dw, db, pooled, at});
+      Tensor pooled_relu = Tensor::empty(pooled.shape(), DType::kFloat32, Device::cpu());
+      Tensor at_relu = Tensor::empty(pooled.shape(), DType::kInt32, Device::cpu());
+      be.max_pool2d(y, pool, false, pooled, at);
+      be.max_pool2d(y, pool, true, pooled_relu, at_relu);
+      results.push_back({y, dx, dw, db, pooled, at, pooled_relu, at_relu});
     }
     for (size_t t = 1; t < results.size(); ++t) {
       for (size_t i = 0; i < results[0].size(); ++i) {

@@ -326,6 +326,14 @@ void CpuBackend::group_norm_relu_max_pool2d_backward(const Tensor& dy, const Ten
                                                      Tensor& dx, double beta, Tensor& dweight,
                                                      Tensor& dbias) {
   const int64_t n = x.size(0), c = x.size(1), s = x.size(2) * x.size(3), per = c / groups;
+  if (s == 1) {  // 1 x 1 planes: group norm's backward takes its own path there, so spread first
+    Tensor spread = Tensor::empty({n, c, 1, 1}, x.dtype(), x.device());
+    max_pool2d_backward(dy, argmax, spread);
+    Tensor dx_ncs = dx.defined() ? dx.view({n, c, 1}) : Tensor();
+    group_norm_backward(spread.view({n, c, 1}), x.view({n, c, 1}), groups, mean, rstd, weight,
+                        dx_ncs, beta, dweight, dbias);
+    return;
+  }
   const PlaneShape planes{per, x.size(2), x.size(3), dy.size(2), dy.size(3)};
   const int64_t pooled = per * planes.oh * planes.ow;  // a group's outputs
   const bool two_by_two = pools_2x2(planes, g);

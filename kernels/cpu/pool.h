@@ -27,8 +27,8 @@ void max_pool_planes(const T* in, int64_t count, const PlaneShape& s, const Pool
 bool pools_2x2(const PlaneShape& s, const Pool2dGeometry& g);
 
 // dy, argmax [count, OH, OW] -> dx [count, H, W]: dx = 0, then dx[argmax] += dy where argmax >= 0,
-// as max_pool2d_backward; two_by_two (pools_2x2 of the geometry) writes the same values row by
-// row instead of zeroing and scattering.
+// as max_pool2d_backward; two_by_two (pools_2x2 of the geometry: no input in two regions) stores
+// the same values, 0 + dy, as vector scatters.
 template <typename T>
 void max_pool_backward_planes(const T* dy, const int32_t* argmax, int64_t count,
                               const PlaneShape& s, bool two_by_two, T* dx);
