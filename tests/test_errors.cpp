@@ -131,5 +131,126 @@ TEST(Errors, ParameterLookupAndArena) {
   expect_error<ShapeError>([] { nn::Linear bad(0, 3); }, {"[Linear]", "in_features = 0"});
 }
 
+// The convolution, pooling and normalisation ops, the fused ones included: each bad argument is
+// a row, naming the op and the values it got.
+TEST(Errors, ConvolutionPoolingAndNormArgumentsNameTheOpAndTheValues) {
+  const Tensor image = Tensor::zeros({2, 6, 3, 4}), flat = Tensor::zeros({2, 6, 12});
+  const Tensor w6 = Tensor::zeros({6}), w5 = Tensor::zeros({5});
+  const Pool2dGeometry two{2, 2, 2, 2, 0, 0};
+  const char* fused = "[group_norm_relu_max_pool2d]";
+  const std::vector<std::function<void()>> rows = {
+      [&] {
+        expect_error<ShapeError>(
+            [&] {
+              conv2d(flat, Tensor::zeros({4, 6, 3, 3}), Tensor());
+            },
+            {"[conv2d]", "4-D", "[2, 6, 12]"});
+      },
+      [&] {
+        expect_error<ShapeError>(
+            [&] {
+              conv2d(image, Tensor::zeros({4, 5, 3, 3}), Tensor());
+            },
+            {"[conv2d]", "in = 6", "[4, 5, 3, 3]"});
+      },
+      [&] {
+        expect_error<ShapeError>(
+            [&] {
+              conv2d(image, Tensor::zeros({4, 6, 5, 5}), Tensor());
+            },
+            {"[conv2d]", "height 3", "smaller than the kernel", "size 5"});
+      },
+      [&] {  // a stride longer than the overhang: the output size must not round up to 1
+        expect_error<ShapeError>(
+            [&] {
+              conv2d(image, Tensor::zeros({4, 6, 5, 5}), Tensor(), {3, 3, 0, 0, 1, 1});
+            },
+            {"[conv2d]", "height 3", "smaller than the kernel", "size 5"});
+      },
+      [&] {
+        expect_error<ValueError>(
+            [&] {
+              max_pool2d(image, {2, 2, 2, 2, 2, 2});
+            },
+            {"[max_pool2d]", "padding 2x2", "half the kernel 2x2"});
+      },
+      [&] {
+        expect_error<ValueError>(
+            [&] {
+              max_pool2d(image, {2, 2, 0, 2, 0, 0});
+            },
+            {"[max_pool2d]", "height", "stride 0"});
+      },
+      [&] {
+        expect_error<ShapeError>([&] { max_pool2d_relu(flat, two); },
+                                 {"[max_pool2d_relu]", "4-D", "[2, 6, 12]"});
+      },
+      [&] {
+        expect_error<ShapeError>(
+            [&] {
+              max_pool2d_relu(image, {4, 4, 1, 1, 0, 0});
+            },
+            {"[max_pool2d_relu]", "height 3", "smaller than the kernel", "size 4"});
+      },
+      [&] {
+        expect_error<DTypeError>(
+            [&] {
+              max_pool2d_relu(Tensor::zeros({2, 6, 3, 4}, DType::kInt32), two);
+            },
+            {"[max_pool2d_relu]", "floating", "int32"});
+      },
+      [&] {
+        expect_error<ValueError>([&] { group_norm(flat, 4, w6, w6); },
+                                 {"[group_norm]", "6 channels", "4 groups"});
+      },
+      [&] {
+        expect_error<ValueError>([&] { group_norm(flat, 3, w6, w6, 0.0); },
+                                 {"[group_norm]", "eps must be > 0", "got 0"});
+      },
+      [&] {
+        expect_error<ShapeError>([&] { group_norm(flat, 3, w5, w6); },
+                                 {"[group_norm]", "weight", "[5]", "6 channels"});
+      },
+      [&] {
+        expect_error<ShapeError>([&] { group_norm_relu_max_pool2d(flat, 3, w6, w6, two); },
+                                 {fused, "4-D", "[2, 6, 12]"});
+      },
+      [&] {
+        expect_error<ValueError>([&] { group_norm_relu_max_pool2d(image, 4, w6, w6, two); },
+                                 {fused, "6 channels", "4 groups"});
+      },
+      [&] {
+        expect_error<ShapeError>([&] { group_norm_relu_max_pool2d(image, 3, w6, w5, two); },
+                                 {fused, "bias", "[5]", "6 channels"});
+      },
+      [&] {
+        expect_error<ValueError>([&] { group_norm_relu_max_pool2d(image, 3, w6, w6, two, -1.0); },
+                                 {fused, "eps must be > 0", "got -1"});
+      },
+      [&] {
+        expect_error<ShapeError>(
+            [&] {
+              group_norm_relu_max_pool2d(image, 3, w6, w6, {4, 4, 4, 4, 0, 0});
+            },
+            {fused, "height 3", "smaller than the kernel", "size 4"});
+      },
+      [&] {
+        expect_error<DTypeError>(
+            [&] {
+              group_norm_relu_max_pool2d(image, 3, Tensor::zeros({6}, DType::kFloat64), w6, two);
+            },
+            {fused, "different dtypes", "float64"});
+      },
+      [&] {
+        expect_error<ShapeError>([&] { nn::GroupNorm(3, 6).forward_relu_max_pool(flat, two); },
+                                 {"[GroupNorm]", "[N, 6, H, W]", "[2, 6, 12]"});
+      },
+  };
+  for (size_t i = 0; i < rows.size(); ++i) {
+    SCOPED_TRACE(str_cat("row ", i));
+    rows[i]();
+  }
+}
+
 }  // namespace
 }  // namespace accrue::testing
