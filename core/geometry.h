@@ -14,8 +14,8 @@ struct Conv2dGeometry {
 struct Pool2dGeometry {
   int64_t kernel_h = 2, kernel_w = 2, stride_h = 2, stride_w = 2, pad_h = 0, pad_w = 0;
 };
-// 0 when the (dilated) kernel does not fit the padded input at all: C++ division truncates toward
-// zero, so the formula alone gave 1 for a kernel up to a stride longer than the input.
+// 0 when the (dilated) kernel does not fit the padded input at all (C++ division truncates toward
+// zero: the formula alone would give 1 for a kernel up to a stride longer than the input).
 inline int64_t conv2d_out_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad,
                                int64_t dilation) {
   const int64_t last_start = in + 2 * pad - dilation * (kernel - 1) - 1;

@@ -96,6 +96,20 @@ struct ReluBackward {  // saved: x
   }
 };
 
+// Max pooling's rules, shared by both backends. A tap v wins over the best so far when it is
+// larger, or when it is the first NaN (a NaN wins and stays, as in PyTorch); no short circuit, so
+// the CPU's loops select rather than branch.
+template <typename T>
+ACCRUE_HD bool pool_beats(T v, T best) {
+  return (v > best) | ((v != v) & (best == best));
+}
+// The argmax max_pool2d_relu keeps for the backward: -1 where the pooled relu(x) is not positive
+// (relu's gradient is zero there; relu(x) > 0 exactly where x > 0), else the maximum's index.
+template <typename T>
+ACCRUE_HD int32_t relu_pool_argmax(int32_t at, T best) {
+  return best > T(0) ? at : -1;
+}
+
 struct Tanh {
   static constexpr const char* kName = "tanh";
   static constexpr bool kSavesOutput = true;

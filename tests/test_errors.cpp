@@ -131,14 +131,20 @@ TEST(Errors, ParameterLookupAndArena) {
   expect_error<ShapeError>([] { nn::Linear bad(0, 3); }, {"[Linear]", "in_features = 0"});
 }
 
-// The convolution, pooling and normalisation ops, the fused ones included: each bad argument is
-// a row, naming the op and the values it got.
-TEST(Errors, ConvolutionPoolingAndNormArgumentsNameTheOpAndTheValues) {
+// Runs each row (one bad call and the error it must raise), naming the row on a failure.
+void run_rows(const std::vector<std::function<void()>>& rows) {
+  for (size_t i = 0; i < rows.size(); ++i) {
+    SCOPED_TRACE(str_cat("row ", i));
+    rows[i]();
+  }
+}
+
+// The convolution and pooling ops: each bad argument is a row, naming the op and the values it
+// got.
+TEST(Errors, ConvolutionAndPoolingArgumentsNameTheOpAndTheValues) {
   const Tensor image = Tensor::zeros({2, 6, 3, 4}), flat = Tensor::zeros({2, 6, 12});
-  const Tensor w6 = Tensor::zeros({6}), w5 = Tensor::zeros({5});
   const Pool2dGeometry two{2, 2, 2, 2, 0, 0};
-  const char* fused = "[group_norm_relu_max_pool2d]";
-  const std::vector<std::function<void()>> rows = {
+  run_rows({
       [&] {
         expect_error<ShapeError>(
             [&] {
@@ -199,6 +205,17 @@ TEST(Errors, ConvolutionPoolingAndNormArgumentsNameTheOpAndTheValues) {
             },
             {"[max_pool2d_relu]", "floating", "int32"});
       },
+  });
+}
+
+// The normalisation ops, group norm fused with the ReLU and pooling included: a row per bad
+// argument.
+TEST(Errors, NormArgumentsNameTheOpAndTheValues) {
+  const Tensor image = Tensor::zeros({2, 6, 3, 4}), flat = Tensor::zeros({2, 6, 12});
+  const Tensor w6 = Tensor::zeros({6}), w5 = Tensor::zeros({5});
+  const Pool2dGeometry two{2, 2, 2, 2, 0, 0};
+  const char* fused = "[group_norm_relu_max_pool2d]";
+  run_rows({
       [&] {
         expect_error<ValueError>([&] { group_norm(flat, 4, w6, w6); },
                                  {"[group_norm]", "6 channels", "4 groups"});
@@ -245,11 +262,7 @@ TEST(Errors, ConvolutionPoolingAndNormArgumentsNameTheOpAndTheValues) {
         expect_error<ShapeError>([&] { nn::GroupNorm(3, 6).forward_relu_max_pool(flat, two); },
                                  {"[GroupNorm]", "[N, 6, H, W]", "[2, 6, 12]"});
       },
-  };
-  for (size_t i = 0; i < rows.size(); ++i) {
-    SCOPED_TRACE(str_cat("row ", i));
-    rows[i]();
-  }
+  });
 }
 
 }  // namespace

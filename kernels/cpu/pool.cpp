@@ -15,6 +15,7 @@
 #include "kernels/cpu/pool.h"
 #include "kernels/cpu/scratch.h"
 #include "kernels/dispatch.h"
+#include "kernels/functors.h"
 
 namespace accrue::cpu {
 
@@ -51,15 +52,7 @@ void for_regions(const PlaneShape& s, const Pool2dGeometry& g, F body) {
   });
 }
 
-}  // namespace
-
-namespace {
-
-// A = v wins over the best so far: larger, or the first NaN (NaN wins and stays, as in PyTorch).
-template <typename T>
-bool beats(T v, T best) {
-  return (v > best) | ((v != v) & (best == best));  // no short circuit: selects, not branches
-}
+using fn::pool_beats;
 
 // keep ? v : +0, as a mask on v's bits: GCC turns such selects into branches in the loops below
 // (18 times slower on random data), the mask it computes without one.
@@ -85,12 +78,11 @@ T tap(T x) {
   }
 }
 
-// The argmax kept for the backward: -1 after a ReLU whose input there was not positive (the
-// maximum relu(x) is positive exactly where x is).
+// The argmax kept for the backward (fn::relu_pool_argmax after the ReLU).
 template <bool kRelu, typename T>
 int32_t routed(int32_t at, T best) {
   if constexpr (kRelu) {
-    return best > T(0) ? at : -1;
+    return fn::relu_pool_argmax(at, best);
   } else {
     return at;
   }
@@ -116,7 +108,7 @@ void max_pool_plane_inside(const T* __restrict plane, const PlaneShape& s, const
       const int32_t offset = static_cast<int32_t>(ki * s.w + kj);
       for (int64_t j = 0; j < n; ++j) {
         const T v = tap<kRelu>(plane[starts[j] + offset]);
-        const bool take = beats(v, best[j]);
+        const bool take = pool_beats(v, best[j]);
         best[j] = take ? v : best[j];
         at[j] = take ? starts[j] + offset : at[j];
       }
@@ -151,7 +143,7 @@ void max_pool_planes_2x2(const T* __restrict planes, int64_t count, const PlaneS
 #pragma omp simd
     for (int64_t q = 0; q < pairs; ++q) {
       const T a = tap<kRelu>(plane[2 * q]), b = tap<kRelu>(plane[2 * q + 1]);
-      const bool take = beats(b, a);
+      const bool take = pool_beats(b, a);
       plane_best[q] = take ? b : a;
       plane_at[q] = static_cast<int32_t>(2 * q) + static_cast<int32_t>(take);
     }
@@ -162,7 +154,7 @@ void max_pool_planes_2x2(const T* __restrict planes, int64_t count, const PlaneS
     const int32_t* top_at = pair_at + 2 * i * ow;
 #pragma omp simd
     for (int64_t j = 0; j < len; ++j) {
-      const bool take = beats(top[ow + j], top[j]);
+      const bool take = pool_beats(top[ow + j], top[j]);
       const T winner = take ? top[ow + j] : top[j];
       best[i * ow + j] = winner;
       at[i * ow + j] = routed<kRelu>(take ? top_at[ow + j] : top_at[j], winner);
@@ -184,7 +176,7 @@ void max_pool_plane_clipped(const T* plane, const PlaneShape& s, const Pool2dGeo
                       for (int64_t ih = h0; ih < h1; ++ih) {
                         for (int64_t iw = w0; iw < w1; ++iw) {
                           const T v = tap<kRelu>(plane[ih * s.w + iw]);
-                          if (beats(v, best)) {
+                          if (pool_beats(v, best)) {
                             best = v;
                             best_at = ih * s.w + iw;
                           }

@@ -40,14 +40,15 @@ void max_pool(const T* in, int64_t planes, int64_t h, int64_t w, int64_t oh, int
     for (int64_t ih = h0; ih < h1; ++ih) {
       for (int64_t iw = w0; iw < w1; ++iw) {
         const T v = relu ? fn::Relu{}(plane[ih * w + iw]) : plane[ih * w + iw];
-        if (v > best || (v != v && best == best)) {  // the first NaN wins, as on the CPU
+        if (fn::pool_beats(v, best)) {
           best = v;
           best_at = ih * w + iw;
         }
       }
     }
     out[o] = best;
-    at[o] = relu && !(best > T(0)) ? -1 : static_cast<int32_t>(best_at);
+    at[o] = relu ? fn::relu_pool_argmax(static_cast<int32_t>(best_at), best)
+                 : static_cast<int32_t>(best_at);
   });
 }
 
