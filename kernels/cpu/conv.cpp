@@ -26,6 +26,7 @@
 #include "kernels/cpu/gemm_cut.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/scratch.h"
+#include "kernels/cpu/vec.h"
 #include "kernels/dispatch.h"
 
 namespace accrue::cpu {
@@ -122,8 +123,7 @@ void im2col(const T* x, const ConvShape& s, const Conv2dGeometry& g, T* padded, 
   for (int64_t c = 0; c < s.c; ++c) {
     const T* in = x + c * s.h * s.w;
     for (int64_t ih = 0; ih < s.h; ++ih) {
-      T* row = padded + (ih + g.pad_h) * plane.cols + g.pad_w;
-      for (int64_t iw = 0; iw < s.w; ++iw) row[iw] = in[ih * s.w + iw];
+      vec::copy_row(in + ih * s.w, s.w, padded + (ih + g.pad_h) * plane.cols + g.pad_w);
     }
     for (int64_t ki = 0; ki < s.kh; ++ki) {
       for (int64_t kj = 0; kj < s.kw; ++kj) {
@@ -133,7 +133,7 @@ void im2col(const T* x, const ConvShape& s, const Conv2dGeometry& g, T* padded, 
           const T* src = tap + oh * g.stride_h * plane.cols;
           T* dst = out + oh * s.ow;
           if (g.stride_w == 1) {
-            for (int64_t ow = 0; ow < s.ow; ++ow) dst[ow] = src[ow];
+            vec::copy_row(src, s.ow, dst);
           } else {
             for (int64_t ow = 0; ow < s.ow; ++ow) dst[ow] = src[ow * g.stride_w];
           }

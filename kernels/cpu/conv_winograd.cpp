@@ -22,6 +22,7 @@
 #include "kernels/cpu/gemm_cut.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/scratch.h"
+#include "kernels/cpu/vec.h"
 
 namespace accrue::cpu::winograd {
 
@@ -81,38 +82,17 @@ void transform_filters(int64_t outs, int64_t ins, Filter filter, T* u) {
   }
 }
 
-// The transforms run on kLanes tiles of a tile row at once, as GCC vector-extension vectors (a
-// row of the MNIST CNN's 14 x 14 planes is 7 tiles: one vector). Each value is the same sums in
-// the same order as the scalar formulas in the comments, so the results are those of a loop over
-// single tiles; only the loads, shuffles and stores are grouped.
-constexpr int64_t kLanes = 8;
-template <typename T>
-struct Lanes;
-template <>
-struct Lanes<float> {
-  using Vec = float __attribute__((vector_size(kLanes * sizeof(float))));
-  using Unaligned = float __attribute__((vector_size(kLanes * sizeof(float)), aligned(4)));
-  using Index = int32_t __attribute__((vector_size(kLanes * sizeof(int32_t))));
-};
-template <>
-struct Lanes<double> {
-  using Vec = double __attribute__((vector_size(kLanes * sizeof(double))));
-  using Unaligned = double __attribute__((vector_size(kLanes * sizeof(double)), aligned(8)));
-  using Index = int64_t __attribute__((vector_size(kLanes * sizeof(int64_t))));
-};
-template <typename T>
-using Vec = typename Lanes<T>::Vec;
+// The transforms run on kLanes tiles of a tile row at once (kernels/cpu/vec.h; a row of the
+// MNIST CNN's 14 x 14 planes is 7 tiles: one vector). Each value is the same sums in the same
+// order as the scalar formulas in the comments, so the results are those of a loop over single
+// tiles; only the loads, shuffles and stores are grouped.
+using vec::copy_row;
+using vec::kLanes;
+using vec::Lanes;
+using vec::load;
+using vec::store;
+using vec::Vec;
 
-// Loads and stores through the vector type itself (not memcpy), so the compiler knows they
-// touch only T values and keeps sizes and pointers in registers across them.
-template <typename T>
-Vec<T> load(const T* p) {
-  return *reinterpret_cast<const typename Lanes<T>::Unaligned*>(p);
-}
-template <typename T>
-void store(T* p, const Vec<T>& v) {
-  *reinterpret_cast<typename Lanes<T>::Unaligned*>(p) = v;
-}
 // The even (or odd) lanes of the 2 kLanes values a then b.
 template <typename T>
 Vec<T> evens(const Vec<T>& a, const Vec<T>& b) {
@@ -130,15 +110,6 @@ template <typename T>
 void store_first(T* p, const Vec<T>& v, int64_t n, const T* limit) {
   if (p + kLanes <= limit) return store(p, v);
   for (int64_t i = 0; i < n; ++i) p[i] = v[i];
-}
-
-// dst [n] = src [n]: full vectors, then the tail one value at a time (so no library call for the
-// short rows, and nothing written past n).
-template <typename T>
-void copy_row(const T* __restrict src, int64_t n, T* __restrict dst) {
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) store(dst + i, load(src + i));
-  for (; i < n; ++i) dst[i] = src[i];
 }
 
 // The blocks of kLanes tiles a tile row is cut into (the last may hold fewer).
