@@ -8,6 +8,9 @@
 // a row fails EveryPrimitiveHasARow, so a new primitive cannot land untested.
 #include <set>
 
+#include <cblas.h>
+#include <omp.h>
+
 #include "kernels/backend.h"
 #include "kernels/cpu/blas_core.h"
 #include "kernels/cpu/conv.h"
@@ -877,6 +880,82 @@ TEST(Backend, WinogradEqualsIm2colInFloat64) {
   EXPECT_EQ(cpu::conv_algorithm(conv2, same, ConvPass::kForward), ConvAlgorithm::kWinograd);
   EXPECT_EQ(cpu::conv_algorithm(conv1, same, ConvPass::kForward), ConvAlgorithm::kIm2col);
   EXPECT_EQ(cpu::conv_algorithm(conv2, same, ConvPass::kBackwardFilter), ConvAlgorithm::kIm2col);
+}
+
+// Direct cblas calls on one thread, as the backend makes them (OpenBLAS's own threading would sum
+// in another order).
+struct OneBlasThread {
+  int threads = omp_get_max_threads();
+  OneBlasThread() { omp_set_num_threads(1); }
+  ~OneBlasThread() { omp_set_num_threads(threads); }
+};
+
+// linear_forward computes a 32-row micro-batch's column blocks transposed where OpenBLAS's kernels
+// make that the same sums (cpu::blas_transposes_exactly); on every machine its bytes must be those
+// of the blocks as written, x w_block^T in 64-column blocks, then bias and ReLU: the MLP's three
+// hidden layers, a width that leaves a narrower last block, and a 31-row batch (not transposed).
+TEST(Backend, LinearForwardKeepsTheBytesOfItsUntransposedBlocks) {
+  Backend& be = backend_for(Device::cpu());
+  struct Case {
+    int m, k, n;
+  };
+  for (const Case& c : {Case{32, 784, 512}, Case{32, 512, 256}, Case{32, 256, 128},
+                        Case{32, 300, 200}, Case{31, 512, 256}}) {
+    const Tensor x = testing::random({c.m, c.k}, 1, DType::kFloat32);
+    const Tensor w = testing::random({c.n, c.k}, 2, DType::kFloat32);
+    const Tensor b = testing::random({c.n}, 3, DType::kFloat32);
+    for (bool relu : {false, true}) {
+      Tensor y = Tensor::empty({c.m, c.n}, DType::kFloat32, Device::cpu());
+      be.linear_forward(x, w, b, relu, y);
+      std::vector<float> want(size_t(c.m) * c.n);
+      const OneBlasThread one;
+      for (int col = 0; col < c.n; col += 64) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, c.m, std::min(64, c.n - col), c.k,
+                    1.0f, x.data<float>(), c.k, w.data<float>() + int64_t{col} * c.k, c.k, 0.0f,
+                    want.data() + col, c.n);
+      }
+      for (size_t i = 0; i < want.size(); ++i) {
+        want[i] += b.data<float>()[i % c.n];
+        if (relu) want[i] = want[i] > 0.0f ? want[i] : 0.0f;
+      }
+      EXPECT_EQ(std::memcmp(y.data<float>(), want.data(), want.size() * sizeof(float)), 0)
+          << "[" << c.m << ", " << c.k << "] x [" << c.n << ", " << c.k << "]^T, relu " << relu
+          << ", OpenBLAS " << cpu::blas_core();
+    }
+  }
+}
+
+// The premise of the transposed products (cpu::blas_transposes_exactly): where it holds, cblas
+// gives C^T = B^T A^T the same bytes as C = A B, for the shapes the backend computes transposed
+// (the CNN's conv2 filter gradient per chunk, the MLP's forward blocks). Where it does not hold
+// (OpenBLAS's AVX2 kernels) the backend keeps every product as written and there is nothing to
+// check.
+TEST(Backend, BlasTransposesExactlyWhereTheBackendTransposes) {
+  if (!cpu::blas_transposes_exactly()) {
+    GTEST_SKIP() << "OpenBLAS " << cpu::blas_core()
+                 << ": the two orientations round differently, so the backend never transposes";
+  }
+  struct Case {
+    int m, n, k;  // C [m, n] = A [m, k] B [n, k]^T
+  };
+  for (const Case& c : {Case{64, 288, 588}, Case{64, 288, 196}, Case{32, 64, 784},
+                        Case{32, 64, 512}, Case{32, 64, 256}}) {
+    const Tensor a = testing::random({c.m, c.k}, 4, DType::kFloat32);
+    const Tensor b = testing::random({c.n, c.k}, 5, DType::kFloat32);
+    std::vector<float> ab(size_t(c.m) * c.n), ba(size_t(c.n) * c.m);
+    const OneBlasThread one;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, c.m, c.n, c.k, 1.0f, a.data<float>(), c.k,
+                b.data<float>(), c.k, 0.0f, ab.data(), c.n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, c.n, c.m, c.k, 1.0f, b.data<float>(), c.k,
+                a.data<float>(), c.k, 0.0f, ba.data(), c.m);
+    int64_t differ = 0;
+    for (int i = 0; i < c.m; ++i) {
+      for (int j = 0; j < c.n; ++j)
+        differ += std::memcmp(&ab[i * c.n + j], &ba[j * c.m + i], 4) != 0;
+    }
+    EXPECT_EQ(differ, 0) << "[" << c.m << ", " << c.k << "] x [" << c.n << ", " << c.k
+                         << "]^T on OpenBLAS " << cpu::blas_core();
+  }
 }
 
 // Max pooling's contract on every device, against a region-by-region reference written here:

@@ -42,6 +42,11 @@ int blas_core_level(const std::string& core) {
   return 1;
 }
 
+bool blas_transposes_exactly() {
+  static const bool exact = blas_core_level(blas_core_name()) >= 3;
+  return exact;
+}
+
 int cpu_vector_level() {
   __builtin_cpu_init();
   const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&

@@ -27,6 +27,14 @@ std::string blas_core();
 // (Cooperlake on a Sapphire Rapids or a Zen 5, SkylakeX on an Ice Lake).
 int blas_core_level(const std::string& core);
 
+// Whether the running OpenBLAS kernels compute a product's transpose, C^T = op(B)^T op(A)^T, with
+// the same sums, bit for bit, as C = op(A) op(B). Measured with OpenBLAS 0.3.21 (a cblas harness
+// on every shape the CPU backend transposes, float32): true for its AVX-512 kernels (SkylakeX,
+// Cooperlake), false for the AVX2 ones (Haswell), whose two orientations round differently. The
+// CPU backend computes a product transposed only where that is faster and this holds, so the
+// choice changes no result on any machine. Decided once.
+bool blas_transposes_exactly();
+
 // The level of this CPU's own vector units (as blas_core_level), read with cpuid.
 int cpu_vector_level();
 

@@ -21,6 +21,7 @@
 #include <cstring>
 
 #include "kernels/cpu/blas.h"
+#include "kernels/cpu/blas_core.h"
 #include "kernels/cpu/conv.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/gemm_cut.h"
@@ -90,16 +91,23 @@ void multiply_data(const T* w, const T* dy, const ConvShape& s, T* dcols) {
        T(0), dcols, int(p));
 }
 
-// dw^T [K, O] = beta dw^T + cols @ dy^T (beta 0 or 1) for dy [O, P'] and cols [K, P'], P' the
-// pixels of the samples unfolded side by side: the filter gradient transposed. The same sums as
-// dy @ cols^T in OpenBLAS's AVX-512 kernels, bit for bit, at 15-20% more FLOP/s for conv2's
-// [64, 588] x [588, 288] (a cblas harness, one thread: 126 -> 150 GFLOP/s); its AVX2 kernels
-// gain 8% and round differently.
+// dw [O, K] = beta dw + dy @ cols^T (beta 0 or 1) for dy [O, P'] and cols [K, P'], P' the pixels
+// of the samples unfolded side by side; or, with `transposed`, the same as dw^T [K, O] =
+// beta dw^T + cols @ dy^T. Where OpenBLAS's kernels make the two the same sums
+// (blas_transposes_exactly: its AVX-512 kernels), the transposed one runs conv2's
+// [64, 588] x [588, 288] at 15-20% more FLOP/s (a cblas harness, one thread, 126 -> 150 GFLOP/s;
+// identical bytes for k from 196 to 3136); its AVX2 kernels round the two differently.
 template <typename T>
-void multiply_filter(const T* dy, const T* cols, const ConvShape& s, int64_t p, T beta, T* dw_t) {
-  const int64_t k = s.patch();
-  blas(CblasNoTrans, CblasTrans, int(k), int(s.o), int(p), T(1), cols, std::max<int>(p, 1), dy,
-       std::max<int>(p, 1), beta, dw_t, std::max<int>(s.o, 1));
+void multiply_filter(const T* dy, const T* cols, const ConvShape& s, int64_t p, T beta,
+                     bool transposed, T* dw) {
+  const int k = int(s.patch()), o = int(s.o), ld = std::max<int>(int(p), 1);
+  if (transposed) {
+    blas(CblasNoTrans, CblasTrans, k, o, int(p), T(1), cols, ld, dy, ld, beta, dw,
+         std::max<int>(o, 1));
+  } else {
+    blas(CblasNoTrans, CblasTrans, o, k, int(p), T(1), dy, ld, cols, ld, beta, dw,
+         std::max<int>(k, 1));
+  }
 }
 
 // One input plane [H, W] inside its zero padding: [H + 2 pad_h, W + 2 pad_w]. im2col copies each
@@ -213,7 +221,7 @@ template <typename T>
 void backward_filter(const T* dy, const T* x, const ConvShape& s, const Conv2dGeometry& g,
                      double beta, DType dtype, T* dw) {
   // dw [O, C KH KW] = beta dw + sum over chunks of (sum over the chunk's samples of
-  // dy[n] [O, OH OW] @ cols(x[n])^T), each chunk's partial sum held transposed ([C KH KW, O])
+  // dy[n] [O, OH OW] @ cols(x[n])^T), each chunk's partial sum [O, C KH KW] or its transpose
   check_blas_sizes(s, "conv2d_backward_filter");
   const int64_t per_chunk = std::max<int64_t>(1, (s.n + kFilterChunks - 1) / kFilterChunks);
   const int64_t chunks = (s.n + per_chunk - 1) / per_chunk, weights = s.o * s.patch();
@@ -223,6 +231,7 @@ void backward_filter(const T* dy, const T* x, const ConvShape& s, const Conv2dGe
   ThreadScratch<T> scratch(1, lowered * operands + padded_plane(s, g).size(), dtype);
   Tensor partials = Tensor::empty({chunks, weights}, dtype, Device::cpu());
   T* partial = partials.data<T>();
+  const bool transposed = blas_transposes_exactly();
   for_library_calls(chunks, s.macs() >= kParallelMacs, [&](int64_t chunk) {
     const int64_t first = chunk * per_chunk, end = std::min(s.n, first + per_chunk);
     for (int64_t group = first; group < end; group += lowered) {
@@ -237,16 +246,20 @@ void backward_filter(const T* dy, const T* x, const ConvShape& s, const Conv2dGe
                     gathered + o * p + j * s.pixels());
         }
       }
-      multiply_filter(gathered, cols, s, p, group == first ? T(0) : T(1),
+      multiply_filter(gathered, cols, s, p, group == first ? T(0) : T(1), transposed,
                       partial + chunk * weights);
     }
   });
-  const int64_t patch = s.patch(), outs = s.o;
-  for_rows(patch, outs, [=](int64_t k) {  // dw [o, k] from row k of the partial sums [K, O]
-    for (int64_t o = 0; o < outs; ++o) {
+  // dw [o, k] = beta dw + the chunks' partial sums in order, a row of the partial sums at a time
+  // (row k of [K, O] when transposed, else row o of [O, K])
+  const int64_t rows = transposed ? s.patch() : s.o, cols = weights / std::max<int64_t>(rows, 1);
+  const int64_t row_step = transposed ? 1 : cols, col_step = transposed ? rows : 1;
+  for_rows(rows, cols, [=](int64_t r) {
+    for (int64_t c = 0; c < cols; ++c) {
       T total = 0;
-      for (int64_t c = 0; c < chunks; ++c) total += partial[c * weights + k * outs + o];
-      T& out = dw[o * patch + k];
+      for (int64_t chunk = 0; chunk < chunks; ++chunk)
+        total += partial[chunk * weights + r * cols + c];
+      T& out = dw[r * row_step + c * col_step];
       out = beta == 0 ? total : T(beta) * out + total;
     }
   });
