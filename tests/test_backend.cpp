@@ -890,71 +890,93 @@ struct OneBlasThread {
   ~OneBlasThread() { omp_set_num_threads(threads); }
 };
 
-// linear_forward computes a 32-row micro-batch's column blocks transposed where OpenBLAS's kernels
-// make that the same sums (cpu::blas_transposes_exactly); on every machine its bytes must be those
-// of the blocks as written, x w_block^T in 64-column blocks, then bias and ReLU: the MLP's three
-// hidden layers, a width that leaves a narrower last block, and a 31-row batch (not transposed).
-TEST(Backend, LinearForwardKeepsTheBytesOfItsUntransposedBlocks) {
+// The CPU backend computes a 32-row micro-batch's column blocks of x w^T (linear_forward, gemm)
+// and of dy w (gemm, depth <= 256) transposed where OpenBLAS's kernels make that the same sums
+// (cpu::blas_transposes_exactly). On every machine the bytes must be those of the blocks as
+// written, op(A) op(B_block) in 64-column blocks by single-threaded cblas calls (then bias and ReLU
+// for linear_forward): the MLP's products, a width leaving a narrower last block, a depth the
+// transposed form skips (512), a 31-row batch (never transposed), alpha 0.5 and beta 1.
+TEST(Backend, MicroBatchProductsKeepTheBytesOfTheirUntransposedBlocks) {
   Backend& be = backend_for(Device::cpu());
   struct Case {
+    bool linear, trans_b;
     int m, k, n;
+    double alpha, beta;
   };
-  for (const Case& c : {Case{32, 784, 512}, Case{32, 512, 256}, Case{32, 256, 128},
-                        Case{32, 300, 200}, Case{31, 512, 256}}) {
+  const Case cases[] = {{true, true, 32, 784, 512, 1, 0},    {true, true, 32, 512, 256, 1, 0},
+                        {true, true, 32, 256, 128, 1, 0},    {true, true, 32, 300, 200, 1, 0},
+                        {true, true, 31, 512, 256, 1, 0},    {false, true, 32, 784, 512, 0.5, 0},
+                        {false, false, 32, 256, 512, 1, 0},  {false, false, 32, 128, 256, 0.5, 0},
+                        {false, false, 32, 128, 3136, 1, 0}, {false, false, 32, 512, 784, 1, 0},
+                        {false, false, 32, 256, 512, 1, 1}};
+  for (const Case& c : cases) {
     const Tensor x = testing::random({c.m, c.k}, 1, DType::kFloat32);
-    const Tensor w = testing::random({c.n, c.k}, 2, DType::kFloat32);
+    const Shape w_shape = c.trans_b ? Shape{c.n, c.k} : Shape{c.k, c.n};
+    const Tensor w = testing::random(w_shape, 2, DType::kFloat32);
     const Tensor b = testing::random({c.n}, 3, DType::kFloat32);
     for (bool relu : {false, true}) {
-      Tensor y = Tensor::empty({c.m, c.n}, DType::kFloat32, Device::cpu());
-      be.linear_forward(x, w, b, relu, y);
-      std::vector<float> want(size_t(c.m) * c.n);
+      if (relu && !c.linear) continue;
+      Tensor y = testing::random({c.m, c.n}, 6, DType::kFloat32);
+      std::vector<float> want(y.data<float>(), y.data<float>() + y.numel());
+      if (c.linear) {
+        be.linear_forward(x, w, b, relu, y);
+      } else {
+        be.gemm(false, c.trans_b, c.alpha, x, w, c.beta, y);
+      }
       const OneBlasThread one;
       for (int col = 0; col < c.n; col += 64) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, c.m, std::min(64, c.n - col), c.k,
-                    1.0f, x.data<float>(), c.k, w.data<float>() + int64_t{col} * c.k, c.k, 0.0f,
-                    want.data() + col, c.n);
+        const float* w_block = w.data<float>() + (c.trans_b ? int64_t{col} * c.k : col);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, c.trans_b ? CblasTrans : CblasNoTrans, c.m,
+                    std::min(64, c.n - col), c.k, float(c.alpha), x.data<float>(), c.k, w_block,
+                    c.trans_b ? c.k : c.n, float(c.beta), want.data() + col, c.n);
       }
-      for (size_t i = 0; i < want.size(); ++i) {
+      for (size_t i = 0; c.linear && i < want.size(); ++i) {
         want[i] += b.data<float>()[i % c.n];
         if (relu) want[i] = want[i] > 0.0f ? want[i] : 0.0f;
       }
       EXPECT_EQ(std::memcmp(y.data<float>(), want.data(), want.size() * sizeof(float)), 0)
-          << "[" << c.m << ", " << c.k << "] x [" << c.n << ", " << c.k << "]^T, relu " << relu
-          << ", OpenBLAS " << cpu::blas_core();
+          << (c.linear ? "linear_forward " : "gemm ") << "[" << c.m << ", " << c.k << "] x "
+          << (c.trans_b ? "w^T" : "w") << ", n " << c.n << ", alpha " << c.alpha << ", beta "
+          << c.beta << ", relu " << relu << ", OpenBLAS " << cpu::blas_core();
     }
   }
 }
 
 // The premise of the transposed products (cpu::blas_transposes_exactly): where it holds, cblas
-// gives C^T = B^T A^T the same bytes as C = A B, for the shapes the backend computes transposed
-// (the CNN's conv2 filter gradient per chunk, the MLP's forward blocks). Where it does not hold
-// (OpenBLAS's AVX2 kernels) the backend keeps every product as written and there is nothing to
-// check.
+// gives C^T = op(B)^T A^T the same bytes as C = A op(B) for the shapes the backend computes
+// transposed (the CNN's conv2 filter gradient per chunk, the MLP's forward blocks and data
+// gradients). Where it does not (OpenBLAS's AVX2 kernels) the backend keeps every product as
+// written, and there is nothing to check.
 TEST(Backend, BlasTransposesExactlyWhereTheBackendTransposes) {
   if (!cpu::blas_transposes_exactly()) {
     GTEST_SKIP() << "OpenBLAS " << cpu::blas_core()
                  << ": the two orientations round differently, so the backend never transposes";
   }
   struct Case {
-    int m, n, k;  // C [m, n] = A [m, k] B [n, k]^T
+    int m, n, k;
+    bool trans_b;  // C [m, n] = A [m, k] B [n, k]^T, or A B [k, n]
   };
-  for (const Case& c : {Case{64, 288, 588}, Case{64, 288, 196}, Case{32, 64, 784},
-                        Case{32, 64, 512}, Case{32, 64, 256}}) {
+  for (const Case& c : {Case{64, 288, 588, true}, Case{64, 288, 196, true}, Case{32, 64, 784, true},
+                        Case{32, 64, 512, true}, Case{32, 64, 256, true}, Case{32, 64, 256, false},
+                        Case{32, 64, 128, false}}) {
     const Tensor a = testing::random({c.m, c.k}, 4, DType::kFloat32);
-    const Tensor b = testing::random({c.n, c.k}, 5, DType::kFloat32);
+    const Tensor b =
+        testing::random(c.trans_b ? Shape{c.n, c.k} : Shape{c.k, c.n}, 5, DType::kFloat32);
+    const int ldb = c.trans_b ? c.k : c.n;
     std::vector<float> ab(size_t(c.m) * c.n), ba(size_t(c.n) * c.m);
     const OneBlasThread one;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, c.m, c.n, c.k, 1.0f, a.data<float>(), c.k,
-                b.data<float>(), c.k, 0.0f, ab.data(), c.n);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, c.n, c.m, c.k, 1.0f, b.data<float>(), c.k,
-                a.data<float>(), c.k, 0.0f, ba.data(), c.m);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, c.trans_b ? CblasTrans : CblasNoTrans, c.m, c.n, c.k,
+                1.0f, a.data<float>(), c.k, b.data<float>(), ldb, 0.0f, ab.data(), c.n);
+    cblas_sgemm(CblasRowMajor, c.trans_b ? CblasNoTrans : CblasTrans, CblasTrans, c.n, c.m, c.k,
+                1.0f, b.data<float>(), ldb, a.data<float>(), c.k, 0.0f, ba.data(), c.m);
     int64_t differ = 0;
     for (int i = 0; i < c.m; ++i) {
-      for (int j = 0; j < c.n; ++j)
-        differ += std::memcmp(&ab[i * c.n + j], &ba[j * c.m + i], 4) != 0;
+      for (int j = 0; j < c.n; ++j) {
+        differ += std::memcmp(&ab[i * c.n + j], &ba[j * c.m + i], sizeof(float)) != 0;
+      }
     }
-    EXPECT_EQ(differ, 0) << "[" << c.m << ", " << c.k << "] x [" << c.n << ", " << c.k
-                         << "]^T on OpenBLAS " << cpu::blas_core();
+    EXPECT_EQ(differ, 0) << "[" << c.m << ", " << c.k << "] x " << (c.trans_b ? "B^T" : "B")
+                         << ", n " << c.n << " on OpenBLAS " << cpu::blas_core();
   }
 }
 

@@ -204,25 +204,45 @@ void half_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, con
   });
 }
 
-// Whether linear_forward computes each column block of x [m, k] w^T as its transpose,
-// w_block [cols, k] x^T: at m = 32 rows (the micro-batch the MNIST recipes use) OpenBLAS's
-// AVX-512 kernels run the MLP's 64-column blocks 15-20% faster that way with the same sums
-// (a cblas harness, one thread, Cooperlake and SkylakeX kernels: [32, 784] x [784, 512] in
-// 64-column blocks 363 -> 305 us, [32, 512] x [512, 256] 119 -> 99, [32, 256] x [256, 128] 30 ->
-// 25; at 8, 16, 17, 28 and 31 rows the transposed blocks ran as fast or slower). Only where the
-// kernels make the two the same sums (blas_transposes_exactly), so the weights a run produces are
+// Whether the column blocks of C [m, n] = alpha op(A) op(B) (beta 0, A not transposed) are
+// computed as their transposes, op(B_block)^T op(A)^T, and transposed into C: at m = 32 rows (the
+// micro-batch the MNIST recipes use), in the 64-column blocks of that cut, OpenBLAS's AVX-512
+// kernels run them faster with the same sums. Measured (a cblas harness, one thread, Cooperlake and
+// SkylakeX kernels, identical bytes throughout), untransposed -> transposed, for the MLP's
+// products:
+//   x w^T (linear_forward):  [32, 784] x [784, 512] 363 -> 305 us, [32, 512] x [512, 256] 119 ->
+//   99,
+//                            [32, 256] x [256, 128] 30 -> 25; at 8, 16, 17, 28 and 31 rows as fast
+//                            or slower, so 32 only
+//   dy w (a data gradient):  k = 256: [32, 256] x [256, 512] 83 -> 62 us, k = 128: [32, 128] x
+//                            [128, 256] 19 -> 15, [32, 128] x [128, 3136] 230 -> 207; k = 512:
+//                            [32, 512] x [512, 784] 312 -> 319 (slower), so k <= 256 only
+// Only where the kernels make the two the same sums (blas_transposes_exactly), so the results are
 // those of the untransposed blocks on every machine.
-constexpr int kTransposedForwardRows = 32;
-bool forward_blocks_transposed(int m, const GemmCut& cut) {
-  return m == kTransposedForwardRows && !cut.along_rows && cut.width == kMicroBatchBlock &&
+constexpr int kTransposedRows = 32;
+constexpr int kTransposedMaxDepthUntransposedB = 256;
+bool blocks_transposed(bool trans_a, bool trans_b, int m, int k, double beta, const GemmCut& cut) {
+  return m == kTransposedRows && !trans_a && beta == 0 && !cut.along_rows &&
+         cut.width == kMicroBatchBlock && (trans_b || k <= kTransposedMaxDepthUntransposedB) &&
          blas_transposes_exactly();
 }
 
-// c [rows, cols] (leading dimension ldc) = t^T for t [cols, rows] packed
+// One block of C = alpha op(A) op(B) + beta C, as written or (transposed, beta 0) as
+// op(B_block)^T op(A)^T into a thread's scratch, then transposed into the block.
 template <typename T>
-void transpose_block(const T* t, int rows, int cols, T* c, int ldc) {
-  for (int r = 0; r < rows; ++r) {
-    for (int j = 0; j < cols; ++j) c[int64_t{r} * ldc + j] = t[int64_t{j} * rows + r];
+void multiply_block(bool transposed, bool trans_a, bool trans_b, int k, T alpha, int lda, int ldb,
+                    T beta, int ldc, const GemmBlock<T>& blk) {
+  const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
+  const CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
+  if (!transposed) {
+    blas(ta, tb, blk.rows, blk.cols, k, alpha, blk.a, lda, blk.b, ldb, beta, blk.c, ldc);
+    return;
+  }
+  T* t = scratch<T>(size_t(blk.rows) * blk.cols);  // C_block^T [cols, rows]
+  blas(trans_b ? CblasNoTrans : CblasTrans, CblasTrans, blk.cols, blk.rows, k, alpha, blk.b, ldb,
+       blk.a, lda, T(0), t, blk.rows);
+  for (int r = 0; r < blk.rows; ++r) {
+    for (int j = 0; j < blk.cols; ++j) blk.c[int64_t{r} * ldc + j] = t[int64_t{j} * blk.rows + r];
   }
 }
 
@@ -237,8 +257,6 @@ void CpuBackend::gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a,
   // op(a) [M, K] @ op(b) [K, N] -> c [M, N]
   const auto [m, n, k, lda, ldb] = gemm_dims(trans_a, a, b, c);
   if (m == 0 || n == 0) return;
-  const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
-  const CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
   if (is_half(a.dtype())) {
     ACCRUE_DISPATCH_FLOATING_AND_HALF(a.dtype(), "gemm", [&] {
       if constexpr (is_half_v<T>) {
@@ -250,11 +268,12 @@ void CpuBackend::gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a,
     });
     return;
   }
+  const bool transposed = blocks_transposed(trans_a, trans_b, m, k, beta, cut_gemm(m, n, k));
   ACCRUE_DISPATCH_FLOATING(c.dtype(), "gemm", [&] {
     cut_gemm_call(trans_a, trans_b, m, n, k, a.data<T>(), lda, b.data<T>(), ldb, c.data<T>(),
                   [&](const GemmBlock<T>& blk) {
-                    blas(ta, tb, blk.rows, blk.cols, k, T(alpha), blk.a, lda, blk.b, ldb, T(beta),
-                         blk.c, n);
+                    multiply_block(transposed, trans_a, trans_b, k, T(alpha), lda, ldb, T(beta), n,
+                                   blk);
                   });
   });
 }
@@ -276,20 +295,12 @@ void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& 
     });
     return;
   }
-  const bool transposed = forward_blocks_transposed(m, cut_gemm(m, n, k));
+  const bool transposed = blocks_transposed(false, true, m, k, 0.0, cut_gemm(m, n, k));
   ACCRUE_DISPATCH_FLOATING(y.dtype(), "linear_forward", [&] {
     const T* b = bias.defined() ? bias.data<T>() : nullptr;
     cut_gemm_call(false, true, m, n, k, x.data<T>(), lda, w.data<T>(), ldb, y.data<T>(),
                   [&](const GemmBlock<T>& blk) {
-                    if (transposed) {  // w_block [cols, k] x^T -> [cols, rows], then into y
-                      T* t = scratch<T>(size_t(blk.rows) * blk.cols);
-                      blas(CblasNoTrans, CblasTrans, blk.cols, blk.rows, k, T(1), blk.b, ldb, blk.a,
-                           lda, T(0), t, blk.rows);
-                      transpose_block(t, blk.rows, blk.cols, blk.c, n);
-                    } else {
-                      blas(CblasNoTrans, CblasTrans, blk.rows, blk.cols, k, T(1), blk.a, lda, blk.b,
-                           ldb, T(0), blk.c, n);
-                    }
+                    multiply_block(transposed, false, true, k, T(1), lda, ldb, T(0), n, blk);
                     bias_relu_block(blk.c, blk.rows, blk.cols, n, b ? b + blk.col0 : nullptr, relu);
                   });
   });
