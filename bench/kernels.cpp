@@ -144,6 +144,17 @@ void gemm_weight_grad(State& state, Device d, DType dtype = DType::kFloat32) {
   report_flops(state, d, seconds, 2.0 * b * in * out);
 }
 
+// Data-gradient GEMM: dx [b, in] = dy [b, out] @ W [out, in]; the MLP's hidden layers' (the first
+// layer's is never computed: its input needs no gradient).
+void gemm_data_grad(State& state, Device d) {
+  const int64_t b = state.range(0), in = state.range(1), out = state.range(2);
+  Tensor dy = filled({b, out}, d, 1), w = filled({out, in}, d, 2),
+         dx = Tensor::empty({b, in}, DType::kFloat32, d);
+  const double seconds =
+      run_timed(state, d, [&] { backend_for(d).gemm(false, false, 1.0, dy, w, 0.0, dx); });
+  report_flops(state, d, seconds, 2.0 * b * in * out);
+}
+
 // Convolution, NCHW, 3 x 3, padding 1: {batch, in channels, out channels, size}. 2 N O OH OW C
 // KH KW FLOP per pass (forward, backward-data, backward-filter alike), whatever the algorithm:
 // Winograd's GFLOP/s are those of the direct convolution it stands for. On the CPU, `forced`
@@ -280,6 +291,7 @@ void register_kernel_benchmarks() {
       add("gemm_forward_bf16", bf16(gemm_forward))->Args(l);
       add("gemm_weight_grad", f32(gemm_weight_grad))->Args(l);
       add("gemm_weight_grad_bf16", bf16(gemm_weight_grad))->Args(l);
+      if (l[1] != 784) add("gemm_data_grad", gemm_data_grad)->Args(l);
     }
     const int64_t big = smoke() ? 128 : (d.is_cpu() ? 1024 : 4096);
     add("gemm_forward", f32(gemm_forward))->Args({big, big, big});

@@ -204,27 +204,22 @@ void half_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, con
   });
 }
 
-// Whether the column blocks of C [m, n] = alpha op(A) op(B) (beta 0, A not transposed) are
-// computed as their transposes, op(B_block)^T op(A)^T, and transposed into C: at m = 32 rows (the
-// micro-batch the MNIST recipes use), in the 64-column blocks of that cut, OpenBLAS's AVX-512
-// kernels run them faster with the same sums. Measured (a cblas harness, one thread, Cooperlake and
-// SkylakeX kernels, identical bytes throughout), untransposed -> transposed, for the MLP's
-// products:
-//   x w^T (linear_forward):  [32, 784] x [784, 512] 363 -> 305 us, [32, 512] x [512, 256] 119 ->
-//   99,
-//                            [32, 256] x [256, 128] 30 -> 25; at 8, 16, 17, 28 and 31 rows as fast
-//                            or slower, so 32 only
-//   dy w (a data gradient):  k = 256: [32, 256] x [256, 512] 83 -> 62 us, k = 128: [32, 128] x
-//                            [128, 256] 19 -> 15, [32, 128] x [128, 3136] 230 -> 207; k = 512:
-//                            [32, 512] x [512, 784] 312 -> 319 (slower), so k <= 256 only
-// Only where the kernels make the two the same sums (blas_transposes_exactly), so the results are
-// those of the untransposed blocks on every machine.
+// Whether the column blocks of C [m, n] = alpha op(A) B^T (beta 0, A not transposed: the x w^T of
+// linear_forward and gemm) are computed as their transposes, B_block op(A)^T, and transposed into
+// C: at m = 32 rows (the micro-batch the MNIST recipes use), in the 64-column blocks of that cut,
+// OpenBLAS's AVX-512 kernels run them faster with the same sums. Measured (a cblas harness, one
+// thread, Cooperlake and SkylakeX kernels, identical bytes), untransposed -> transposed:
+// [32, 784] x [784, 512] 363 -> 305 us, [32, 512] x [512, 256] 119 -> 99, [32, 256] x [256, 128]
+// 30 -> 25; at 8, 16, 17, 28 and 31 rows as fast or slower, so 32 only. In accrue-bench
+// (gemm_forward, two threads) 191-208 -> 162-164 us for the first. The data gradients dy w ran
+// 20-25% faster transposed in the harness but slower in accrue-bench (gemm_data_grad,
+// [32, 256] x [256, 512] 30 -> 36 us), so they stay as written. Only where the kernels make the
+// two the same sums (blas_transposes_exactly), so the results are those of the untransposed blocks
+// on every machine.
 constexpr int kTransposedRows = 32;
-constexpr int kTransposedMaxDepthUntransposedB = 256;
-bool blocks_transposed(bool trans_a, bool trans_b, int m, int k, double beta, const GemmCut& cut) {
-  return m == kTransposedRows && !trans_a && beta == 0 && !cut.along_rows &&
-         cut.width == kMicroBatchBlock && (trans_b || k <= kTransposedMaxDepthUntransposedB) &&
-         blas_transposes_exactly();
+bool blocks_transposed(bool trans_a, bool trans_b, int m, double beta, const GemmCut& cut) {
+  return m == kTransposedRows && !trans_a && trans_b && beta == 0 && !cut.along_rows &&
+         cut.width == kMicroBatchBlock && blas_transposes_exactly();
 }
 
 // One block of C = alpha op(A) op(B) + beta C, as written or (transposed, beta 0) as
@@ -268,7 +263,7 @@ void CpuBackend::gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a,
     });
     return;
   }
-  const bool transposed = blocks_transposed(trans_a, trans_b, m, k, beta, cut_gemm(m, n, k));
+  const bool transposed = blocks_transposed(trans_a, trans_b, m, beta, cut_gemm(m, n, k));
   ACCRUE_DISPATCH_FLOATING(c.dtype(), "gemm", [&] {
     cut_gemm_call(trans_a, trans_b, m, n, k, a.data<T>(), lda, b.data<T>(), ldb, c.data<T>(),
                   [&](const GemmBlock<T>& blk) {
@@ -295,7 +290,7 @@ void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& 
     });
     return;
   }
-  const bool transposed = blocks_transposed(false, true, m, k, 0.0, cut_gemm(m, n, k));
+  const bool transposed = blocks_transposed(false, true, m, 0.0, cut_gemm(m, n, k));
   ACCRUE_DISPATCH_FLOATING(y.dtype(), "linear_forward", [&] {
     const T* b = bias.defined() ? bias.data<T>() : nullptr;
     cut_gemm_call(false, true, m, n, k, x.data<T>(), lda, w.data<T>(), ldb, y.data<T>(),
