@@ -17,9 +17,18 @@ void CpuBackend::gather_rows(const Tensor& src, const Tensor& index, Tensor& out
   const int32_t* idx = index.data<int32_t>();
   const char* in = static_cast<const char*>(src.raw());
   char* o = static_cast<char*>(out.raw());
-  // Work in 4-byte words, the unit the other loops count in elements.
-  for_range(rows, rows * int64_t(row_bytes) / 4,
-            [=](int64_t m) { std::memcpy(o + m * row_bytes, in + idx[m] * row_bytes, row_bytes); });
+  // Work in 4-byte words, the unit the other loops count in elements. The rows are scattered over
+  // a dataset that is mostly out of cache (a training batch's images), so each copy first asks
+  // for the next row's lines: their memory latency then overlaps this row's copy. Measured in the
+  // MLP's profile (--profile, a batch of 32 images of 3136 bytes and its labels): 11.2-12.1 ->
+  // 9.3-9.5 us per call (asking two or four rows ahead: the same).
+  for_range(rows, rows * int64_t(row_bytes) / 4, [=](int64_t m) {
+    if (m + 1 < rows) {
+      const char* next = in + idx[m + 1] * row_bytes;
+      for (size_t at = 0; at < row_bytes; at += 64) __builtin_prefetch(next + at);
+    }
+    std::memcpy(o + m * row_bytes, in + idx[m] * row_bytes, row_bytes);
+  });
 }
 
 void CpuBackend::index_add_rows(const Tensor& src, const Tensor& index, Tensor& out) {
