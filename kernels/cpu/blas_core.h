@@ -32,7 +32,8 @@ int blas_core_level(const std::string& core);
 // on every shape the CPU backend transposes, float32): true for its AVX-512 kernels (SkylakeX,
 // Cooperlake), false for the AVX2 ones (Haswell), whose two orientations round differently. The
 // CPU backend computes a product transposed only where that is faster and this holds, so the
-// choice changes no result on any machine. Decided once.
+// choice changes no result on any machine; float32 products only (the measurements were of
+// sgemm). Decided once.
 bool blas_transposes_exactly();
 
 // The level of this CPU's own vector units (as blas_core_level), read with cpuid.

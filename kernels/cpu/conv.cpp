@@ -96,7 +96,8 @@ void multiply_data(const T* w, const T* dy, const ConvShape& s, T* dcols) {
 // beta dw^T + cols @ dy^T. Where OpenBLAS's kernels make the two the same sums
 // (blas_transposes_exactly: its AVX-512 kernels), the transposed one runs conv2's
 // [64, 588] x [588, 288] at 15-20% more FLOP/s (a cblas harness, one thread, 126 -> 150 GFLOP/s;
-// identical bytes for k from 196 to 3136); its AVX2 kernels round the two differently.
+// identical bytes for k from 196 to 3136); its AVX2 kernels round the two differently. float32
+// only: the premise was measured on sgemm.
 template <typename T>
 void multiply_filter(const T* dy, const T* cols, const ConvShape& s, int64_t p, T beta,
                      bool transposed, T* dw) {
@@ -231,7 +232,7 @@ void backward_filter(const T* dy, const T* x, const ConvShape& s, const Conv2dGe
   ThreadScratch<T> scratch(1, lowered * operands + padded_plane(s, g).size(), dtype);
   Tensor partials = Tensor::empty({chunks, weights}, dtype, Device::cpu());
   T* partial = partials.data<T>();
-  const bool transposed = blas_transposes_exactly();
+  const bool transposed = std::is_same_v<T, float> && blas_transposes_exactly();
   for_library_calls(chunks, s.macs() >= kParallelMacs, [&](int64_t chunk) {
     const int64_t first = chunk * per_chunk, end = std::min(s.n, first + per_chunk);
     for (int64_t group = first; group < end; group += lowered) {

@@ -213,13 +213,16 @@ void half_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, con
 // 30 -> 25; at 8, 16, 17, 28 and 31 rows as fast or slower, so 32 only. In accrue-bench
 // (gemm_forward, two threads) 191-208 -> 162-164 us for the first. The data gradients dy w ran
 // 20-25% faster transposed in the harness but slower in accrue-bench (gemm_data_grad,
-// [32, 256] x [256, 512] 30 -> 36 us), so they stay as written. Only where the kernels make the
-// two the same sums (blas_transposes_exactly), so the results are those of the untransposed blocks
-// on every machine.
+// [32, 256] x [256, 512] 30 -> 36 us), so they stay as written. float32 only (the premise was
+// measured on sgemm), on the cut's 64-column blocks only (not the one-call product of a narrow C),
+// and only where the kernels make the two the same sums (blas_transposes_exactly), so the results
+// are those of the untransposed blocks on every machine.
 constexpr int kTransposedRows = 32;
+template <typename T>
 bool blocks_transposed(bool trans_a, bool trans_b, int m, double beta, const GemmCut& cut) {
-  return m == kTransposedRows && !trans_a && trans_b && beta == 0 && !cut.along_rows &&
-         cut.width == kMicroBatchBlock && blas_transposes_exactly();
+  return std::is_same_v<T, float> && m == kTransposedRows && !trans_a && trans_b && beta == 0 &&
+         cut.parallel && !cut.along_rows && cut.width == kMicroBatchBlock &&
+         blas_transposes_exactly();
 }
 
 // One block of C = alpha op(A) op(B) + beta C, as written or (transposed, beta 0) as
@@ -234,8 +237,8 @@ void multiply_block(bool transposed, bool trans_a, bool trans_b, int k, T alpha,
     return;
   }
   T* t = scratch<T>(size_t(blk.rows) * blk.cols);  // C_block^T [cols, rows]
-  blas(trans_b ? CblasNoTrans : CblasTrans, CblasTrans, blk.cols, blk.rows, k, alpha, blk.b, ldb,
-       blk.a, lda, T(0), t, blk.rows);
+  blas(trans_b ? CblasNoTrans : CblasTrans, trans_a ? CblasNoTrans : CblasTrans, blk.cols, blk.rows,
+       k, alpha, blk.b, ldb, blk.a, lda, T(0), t, blk.rows);
   for (int r = 0; r < blk.rows; ++r) {
     for (int j = 0; j < blk.cols; ++j) blk.c[int64_t{r} * ldc + j] = t[int64_t{j} * blk.rows + r];
   }
@@ -263,8 +266,8 @@ void CpuBackend::gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a,
     });
     return;
   }
-  const bool transposed = blocks_transposed(trans_a, trans_b, m, beta, cut_gemm(m, n, k));
   ACCRUE_DISPATCH_FLOATING(c.dtype(), "gemm", [&] {
+    const bool transposed = blocks_transposed<T>(trans_a, trans_b, m, beta, cut_gemm(m, n, k));
     cut_gemm_call(trans_a, trans_b, m, n, k, a.data<T>(), lda, b.data<T>(), ldb, c.data<T>(),
                   [&](const GemmBlock<T>& blk) {
                     multiply_block(transposed, trans_a, trans_b, k, T(alpha), lda, ldb, T(beta), n,
@@ -290,8 +293,8 @@ void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& 
     });
     return;
   }
-  const bool transposed = blocks_transposed(false, true, m, 0.0, cut_gemm(m, n, k));
   ACCRUE_DISPATCH_FLOATING(y.dtype(), "linear_forward", [&] {
+    const bool transposed = blocks_transposed<T>(false, true, m, 0.0, cut_gemm(m, n, k));
     const T* b = bias.defined() ? bias.data<T>() : nullptr;
     cut_gemm_call(false, true, m, n, k, x.data<T>(), lda, w.data<T>(), ldb, y.data<T>(),
                   [&](const GemmBlock<T>& blk) {
