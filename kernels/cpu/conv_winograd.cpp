@@ -40,7 +40,7 @@ constexpr int64_t kChunkMultiple = 8;
 struct Tiling {
   int64_t th, tw;
   int64_t per_sample() const { return th * tw; }
-  int64_t input_row() const { return 2 * tw + 2; }  // the tiles' reach along a padded input row
+  int64_t padded_rows() const { return 2 * th + 2; }  // the input rows the tiles read
 };
 Tiling tiling(const ConvShape& s) {
   return {(s.oh + 1) / 2, (s.ow + 1) / 2};
@@ -124,7 +124,7 @@ int64_t padded_stride(const Tiling& tiles) {
 // The scratch input_tiles needs: the padded channel and the B-transformed columns of the last four
 // rows (4 vectors per block and row); output_tiles needs less (2 vectors per block).
 int64_t input_scratch(const Tiling& tiles) {
-  return (2 * tiles.th + 2) * padded_stride(tiles) + 4 * 4 * kLanes * lane_blocks(tiles);
+  return tiles.padded_rows() * padded_stride(tiles) + 4 * 4 * kLanes * lane_blocks(tiles);
 }
 
 // V [16, C, ld] columns t0 ... of one sample x [C, H, W]: B^T d B for each tile d, with
@@ -139,7 +139,8 @@ int64_t input_scratch(const Tiling& tiles) {
 template <typename T>
 void input_tiles(const T* x, const ConvShape& s, const Conv2dGeometry& g, const Tiling& tiles,
                  int64_t ld, int64_t t0, T* scratch, T* v) {
-  const int64_t rows = 2 * tiles.th + 2, stride = padded_stride(tiles), blocks = lane_blocks(tiles);
+  const int64_t rows = tiles.padded_rows(), stride = padded_stride(tiles),
+                blocks = lane_blocks(tiles);
   T* padded = scratch;
   T* ring = padded + rows * stride;  // [4 rows, blocks, 4 columns ck] vectors
   const auto ck = [&](int64_t r, int64_t block, int k) {
@@ -206,6 +207,7 @@ template <typename T>
 void output_tiles(const T* m, const ConvShape& s, const Tiling& tiles, int64_t ld, int64_t t0,
                   const T* bias, T* scratch, T* y, const T* limit) {
   const int64_t blocks = lane_blocks(tiles);
+  const int64_t next = 4 * s.o * ld;  // from position 4 l + k to 4 (l + 1) + k
   for (int64_t o = 0; o < s.o; ++o) {
     const T b = bias ? bias[o] : T(0);
     T* plane = y + o * s.oh * s.ow;
@@ -215,7 +217,6 @@ void output_tiles(const T* m, const ConvShape& s, const Tiling& tiles, int64_t l
         const T* at = m + o * ld + t0 + ty * tiles.tw + block * kLanes;
         Vec<T> s0[4], s1[4];
         for (int k = 0; k < 4; ++k) {
-          const int64_t next = 4 * s.o * ld;  // from position 4 l + k to 4 (l + 1) + k
           const T* mk = at + k * s.o * ld;
           const Vec<T> m0 = load(mk), m1 = load(mk + next), m2 = load(mk + 2 * next),
                        m3 = load(mk + 3 * next);
