@@ -87,21 +87,13 @@ void transform_filters(int64_t outs, int64_t ins, Filter filter, T* u) {
 // order as the scalar formulas in the comments, so the results are those of a loop over single
 // tiles; only the loads, shuffles and stores are grouped.
 using vec::copy_row;
+using vec::evens;
 using vec::kLanes;
 using vec::Lanes;
 using vec::load;
+using vec::odds;
 using vec::store;
 using vec::Vec;
-
-// The even (or odd) lanes of the 2 kLanes values a then b.
-template <typename T>
-Vec<T> evens(const Vec<T>& a, const Vec<T>& b) {
-  return __builtin_shuffle(a, b, typename Lanes<T>::Index{0, 2, 4, 6, 8, 10, 12, 14});
-}
-template <typename T>
-Vec<T> odds(const Vec<T>& a, const Vec<T>& b) {
-  return __builtin_shuffle(a, b, typename Lanes<T>::Index{1, 3, 5, 7, 9, 11, 13, 15});
-}
 
 // p [0, n) = v's first n lanes. When all kLanes fit before `limit` they are stored as one vector:
 // the lanes past n land on values the caller writes later (the next tiles or rows), which saves

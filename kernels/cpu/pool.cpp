@@ -14,6 +14,7 @@
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/pool.h"
 #include "kernels/cpu/scratch.h"
+#include "kernels/cpu/vec.h"
 #include "kernels/dispatch.h"
 #include "kernels/functors.h"
 
@@ -117,51 +118,95 @@ void max_pool_plane_inside(const T* __restrict plane, const PlaneShape& s, const
   for (int64_t j = 0; j < n; ++j) at[j] = routed<kRelu>(at[j], best[j]);
 }
 
-// Max pooling 2 x 2 with stride 2 of `count` consecutive planes whose width is even (W = 2 OW),
-// in two linear passes instead of max_pool_plane_inside's gathers:
-// - per plane, the horizontal pairs of the 2 OH rows in use, pair q being the plane's flat
-//   elements 2q and 2q + 1 (rows included, since W is even), the first of the two on a tie;
-// - each output the better of its top and bottom pair, the top one on a tie, over the output rows
-//   of all the planes at once (the pairs lie as [count OH, 2, OW], the outputs as [count OH, OW]).
-// That is the taps in region order (a, b, then c, d). An output row (7 or 14 wide on MNIST) is
-// shorter than a loop the compiler vectorises, so every row but the last ones runs kPoolLanes
-// outputs, the lanes past the row overwriting the next rows' outputs, which those rows rewrite
-// right after; rows whose lanes would run past the group's outputs take the exact loop. pair_best
-// and pair_at hold 2 count OH OW + kPoolLanes entries (the wide rows read past the last pair).
-constexpr int64_t kPoolLanes = 16;
-constexpr int64_t kPoolPlanesPerTask = 8;
+// Max pooling 2 x 2 with stride 2 of `count` consecutive planes whose width is even (W = 2 OW,
+// pools_2x2), output row by output row, kLanes outputs at a time (kernels/cpu/vec.h): each of the
+// two input rows is loaded as 2 kLanes values and split into its even and odd columns, a, b on
+// top and c, d below, the taps in region order. The top winner is b where b beats a (the first of
+// the two on a tie), likewise below, and the output is the bottom winner where it beats the top
+// one: the comparisons of max_pool_plane_inside, so the same maxima and first-maximum indices.
+// A row of at least kLanes outputs runs whole vectors, the last one ending at the row's end
+// (overlapping the one before: the same values again). A narrower row (7 on MNIST's second
+// layer) runs one vector whose lanes past the row land on the next rows' outputs, which those
+// rows rewrite right after; a row whose vector would read or write past the planes runs the
+// per-output loop.
+using vec::evens;
+using vec::kLanes;
+using vec::load;
+using vec::Mask;
+using vec::odds;
+using vec::store;
+using vec::Vec;
+
+template <bool kRelu, typename T>
+Vec<T> taps(const Vec<T>& x) {
+  if constexpr (kRelu) {
+    return x < Vec<T>{} ? Vec<T>{} : x;  // tap(): +0 where x < 0, else x (NaN and -0 kept)
+  } else {
+    return x;
+  }
+}
+
+// fn::pool_beats lane by lane.
+template <typename T>
+Mask<T> beats(const Vec<T>& v, const Vec<T>& best) {
+  return (v > best) | ((v != v) & (best == best));
+}
+
+// One output of the 2 x 2 region whose top-left input is top[0] (its plane index top_at).
+template <bool kRelu, typename T>
+void pool_2x2_output(const T* top, int64_t w, int32_t top_at, T* best, int32_t* at) {
+  const T a = tap<kRelu>(top[0]), b = tap<kRelu>(top[1]);
+  const T c = tap<kRelu>(top[w]), d = tap<kRelu>(top[w + 1]);
+  const bool take_b = pool_beats(b, a), take_d = pool_beats(d, c);
+  const T upper = take_b ? b : a, lower = take_d ? d : c;
+  const bool take_lower = pool_beats(lower, upper);
+  *best = take_lower ? lower : upper;
+  *at = routed<kRelu>(take_lower ? top_at + static_cast<int32_t>(w + take_d) : top_at + take_b,
+                      *best);
+}
 
 template <bool kRelu, typename T>
 void max_pool_planes_2x2(const T* __restrict planes, int64_t count, const PlaneShape& s,
-                         T* __restrict pair_best, int32_t* __restrict pair_at, T* __restrict best,
-                         int32_t* __restrict at) {
-  const int64_t pairs = 2 * s.oh * s.ow;  // per plane
-  for (int64_t k = 0; k < count; ++k) {
-    const T* plane = planes + k * s.h * s.w;
-    T* plane_best = pair_best + k * pairs;
-    int32_t* plane_at = pair_at + k * pairs;
-#pragma omp simd
-    for (int64_t q = 0; q < pairs; ++q) {
-      const T a = tap<kRelu>(plane[2 * q]), b = tap<kRelu>(plane[2 * q + 1]);
-      const bool take = pool_beats(b, a);
-      plane_best[q] = take ? b : a;
-      plane_at[q] = static_cast<int32_t>(2 * q) + static_cast<int32_t>(take);
-    }
-  }
-  const int64_t ow = s.ow, rows = count * s.oh;
-  const auto bottom_wins = [&](int64_t i, int64_t len) {
-    const T* top = pair_best + 2 * i * ow;
-    const int32_t* top_at = pair_at + 2 * i * ow;
-#pragma omp simd
-    for (int64_t j = 0; j < len; ++j) {
-      const bool take = pool_beats(top[ow + j], top[j]);
-      const T winner = take ? top[ow + j] : top[j];
-      best[i * ow + j] = winner;
-      at[i * ow + j] = routed<kRelu>(take ? top_at[ow + j] : top_at[j], winner);
-    }
-  };
+                         T* __restrict best, int32_t* __restrict at) {
+  using Index = std::conditional_t<sizeof(T) == 4, int32_t, int64_t>;  // a Mask<T> lane
+  const int64_t ow = s.ow, rows = count * s.oh, end = count * s.h * s.w;
+  Mask<T> even_columns;  // the plane index of each lane's top-left input, less the block's
+  for (int64_t lane = 0; lane < kLanes; ++lane) even_columns[lane] = 2 * lane;
   for (int64_t i = 0; i < rows; ++i) {
-    bottom_wins(i, ow <= kPoolLanes && i * ow + kPoolLanes <= rows * ow ? kPoolLanes : ow);
+    const int64_t plane = i / s.oh, row = 2 * (i % s.oh) * s.w;
+    const T* top = planes + plane * s.h * s.w + row;
+    T* out = best + i * ow;
+    int32_t* out_at = at + i * ow;
+    const bool whole =
+        ow >= kLanes || (top - planes + s.w + 2 * kLanes <= end && i * ow + kLanes <= rows * ow);
+    if (!whole) {
+      for (int64_t j = 0; j < ow; ++j) {
+        pool_2x2_output<kRelu>(top + 2 * j, s.w, static_cast<int32_t>(row + 2 * j), out + j,
+                               out_at + j);
+      }
+      continue;
+    }
+    for (int64_t j = 0;; j += kLanes) {
+      const int64_t first = ow >= kLanes ? std::min(j, ow - kLanes) : 0;
+      const T* p = top + 2 * first;
+      const Vec<T> top_lo = load(p), top_hi = load(p + kLanes);
+      const Vec<T> bottom_lo = load(p + s.w), bottom_hi = load(p + s.w + kLanes);
+      const Vec<T> a = taps<kRelu, T>(evens<T>(top_lo, top_hi));
+      const Vec<T> b = taps<kRelu, T>(odds<T>(top_lo, top_hi));
+      const Vec<T> c = taps<kRelu, T>(evens<T>(bottom_lo, bottom_hi));
+      const Vec<T> d = taps<kRelu, T>(odds<T>(bottom_lo, bottom_hi));
+      const Mask<T> take_b = beats<T>(b, a), take_d = beats<T>(d, c);
+      const Vec<T> upper = take_b ? b : a, lower = take_d ? d : c;
+      const Mask<T> take_lower = beats<T>(lower, upper);
+      const Vec<T> winner = take_lower ? lower : upper;
+      const Mask<T> columns = even_columns + static_cast<Index>(row + 2 * first);
+      // a mask lane is -1 where taken: the odd column is the even one less the mask
+      Mask<T> index = take_lower ? columns + static_cast<Index>(s.w) - take_d : columns - take_b;
+      if constexpr (kRelu) index = winner > Vec<T>{} ? index : Mask<T>{} - 1;
+      store(out + first, winner);
+      vec::store_int32(out_at + first, index);
+      if (first + kLanes >= ow) break;
+    }
   }
 }
 
@@ -190,17 +235,17 @@ void max_pool_plane_clipped(const T* plane, const PlaneShape& s, const Pool2dGeo
 // `count` planes by the fastest of the three loops above that applies.
 template <bool kRelu, typename T>
 void max_pool_some_planes(const T* in, int64_t count, const PlaneShape& s, const Pool2dGeometry& g,
-                          T* scratch, int32_t* scratch_at, T* out, int32_t* at) {
+                          int32_t* scratch, T* out, int32_t* at) {
   const int64_t n = s.oh * s.ow;
   if (n == 0) return;
   const bool inside = g.pad_h == 0 && g.pad_w == 0 && (s.oh - 1) * g.stride_h + g.kernel_h <= s.h &&
                       (s.ow - 1) * g.stride_w + g.kernel_w <= s.w;
   if (pools_2x2(s, g)) {
-    max_pool_planes_2x2<kRelu>(in, count, s, scratch, scratch_at, out, at);
+    max_pool_planes_2x2<kRelu>(in, count, s, out, at);
     return;
   }
   if (inside) {
-    int32_t* starts = scratch_at;
+    int32_t* starts = scratch;
     for (int64_t j = 0; j < n; ++j) {
       starts[j] = static_cast<int32_t>((j / s.ow) * g.stride_h * s.w + (j % s.ow) * g.stride_w);
     }
@@ -216,17 +261,17 @@ void max_pool_some_planes(const T* in, int64_t count, const PlaneShape& s, const
 
 }  // namespace
 
-int64_t max_pool_scratch(int64_t count, const PlaneShape& s) {
-  return 2 * count * s.oh * s.ow + kPoolLanes;
+int64_t max_pool_scratch(const PlaneShape& s) {
+  return s.oh * s.ow;
 }
 
 template <typename T>
 void max_pool_planes(const T* in, int64_t count, const PlaneShape& s, const Pool2dGeometry& g,
-                     bool relu, T* scratch, int32_t* scratch_at, T* y, int32_t* argmax) {
+                     bool relu, int32_t* scratch, T* y, int32_t* argmax) {
   if (relu) {
-    max_pool_some_planes<true>(in, count, s, g, scratch, scratch_at, y, argmax);
+    max_pool_some_planes<true>(in, count, s, g, scratch, y, argmax);
   } else {
-    max_pool_some_planes<false>(in, count, s, g, scratch, scratch_at, y, argmax);
+    max_pool_some_planes<false>(in, count, s, g, scratch, y, argmax);
   }
 }
 
@@ -260,9 +305,9 @@ void max_pool_backward_planes(const T* dy, const int32_t* argmax, int64_t count,
 }
 
 template void max_pool_planes(const float*, int64_t, const PlaneShape&, const Pool2dGeometry&, bool,
-                              float*, int32_t*, float*, int32_t*);
+                              int32_t*, float*, int32_t*);
 template void max_pool_planes(const double*, int64_t, const PlaneShape&, const Pool2dGeometry&,
-                              bool, double*, int32_t*, double*, int32_t*);
+                              bool, int32_t*, double*, int32_t*);
 template void max_pool_backward_planes(const float*, const int32_t*, int64_t, const PlaneShape&,
                                        bool, float*);
 template void max_pool_backward_planes(const double*, const int32_t*, int64_t, const PlaneShape&,
@@ -271,17 +316,17 @@ template void max_pool_backward_planes(const double*, const int32_t*, int64_t, c
 void CpuBackend::max_pool2d(const Tensor& x, const Pool2dGeometry& g, bool relu, Tensor& y,
                             Tensor& argmax) {
   const PlaneShape s = plane_shape(x, y);
-  const int64_t n = s.oh * s.ow, group = kPoolPlanesPerTask;
+  constexpr int64_t group = 8;  // planes per task
+  const int64_t n = s.oh * s.ow;
   ACCRUE_DISPATCH_FLOATING(x.dtype(), "max_pool2d", [&] {
     const T* in = x.data<T>();
     T* out = y.data<T>();
     int32_t* at = argmax.data<int32_t>();
-    ThreadScratch<T> scratch(1, max_pool_scratch(group, s), x.dtype());
-    ThreadScratch<int32_t> scratch_at(1, max_pool_scratch(group, s), DType::kInt32);
+    ThreadScratch<int32_t> scratch(1, max_pool_scratch(s), DType::kInt32);
     for_range((s.planes + group - 1) / group, s.planes * s.h * s.w, [&](int64_t task) {
       const int64_t p = task * group, count = std::min(group, s.planes - p);
-      max_pool_planes(in + p * s.h * s.w, count, s, g, relu, scratch.mine(), scratch_at.mine(),
-                      out + p * n, at + p * n);
+      max_pool_planes(in + p * s.h * s.w, count, s, g, relu, scratch.mine(), out + p * n,
+                      at + p * n);
     });
   });
 }

@@ -14,14 +14,14 @@ struct PlaneShape {
   int64_t planes, h, w, oh, ow;
 };
 
-// Entries of T (and as many of int32) that max_pool_planes needs as scratch for `count` planes.
-int64_t max_pool_scratch(int64_t count, const PlaneShape& s);
+// The int32 entries max_pool_planes needs as scratch.
+int64_t max_pool_scratch(const PlaneShape& s);
 
 // in [count, H, W] -> y, argmax [count, OH, OW], as CpuBackend::max_pool2d (relu: the
 // max_pool2d_relu form, argmax -1 where the maximum is not positive). float and double.
 template <typename T>
 void max_pool_planes(const T* in, int64_t count, const PlaneShape& s, const Pool2dGeometry& g,
-                     bool relu, T* scratch, int32_t* scratch_at, T* y, int32_t* argmax);
+                     bool relu, int32_t* scratch, T* y, int32_t* argmax);
 
 // Whether g pools disjoint 2x2 regions at stride 2 that cover the planes' columns exactly.
 bool pools_2x2(const PlaneShape& s, const Pool2dGeometry& g);

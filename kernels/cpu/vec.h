@@ -27,6 +27,11 @@ struct Lanes<double> {
 };
 template <typename T>
 using Vec = typename Lanes<T>::Vec;
+// A comparison's result: lanes of -1 (true) or 0, as wide as T.
+template <typename T>
+using Mask = typename Lanes<T>::Index;
+using Int32 = int32_t __attribute__((vector_size(kLanes * sizeof(int32_t))));
+using UnalignedInt32 = int32_t __attribute__((vector_size(kLanes * sizeof(int32_t)), aligned(4)));
 
 template <typename T>
 Vec<T> load(const T* p) {
@@ -35,6 +40,22 @@ Vec<T> load(const T* p) {
 template <typename T>
 void store(T* p, const Vec<T>& v) {
   *reinterpret_cast<typename Lanes<T>::Unaligned*>(p) = v;
+}
+
+// kLanes int32 values, converted from a mask-wide index vector (the same type for float).
+template <typename Index>
+void store_int32(int32_t* p, const Index& v) {
+  *reinterpret_cast<UnalignedInt32*>(p) = __builtin_convertvector(v, Int32);
+}
+
+// The even (or odd) lanes of the 2 kLanes values a then b.
+template <typename T>
+Vec<T> evens(const Vec<T>& a, const Vec<T>& b) {
+  return __builtin_shuffle(a, b, Mask<T>{0, 2, 4, 6, 8, 10, 12, 14});
+}
+template <typename T>
+Vec<T> odds(const Vec<T>& a, const Vec<T>& b) {
+  return __builtin_shuffle(a, b, Mask<T>{1, 3, 5, 7, 9, 11, 13, 15});
 }
 
 // dst [n] = src [n] (not overlapping), for short rows: whole vectors, the last one ending at n
