@@ -119,16 +119,15 @@ void max_pool_plane_inside(const T* __restrict plane, const PlaneShape& s, const
 }
 
 // Max pooling 2 x 2 with stride 2 of `count` consecutive planes whose width is even (W = 2 OW,
-// pools_2x2), output row by output row, kLanes outputs at a time (kernels/cpu/vec.h): each of the
-// two input rows is loaded as 2 kLanes values and split into its even and odd columns, a, b on
-// top and c, d below, the taps in region order. The top winner is b where b beats a (the first of
-// the two on a tie), likewise below, and the output is the bottom winner where it beats the top
-// one: the comparisons of max_pool_plane_inside, so the same maxima and first-maximum indices.
-// A row of at least kLanes outputs runs whole vectors, the last one ending at the row's end
-// (overlapping the one before: the same values again). A narrower row (7 on MNIST's second
-// layer) runs one vector whose lanes past the row land on the next rows' outputs, which those
-// rows rewrite right after; a row whose vector would read or write past the planes runs the
-// per-output loop.
+// pools_2x2), output row by output row, N outputs at a time (kernels/cpu/vec.h): each of the two
+// input rows is loaded as 2 N values and split into its even and odd columns, a, b on top and
+// c, d below, the taps in region order. The top winner is b where b beats a (the first of the two
+// on a tie), likewise below, and the output is the bottom winner where it beats the top one: the
+// comparisons of max_pool_plane_inside, so the same maxima and first-maximum indices. A row of at
+// least N outputs runs whole vectors, the last one ending at the row's end (overlapping the one
+// before: the same values again). A narrower row (14 or 7 on MNIST) runs one vector whose lanes
+// past the row land on the next rows' outputs, which those rows rewrite right after; a row whose
+// vector would read or write past the planes runs the per-output loop.
 using vec::evens;
 using vec::kLanes;
 using vec::load;
@@ -137,18 +136,18 @@ using vec::odds;
 using vec::store;
 using vec::Vec;
 
-template <bool kRelu, typename T>
-Vec<T> taps(const Vec<T>& x) {
+template <bool kRelu, typename V>
+V taps(const V& x) {
   if constexpr (kRelu) {
-    return x < Vec<T>{} ? Vec<T>{} : x;  // tap(): +0 where x < 0, else x (NaN and -0 kept)
+    return x < V{} ? V{} : x;  // tap(): +0 where x < 0, else x (NaN and -0 kept)
   } else {
     return x;
   }
 }
 
 // fn::pool_beats lane by lane.
-template <typename T>
-Mask<T> beats(const Vec<T>& v, const Vec<T>& best) {
+template <typename V>
+auto beats(const V& v, const V& best) {
   return (v > best) | ((v != v) & (best == best));
 }
 
@@ -165,20 +164,21 @@ void pool_2x2_output(const T* top, int64_t w, int32_t top_at, T* best, int32_t* 
                       *best);
 }
 
-template <bool kRelu, typename T>
+template <bool kRelu, int64_t N, typename T>
 void max_pool_planes_2x2(const T* __restrict planes, int64_t count, const PlaneShape& s,
                          T* __restrict best, int32_t* __restrict at) {
-  using Index = std::conditional_t<sizeof(T) == 4, int32_t, int64_t>;  // a Mask<T> lane
+  using V = Vec<T, N>;
+  using M = Mask<T, N>;
+  using Index = typename vec::Lanes<T, N>::IndexValue;
   const int64_t ow = s.ow, rows = count * s.oh, end = count * s.h * s.w;
-  Mask<T> even_columns;  // the plane index of each lane's top-left input, less the block's
-  for (int64_t lane = 0; lane < kLanes; ++lane) even_columns[lane] = 2 * lane;
+  // the plane index of each lane's top-left input, less the block's
+  const M even_columns = vec::every_other<M, 0>(std::make_index_sequence<N>());
   for (int64_t i = 0; i < rows; ++i) {
     const int64_t plane = i / s.oh, row = 2 * (i % s.oh) * s.w;
     const T* top = planes + plane * s.h * s.w + row;
     T* out = best + i * ow;
     int32_t* out_at = at + i * ow;
-    const bool whole =
-        ow >= kLanes || (top - planes + s.w + 2 * kLanes <= end && i * ow + kLanes <= rows * ow);
+    const bool whole = ow >= N || (top - planes + s.w + 2 * N <= end && i * ow + N <= rows * ow);
     if (!whole) {
       for (int64_t j = 0; j < ow; ++j) {
         pool_2x2_output<kRelu>(top + 2 * j, s.w, static_cast<int32_t>(row + 2 * j), out + j,
@@ -186,26 +186,26 @@ void max_pool_planes_2x2(const T* __restrict planes, int64_t count, const PlaneS
       }
       continue;
     }
-    for (int64_t j = 0;; j += kLanes) {
-      const int64_t first = ow >= kLanes ? std::min(j, ow - kLanes) : 0;
+    for (int64_t j = 0;; j += N) {
+      const int64_t first = ow >= N ? std::min(j, ow - N) : 0;
       const T* p = top + 2 * first;
-      const Vec<T> top_lo = load(p), top_hi = load(p + kLanes);
-      const Vec<T> bottom_lo = load(p + s.w), bottom_hi = load(p + s.w + kLanes);
-      const Vec<T> a = taps<kRelu, T>(evens<T>(top_lo, top_hi));
-      const Vec<T> b = taps<kRelu, T>(odds<T>(top_lo, top_hi));
-      const Vec<T> c = taps<kRelu, T>(evens<T>(bottom_lo, bottom_hi));
-      const Vec<T> d = taps<kRelu, T>(odds<T>(bottom_lo, bottom_hi));
-      const Mask<T> take_b = beats<T>(b, a), take_d = beats<T>(d, c);
-      const Vec<T> upper = take_b ? b : a, lower = take_d ? d : c;
-      const Mask<T> take_lower = beats<T>(lower, upper);
-      const Vec<T> winner = take_lower ? lower : upper;
-      const Mask<T> columns = even_columns + static_cast<Index>(row + 2 * first);
+      const V top_lo = load<T, N>(p), top_hi = load<T, N>(p + N);
+      const V bottom_lo = load<T, N>(p + s.w), bottom_hi = load<T, N>(p + s.w + N);
+      const V a = taps<kRelu>(evens<T, N>(top_lo, top_hi));
+      const V b = taps<kRelu>(odds<T, N>(top_lo, top_hi));
+      const V c = taps<kRelu>(evens<T, N>(bottom_lo, bottom_hi));
+      const V d = taps<kRelu>(odds<T, N>(bottom_lo, bottom_hi));
+      const M take_b = beats(b, a), take_d = beats(d, c);
+      const V upper = take_b ? b : a, lower = take_d ? d : c;
+      const M take_lower = beats(lower, upper);
+      const V winner = take_lower ? lower : upper;
+      const M columns = even_columns + static_cast<Index>(row + 2 * first);
       // a mask lane is -1 where taken: the odd column is the even one less the mask
-      Mask<T> index = take_lower ? columns + static_cast<Index>(s.w) - take_d : columns - take_b;
-      if constexpr (kRelu) index = winner > Vec<T>{} ? index : Mask<T>{} - 1;
+      M index = take_lower ? columns + static_cast<Index>(s.w) - take_d : columns - take_b;
+      if constexpr (kRelu) index = winner > V{} ? index : M{} - 1;
       store(out + first, winner);
-      vec::store_int32(out_at + first, index);
-      if (first + kLanes >= ow) break;
+      vec::store_int32<T>(out_at + first, index);
+      if (first + N >= ow) break;
     }
   }
 }
@@ -241,7 +241,13 @@ void max_pool_some_planes(const T* in, int64_t count, const PlaneShape& s, const
   const bool inside = g.pad_h == 0 && g.pad_w == 0 && (s.oh - 1) * g.stride_h + g.kernel_h <= s.h &&
                       (s.ow - 1) * g.stride_w + g.kernel_w <= s.w;
   if (pools_2x2(s, g)) {
-    max_pool_planes_2x2<kRelu>(in, count, s, out, at);
+    // float rows wider than 8 outputs (14 on MNIST's first layer) run 16 at a time: one AVX-512
+    // register, or two AVX2 ones (the same instructions as two vectors of 8)
+    if (sizeof(T) == 4 && s.ow > vec::kLanes) {
+      max_pool_planes_2x2<kRelu, 2 * vec::kLanes>(in, count, s, out, at);
+    } else {
+      max_pool_planes_2x2<kRelu, vec::kLanes>(in, count, s, out, at);
+    }
     return;
   }
   if (inside) {

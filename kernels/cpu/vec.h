@@ -5,57 +5,66 @@
 // memcpy, so the compiler knows they touch only T values and keeps sizes in registers across them.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <type_traits>
+#include <utility>
 
 namespace accrue::cpu::vec {
 
 constexpr int64_t kLanes = 8;
 
-template <typename T>
-struct Lanes;
-template <>
-struct Lanes<float> {
-  using Vec = float __attribute__((vector_size(kLanes * sizeof(float))));
-  using Unaligned = float __attribute__((vector_size(kLanes * sizeof(float)), aligned(4)));
-  using Index = int32_t __attribute__((vector_size(kLanes * sizeof(int32_t))));
+// N values of T (float or double), and a comparison's result: lanes of -1 (true) or 0 as wide as T.
+template <typename T, int64_t N = kLanes>
+struct Lanes {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "float or double");
+  using IndexValue = std::conditional_t<sizeof(T) == 4, int32_t, int64_t>;
+  // typedefs: GCC drops the attributes of a dependent alias declaration
+  typedef T Vec __attribute__((vector_size(N * sizeof(T))));
+  typedef T Unaligned __attribute__((vector_size(N * sizeof(T)), aligned(sizeof(T))));
+  typedef IndexValue Index __attribute__((vector_size(N * sizeof(T))));
+  typedef int32_t Int32 __attribute__((vector_size(N * sizeof(int32_t))));
+  typedef int32_t UnalignedInt32 __attribute__((vector_size(N * sizeof(int32_t)), aligned(4)));
 };
-template <>
-struct Lanes<double> {
-  using Vec = double __attribute__((vector_size(kLanes * sizeof(double))));
-  using Unaligned = double __attribute__((vector_size(kLanes * sizeof(double)), aligned(8)));
-  using Index = int64_t __attribute__((vector_size(kLanes * sizeof(int64_t))));
-};
-template <typename T>
-using Vec = typename Lanes<T>::Vec;
-// A comparison's result: lanes of -1 (true) or 0, as wide as T.
-template <typename T>
-using Mask = typename Lanes<T>::Index;
-using Int32 = int32_t __attribute__((vector_size(kLanes * sizeof(int32_t))));
-using UnalignedInt32 = int32_t __attribute__((vector_size(kLanes * sizeof(int32_t)), aligned(4)));
+template <typename T, int64_t N = kLanes>
+using Vec = typename Lanes<T, N>::Vec;
+template <typename T, int64_t N = kLanes>
+using Mask = typename Lanes<T, N>::Index;
 
-template <typename T>
-Vec<T> load(const T* p) {
-  return *reinterpret_cast<const typename Lanes<T>::Unaligned*>(p);
+// The lane count of a vector of T.
+template <typename T, typename V>
+constexpr int64_t lanes_of = static_cast<int64_t>(sizeof(V) / sizeof(T));
+
+template <typename T, int64_t N = kLanes>
+Vec<T, N> load(const T* p) {
+  return *reinterpret_cast<const typename Lanes<T, N>::Unaligned*>(p);
 }
-template <typename T>
-void store(T* p, const Vec<T>& v) {
-  *reinterpret_cast<typename Lanes<T>::Unaligned*>(p) = v;
+template <typename T, typename V>
+void store(T* p, const V& v) {
+  *reinterpret_cast<typename Lanes<T, lanes_of<T, V>>::Unaligned*>(p) = v;
 }
 
-// kLanes int32 values, converted from a mask-wide index vector (the same type for float).
-template <typename Index>
+// The lanes of an index vector of T's width (a Mask<T, N>), stored as N int32 values.
+template <typename T, typename Index>
 void store_int32(int32_t* p, const Index& v) {
-  *reinterpret_cast<UnalignedInt32*>(p) = __builtin_convertvector(v, Int32);
+  using L = Lanes<T, lanes_of<T, Index>>;
+  *reinterpret_cast<typename L::UnalignedInt32*>(p) = __builtin_convertvector(v, typename L::Int32);
 }
 
-// The even (or odd) lanes of the 2 kLanes values a then b.
-template <typename T>
-Vec<T> evens(const Vec<T>& a, const Vec<T>& b) {
-  return __builtin_shuffle(a, b, Mask<T>{0, 2, 4, 6, 8, 10, 12, 14});
+// The mask {first, first + 2, first + 4, ...}.
+template <typename M, int64_t First, size_t... I>
+constexpr M every_other(std::index_sequence<I...>) {
+  return M{static_cast<std::remove_reference_t<decltype(M{}[0])>>(First + 2 * I)...};
 }
-template <typename T>
-Vec<T> odds(const Vec<T>& a, const Vec<T>& b) {
-  return __builtin_shuffle(a, b, Mask<T>{1, 3, 5, 7, 9, 11, 13, 15});
+
+// The even (or odd) lanes of the 2 N values a then b.
+template <typename T, int64_t N = kLanes>
+Vec<T, N> evens(const Vec<T, N>& a, const Vec<T, N>& b) {
+  return __builtin_shuffle(a, b, every_other<Mask<T, N>, 0>(std::make_index_sequence<N>()));
+}
+template <typename T, int64_t N = kLanes>
+Vec<T, N> odds(const Vec<T, N>& a, const Vec<T, N>& b) {
+  return __builtin_shuffle(a, b, every_other<Mask<T, N>, 1>(std::make_index_sequence<N>()));
 }
 
 // dst [n] = src [n] (not overlapping), for short rows: whole vectors, the last one ending at n
