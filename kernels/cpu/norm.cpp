@@ -63,33 +63,6 @@ double statistics(const T* x, int64_t segments, int64_t run, int64_t stride, dou
   return squares / count;
 }
 
-// statistics() of two contiguous runs of n elements at once, their sums in the same loops: each
-// sum is the one statistics() computes for its run alone (run_sums gives each of its two sums
-// its own lanes), but the two dependency chains interleave, which the core runs side by side.
-template <typename T>
-void statistics_pair(const T* a, const T* b, int64_t n, double eps, T* mean_a, T* rstd_a, T* mean_b,
-                     T* rstd_b) {
-  const auto [total_a, total_b] = run_sums(
-      n, [=](int64_t i) { return static_cast<double>(a[i]); },
-      [=](int64_t i) { return static_cast<double>(b[i]); });
-  const double count = static_cast<double>(n);
-  const double ma = total_a / count, mb = total_b / count;
-  const auto [squares_a, squares_b] = run_sums(
-      n,
-      [=](int64_t i) {
-        const double d = static_cast<double>(a[i]) - ma;
-        return d * d;
-      },
-      [=](int64_t i) {
-        const double d = static_cast<double>(b[i]) - mb;
-        return d * d;
-      });
-  *mean_a = static_cast<T>(ma);
-  *rstd_a = static_cast<T>(1.0 / std::sqrt(squares_a / count + eps));
-  *mean_b = static_cast<T>(mb);
-  *rstd_b = static_cast<T>(1.0 / std::sqrt(squares_b / count + eps));
-}
-
 // Per-channel sums of dy xhat and dy over N and S, into dweight and dbias (beta blend).
 template <typename T, typename StatsOf>
 void affine_grads(const T* dy, const T* x, int64_t n, int64_t c, int64_t s, StatsOf stats_of,
@@ -186,9 +159,10 @@ void norm_grad(const T* dy, const T* x, T* dx, int64_t segments, int64_t run, in
 template <typename T, typename Target, typename Done>
 void group_norm_groups(const T* in, int64_t n, int64_t c, int64_t s, int64_t groups, double eps,
                        const T* w, const T* b, T* mu, T* rs, Target target, Done done) {
-  const int64_t per = c / groups, sets = n * groups, size = per * s;
-  const auto normalise = [=](int64_t ng) {
-    const int64_t at = ng * size, c0 = (ng % groups) * per;
+  const int64_t per = c / groups;
+  for_range(n * groups, n * c * s, [=](int64_t ng) {
+    const int64_t at = ng * per * s, c0 = (ng % groups) * per;
+    statistics(in + at, 1, per * s, 0, eps, mu + ng, rs + ng);
     const fn::NormApply apply;
     // mean and rstd as locals: as far as the compiler knows, the target may alias them
     const T m = mu[ng], r = rs[ng];
@@ -200,19 +174,6 @@ void group_norm_groups(const T* in, int64_t n, int64_t c, int64_t s, int64_t gro
       for (int64_t i = 0; i < s; ++i) result[i] = apply(channel[i], m, r, wk, bk);
     }
     done(ng, values);
-  };
-  // Groups in pairs, their statistics side by side; a last odd group alone.
-  for_range((sets + 1) / 2, n * c * s, [=](int64_t pair) {
-    const int64_t first = 2 * pair;
-    if (first + 1 < sets) {
-      statistics_pair(in + first * size, in + (first + 1) * size, size, eps, mu + first, rs + first,
-                      mu + first + 1, rs + first + 1);
-      normalise(first);
-      normalise(first + 1);
-    } else {
-      statistics(in + first * size, 1, size, 0, eps, mu + first, rs + first);
-      normalise(first);
-    }
   });
 }
 
