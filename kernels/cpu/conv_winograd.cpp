@@ -59,14 +59,12 @@ Chunks chunks(const ConvShape& s, const Tiling& tiles, int64_t element_bytes) {
   return {samples, (s.n + samples - 1) / samples};
 }
 
-// U [16, outs, ins] = G g G^T for each filter g = filter(out, in) (a pointer to 3x3 values read
-// as g[i * 3 + j] through at(g, i, j)), G = [1 0 0; 1/2 1/2 1/2; 1/2 -1/2 1/2; 0 0 1].
-// Each call transforms every filter (the weights change between calls): the outs share out over
-// the threads, and the ins run as vector lanes, U's rows being contiguous in `in`.
+// U [16, outs, ins] = G g G^T for each filter g, its values g[i][j] = filter(out, in, i, j),
+// G = [1 0 0; 1/2 1/2 1/2; 1/2 -1/2 1/2; 0 0 1]. Each call transforms every filter (the weights
+// change between calls), the outs shared out over the threads.
 template <typename T, typename Filter>
-void transform_filters(int64_t outs, int64_t ins, Filter filter, T* __restrict u) {
+void transform_filters(int64_t outs, int64_t ins, Filter filter, T* u) {
   for_range(outs, outs * ins * (9 + kPositions), [=](int64_t out) {
-#pragma omp simd
     for (int64_t in = 0; in < ins; ++in) {
       T gg[4][3];  // G g
       for (int j = 0; j < 3; ++j) {
