@@ -103,6 +103,10 @@ struct AvgPool2dBackward : Node {
 
 Shape check::pool2d_shape(const char* op, const Tensor& x, const Pool2dGeometry& g) {
   check_nchw(op, x);
+  if (x.size(2) == 0 || x.size(3) == 0) {  // padding would give every region nothing to pool
+    throw ShapeError(
+        str_cat("[", op, "] input ", shape_str(x.shape()), " has empty planes: nothing to pool"));
+  }
   if (g.pad_h * 2 > g.kernel_h || g.pad_w * 2 > g.kernel_w) {
     throw ValueError(str_cat("[", op, "] padding ", g.pad_h, "x", g.pad_w,
                              " must be at most half the kernel ", g.kernel_h, "x", g.kernel_w));

@@ -977,14 +977,16 @@ TEST(Backend, BlasTransposesExactlyWhereTheBackendTransposes) {
   }
 }
 
-// Max pooling's contract on every device, against a region-by-region reference written here:
-// the first maximum in region order (rows, then columns) wins ties, and the first NaN wins and
-// stays. Values from a set of four with NaNs sprinkled in make both frequent; the geometries
+// Max pooling's contract on every device and floating type, against a region-by-region
+// reference written here: the first maximum in region order (rows, then columns) wins ties, and
+// the first NaN wins and stays. Values from a set of four with NaNs, -0 and infinities sprinkled
+// in make both frequent; outputs are compared as bytes, so a zero's sign counts. The geometries
 // take the CPU's inside-the-plane path (2x2 stride 2, 3x3 stride 1, 3x2 with strides 2, 1) and
-// its clipped path (padding); the even widths take its 2x2 stride-2 path, with output rows
-// narrower than its vector rows (6, 7 and 14 wide), and wider (20), and an odd height. With relu
-// (max_pool2d_relu) the taps compete as relu(x), so zeros tie often, and argmax is -1 where the
-// maximum is not positive (a region of zeros and negatives).
+// its clipped path (padding); the even widths take its 2x2 stride-2 path, with output rows of 1,
+// 2, 6 and 7 (narrower than its 8-lane vectors), 8 (exactly one), 14 (narrower than float's 16
+// lanes), 16, 20 and 35 (whole vectors, the last one overlapping), an odd height, and a last task
+// of one plane. With relu (max_pool2d_relu) the taps compete as relu(x), so zeros tie often, and
+// argmax is -1 where the maximum is not positive (a region of zeros and negatives).
 TEST(Backend, MaxPoolingKeepsTheFirstMaximumAndTheFirstNaN) {
   const Pool2dGeometry geometries[] = {
       {2, 2, 2, 2, 0, 0}, {3, 3, 1, 1, 0, 0}, {3, 2, 2, 1, 0, 0}, {3, 3, 2, 2, 1, 1}};
@@ -992,17 +994,28 @@ TEST(Backend, MaxPoolingKeepsTheFirstMaximumAndTheFirstNaN) {
   for (const bool relu : {false, true}) {
     for (const Pool2dGeometry& g : geometries) pool_cases.emplace_back(g, relu);
   }
-  for (const auto& [h, w] :
-       std::vector<std::pair<int64_t, int64_t>>{{9, 11}, {9, 12}, {14, 14}, {8, 28}, {6, 40}}) {
-    const int64_t n = 2, c = 5;  // 10 planes: a group of 8 and one of 2 on the 2x2 path
+  for (const auto& [h, w] : std::vector<std::pair<int64_t, int64_t>>{{9, 11},
+                                                                     {9, 12},
+                                                                     {14, 14},
+                                                                     {8, 28},
+                                                                     {6, 40},
+                                                                     {4, 16},
+                                                                     {5, 32},
+                                                                     {3, 70},
+                                                                     {7, 2},
+                                                                     {6, 4}}) {
+    const int64_t n = 3, c = 3;  // 9 planes: a group of 8 and one of 1 on the 2x2 path
     std::vector<double> values(n * c * h * w);
     for (size_t i = 0; i < values.size(); ++i) {
-      values[i] = i % 17 == 5 ? std::nan("") : static_cast<double>((i * 7919) % 4) - 1.0;
+      values[i] = i % 17 == 5    ? std::nan("")
+                  : i % 23 == 7  ? -0.0
+                  : i % 29 == 11 ? INFINITY
+                                 : static_cast<double>(((i * 2654435761u) >> 9) % 4) - 2.0;
     }
     for (const auto& [g, relu] : pool_cases) {
       const int64_t oh = (h + 2 * g.pad_h - g.kernel_h) / g.stride_h + 1;
       const int64_t ow = (w + 2 * g.pad_w - g.kernel_w) / g.stride_w + 1;
-      std::vector<float> expected_y;
+      std::vector<double> expected_y;
       std::vector<int32_t> expected_at;
       for (int64_t p = 0; p < n * c; ++p) {
         for (int64_t i = 0; i < oh; ++i) {
@@ -1020,27 +1033,33 @@ TEST(Backend, MaxPoolingKeepsTheFirstMaximumAndTheFirstNaN) {
                 if (best_at < 0 || v > best || nan_wins) best = v, best_at = ih * w + iw;
               }
             }
-            expected_y.push_back(static_cast<float>(best));
+            expected_y.push_back(best);
             expected_at.push_back(relu && !(best > 0) ? -1 : static_cast<int32_t>(best_at));
           }
         }
       }
       for (Device device : devices()) {
-        Tensor x = Tensor::from_vector<double>({n, c, h, w}, values);
-        x = to_dtype(x, DType::kFloat32).to(device);
-        Tensor y = Tensor::empty({n, c, oh, ow}, DType::kFloat32, device);
-        Tensor at = Tensor::empty({n, c, oh, ow}, DType::kInt32, device);
-        backend_for(device).max_pool2d(x, g, relu, y, at);
-        const std::vector<float> got_y = y.to(Device::cpu()).to_vector<float>();
-        const std::string where = str_cat(device.str(), ", ", h, "x", w, ", kernel ", g.kernel_h,
-                                          "x", g.kernel_w, " pad ", g.pad_h, relu ? ", relu" : "");
-        EXPECT_EQ(at.to(Device::cpu()).to_vector<int32_t>(), expected_at) << where;
-        ASSERT_EQ(got_y.size(), expected_y.size());
-        for (size_t k = 0; k < got_y.size(); ++k) {
-          if (std::isnan(expected_y[k])) {
-            EXPECT_TRUE(std::isnan(got_y[k])) << where << " output " << k;
-          } else {
-            EXPECT_EQ(got_y[k], expected_y[k]) << where << " output " << k;
+        for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
+          Tensor x = Tensor::from_vector<double>({n, c, h, w}, values);
+          x = to_dtype(x, dtype).to(device);
+          Tensor y = Tensor::empty({n, c, oh, ow}, dtype, device);
+          Tensor at = Tensor::empty({n, c, oh, ow}, DType::kInt32, device);
+          backend_for(device).max_pool2d(x, g, relu, y, at);
+          const std::vector<double> got_y =
+              to_dtype(y, DType::kFloat64).to(Device::cpu()).to_vector<double>();
+          const std::string where =
+              str_cat(device.str(), " ", dtype_name(dtype), ", ", h, "x", w, ", kernel ",
+                      g.kernel_h, "x", g.kernel_w, " pad ", g.pad_h, relu ? ", relu" : "");
+          EXPECT_EQ(at.to(Device::cpu()).to_vector<int32_t>(), expected_at) << where;
+          ASSERT_EQ(got_y.size(), expected_y.size());
+          for (size_t k = 0; k < got_y.size(); ++k) {
+            const double want = expected_y[k];
+            if (std::isnan(want)) {
+              EXPECT_TRUE(std::isnan(got_y[k])) << where << " output " << k;
+            } else {  // bytes: the sign of a zero counts
+              EXPECT_EQ(std::memcmp(&got_y[k], &want, sizeof(double)), 0)
+                  << where << " output " << k << ": " << got_y[k] << " vs " << want;
+            }
           }
         }
       }
@@ -1051,13 +1070,15 @@ TEST(Backend, MaxPoolingKeepsTheFirstMaximumAndTheFirstNaN) {
 // max_pool2d_backward: dx = +0, then dx[argmax] += dy output by output in order, nothing where
 // argmax is -1 (max_pool2d_relu's outputs that are not positive), even where dy there is NaN.
 // Overlapping regions (3x3, stride 1) make inputs that take several adds; dy holds -0, so the
-// bytes show any sign a zero picks up (the CPU loop adds +0 where argmax is -1).
+// bytes show any sign a zero picks up (the CPU loop adds +0 to a plane's first input where
+// argmax is -1, and some planes' first input is also a region's maximum).
 TEST(Backend, MaxPoolingBackwardAddsInOrderAndSkipsTheUnroutedOutputs) {
   const int64_t n = 2, c = 3, h = 7, w = 9;
   const Pool2dGeometry g{3, 3, 1, 1, 0, 0};
   const int64_t oh = h - 2, ow = w - 2;
   std::vector<double> values(n * c * h * w), grads(n * c * oh * ow);
-  for (size_t i = 0; i < values.size(); ++i) values[i] = double((i * 7919) % 9) - 5.0;
+  for (size_t i = 0; i < values.size(); ++i) values[i] = double((i * 7919) % 10) - 5.0;
+  for (int64_t p = 0; p < n * c; p += 2) values[p * h * w] = 9.0;  // a real target at element 0
   for (size_t i = 0; i < grads.size(); ++i) {
     grads[i] = i % 5 == 0 ? -0.0 : i % 11 == 3 ? std::nan("") : 0.1 * double(i % 13) - 0.6;
   }
@@ -1081,8 +1102,9 @@ TEST(Backend, MaxPoolingBackwardAddsInOrderAndSkipsTheUnroutedOutputs) {
         expected[p * h * w + a] += dy[p * oh * ow + o];
       }
     }
-    ASSERT_GT(unrouted, 10);  // the case the branch-free loop handles
+    ASSERT_GT(unrouted, 10);  // the case the branch-free loop handles (it adds +0 at element 0)
     ASSERT_GT(unrouted_nan, 0);
+    ASSERT_EQ(argmax[0], 0);  // element 0 also takes real adds, among those +0
     Tensor dx = Tensor::empty({n, c, h, w}, DType::kFloat32, device);
     backend_for(device).max_pool2d_backward(
         Tensor::from_vector<float>({n, c, oh, ow}, dy).to(device), at.to(device), dx);

@@ -205,6 +205,20 @@ TEST(Errors, ConvolutionAndPoolingArgumentsNameTheOpAndTheValues) {
             },
             {"[max_pool2d_relu]", "floating", "int32"});
       },
+      [&] {  // padded, a plane of no rows would still give outputs, each pooling nothing
+        expect_error<ShapeError>(
+            [&] {
+              max_pool2d_relu(Tensor::zeros({1, 1, 0, 4}), {2, 2, 2, 2, 1, 1});
+            },
+            {"[max_pool2d_relu]", "[1, 1, 0, 4]", "empty planes"});
+      },
+      [&] {
+        expect_error<ShapeError>(
+            [&] {
+              avg_pool2d(Tensor::zeros({1, 1, 4, 0}), {2, 2, 2, 2, 1, 1});
+            },
+            {"[avg_pool2d]", "[1, 1, 4, 0]", "empty planes"});
+      },
   });
 }
 

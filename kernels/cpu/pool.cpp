@@ -3,7 +3,7 @@
 // the whole region, padding included (PyTorch's count_include_pad default). With `relu` max
 // pooling compares relu(x) tap by tap (max_pool2d_relu: the ReLU's own pass over the full-size
 // input, forward and backward, disappears) and writes argmax -1 where the maximum is not
-// positive, where relu's gradient is zero; the backward adds nothing at -1.
+// positive, where relu's gradient is zero; the backward routes nothing from there.
 #include <algorithm>
 #include <cstring>
 #include <limits>

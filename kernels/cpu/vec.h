@@ -41,6 +41,8 @@ Vec<T, N> load(const T* p) {
 }
 template <typename T, typename V>
 void store(T* p, const V& v) {
+  static_assert(std::is_same_v<std::remove_cv_t<std::remove_reference_t<decltype(v[0])>>, T>,
+                "a vector of T");
   *reinterpret_cast<typename Lanes<T, lanes_of<T, V>>::Unaligned*>(p) = v;
 }
 
