@@ -1069,53 +1069,59 @@ TEST(Backend, MaxPoolingKeepsTheFirstMaximumAndTheFirstNaN) {
 
 // max_pool2d_backward: dx = +0, then dx[argmax] += dy output by output in order, nothing where
 // argmax is -1 (max_pool2d_relu's outputs that are not positive), even where dy there is NaN.
-// Overlapping regions (3x3, stride 1) make inputs that take several adds; dy holds -0, so the
-// bytes show any sign a zero picks up (the CPU loop adds +0 to a plane's first input where
-// argmax is -1, and some planes' first input is also a region's maximum).
+// Overlapping regions (3x3 or padded 2x2, stride 1) make inputs that take several adds; dy holds
+// -0, so the bytes show any sign a zero picks up (the CPU loop adds +0 to a plane's first input
+// where argmax is -1, and some planes' first input is also a region's maximum).
 TEST(Backend, MaxPoolingBackwardAddsInOrderAndSkipsTheUnroutedOutputs) {
   const int64_t n = 2, c = 3, h = 7, w = 9;
-  const Pool2dGeometry g{3, 3, 1, 1, 0, 0};
-  const int64_t oh = h - 2, ow = w - 2;
-  std::vector<double> values(n * c * h * w), grads(n * c * oh * ow);
-  for (size_t i = 0; i < values.size(); ++i) values[i] = double((i * 7919) % 10) - 5.0;
-  for (int64_t p = 0; p < n * c; p += 2) values[p * h * w] = 9.0;  // a real target at element 0
-  for (size_t i = 0; i < grads.size(); ++i) {
-    grads[i] = i % 5 == 0 ? -0.0 : i % 11 == 3 ? std::nan("") : 0.1 * double(i % 13) - 0.6;
-  }
-  for (Device device : devices()) {
-    Tensor x = to_dtype(Tensor::from_vector<double>({n, c, h, w}, values), DType::kFloat32);
-    Tensor y = Tensor::empty({n, c, oh, ow}, DType::kFloat32, Device::cpu());
-    Tensor at = Tensor::empty({n, c, oh, ow}, DType::kInt32, Device::cpu());
-    backend_for(Device::cpu()).max_pool2d(x, g, true, y, at);
-    const std::vector<int32_t> argmax = at.to_vector<int32_t>();
-    std::vector<float> dy(grads.begin(), grads.end());
-    std::vector<float> expected(values.size(), 0.0f);
-    int64_t unrouted = 0, unrouted_nan = 0;
-    for (int64_t p = 0; p < n * c; ++p) {
-      for (int64_t o = 0; o < oh * ow; ++o) {
-        const int32_t a = argmax[p * oh * ow + o];
-        if (a < 0) {
-          ++unrouted;
-          unrouted_nan += std::isnan(dy[p * oh * ow + o]);
-          continue;
-        }
-        expected[p * h * w + a] += dy[p * oh * ow + o];
-      }
+  // 3x3 stride 1; and 2x2 stride 1 padded by 1, which has more outputs than inputs
+  for (const Pool2dGeometry& g :
+       {Pool2dGeometry{3, 3, 1, 1, 0, 0}, Pool2dGeometry{2, 2, 1, 1, 1, 1}}) {
+    const int64_t oh = h + 2 * g.pad_h - g.kernel_h + 1, ow = w + 2 * g.pad_w - g.kernel_w + 1;
+    std::vector<double> values(n * c * h * w), grads(n * c * oh * ow);
+    for (size_t i = 0; i < values.size(); ++i) values[i] = double((i * 7919) % 10) - 5.0;
+    for (int64_t p = 0; p < n * c; p += 2) values[p * h * w] = 9.0;  // a real target at element 0
+    for (size_t i = 0; i < grads.size(); ++i) {
+      grads[i] = i % 5 == 0 ? -0.0 : i % 11 == 3 ? std::nan("") : 0.1 * double(i % 13) - 0.6;
     }
-    ASSERT_GT(unrouted, 10);  // the case the branch-free loop handles (it adds +0 at element 0)
-    ASSERT_GT(unrouted_nan, 0);
-    ASSERT_EQ(argmax[0], 0);  // element 0 also takes real adds, among those +0
-    Tensor dx = Tensor::empty({n, c, h, w}, DType::kFloat32, device);
-    backend_for(device).max_pool2d_backward(
-        Tensor::from_vector<float>({n, c, oh, ow}, dy).to(device), at.to(device), dx);
-    const std::vector<float> got = dx.to(Device::cpu()).to_vector<float>();
-    ASSERT_EQ(got.size(), expected.size());
-    for (size_t k = 0; k < got.size(); ++k) {
-      if (std::isnan(expected[k])) {
-        EXPECT_TRUE(std::isnan(got[k])) << device.str() << " input " << k;
-      } else {
-        EXPECT_EQ(std::memcmp(&got[k], &expected[k], sizeof(float)), 0)
-            << device.str() << " input " << k << ": " << got[k] << " vs " << expected[k];
+    for (Device device : devices()) {
+      Tensor x = to_dtype(Tensor::from_vector<double>({n, c, h, w}, values), DType::kFloat32);
+      Tensor y = Tensor::empty({n, c, oh, ow}, DType::kFloat32, Device::cpu());
+      Tensor at = Tensor::empty({n, c, oh, ow}, DType::kInt32, Device::cpu());
+      backend_for(Device::cpu()).max_pool2d(x, g, true, y, at);
+      const std::vector<int32_t> argmax = at.to_vector<int32_t>();
+      std::vector<float> dy(grads.begin(), grads.end());
+      for (size_t k = 0; k < dy.size(); k += 3) {
+        if (argmax[k] < 0) dy[k] = NAN;  // what an unrouted output carries must not reach dx
+      }
+      std::vector<float> expected(values.size(), 0.0f);
+      int64_t unrouted = 0, unrouted_nan = 0;
+      for (int64_t p = 0; p < n * c; ++p) {
+        for (int64_t o = 0; o < oh * ow; ++o) {
+          const int32_t a = argmax[p * oh * ow + o];
+          if (a < 0) {
+            ++unrouted;
+            unrouted_nan += std::isnan(dy[p * oh * ow + o]);
+            continue;
+          }
+          expected[p * h * w + a] += dy[p * oh * ow + o];
+        }
+      }
+      ASSERT_GT(unrouted, 10);  // the case the branch-free loop handles (it adds +0 at element 0)
+      ASSERT_GT(unrouted_nan, 0);
+      ASSERT_EQ(argmax[0], 0);  // element 0 also takes real adds, among those +0
+      Tensor dx = Tensor::empty({n, c, h, w}, DType::kFloat32, device);
+      backend_for(device).max_pool2d_backward(
+          Tensor::from_vector<float>({n, c, oh, ow}, dy).to(device), at.to(device), dx);
+      const std::vector<float> got = dx.to(Device::cpu()).to_vector<float>();
+      ASSERT_EQ(got.size(), expected.size());
+      for (size_t k = 0; k < got.size(); ++k) {
+        if (std::isnan(expected[k])) {
+          EXPECT_TRUE(std::isnan(got[k])) << device.str() << " input " << k;
+        } else {
+          EXPECT_EQ(std::memcmp(&got[k], &expected[k], sizeof(float)), 0)
+              << device.str() << " input " << k << ": " << got[k] << " vs " << expected[k];
+        }
       }
     }
   }

@@ -297,12 +297,14 @@ void max_pool_backward_planes(const T* dy, const int32_t* argmax, int64_t count,
     std::fill(plane, plane + area, T(0));
     if (!two_by_two) {
       // Without a branch: an output whose argmax is -1 (max_pool2d_relu's, about half of them in
-      // training) adds +0 to the plane's first input instead, which changes nothing (the plane's
-      // values start at +0 and a sum never turns into -0, so adding +0 keeps each bit). Branches
-      // on those -1 mispredicted often enough to double the pass.
+      // training) adds +0 to an input of the plane instead (its own index, within the plane),
+      // which changes nothing: the plane's values start at +0 and a sum never turns into -0, so
+      // adding +0 keeps each bit. Branches on those -1 mispredicted often enough to double the
+      // pass, and sending all of them to one input chained their adds through memory.
       for (int64_t o = 0; o < outputs; ++o) {
         const bool routed_here = at[o] >= 0;
-        plane[at[o] & -static_cast<int32_t>(routed_here)] += kept_or_zero(routed_here, grad[o]);
+        const int64_t target = routed_here ? at[o] : std::min(o, area - 1);
+        plane[target] += kept_or_zero(routed_here, grad[o]);
       }
       continue;
     }
