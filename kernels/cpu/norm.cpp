@@ -63,27 +63,34 @@ double statistics(const T* x, int64_t segments, int64_t run, int64_t stride, dou
   return squares / count;
 }
 
-// Per-channel sums of dy xhat and dy over N and S, into dweight and dbias (beta blend).
+// Channel ch's sums of dy xhat and dy over N and S, into dweight[ch] and dbias[ch] (beta blend).
+template <typename T, typename StatsOf>
+void channel_affine_grads(const T* dy, const T* x, int64_t n, int64_t c, int64_t s, int64_t ch,
+                          StatsOf stats_of, double beta, T* dweight, T* dbias) {
+  double sum_gx = 0, sum_g = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const auto [mean, rstd] = stats_of(i, ch);
+    const T *g = dy + (i * c + ch) * s, *xs = x + (i * c + ch) * s;
+    const auto [g_sum, gx_sum] = run_sums(
+        s, [=](int64_t k) { return static_cast<double>(g[k]); },
+        [=, m = mean, r = rstd](int64_t k) {
+          return static_cast<double>(g[k]) * (static_cast<double>(xs[k]) - m) * r;
+        });
+    sum_g += g_sum;
+    sum_gx += gx_sum;
+  }
+  const fn::Blend blend{1.0, beta};
+  if (dweight != nullptr) dweight[ch] = static_cast<T>(blend(double(dweight[ch]), sum_gx));
+  if (dbias != nullptr) dbias[ch] = static_cast<T>(blend(double(dbias[ch]), sum_g));
+}
+
+// Every channel's channel_affine_grads.
 template <typename T, typename StatsOf>
 void affine_grads(const T* dy, const T* x, int64_t n, int64_t c, int64_t s, StatsOf stats_of,
                   double beta, T* dweight, T* dbias) {
   if (dweight == nullptr && dbias == nullptr) return;
   for_range(c, n * c * s, [=](int64_t ch) {
-    double sum_gx = 0, sum_g = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      const auto [mean, rstd] = stats_of(i, ch);
-      const T *g = dy + (i * c + ch) * s, *xs = x + (i * c + ch) * s;
-      const auto [g_sum, gx_sum] = run_sums(
-          s, [=](int64_t k) { return static_cast<double>(g[k]); },
-          [=, m = mean, r = rstd](int64_t k) {
-            return static_cast<double>(g[k]) * (static_cast<double>(xs[k]) - m) * r;
-          });
-      sum_g += g_sum;
-      sum_gx += gx_sum;
-    }
-    const fn::Blend blend{1.0, beta};
-    if (dweight != nullptr) dweight[ch] = static_cast<T>(blend(double(dweight[ch]), sum_gx));
-    if (dbias != nullptr) dbias[ch] = static_cast<T>(blend(double(dbias[ch]), sum_g));
+    channel_affine_grads(dy, x, n, c, s, ch, stats_of, beta, dweight, dbias);
   });
 }
 
@@ -395,25 +402,28 @@ void CpuBackend::batch_norm_backward(const Tensor& dy, const Tensor& x, bool use
     const T *g = dy.data<T>(), *in = x.data<T>(), *w = optional_data<T>(weight);
     const T *mu = mean.data<T>(), *rs = rstd.data<T>();
     T* out = optional_data<T>(dx);
-    if (out != nullptr) {
-      for_range(c, n * c * s, [=](int64_t ch) {
-        if (use_running) {  // constants: dx = dy w rstd
-          const T scale = (w ? w[ch] : T(1)) * rs[ch];
-          for (int64_t i = 0; i < n; ++i) {
-            for (int64_t k = 0; k < s; ++k)
-              out[(i * c + ch) * s + k] = g[(i * c + ch) * s + k] * scale;
-          }
-          return;
+    T *dw = optional_data<T>(dweight), *db = optional_data<T>(dbias);
+    const auto stats_of = [=](int64_t, int64_t ch) {
+      return std::pair<double, double>(mu[ch], rs[ch]);
+    };
+    // dx and the affine gradients of a channel in one task, so the second pass over its dy and x
+    // finds them in cache
+    for_range(c, n * c * s, [=](int64_t ch) {
+      if (out != nullptr && use_running) {  // constants: dx = dy w rstd
+        const T scale = (w ? w[ch] : T(1)) * rs[ch];
+        for (int64_t i = 0; i < n; ++i) {
+          for (int64_t k = 0; k < s; ++k)
+            out[(i * c + ch) * s + k] = g[(i * c + ch) * s + k] * scale;
         }
+      } else if (out != nullptr) {
         norm_grad(
             g + ch * s, in + ch * s, out + ch * s, n, s, c * s, [=](int64_t) { return ch; }, w,
             mu[ch], rs[ch]);
-      });
-    }
-    affine_grads(
-        g, in, n, c, s,
-        [=](int64_t, int64_t ch) { return std::pair<double, double>(mu[ch], rs[ch]); }, beta,
-        optional_data<T>(dweight), optional_data<T>(dbias));
+      }
+      if (dw != nullptr || db != nullptr) {
+        channel_affine_grads(g, in, n, c, s, ch, stats_of, beta, dw, db);
+      }
+    });
   });
 }
 
