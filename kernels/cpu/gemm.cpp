@@ -206,17 +206,12 @@ void half_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, con
 
 // Whether the column blocks of C [m, n] = alpha op(A) B^T (beta 0, A not transposed: the x w^T of
 // linear_forward and gemm) are computed as their transposes, B_block op(A)^T, and transposed into
-// C: at m = 32 rows (the micro-batch the MNIST recipes use), in the 64-column blocks of that cut,
-// OpenBLAS's AVX-512 kernels run them faster with the same sums. Measured (a cblas harness, one
-// thread, Cooperlake and SkylakeX kernels, identical bytes), untransposed -> transposed:
-// [32, 784] x [784, 512] 363 -> 305 us, [32, 512] x [512, 256] 119 -> 99, [32, 256] x [256, 128]
-// 30 -> 25; at 8, 16, 17, 24, 28 and 31 rows about as fast or slower (at 20 faster), so 32 only. In
-// accrue-bench (gemm_forward, two threads) 191-208 -> 162-164 us for the first. The data gradients
-// dy w ran 20-25% faster transposed in the harness but slower in accrue-bench
-// (gemm_data_grad, [32, 256] x [256, 512] 30 -> 36 us), so they stay as written. float32 only (the
-// premise was measured on sgemm), on the cut's 64-column blocks only (not the one-call product of a
-// narrow C), and only where the kernels make the two the same sums (blas_transposes_exactly), so
-// the results are those of the untransposed blocks on every machine.
+// C. Where OpenBLAS's kernels make the two the same sums (blas_transposes_exactly), they run the
+// transposed blocks faster at m = 32 rows, the MNIST recipes' micro-batch, in the 64-column blocks
+// of its cut (a cblas harness, one thread: [32, 784] x [784, 512] 363 -> 305 us); at other row
+// counts about as fast or slower, and the data gradients dy w slower in accrue-bench, so only
+// this case. float32 only (the premise was measured on sgemm), so the results are those of the
+// untransposed blocks on every machine.
 constexpr int kTransposedRows = 32;
 template <typename T>
 bool blocks_transposed(bool trans_a, bool trans_b, int m, double beta, const GemmCut& cut) {

@@ -296,11 +296,10 @@ void max_pool_backward_planes(const T* dy, const int32_t* argmax, int64_t count,
     const int32_t* at = argmax + p * outputs;
     std::fill(plane, plane + area, T(0));
     if (!two_by_two) {
-      // Without a branch: an output whose argmax is -1 (max_pool2d_relu's, about half of them in
-      // training) adds +0 to an input of the plane instead (its own index, within the plane),
-      // which changes nothing: the plane's values start at +0 and a sum never turns into -0, so
-      // adding +0 keeps each bit. Branches on those -1 mispredicted often enough to double the
-      // pass, and sending all of them to one input chained their adds through memory.
+      // No branch on argmax -1 (max_pool2d_relu's, about half the outputs in training, so a
+      // branch mispredicts): such an output adds +0 to the input at its own index (clamped to the
+      // plane; spread out, so the adds do not queue on one address), which keeps every bit: the
+      // plane's values start at +0 and a sum never turns into -0.
       for (int64_t o = 0; o < outputs; ++o) {
         const bool routed_here = at[o] >= 0;
         const int64_t target = routed_here ? at[o] : std::min(o, area - 1);
