@@ -1014,10 +1014,12 @@ void reference_max_pool(const std::vector<double>& values, int64_t planes, int64
 // in make both frequent; outputs are compared as bytes, so a zero's sign counts. The geometries
 // take the CPU's inside-the-plane path (2x2 stride 2, 3x3 stride 1, 3x2 with strides 2, 1) and
 // its clipped path (padding); the even widths take its 2x2 stride-2 path, with output rows of 1,
-// 2, 6 and 7 (narrower than its 8-lane vectors), 8 (exactly one), 14 (narrower than float's 16
-// lanes), 16, 20 and 35 (whole vectors, the last one overlapping), an odd height, and a last task
-// of one plane. With relu (max_pool2d_relu) the taps compete as relu(x), so zeros tie often, and
-// argmax is -1 where the maximum is not positive (a region of zeros and negatives).
+// 2, 6, 7 and 8 (two rows per float vector of 16 lanes, pairs crossing into the next plane where
+// a plane has an odd number of rows; one row per float64 vector of 8 from 6 up), 14 (narrower than
+// float's 16 lanes), 16, 20 and 35 (whole vectors, the last one overlapping), heights with an
+// unpooled last row, and a last task of one plane. With relu (max_pool2d_relu) the taps compete as
+// relu(x), so zeros tie often, and argmax is -1 where the maximum is not positive (a region of
+// zeros and negatives).
 TEST(Backend, MaxPoolingKeepsTheFirstMaximumAndTheFirstNaN) {
   const Pool2dGeometry geometries[] = {
       {2, 2, 2, 2, 0, 0}, {3, 3, 1, 1, 0, 0}, {3, 2, 2, 1, 0, 0}, {3, 3, 2, 2, 1, 1}};

@@ -125,9 +125,11 @@ void max_pool_plane_inside(const T* __restrict plane, const PlaneShape& s, const
 // on a tie), likewise below, and the output is the bottom winner where it beats the top one: the
 // comparisons of max_pool_plane_inside, so the same maxima and first-maximum indices. A row of at
 // least N outputs runs whole vectors, the last one ending at the row's end (overlapping the one
-// before: the same values again). A narrower row (14 or 7 on MNIST) runs one vector whose lanes
-// past the row land on the next rows' outputs, which those rows rewrite right after; a row whose
-// vector would read or write past the planes runs the per-output loop.
+// before: the same values again). Rows of at most N / 2 outputs (7 on MNIST's second layer) run
+// two at a time, an input row being one vector, the two rows' even (odd) columns taken by one
+// two-vector shuffle. Other narrow rows run one vector. Lanes past the rows land on the next
+// rows' outputs, which those rows rewrite right after; a row whose vectors would read or write
+// past the planes runs the per-output loop.
 using vec::evens;
 using vec::kLanes;
 using vec::load;
@@ -164,6 +166,27 @@ void pool_2x2_output(const T* top, int64_t w, int32_t top_at, T* best, int32_t* 
                       *best);
 }
 
+// The outputs of N regions: a, b are the top input row's taps of each lane's region (its even
+// and odd columns), c, d the bottom row's; columns the plane index of each region's top-left
+// input. Stored whole at out and out_at.
+template <bool kRelu, typename T, typename V, typename M>
+void pool_2x2_lanes(V a, V b, V c, V d, const M& columns, int64_t w, T* out, int32_t* out_at) {
+  using Index = std::remove_reference_t<decltype(columns[0])>;
+  a = taps<kRelu>(a);
+  b = taps<kRelu>(b);
+  c = taps<kRelu>(c);
+  d = taps<kRelu>(d);
+  const M take_b = beats(b, a), take_d = beats(d, c);
+  const V upper = take_b ? b : a, lower = take_d ? d : c;
+  const M take_lower = beats(lower, upper);
+  const V winner = take_lower ? lower : upper;
+  // a mask lane is -1 where taken: the odd column is the even one less the mask
+  M index = take_lower ? columns + static_cast<Index>(w) - take_d : columns - take_b;
+  if constexpr (kRelu) index = winner > V{} ? index : M{} - 1;
+  store(out, winner);
+  vec::store_int32<T>(out_at, index);
+}
+
 template <bool kRelu, int64_t N, typename T>
 void max_pool_planes_2x2(const T* __restrict planes, int64_t count, const PlaneShape& s,
                          T* __restrict best, int32_t* __restrict at) {
@@ -173,17 +196,52 @@ void max_pool_planes_2x2(const T* __restrict planes, int64_t count, const PlaneS
   const int64_t ow = s.ow, rows = count * s.oh, end = count * s.h * s.w;
   // the plane index of each lane's top-left input, less the block's
   const M even_columns = vec::every_other<M, 0>(std::make_index_sequence<N>());
-  for (int64_t i = 0; i < rows; ++i) {
-    const int64_t plane = i / s.oh, row = 2 * (i % s.oh) * s.w;
+  // Rows of at most N / 2 outputs (so an input row fits one vector) run two at a time: lanes
+  // [0, OW) pool output row i, lanes [OW, 2 OW) row i + 1, each from one vector per input row.
+  const bool paired = 2 * ow <= N;
+  M pair_evens{}, pair_columns{}, second_row{};
+  for (int64_t j = 0; j < N && paired; ++j) {
+    const int64_t column = j < 2 * ow ? 2 * (j % ow) : 0;
+    pair_evens[j] = static_cast<Index>(j < ow ? column : N + column);
+    pair_columns[j] = static_cast<Index>(column);
+    second_row[j] = j >= ow ? -1 : 0;
+  }
+  // output row i is row `oh` of plane `plane`
+  for (int64_t i = 0, plane = 0, oh = 0; i < rows;) {
+    const int64_t row = 2 * oh * s.w;
     const T* top = planes + plane * s.h * s.w + row;
     T* out = best + i * ow;
     int32_t* out_at = at + i * ow;
+    const auto advance = [&] {
+      ++i;
+      if (++oh == s.oh) oh = 0, ++plane;
+    };
+    if (paired && i + 1 < rows) {
+      const int64_t next_plane = oh + 1 == s.oh ? plane + 1 : plane;
+      const int64_t next_row = oh + 1 == s.oh ? 0 : row + 2 * s.w;
+      const T* next_top = planes + next_plane * s.h * s.w + next_row;
+      if (next_top - planes + s.w + N <= end && i * ow + N <= rows * ow) {
+        const V top_rows[2] = {load<T, N>(top), load<T, N>(next_top)};
+        const V bottom_rows[2] = {load<T, N>(top + s.w), load<T, N>(next_top + s.w)};
+        const M columns = pair_columns + (second_row ? M{} + static_cast<Index>(next_row)
+                                                     : M{} + static_cast<Index>(row));
+        pool_2x2_lanes<kRelu>(__builtin_shuffle(top_rows[0], top_rows[1], pair_evens),
+                              __builtin_shuffle(top_rows[0], top_rows[1], pair_evens + 1),
+                              __builtin_shuffle(bottom_rows[0], bottom_rows[1], pair_evens),
+                              __builtin_shuffle(bottom_rows[0], bottom_rows[1], pair_evens + 1),
+                              columns, s.w, out, out_at);
+        advance();
+        advance();
+        continue;
+      }
+    }
     const bool whole = ow >= N || (top - planes + s.w + 2 * N <= end && i * ow + N <= rows * ow);
     if (!whole) {
       for (int64_t j = 0; j < ow; ++j) {
         pool_2x2_output<kRelu>(top + 2 * j, s.w, static_cast<int32_t>(row + 2 * j), out + j,
                                out_at + j);
       }
+      advance();
       continue;
     }
     for (int64_t j = 0;; j += N) {
@@ -191,22 +249,13 @@ void max_pool_planes_2x2(const T* __restrict planes, int64_t count, const PlaneS
       const T* p = top + 2 * first;
       const V top_lo = load<T, N>(p), top_hi = load<T, N>(p + N);
       const V bottom_lo = load<T, N>(p + s.w), bottom_hi = load<T, N>(p + s.w + N);
-      const V a = taps<kRelu>(evens<T, N>(top_lo, top_hi));
-      const V b = taps<kRelu>(odds<T, N>(top_lo, top_hi));
-      const V c = taps<kRelu>(evens<T, N>(bottom_lo, bottom_hi));
-      const V d = taps<kRelu>(odds<T, N>(bottom_lo, bottom_hi));
-      const M take_b = beats(b, a), take_d = beats(d, c);
-      const V upper = take_b ? b : a, lower = take_d ? d : c;
-      const M take_lower = beats(lower, upper);
-      const V winner = take_lower ? lower : upper;
-      const M columns = even_columns + static_cast<Index>(row + 2 * first);
-      // a mask lane is -1 where taken: the odd column is the even one less the mask
-      M index = take_lower ? columns + static_cast<Index>(s.w) - take_d : columns - take_b;
-      if constexpr (kRelu) index = winner > V{} ? index : M{} - 1;
-      store(out + first, winner);
-      vec::store_int32<T>(out_at + first, index);
+      pool_2x2_lanes<kRelu>(evens<T, N>(top_lo, top_hi), odds<T, N>(top_lo, top_hi),
+                            evens<T, N>(bottom_lo, bottom_hi), odds<T, N>(bottom_lo, bottom_hi),
+                            even_columns + static_cast<Index>(row + 2 * first), s.w, out + first,
+                            out_at + first);
       if (first + N >= ow) break;
     }
+    advance();
   }
 }
 
@@ -241,9 +290,9 @@ void max_pool_some_planes(const T* in, int64_t count, const PlaneShape& s, const
   const bool inside = g.pad_h == 0 && g.pad_w == 0 && (s.oh - 1) * g.stride_h + g.kernel_h <= s.h &&
                       (s.ow - 1) * g.stride_w + g.kernel_w <= s.w;
   if (pools_2x2(s, g)) {
-    // float rows wider than 8 outputs (14 on MNIST's first layer) run 16 at a time: one AVX-512
-    // register, or two AVX2 ones (the same instructions as two vectors of 8)
-    if (sizeof(T) == 4 && s.ow > vec::kLanes) {
+    // float rows run 16 lanes (two rows of at most 8 outputs, or 16 outputs of one row; 14 and 7
+    // on MNIST): one AVX-512 register, or two AVX2 ones (the same instructions as two vectors of 8)
+    if (sizeof(T) == 4) {
       max_pool_planes_2x2<kRelu, 2 * vec::kLanes>(in, count, s, out, at);
     } else {
       max_pool_planes_2x2<kRelu, vec::kLanes>(in, count, s, out, at);
