@@ -129,7 +129,7 @@ void max_pool_plane_inside(const T* __restrict plane, const PlaneShape& s, const
 // two at a time, an input row being one vector, the two rows' even (odd) columns taken by one
 // two-vector shuffle. Other narrow rows run one vector. Lanes past the rows land on the next
 // rows' outputs, which those rows rewrite right after; a row whose vectors would read or write
-// past the planes runs the per-output loop.
+// past the planes runs on copies.
 using vec::evens;
 using vec::kLanes;
 using vec::load;
@@ -151,19 +151,6 @@ V taps(const V& x) {
 template <typename V>
 auto beats(const V& v, const V& best) {
   return (v > best) | ((v != v) & (best == best));
-}
-
-// One output of the 2 x 2 region whose top-left input is top[0] (its plane index top_at).
-template <bool kRelu, typename T>
-void pool_2x2_output(const T* top, int64_t w, int32_t top_at, T* best, int32_t* at) {
-  const T a = tap<kRelu>(top[0]), b = tap<kRelu>(top[1]);
-  const T c = tap<kRelu>(top[w]), d = tap<kRelu>(top[w + 1]);
-  const bool take_b = pool_beats(b, a), take_d = pool_beats(d, c);
-  const T upper = take_b ? b : a, lower = take_d ? d : c;
-  const bool take_lower = pool_beats(lower, upper);
-  *best = take_lower ? lower : upper;
-  *at = routed<kRelu>(take_lower ? top_at + static_cast<int32_t>(w + take_d) : top_at + take_b,
-                      *best);
 }
 
 // The outputs of N regions: a, b are the top input row's taps of each lane's region (its even
@@ -206,6 +193,20 @@ void max_pool_planes_2x2(const T* __restrict planes, int64_t count, const PlaneS
     pair_columns[j] = static_cast<Index>(column);
     second_row[j] = j >= ow ? -1 : 0;
   }
+  // Rows whose vectors would read or write past the planes (the last rows of narrow planes) run
+  // on copies: each input row in a row of 2 N zeros (lanes past the row feed only outputs that
+  // are dropped), the valid outputs copied back.
+  T staged[4][2 * N] = {};
+  T staged_best[N];
+  int32_t staged_at[N];
+  const auto stage = [&](const T* row, int k) -> const T* {
+    vec::copy_row(row, s.w, staged[k]);
+    return staged[k];
+  };
+  const auto unstage = [&](int64_t outputs, T* out, int32_t* out_at) {
+    std::copy(staged_best, staged_best + outputs, out);
+    std::copy(staged_at, staged_at + outputs, out_at);
+  };
   // output row i is row `oh` of plane `plane`
   for (int64_t i = 0, plane = 0, oh = 0; i < rows;) {
     const int64_t row = 2 * oh * s.w;
@@ -220,41 +221,38 @@ void max_pool_planes_2x2(const T* __restrict planes, int64_t count, const PlaneS
       const int64_t next_plane = oh + 1 == s.oh ? plane + 1 : plane;
       const int64_t next_row = oh + 1 == s.oh ? 0 : row + 2 * s.w;
       const T* next_top = planes + next_plane * s.h * s.w + next_row;
-      if (next_top - planes + s.w + N <= end && i * ow + N <= rows * ow) {
-        const V top_rows[2] = {load<T, N>(top), load<T, N>(next_top)};
-        const V bottom_rows[2] = {load<T, N>(top + s.w), load<T, N>(next_top + s.w)};
-        const M columns = pair_columns + (second_row ? M{} + static_cast<Index>(next_row)
-                                                     : M{} + static_cast<Index>(row));
-        pool_2x2_lanes<kRelu>(__builtin_shuffle(top_rows[0], top_rows[1], pair_evens),
-                              __builtin_shuffle(top_rows[0], top_rows[1], pair_evens + 1),
-                              __builtin_shuffle(bottom_rows[0], bottom_rows[1], pair_evens),
-                              __builtin_shuffle(bottom_rows[0], bottom_rows[1], pair_evens + 1),
-                              columns, s.w, out, out_at);
-        advance();
-        advance();
-        continue;
-      }
-    }
-    const bool whole = ow >= N || (top - planes + s.w + 2 * N <= end && i * ow + N <= rows * ow);
-    if (!whole) {
-      for (int64_t j = 0; j < ow; ++j) {
-        pool_2x2_output<kRelu>(top + 2 * j, s.w, static_cast<int32_t>(row + 2 * j), out + j,
-                               out_at + j);
-      }
+      const bool fits = next_top - planes + s.w + N <= end && i * ow + N <= rows * ow;
+      const V top_rows[2] = {load<T, N>(fits ? top : stage(top, 0)),
+                             load<T, N>(fits ? next_top : stage(next_top, 1))};
+      const V bottom_rows[2] = {load<T, N>(fits ? top + s.w : stage(top + s.w, 2)),
+                                load<T, N>(fits ? next_top + s.w : stage(next_top + s.w, 3))};
+      const M columns = pair_columns + (second_row ? M{} + static_cast<Index>(next_row)
+                                                   : M{} + static_cast<Index>(row));
+      pool_2x2_lanes<kRelu>(__builtin_shuffle(top_rows[0], top_rows[1], pair_evens),
+                            __builtin_shuffle(top_rows[0], top_rows[1], pair_evens + 1),
+                            __builtin_shuffle(bottom_rows[0], bottom_rows[1], pair_evens),
+                            __builtin_shuffle(bottom_rows[0], bottom_rows[1], pair_evens + 1),
+                            columns, s.w, fits ? out : staged_best, fits ? out_at : staged_at);
+      if (!fits) unstage(2 * ow, out, out_at);
+      advance();
       advance();
       continue;
     }
+    const bool fits = ow >= N || (top - planes + s.w + 2 * N <= end && i * ow + N <= rows * ow);
+    const T* top_row = fits ? top : stage(top, 0);
+    const T* bottom_row = fits ? top + s.w : stage(top + s.w, 1);
     for (int64_t j = 0;; j += N) {
       const int64_t first = ow >= N ? std::min(j, ow - N) : 0;
-      const T* p = top + 2 * first;
+      const T *p = top_row + 2 * first, *q = bottom_row + 2 * first;
       const V top_lo = load<T, N>(p), top_hi = load<T, N>(p + N);
-      const V bottom_lo = load<T, N>(p + s.w), bottom_hi = load<T, N>(p + s.w + N);
+      const V bottom_lo = load<T, N>(q), bottom_hi = load<T, N>(q + N);
       pool_2x2_lanes<kRelu>(evens<T, N>(top_lo, top_hi), odds<T, N>(top_lo, top_hi),
                             evens<T, N>(bottom_lo, bottom_hi), odds<T, N>(bottom_lo, bottom_hi),
-                            even_columns + static_cast<Index>(row + 2 * first), s.w, out + first,
-                            out_at + first);
+                            even_columns + static_cast<Index>(row + 2 * first), s.w,
+                            fits ? out + first : staged_best, fits ? out_at + first : staged_at);
       if (first + N >= ow) break;
     }
+    if (!fits) unstage(ow, out, out_at);
     advance();
   }
 }
