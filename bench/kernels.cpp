@@ -157,8 +157,10 @@ void gemm_data_grad(State& state, Device d) {
 
 // Convolution, NCHW, 3 x 3, padding 1: {batch, in channels, out channels, size}. 2 N O OH OW C
 // KH KW FLOP per pass (forward, backward-data, backward-filter alike), whatever the algorithm:
-// Winograd's GFLOP/s are those of the direct convolution it stands for. On the CPU, `forced`
-// runs one algorithm where it applies (else the backend's choice).
+// Winograd's GFLOP/s are those of the direct convolution it stands for. A one-channel convolution
+// (conv1: 18 FLOP per output value, memory-bound) also reports the bytes it must move, the
+// tensors it reads and writes once, and its roofline is the fraction of the same-run copy
+// bandwidth. On the CPU, `forced` runs one algorithm where it applies (else the backend's choice).
 using cpu::ConvPass;
 void conv(State& state, Device d, ConvPass pass,
           std::optional<cpu::ConvAlgorithm> forced = std::nullopt) {
@@ -177,6 +179,14 @@ void conv(State& state, Device d, ConvPass pass,
     if (pass == ConvPass::kBackwardFilter) be.conv2d_backward_filter(y, x, g, 1.0, dw, db);
   });
   report_flops(state, d, seconds, 2.0 * n * o * hw * hw * c * 9);
+  if (c == 1) {
+    const double weights = double(w.numel() + b.numel()), images = double(x.numel());
+    const double outputs = double(y.numel());  // y or dy
+    const double bytes = 4.0 * (pass == ConvPass::kBackwardFilter
+                                    ? outputs + images + 2.0 * weights  // dw, db read and written
+                                    : outputs + images + weights);
+    report_bytes(state, d, seconds, bytes, bytes);
+  }
 }
 
 // The CNN's other kernels at its micro-batch shapes {batch, channels, size}, in bytes against the
@@ -310,12 +320,14 @@ void register_kernel_benchmarks() {
         })->Args(shape);
         if (!d.is_cpu()) continue;
         // The CPU's algorithms forced: Winograd for the forward and data passes, the direct
-        // filter gradient where the patch is small (conv1).
-        const bool filter = pass == ConvPass::kBackwardFilter;
-        if (filter && shape[1] > 1) continue;  // conv1 only: one input channel, 3 x 3
-        for (cpu::ConvAlgorithm algorithm :
-             {cpu::ConvAlgorithm::kIm2col,
-              filter ? cpu::ConvAlgorithm::kDirect : cpu::ConvAlgorithm::kWinograd}) {
+        // forward and filter gradient where the patch is small (conv1: one input channel, 3 x 3).
+        const bool filter = pass == ConvPass::kBackwardFilter, conv1 = shape[1] == 1;
+        if (filter && !conv1) continue;
+        std::vector<cpu::ConvAlgorithm> algorithms{cpu::ConvAlgorithm::kIm2col};
+        if (!filter) algorithms.push_back(cpu::ConvAlgorithm::kWinograd);
+        if (conv1 && pass != ConvPass::kBackwardData)
+          algorithms.push_back(cpu::ConvAlgorithm::kDirect);
+        for (cpu::ConvAlgorithm algorithm : algorithms) {
           add(str_cat("conv2d_", name, "_", cpu::conv_algorithm_name(algorithm)),
               [pass = pass, algorithm](State& s, Device dd) { conv(s, dd, pass, algorithm); })
               ->Args(shape);

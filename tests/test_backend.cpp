@@ -437,15 +437,26 @@ std::vector<Row> rows() {
                        }});
     }
   }
-  // The filter gradient of a one-channel convolution (patches of 9 values, as the CNN's conv1),
-  // im2col's GEMM against the direct dot products; odd pixel counts reach the lanes' tail, and a
-  // strided, dilated geometry goes through the same unfolding.
+  // The forward and the filter gradient of a one-channel convolution (patches of 9 values, as the
+  // CNN's conv1), im2col's GEMM against the direct kernels; odd pixel counts reach the lanes'
+  // tail, output rows of 22 and 20 end in a block overlapping the one before, and a geometry with
+  // a row stride of 2, padding and dilation goes through the same padded planes.
   for (cpu::ConvAlgorithm algorithm : {cpu::ConvAlgorithm::kIm2col, cpu::ConvAlgorithm::kDirect}) {
     for (const Conv2dGeometry& g :
          {Conv2dGeometry{1, 1, 1, 1, 1, 1}, Conv2dGeometry{2, 1, 2, 0, 2, 1}}) {
       const int64_t oh = conv2d_out_size(19, 3, g.stride_h, g.pad_h, g.dilation_h),
                     ow = conv2d_out_size(22, 3, g.stride_w, g.pad_w, g.dilation_w);
       for (bool bias : {true, false}) {
+        table.push_back({str_cat("conv2d_forward/", cpu::conv_algorithm_name(algorithm),
+                                 "_one_channel_stride", g.stride_h, bias ? "" : "_no_bias"),
+                         [=](const Maker& m) {
+                           cpu::ForcedConvAlgorithm force(algorithm);
+                           Tensor y = m.empty({11, 7, oh, ow});
+                           m.be().conv2d_forward(m.uniform({11, 1, 19, 22}, 40),
+                                                 m.uniform({7, 1, 3, 3}, 41),
+                                                 bias ? m.uniform({7}, 42) : Tensor(), g, y);
+                           return Outputs{y};
+                         }});
         for (double beta : {0.0, 1.0}) {
           table.push_back(
               {str_cat("conv2d_backward_filter/", cpu::conv_algorithm_name(algorithm),
@@ -792,7 +803,7 @@ TEST(Backend, DirectFilterGradientEqualsIm2colInFloat64) {
       {3, 1, 2, 4, 4, 1, 1, {1, 1, 0, 0, 1, 1}},    {6, 1, 3, 12, 10, 3, 2, {1, 2, 2, 1, 2, 1}}};
   for (const Case& k : cases) {
     const cpu::ConvShape shape{k.n, k.c, k.h, k.w, k.o, k.kh, k.kw, 0, 0};
-    ASSERT_TRUE(cpu::direct_applies(shape, cpu::ConvPass::kBackwardFilter));
+    ASSERT_TRUE(cpu::direct_applies(shape, k.g, cpu::ConvPass::kBackwardFilter));
     const int64_t oh = conv2d_out_size(k.h, k.kh, k.g.stride_h, k.g.pad_h, k.g.dilation_h);
     const int64_t ow = conv2d_out_size(k.w, k.kw, k.g.stride_w, k.g.pad_w, k.g.dilation_w);
     const Tensor x = testing::random({k.n, k.c, k.h, k.w}, 1);
@@ -812,6 +823,57 @@ TEST(Backend, DirectFilterGradientEqualsIm2colInFloat64) {
         EXPECT_LT(max_rel_error(direct[i], im2col[i]), 1e-13)
             << (i == 0 ? "dw" : "dbias") << " of " << k.n << " x " << k.c << " -> " << k.o << " at "
             << k.h << " x " << k.w << ", filter " << k.kh << " x " << k.kw << ", beta " << beta;
+      }
+    }
+  }
+}
+
+// The direct forward (patches of at most 9 values, stride 1 along rows) computes the convolution
+// itself: in float64 it equals im2col's GEMM to rounding for every patch size from 1 to 9 (one to
+// nine input channels), strided rows, dilation and padding, one block of 16 outputs a row and rows
+// whose last block overlaps the one before, with and without the bias. Where OpenBLAS's kernels
+// sum such a product as one multiply-add chain (cpu::blas_chains_short_products, the rule that
+// makes the direct forward the default), it gives im2col's bytes in float32 as well.
+TEST(Backend, DirectForwardEqualsIm2col) {
+  Backend& be = backend_for(Device::cpu());
+  struct Case {
+    int64_t n, c, o, h, w, kh, kw;
+    Conv2dGeometry g;
+  };
+  const Case cases[] = {
+      {1, 1, 3, 5, 16, 3, 3, {1, 1, 1, 1, 1, 1}},   {11, 1, 7, 19, 22, 3, 3, {1, 1, 0, 0, 1, 1}},
+      {37, 1, 5, 28, 28, 3, 3, {1, 1, 1, 1, 1, 1}}, {5, 2, 4, 9, 40, 2, 2, {2, 1, 1, 0, 1, 2}},
+      {3, 9, 2, 4, 17, 1, 1, {1, 1, 0, 0, 1, 1}},   {6, 1, 3, 12, 33, 3, 2, {2, 1, 2, 1, 2, 1}},
+      {4, 1, 6, 7, 18, 1, 3, {1, 1, 0, 1, 1, 1}}};
+  for (const Case& k : cases) {
+    const cpu::ConvShape shape{k.n, k.c, k.h, k.w, k.o, k.kh, k.kw, 0, 0};
+    const int64_t oh = conv2d_out_size(k.h, k.kh, k.g.stride_h, k.g.pad_h, k.g.dilation_h);
+    const int64_t ow = conv2d_out_size(k.w, k.kw, k.g.stride_w, k.g.pad_w, k.g.dilation_w);
+    ASSERT_TRUE(cpu::direct_applies({k.n, k.c, k.h, k.w, k.o, k.kh, k.kw, oh, ow}, k.g,
+                                    cpu::ConvPass::kForward));
+    for (DType dtype : {DType::kFloat64, DType::kFloat32}) {
+      if (dtype == DType::kFloat32 && !cpu::blas_chains_short_products()) continue;
+      const Tensor x = to_dtype(testing::random({k.n, k.c, k.h, k.w}, 1), dtype);
+      const Tensor w = to_dtype(testing::random({k.o, k.c, k.kh, k.kw}, 2), dtype);
+      const Tensor b = to_dtype(testing::random({k.o}, 3), dtype);
+      for (bool bias : {true, false}) {
+        auto run = [&](cpu::ConvAlgorithm algorithm) {
+          cpu::ForcedConvAlgorithm force(algorithm);
+          Tensor y = Tensor::empty({k.n, k.o, oh, ow}, dtype, Device::cpu());
+          be.conv2d_forward(x, w, bias ? b : Tensor(), k.g, y);
+          return y;
+        };
+        const Tensor im2col = run(cpu::ConvAlgorithm::kIm2col);
+        const Tensor direct = run(cpu::ConvAlgorithm::kDirect);
+        const std::string where =
+            str_cat(dtype_name(dtype), " ", k.n, " x ", k.c, " -> ", k.o, " at ", k.h, " x ", k.w,
+                    ", filter ", k.kh, " x ", k.kw, bias ? "" : ", no bias");
+        if (dtype == DType::kFloat64) {
+          EXPECT_LT(max_rel_error(direct, im2col), 1e-13) << where;
+        } else {
+          EXPECT_EQ(std::memcmp(direct.data<float>(), im2col.data<float>(), direct.nbytes()), 0)
+              << where << ", OpenBLAS " << cpu::blas_core();
+        }
       }
     }
   }
@@ -858,7 +920,8 @@ TEST(Backend, WinogradEqualsIm2colInFloat64) {
       conv2{32, 32, 14, 14, 64, 3, 3, 14, 14};
   const Conv2dGeometry same{1, 1, 1, 1, 1, 1}, strided{2, 2, 1, 1, 1, 1}, wide{1, 1, 3, 3, 1, 1};
   using cpu::ConvAlgorithm, cpu::ConvPass;
-  EXPECT_EQ(cpu::conv_algorithm(conv1, same, ConvPass::kForward), ConvAlgorithm::kIm2col);
+  EXPECT_EQ(cpu::conv_algorithm(conv1, same, ConvPass::kForward),
+            cpu::blas_chains_short_products() ? ConvAlgorithm::kDirect : ConvAlgorithm::kIm2col);
   EXPECT_EQ(cpu::conv_algorithm(conv2, same, ConvPass::kForward), ConvAlgorithm::kWinograd);
   EXPECT_EQ(cpu::conv_algorithm(conv2, same, ConvPass::kBackwardData), ConvAlgorithm::kWinograd);
   EXPECT_EQ(cpu::conv_algorithm(conv2, same, ConvPass::kBackwardFilter), ConvAlgorithm::kIm2col);
@@ -877,9 +940,20 @@ TEST(Backend, WinogradEqualsIm2colInFloat64) {
     cpu::ForcedConvAlgorithm force(ConvAlgorithm::kIm2col);
     EXPECT_EQ(cpu::conv_algorithm(conv1, same, ConvPass::kBackwardFilter), ConvAlgorithm::kIm2col);
   }
-  cpu::ForcedConvAlgorithm force(ConvAlgorithm::kDirect);  // applies to small patches' dW only
+  {
+    cpu::ForcedConvAlgorithm force(ConvAlgorithm::kIm2col);
+    EXPECT_EQ(cpu::conv_algorithm(conv1, same, ConvPass::kForward), ConvAlgorithm::kIm2col);
+  }
+  // the direct kernels: small patches' filter gradient, and their forward at stride 1 along rows
+  // with output rows of at least 16
+  cpu::ForcedConvAlgorithm force(ConvAlgorithm::kDirect);
   EXPECT_EQ(cpu::conv_algorithm(conv2, same, ConvPass::kForward), ConvAlgorithm::kWinograd);
-  EXPECT_EQ(cpu::conv_algorithm(conv1, same, ConvPass::kForward), ConvAlgorithm::kIm2col);
+  EXPECT_EQ(cpu::conv_algorithm(conv1, same, ConvPass::kForward), ConvAlgorithm::kDirect);
+  EXPECT_EQ(cpu::conv_algorithm(conv1, strided, ConvPass::kForward), ConvAlgorithm::kIm2col);
+  EXPECT_EQ(cpu::conv_algorithm(conv1, same, ConvPass::kBackwardData), ConvAlgorithm::kIm2col);
+  EXPECT_EQ(cpu::conv_algorithm(cpu::ConvShape{32, 1, 14, 15, 32, 3, 3, 14, 15}, same,
+                                ConvPass::kForward),
+            ConvAlgorithm::kIm2col);  // rows of 15
   EXPECT_EQ(cpu::conv_algorithm(conv2, same, ConvPass::kBackwardFilter), ConvAlgorithm::kIm2col);
 }
 
@@ -974,6 +1048,52 @@ TEST(Backend, BlasTransposesExactlyWhereTheBackendTransposes) {
     }
     EXPECT_EQ(differ, 0) << "[" << c.m << ", " << c.k << "] x [" << c.n << ", " << c.k
                          << "]^T on OpenBLAS " << cpu::blas_core();
+  }
+}
+
+// The premise of the direct forward's default (cpu::blas_chains_short_products): where it holds,
+// cblas computes C + A B, for the inner sizes k = 1 ... 9 of small patches, as C + (one
+// multiply-add chain from +0 over k in order), bit for bit, in float32 and float64.
+TEST(Backend, BlasChainsShortProductsWhereTheDirectForwardRuns) {
+  if (!cpu::blas_chains_short_products()) {
+    GTEST_SKIP()
+        << "OpenBLAS " << cpu::blas_core()
+        << ": short products are summed otherwise, so the direct forward is not the default";
+  }
+  const OneBlasThread one;
+  const int m = 32, n = 200;
+  for (int k = 1; k <= 9; ++k) {
+    const Tensor a = testing::random({m, k}, 4), b = testing::random({k, n}, 5);
+    const Tensor c = testing::random({m, 1}, 6);
+    std::vector<double> ab(size_t(m) * n);
+    std::vector<float> ab32(size_t(m) * n);
+    const Tensor a32 = to_dtype(a, DType::kFloat32), b32 = to_dtype(b, DType::kFloat32),
+                 c32 = to_dtype(c, DType::kFloat32);
+    for (int i = 0; i < m; ++i) {
+      std::fill_n(ab.begin() + i * n, n, c.data<double>()[i]);
+      std::fill_n(ab32.begin() + i * n, n, c32.data<float>()[i]);
+    }
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0, a.data<double>(), k,
+                b.data<double>(), n, 1.0, ab.data(), n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a32.data<float>(), k,
+                b32.data<float>(), n, 1.0f, ab32.data(), n);
+    int64_t differ = 0;
+    for (int i = 0; i < m; ++i) {
+      for (int j = 0; j < n; ++j) {
+        double chain = 0;
+        float chain32 = 0;
+        for (int t = 0; t < k; ++t) {
+          chain = std::fma(a.data<double>()[i * k + t], b.data<double>()[t * n + j], chain);
+          chain32 = std::fma(a32.data<float>()[i * k + t], b32.data<float>()[t * n + j], chain32);
+        }
+        const double want = c.data<double>()[i] + chain;
+        const float want32 = c32.data<float>()[i] + chain32;
+        differ += std::memcmp(&ab[i * n + j], &want, sizeof want) != 0;
+        differ += std::memcmp(&ab32[i * n + j], &want32, sizeof want32) != 0;
+      }
+    }
+    EXPECT_EQ(differ, 0) << "[" << m << ", " << k << "] x [" << k << ", " << n << "] on OpenBLAS "
+                         << cpu::blas_core();
   }
 }
 

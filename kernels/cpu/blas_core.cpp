@@ -47,6 +47,10 @@ bool blas_transposes_exactly() {
   return exact;
 }
 
+bool blas_chains_short_products() {
+  return blas_transposes_exactly();  // the same kernels: OpenBLAS's AVX-512 ones
+}
+
 int cpu_vector_level() {
   __builtin_cpu_init();
   const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&

@@ -36,6 +36,14 @@ int blas_core_level(const std::string& core);
 // sgemm). Decided once.
 bool blas_transposes_exactly();
 
+// Whether the running OpenBLAS kernels compute a product with a short inner dimension (k <= 9: a
+// one-channel 3x3 convolution's patches) onto C (beta 1) as C + (one multiply-add chain from zero
+// over k in order) per element, bit for bit. Measured with OpenBLAS 0.3.21 (a cblas harness,
+// [32, k] x [k, 784], k = 1 ... 9): true for its AVX-512 kernels in float32 and float64, false for
+// the AVX2 sgemm (some rows of its tile sum otherwise). The CPU backend's direct convolution
+// forward computes that chain, and is the default only where this holds. Decided once.
+bool blas_chains_short_products();
+
 // The level of this CPU's own vector units (as blas_core_level), read with cpuid.
 int cpu_vector_level();
 

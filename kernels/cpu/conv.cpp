@@ -373,6 +373,74 @@ void backward_filter_direct(const T* dy, const T* x, const ConvShape& s, const C
   });
 }
 
+// The direct forward, for patches of at most kDirectPatch values at stride 1 along rows (conv1:
+// one input channel, 3 x 3). A block of kLanes outputs of an output row reads each tap as one
+// vector of the padded input planes (a tap of the block is kLanes consecutive values there), and
+// every out channel's outputs are that channel's multiply-adds over the K taps held in registers,
+// then its bias: im2col's [O, K] x [K, P] product without writing the unfolded patches out or
+// reading them back. The sums are the ones OpenBLAS's AVX-512 kernels compute for so short a
+// product, one multiply-add chain from zero in tap order, then added to the bias
+// (blas_chains_short_products), so there it gives im2col's bytes.
+template <typename T, int K>
+void forward_direct_rows(const T* padded, const int64_t* tap_at, const T* w, const T* bias,
+                         const ConvShape& s, int64_t row_step, T* y) {
+  // padded [C, rows, cols] -> y [O, OH, OW]; output (oh, ow) reads tap k at
+  // padded[oh row_step + ow + tap_at[k]]
+  using V = vec::Vec<T, kLanes>;
+  for (int64_t oh = 0; oh < s.oh; ++oh) {
+    const T* row = padded + oh * row_step;
+    for (int64_t j = 0;; j += kLanes) {
+      const int64_t first = std::min(j, s.ow - kLanes);  // the last block ends at the row's end
+      V taps[K];
+      for (int k = 0; k < K; ++k) taps[k] = vec::load<T, kLanes>(row + first + tap_at[k]);
+      T* out = y + oh * s.ow + first;
+      for (int64_t o = 0; o < s.o; ++o) {
+        const T* wo = w + o * K;
+        V sum{};  // a multiply-add onto +0 first, as the GEMM's (a -0 product gives +0)
+        for (int k = 0; k < K; ++k) sum = wo[k] * taps[k] + sum;  // contracted: fused
+        vec::store(out + o * s.pixels(), (bias ? bias[o] : T(0)) + sum);
+      }
+      if (first + kLanes >= s.ow) break;
+    }
+  }
+}
+
+// forward_direct_rows for the patch size k (1 ... Max), chosen at compile time.
+template <typename T, int Max = int(kDirectPatch)>
+void forward_direct_rows_for(int64_t k, const T* padded, const int64_t* tap_at, const T* w,
+                             const T* bias, const ConvShape& s, int64_t row_step, T* y) {
+  if (k == Max) {
+    forward_direct_rows<T, Max>(padded, tap_at, w, bias, s, row_step, y);
+  } else if constexpr (Max > 1) {
+    forward_direct_rows_for<T, Max - 1>(k, padded, tap_at, w, bias, s, row_step, y);
+  }
+}
+
+template <typename T>
+void forward_direct(const T* x, const T* w, const T* bias, const ConvShape& s,
+                    const Conv2dGeometry& g, DType dtype, T* y) {
+  // per sample: y[n] [O, OH OW] = bias + w [O, C KH KW] @ the taps, C padded planes at a time
+  const PaddedPlane plane = padded_plane(s, g);
+  int64_t tap_at[kDirectPatch];
+  for_taps(s, [&](int64_t row, int64_t c, int64_t ki, int64_t kj) {
+    tap_at[row] = c * plane.size() + ki * g.dilation_h * plane.cols + kj * g.dilation_w;
+  });
+  ThreadScratch<T> scratch(s.c, plane.size(), dtype);
+  std::fill_n(scratch.buffer.template data<T>(), scratch.buffer.numel(), T(0));  // zero borders
+  for_library_calls(s.n, s.macs() >= kParallelMacs, [&](int64_t n) {
+    T* padded = scratch.mine();
+    for (int64_t c = 0; c < s.c; ++c) {
+      const T* in = x + n * s.image() + c * s.h * s.w;
+      for (int64_t ih = 0; ih < s.h; ++ih) {
+        vec::copy_row(in + ih * s.w, s.w,
+                      padded + c * plane.size() + (ih + g.pad_h) * plane.cols + g.pad_w);
+      }
+    }
+    forward_direct_rows_for(s.patch(), padded, tap_at, w, bias, s, g.stride_h * plane.cols,
+                            y + n * s.output());
+  });
+}
+
 // dbias [O] = beta dbias + the sum of dy over samples (in order) and pixels (in vector lanes)
 template <typename T>
 void bias_gradient(const T* dy, const ConvShape& s, double beta, T* dbias) {
@@ -412,8 +480,10 @@ const char* conv_algorithm_name(ConvAlgorithm algorithm) {
   }
 }
 
-bool direct_applies(const ConvShape& s, ConvPass pass) {
-  return pass == ConvPass::kBackwardFilter && s.patch() >= 1 && s.patch() <= kDirectPatch;
+bool direct_applies(const ConvShape& s, const Conv2dGeometry& g, ConvPass pass) {
+  const bool small_patch = s.patch() >= 1 && s.patch() <= kDirectPatch;
+  if (pass == ConvPass::kForward) return small_patch && g.stride_w == 1 && s.ow >= kLanes;
+  return pass == ConvPass::kBackwardFilter && small_patch;
 }
 
 bool winograd_applies(const ConvShape& s, const Conv2dGeometry& g, ConvPass pass) {
@@ -423,16 +493,21 @@ bool winograd_applies(const ConvShape& s, const Conv2dGeometry& g, ConvPass pass
 }
 
 ConvAlgorithm conv_algorithm(const ConvShape& s, const Conv2dGeometry& g, ConvPass pass) {
-  const auto forced = [](ConvAlgorithm a) { return forced_algorithm == static_cast<int>(a); };
-  if (direct_applies(s, pass)) {
-    return forced(ConvAlgorithm::kIm2col) ? ConvAlgorithm::kIm2col : ConvAlgorithm::kDirect;
+  const bool direct = direct_applies(s, g, pass), winograd = winograd_applies(s, g, pass);
+  if (forced_algorithm >= 0) {
+    const auto forced = static_cast<ConvAlgorithm>(forced_algorithm);
+    if (forced == ConvAlgorithm::kIm2col || (forced == ConvAlgorithm::kDirect && direct) ||
+        (forced == ConvAlgorithm::kWinograd && winograd)) {
+      return forced;
+    }
   }
-  if (!winograd_applies(s, g, pass)) return ConvAlgorithm::kIm2col;
-  if (forced(ConvAlgorithm::kIm2col) || forced(ConvAlgorithm::kWinograd)) {
-    return static_cast<ConvAlgorithm>(forced_algorithm);
+  // the direct forward only where it gives im2col's bytes
+  if (direct && (pass != ConvPass::kForward || blas_chains_short_products())) {
+    return ConvAlgorithm::kDirect;
   }
-  return s.c >= kWinogradMinChannels && s.o >= kWinogradMinChannels ? ConvAlgorithm::kWinograd
-                                                                    : ConvAlgorithm::kIm2col;
+  return winograd && s.c >= kWinogradMinChannels && s.o >= kWinogradMinChannels
+             ? ConvAlgorithm::kWinograd
+             : ConvAlgorithm::kIm2col;
 }
 
 ForcedConvAlgorithm::ForcedConvAlgorithm(ConvAlgorithm algorithm) : previous_(forced_algorithm) {
@@ -448,8 +523,11 @@ void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& 
   if (y.numel() == 0) return;
   ACCRUE_DISPATCH_FLOATING(x.dtype(), "conv2d", [&] {
     const T* b = bias.defined() ? bias.data<T>() : nullptr;
-    if (conv_algorithm(s, g, ConvPass::kForward) == ConvAlgorithm::kWinograd) {
+    const ConvAlgorithm algorithm = conv_algorithm(s, g, ConvPass::kForward);
+    if (algorithm == ConvAlgorithm::kWinograd) {
       winograd::forward(x.data<T>(), w.data<T>(), b, s, g, x.dtype(), y.data<T>());
+    } else if (algorithm == ConvAlgorithm::kDirect) {
+      forward_direct(x.data<T>(), w.data<T>(), b, s, g, x.dtype(), y.data<T>());
     } else {
       forward(x.data<T>(), w.data<T>(), b, s, g, x.dtype(), y.data<T>());
     }

@@ -37,9 +37,10 @@ enum class ConvPass { kForward, kBackwardData, kBackwardFilter };
 
 const char* conv_algorithm_name(ConvAlgorithm algorithm);
 
-// Whether the direct filter gradient (conv.cpp: patches of at most 9 values, as a one-channel
-// 3x3 convolution's) computes this pass of this convolution at all.
-bool direct_applies(const ConvShape& s, ConvPass pass);
+// Whether the direct kernels (conv.cpp: patches of at most 9 values, as a one-channel 3x3
+// convolution's) compute this pass of this convolution at all: the filter gradient, and the
+// forward at stride 1 along rows with output rows of at least 16 values.
+bool direct_applies(const ConvShape& s, const Conv2dGeometry& g, ConvPass pass);
 
 // Whether Winograd F(2x2, 3x3) computes this pass of this convolution at all.
 bool winograd_applies(const ConvShape& s, const Conv2dGeometry& g, ConvPass pass);
