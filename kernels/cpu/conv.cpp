@@ -14,7 +14,9 @@
 // Measured (bench/kernels.cpp, conv2d_*): one call per sample on one thread runs conv2 at about
 // twice the rate of the earlier per-sample products threaded by the GEMM cut (16-column blocks of
 // a [64, 288] x [288, 196] product). Multiplying the unfolded patches of a one-channel conv1 as
-// rows of multiply-adds instead of a K = 9 BLAS call was tried and was slower in all three passes.
+// rows of multiply-adds (each output row read and written once per tap) instead of a K = 9 BLAS
+// call was tried and was slower in all three passes; the direct kernels below keep a block's sums
+// in registers instead.
 #include <omp.h>
 
 #include <algorithm>

@@ -1,10 +1,13 @@
 // The CPU convolution's three algorithms and the rule that picks one. im2col + GEMM (conv.cpp)
 // takes every geometry and pass; Winograd F(2x2, 3x3) (conv_winograd.cpp) takes the forward and
 // data-gradient passes of 3x3 filters at stride 1, dilation 1 and padding up to 2, and does 16
-// multiplications per 2x2 output tile and channel pair where the direct convolution does 36; the
-// direct filter gradient (conv.cpp) takes the filter gradient where a patch has at most 9 values
-// (a one-channel 3x3 convolution), as dot products of dy's rows read in place (measured at conv1's
-// shape, bias included: 330 -> 111 us against im2col's GEMM).
+// multiplications per 2x2 output tile and channel pair where the direct convolution does 36. The
+// direct kernels (conv.cpp) take patches of at most 9 values (a one-channel 3x3 convolution): the
+// filter gradient as dot products of dy's rows read in place (measured at conv1's shape, bias
+// included: 330 -> 111 us against im2col's GEMM), and the forward at stride 1 along rows as
+// multiply-add chains over taps read from the padded input (128 -> 85 us); the forward is the
+// default only where OpenBLAS sums such a product as the same chain (blas_chains_short_products),
+// so it gives im2col's bytes.
 //
 // The filter gradient is otherwise im2col's: Winograd's G^T dU G adds up terms several times larger
 // than the result, and its float32 error measured 1.2-1.8x the backend table's bound (although
