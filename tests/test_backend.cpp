@@ -1205,58 +1205,91 @@ TEST(Backend, MaxPoolingKeepsTheFirstMaximumAndTheFirstNaN) {
 // argmax is -1 (max_pool2d_relu's outputs that are not positive), even where dy there is NaN.
 // Overlapping regions (3x3 or padded 2x2, stride 1) make inputs that take several adds; dy holds
 // -0, so the bytes show any sign a zero picks up (the CPU loop adds +0 to a plane's first input
-// where argmax is -1, and some planes' first input is also a region's maximum).
+// where argmax is -1, and some planes' first input is also a region's maximum). 2x2 pooling at
+// stride 2 routes each output to its own 2x2 cell, which the CPU spreads as vectors: output rows
+// of 16 and 10 (8 a step, the last step overlapping), 7 (4 a step) and 3 (through local copies),
+// heights with an unpooled last row; 3x3 pooling at stride 2 padded by 1 has as many outputs, but
+// some route outside their cell, so the spread gives way to the adds in order.
 TEST(Backend, MaxPoolingBackwardAddsInOrderAndSkipsTheUnroutedOutputs) {
-  const int64_t n = 2, c = 3, h = 7, w = 9;
-  // 3x3 stride 1; and 2x2 stride 1 padded by 1, which has more outputs than inputs
-  for (const Pool2dGeometry& g :
-       {Pool2dGeometry{3, 3, 1, 1, 0, 0}, Pool2dGeometry{2, 2, 1, 1, 1, 1}}) {
-    const int64_t oh = h + 2 * g.pad_h - g.kernel_h + 1, ow = w + 2 * g.pad_w - g.kernel_w + 1;
+  const int64_t n = 2, c = 3;
+  struct Case {
+    Pool2dGeometry g;
+    int64_t h, w;
+  };
+  const Case cases[] = {{{3, 3, 1, 1, 0, 0}, 7, 9},  {{2, 2, 1, 1, 1, 1}, 7, 9},
+                        {{2, 2, 2, 2, 0, 0}, 7, 32}, {{2, 2, 2, 2, 0, 0}, 8, 20},
+                        {{2, 2, 2, 2, 0, 0}, 6, 14}, {{2, 2, 2, 2, 0, 0}, 5, 6},
+                        {{3, 3, 2, 2, 1, 1}, 8, 8}};
+  for (const Case& k : cases) {
+    const Pool2dGeometry& g = k.g;
+    const int64_t h = k.h, w = k.w;
+    const int64_t oh = (h + 2 * g.pad_h - g.kernel_h) / g.stride_h + 1;
+    const int64_t ow = (w + 2 * g.pad_w - g.kernel_w) / g.stride_w + 1;
+    const std::string where =
+        str_cat(h, "x", w, ", kernel ", g.kernel_h, " stride ", g.stride_h, " pad ", g.pad_h);
     std::vector<double> values(n * c * h * w), grads(n * c * oh * ow);
     for (size_t i = 0; i < values.size(); ++i) values[i] = double((i * 7919) % 10) - 5.0;
     for (int64_t p = 0; p < n * c; p += 2) values[p * h * w] = 9.0;  // a real target at element 0
+    for (int64_t p = 1; p < n * c; p += 2) {  // a first cell of negatives: an unrouted output
+      for (int64_t e : {int64_t{0}, int64_t{1}, w, w + 1}) values[p * h * w + e] = -1.0;
+    }
     for (size_t i = 0; i < grads.size(); ++i) {
       grads[i] = i % 5 == 0 ? -0.0 : i % 11 == 3 ? std::nan("") : 0.1 * double(i % 13) - 0.6;
     }
-    for (Device device : devices()) {
-      Tensor x = to_dtype(Tensor::from_vector<double>({n, c, h, w}, values), DType::kFloat32);
-      Tensor y = Tensor::empty({n, c, oh, ow}, DType::kFloat32, Device::cpu());
-      Tensor at = Tensor::empty({n, c, oh, ow}, DType::kInt32, Device::cpu());
-      backend_for(Device::cpu()).max_pool2d(x, g, true, y, at);
-      const std::vector<int32_t> argmax = at.to_vector<int32_t>();
-      std::vector<float> dy(grads.begin(), grads.end());
-      for (size_t k = 0; k < dy.size(); k += 3) {
-        if (argmax[k] < 0) dy[k] = NAN;  // what an unrouted output carries must not reach dx
+    Tensor x = Tensor::from_vector<double>({n, c, h, w}, values);
+    Tensor y = Tensor::empty({n, c, oh, ow}, DType::kFloat64, Device::cpu());
+    Tensor at = Tensor::empty({n, c, oh, ow}, DType::kInt32, Device::cpu());
+    backend_for(Device::cpu()).max_pool2d(x, g, true, y, at);
+    const std::vector<int32_t> argmax = at.to_vector<int32_t>();
+    for (size_t i = 0; i < grads.size(); i += 3) {
+      if (argmax[i] < 0)
+        grads[i] = std::nan("");  // what an unrouted output carries must not reach dx
+    }
+    int64_t unrouted = 0, unrouted_nan = 0, outside_cell = 0;
+    for (int64_t p = 0; p < n * c; ++p) {
+      for (int64_t o = 0; o < oh * ow; ++o) {
+        const int32_t a = argmax[p * oh * ow + o];
+        unrouted += a < 0;
+        unrouted_nan += a < 0 && std::isnan(grads[p * oh * ow + o]);
+        outside_cell += a >= 0 && (a / w / 2 != o / ow || a % w / 2 != o % ow);
       }
-      std::vector<float> expected(values.size(), 0.0f);
-      int64_t unrouted = 0, unrouted_nan = 0;
+    }
+    ASSERT_GT(unrouted, 0) << where;  // the branch-free loop adds +0 at an output's own index
+    ASSERT_GT(unrouted_nan, 0) << where;
+    ASSERT_EQ(argmax[0], 0) << where;  // element 0 also takes real adds, among those +0
+    if (g.stride_h == 2) ASSERT_EQ(outside_cell > 0, g.kernel_h == 3) << where;
+    const auto check = [&](auto zero, DType dtype, Device device) {
+      using T = decltype(zero);
+      std::vector<T> expected(values.size(), T(0));
       for (int64_t p = 0; p < n * c; ++p) {
         for (int64_t o = 0; o < oh * ow; ++o) {
           const int32_t a = argmax[p * oh * ow + o];
-          if (a < 0) {
-            ++unrouted;
-            unrouted_nan += std::isnan(dy[p * oh * ow + o]);
-            continue;
-          }
-          expected[p * h * w + a] += dy[p * oh * ow + o];
+          if (a >= 0) expected[p * h * w + a] += static_cast<T>(grads[p * oh * ow + o]);
         }
       }
-      ASSERT_GT(unrouted, 10);  // the case the branch-free loop handles (it adds +0 at element 0)
-      ASSERT_GT(unrouted_nan, 0);
-      ASSERT_EQ(argmax[0], 0);  // element 0 also takes real adds, among those +0
-      Tensor dx = Tensor::empty({n, c, h, w}, DType::kFloat32, device);
+      // every input written: dx starts as NaN
+      Tensor dx = to_dtype(Tensor::from_vector<double>(
+                               {n, c, h, w}, std::vector<double>(values.size(), std::nan(""))),
+                           dtype)
+                      .to(device);
       backend_for(device).max_pool2d_backward(
-          Tensor::from_vector<float>({n, c, oh, ow}, dy).to(device), at.to(device), dx);
-      const std::vector<float> got = dx.to(Device::cpu()).to_vector<float>();
+          to_dtype(Tensor::from_vector<double>({n, c, oh, ow}, grads), dtype).to(device),
+          at.to(device), dx);
+      const std::vector<T> got = dx.to(Device::cpu()).to_vector<T>();
       ASSERT_EQ(got.size(), expected.size());
-      for (size_t k = 0; k < got.size(); ++k) {
-        if (std::isnan(expected[k])) {
-          EXPECT_TRUE(std::isnan(got[k])) << device.str() << " input " << k;
+      for (size_t i = 0; i < got.size(); ++i) {
+        if (std::isnan(expected[i])) {
+          EXPECT_TRUE(std::isnan(got[i])) << device.str() << " " << where << " input " << i;
         } else {
-          EXPECT_EQ(std::memcmp(&got[k], &expected[k], sizeof(float)), 0)
-              << device.str() << " input " << k << ": " << got[k] << " vs " << expected[k];
+          EXPECT_EQ(std::memcmp(&got[i], &expected[i], sizeof(T)), 0)
+              << device.str() << " " << dtype_name(dtype) << " " << where << " input " << i << ": "
+              << got[i] << " vs " << expected[i];
         }
       }
+    };
+    for (Device device : devices()) {
+      check(0.0f, DType::kFloat32, device);
+      check(0.0, DType::kFloat64, device);
     }
   }
 }

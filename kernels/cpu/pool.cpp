@@ -363,6 +363,78 @@ void max_pool_backward_planes(const T* dy, const int32_t* argmax, int64_t count,
   }
 }
 
+namespace {
+
+// dx [H, W] of one plane whose width is 2 OW and height at least 2 OH, when each output routes to
+// its own 2 x 2 cell (input rows 2 oh and 2 oh + 1, columns 2 ow and 2 ow + 1) or nowhere (-1): an
+// input is then 0 + dy of the output naming it, else +0, the values of max_pool_backward_planes'
+// adds in order (an input takes one add at most, and a +0 added to an input changes nothing: its
+// value is never -0). Written output row by output row, N outputs a step: the four taps' values as
+// selects of dy, zipped into the cell's two input rows (no fill, no scatter); narrow rows go
+// through local copies, and the rows below 2 OH are zeros. Returns false when an output routes
+// anywhere else, dx then being partly written.
+template <int64_t N, typename T>
+bool spread_to_own_cells(const T* dy, const int32_t* at, const PlaneShape& s, T* dx) {
+  using V = Vec<T, N>;
+  using M = Mask<T, N>;
+  using Index = typename vec::Lanes<T, N>::IndexValue;
+  const M lane = vec::counting<M, 0>(std::make_index_sequence<N>());
+  const int64_t ow = s.ow, w = s.w;
+  const bool narrow = ow < N;
+  const Index width = static_cast<Index>(w);
+  T dy_row[N] = {}, top_row[2 * N], bottom_row[2 * N];
+  int32_t at_row[N];
+  std::fill(at_row, at_row + N, -1);  // lanes past a narrow row route nowhere
+  M strays{};                         // -1 in the lanes of outputs that route outside their cell
+  for (int64_t oh = 0; oh < s.oh; ++oh) {
+    const T* g_in = dy + oh * ow;
+    const int32_t* at_in = at + oh * ow;
+    T *top = dx + 2 * oh * w, *bottom = top + w;
+    if (narrow) {
+      std::copy(g_in, g_in + ow, dy_row);
+      std::copy(at_in, at_in + ow, at_row);
+    }
+    for (int64_t j = 0;; j += N) {
+      const int64_t first =
+          narrow ? 0 : std::min(j, ow - N);  // the last block ends at the row's end
+      const V g = T(0) + load<T, N>(narrow ? dy_row : g_in + first);
+      const M a = vec::load_int32<T, N>(narrow ? at_row : at_in + first);
+      const M offset = a - (lane * 2 + static_cast<Index>(2 * oh * w + 2 * first));
+      const M top_left = offset == 0, top_right = offset == 1;
+      const M bottom_left = offset == width, bottom_right = offset == width + 1;
+      strays |= ~(top_left | top_right | bottom_left | bottom_right | (a == -1));
+      const V tl = top_left ? g : V{}, tr = top_right ? g : V{};
+      const V bl = bottom_left ? g : V{}, br = bottom_right ? g : V{};
+      T* t = narrow ? top_row : top + 2 * first;
+      T* b = narrow ? bottom_row : bottom + 2 * first;
+      store(t, vec::zip_low<T, N>(tl, tr));
+      store(t + N, vec::zip_high<T, N>(tl, tr));
+      store(b, vec::zip_low<T, N>(bl, br));
+      store(b + N, vec::zip_high<T, N>(bl, br));
+      if (narrow) {
+        vec::copy_row(top_row, 2 * ow, top);
+        vec::copy_row(bottom_row, 2 * ow, bottom);
+      }
+      if (narrow || first + N >= ow) break;
+    }
+  }
+  std::fill(dx + 2 * s.oh * w, dx + s.h * w, T(0));
+  for (int64_t i = 0; i < N; ++i) {
+    if (strays[i]) return false;
+  }
+  return true;
+}
+
+// spread_to_own_cells with the widest vectors the rows fill: 8 outputs a step, or 4 for rows of 4
+// to 7 outputs (7 on MNIST's second layer), whose local copies would cost more than the spread.
+template <typename T>
+bool spread_to_own_cells(const T* dy, const int32_t* at, const PlaneShape& s, T* dx) {
+  return s.ow >= kLanes ? spread_to_own_cells<kLanes>(dy, at, s, dx)
+                        : spread_to_own_cells<kLanes / 2>(dy, at, s, dx);
+}
+
+}  // namespace
+
 template void max_pool_planes(const float*, int64_t, const PlaneShape&, const Pool2dGeometry&, bool,
                               int32_t*, float*, int32_t*);
 template void max_pool_planes(const double*, int64_t, const PlaneShape&, const Pool2dGeometry&,
@@ -391,16 +463,21 @@ void CpuBackend::max_pool2d(const Tensor& x, const Pool2dGeometry& g, bool relu,
 }
 
 void CpuBackend::max_pool2d_backward(const Tensor& dy, const Tensor& argmax, Tensor& dx) {
-  // dx [planes, H W] = 0, then dx[argmax] += dy where argmax >= 0, plane by plane
-  // (no geometry here: regions may overlap, so the scatter)
+  // dx [planes, H W] = 0, then dx[argmax] += dy where argmax >= 0, plane by plane. No geometry
+  // here: regions may overlap, so the adds in order, unless every output of a plane routes to its
+  // own 2 x 2 cell (2 x 2 pooling at stride 2 always does), where they are independent.
   const PlaneShape s = plane_shape(dx, dy);
   const int64_t planes = s.planes, area = s.h * s.w, outputs = s.oh * s.ow;
   ACCRUE_DISPATCH_FLOATING(dy.dtype(), "max_pool2d_backward", [&] {
     const T* grad = dy.data<T>();
     const int32_t* at = argmax.data<int32_t>();
     T* out = dx.data<T>();
+    const bool cells = s.w == 2 * s.ow && s.h >= 2 * s.oh;
     for_range(planes, planes * (area + outputs), [=](int64_t p) {
-      max_pool_backward_planes(grad + p * outputs, at + p * outputs, 1, s, false, out + p * area);
+      const T* g = grad + p * outputs;
+      const int32_t* plane_at = at + p * outputs;
+      if (cells && spread_to_own_cells(g, plane_at, s, out + p * area)) return;
+      max_pool_backward_planes(g, plane_at, 1, s, false, out + p * area);
     });
   });
 }

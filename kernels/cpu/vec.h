@@ -53,6 +53,20 @@ void store_int32(int32_t* p, const Index& v) {
   *reinterpret_cast<typename L::UnalignedInt32*>(p) = __builtin_convertvector(v, typename L::Int32);
 }
 
+// The lanes of an int32 array as an index vector of T's width (a Mask<T, N>).
+template <typename T, int64_t N = kLanes>
+Mask<T, N> load_int32(const int32_t* p) {
+  using L = Lanes<T, N>;
+  return __builtin_convertvector(*reinterpret_cast<const typename L::UnalignedInt32*>(p),
+                                 typename L::Index);
+}
+
+// The mask {first, first + 1, ...}.
+template <typename M, int64_t First, size_t... I>
+constexpr M counting(std::index_sequence<I...>) {
+  return M{static_cast<std::remove_reference_t<decltype(M{}[0])>>(First + I)...};
+}
+
 // The mask {first, first + 2, first + 4, ...}.
 template <typename M, int64_t First, size_t... I>
 constexpr M every_other(std::index_sequence<I...>) {
@@ -67,6 +81,22 @@ Vec<T, N> evens(const Vec<T, N>& a, const Vec<T, N>& b) {
 template <typename T, int64_t N = kLanes>
 Vec<T, N> odds(const Vec<T, N>& a, const Vec<T, N>& b) {
   return __builtin_shuffle(a, b, every_other<Mask<T, N>, 1>(std::make_index_sequence<N>()));
+}
+
+// The lanes of a and b alternating, {a0, b0, a1, b1, ...}: its first N lanes (zip_low) or its last
+// N (zip_high).
+template <typename M, int64_t First, size_t... I>
+constexpr M zipped(std::index_sequence<I...>) {
+  constexpr int64_t n = sizeof...(I);
+  return M{static_cast<std::remove_reference_t<decltype(M{}[0])>>((I % 2) * n + First + I / 2)...};
+}
+template <typename T, int64_t N = kLanes>
+Vec<T, N> zip_low(const Vec<T, N>& a, const Vec<T, N>& b) {
+  return __builtin_shuffle(a, b, zipped<Mask<T, N>, 0>(std::make_index_sequence<N>()));
+}
+template <typename T, int64_t N = kLanes>
+Vec<T, N> zip_high(const Vec<T, N>& a, const Vec<T, N>& b) {
+  return __builtin_shuffle(a, b, zipped<Mask<T, N>, N / 2>(std::make_index_sequence<N>()));
 }
 
 // dst [n] = src [n] (not overlapping), for short rows: whole vectors, the last one ending at n
