@@ -226,6 +226,26 @@ void group_norm(State& state, Device d, bool backward) {
 
 // The GroupNorm CNN's group norm, ReLU and 2x2 max pooling as one op: x in, the pooled y and its
 // argmax out (backward: dy and argmax at the pooled size and x in, dx out).
+// Batch norm in training (the batch's statistics, the running ones updated; its backward with the
+// affine gradients), as the BatchNorm CNN runs it after each convolution.
+void batch_norm(State& state, Device d, bool backward) {
+  const int64_t n = state.range(0), c = state.range(1), hw = state.range(2);
+  Tensor x = filled({n, c, hw * hw}, d, 1), dy = filled({n, c, hw * hw}, d, 2);
+  Tensor w = filled({c}, d, 3), b = filled({c}, d, 4), y = Tensor::empty(x.shape(), x.dtype(), d);
+  Tensor running_mean = Tensor::zeros({c}, x.dtype(), d), running_var = filled({c}, d, 5);
+  Tensor mean = Tensor::empty({c}, x.dtype(), d), rstd = mean.clone();
+  Tensor dw = Tensor::zeros({c}, x.dtype(), d), db = dw.clone();
+  Backend& be = backend_for(d);
+  be.batch_norm(x, 1e-5, 0.1, false, w, b, running_mean, running_var, y, mean, rstd);
+  const double seconds = run_timed(state, d, [&] {
+    if (backward) be.batch_norm_backward(dy, x, false, mean, rstd, w, y, 1.0, dw, db);
+    if (!backward)
+      be.batch_norm(x, 1e-5, 0.1, false, w, b, running_mean, running_var, y, mean, rstd);
+  });
+  const double bytes = 4.0 * x.numel() * (backward ? 3 : 2);  // x (and dy) in, y or dx out
+  report_bytes(state, d, seconds, bytes, bytes);
+}
+
 void group_norm_relu_pool(State& state, Device d, bool backward) {
   const int64_t n = state.range(0), c = state.range(1), hw = state.range(2), groups = 8;
   const Pool2dGeometry g{2, 2, 2, 2, 0, 0};
@@ -350,6 +370,8 @@ void register_kernel_benchmarks() {
       add("group_norm_relu_max_pool2d_backward", [](State& s, Device dd) {
         group_norm_relu_pool(s, dd, true);
       })->Args(after);
+      add("batch_norm", [](State& s, Device dd) { batch_norm(s, dd, false); })->Args(after);
+      add("batch_norm_backward", [](State& s, Device dd) { batch_norm(s, dd, true); })->Args(after);
       add("dropout", dropout)->Args(after);
     }
   }
