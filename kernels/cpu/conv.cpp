@@ -399,7 +399,7 @@ void forward_direct_rows(const T* padded, const int64_t* tap_at, const T* w, con
       for (int64_t o = 0; o < s.o; ++o) {
         const T* wo = w + o * K;
         V sum{};  // a multiply-add onto +0 first, as the GEMM's (a -0 product gives +0)
-        for (int k = 0; k < K; ++k) sum = wo[k] * taps[k] + sum;  // contracted: fused
+        for (int k = 0; k < K; ++k) sum = vec::fma(vec::splat<V>(wo[k]), taps[k], sum);
         vec::store(out + o * s.pixels(), (bias ? bias[o] : T(0)) + sum);
       }
       if (first + kLanes >= s.ow) break;

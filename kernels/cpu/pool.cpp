@@ -399,9 +399,9 @@ bool spread_to_own_cells(const T* dy, const int32_t* at, const PlaneShape& s, T*
           narrow ? 0 : std::min(j, ow - N);  // the last block ends at the row's end
       const V g = T(0) + load<T, N>(narrow ? dy_row : g_in + first);
       const M a = vec::load_int32<T, N>(narrow ? at_row : at_in + first);
-      const M offset = a - (lane * 2 + static_cast<Index>(2 * oh * w + 2 * first));
-      const M top_left = offset == 0, top_right = offset == 1;
-      const M bottom_left = offset == width, bottom_right = offset == width + 1;
+      const M corner = lane * 2 + static_cast<Index>(2 * oh * w + 2 * first);  // top left
+      const M top_left = a == corner, top_right = a == corner + 1;
+      const M bottom_left = a == corner + width, bottom_right = a == corner + width + 1;
       strays |= ~(top_left | top_right | bottom_left | bottom_right | (a == -1));
       const V tl = top_left ? g : V{}, tr = top_right ? g : V{};
       const V bl = bottom_left ? g : V{}, br = bottom_right ? g : V{};

@@ -5,6 +5,9 @@
 // memcpy, so the compiler knows they touch only T values and keeps sizes in registers across them.
 #pragma once
 
+#include <immintrin.h>
+
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -59,6 +62,60 @@ Mask<T, N> load_int32(const int32_t* p) {
   using L = Lanes<T, N>;
   return __builtin_convertvector(*reinterpret_cast<const typename L::UnalignedInt32*>(p),
                                  typename L::Index);
+}
+
+// a b + c lane by lane, each lane rounded once (fused), whatever the optimisation level or the
+// contraction setting (a plain a * b + c is fused only where the compiler contracts it): the
+// x86 instructions for vectors of 64 or 32 bytes where the build targets them, else std::fma per
+// lane.
+template <typename V>
+V fma(const V& a, const V& b, const V& c) {
+  using T = std::remove_cv_t<std::remove_reference_t<decltype(a[0])>>;
+  constexpr bool is_float = std::is_same_v<T, float>;
+#if defined(__AVX512F__)
+  if constexpr (sizeof(V) == 64 && is_float) {
+    return reinterpret_cast<V>(_mm512_fmadd_ps(
+        reinterpret_cast<__m512>(a), reinterpret_cast<__m512>(b), reinterpret_cast<__m512>(c)));
+  } else if constexpr (sizeof(V) == 64) {
+    return reinterpret_cast<V>(_mm512_fmadd_pd(
+        reinterpret_cast<__m512d>(a), reinterpret_cast<__m512d>(b), reinterpret_cast<__m512d>(c)));
+  }
+#endif
+#if defined(__FMA__)
+  if constexpr (sizeof(V) == 32 && is_float) {
+    return reinterpret_cast<V>(_mm256_fmadd_ps(
+        reinterpret_cast<__m256>(a), reinterpret_cast<__m256>(b), reinterpret_cast<__m256>(c)));
+  } else if constexpr (sizeof(V) == 32) {
+    return reinterpret_cast<V>(_mm256_fmadd_pd(
+        reinterpret_cast<__m256d>(a), reinterpret_cast<__m256d>(b), reinterpret_cast<__m256d>(c)));
+  }
+#endif
+  V r = c;
+  for (size_t i = 0; i < sizeof(V) / sizeof(T); ++i) r[i] = std::fma(a[i], b[i], c[i]);
+  return r;
+}
+
+// Every lane x (V{} + x would add +0 to x first, which the compiler must keep, as x may be -0; and
+// a loop over the lanes compiles to a broadcast of half a register and a shuffle).
+template <typename V, typename T>
+V splat(T x) {
+#if defined(__AVX512F__)
+  if constexpr (sizeof(V) == 64 && std::is_same_v<T, float>) {
+    return reinterpret_cast<V>(_mm512_set1_ps(x));
+  } else if constexpr (sizeof(V) == 64) {
+    return reinterpret_cast<V>(_mm512_set1_pd(x));
+  }
+#endif
+#if defined(__AVX__)
+  if constexpr (sizeof(V) == 32 && std::is_same_v<T, float>) {
+    return reinterpret_cast<V>(_mm256_set1_ps(x));
+  } else if constexpr (sizeof(V) == 32) {
+    return reinterpret_cast<V>(_mm256_set1_pd(x));
+  }
+#endif
+  V v{};
+  for (size_t i = 0; i < sizeof(V) / sizeof(T); ++i) v[i] = x;
+  return v;
 }
 
 // The mask {first, first + 1, ...}.
