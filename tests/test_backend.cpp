@@ -787,27 +787,32 @@ TEST(Backend, ConvolutionsSayWhyTheyCannotRunOnADevice) {
   }
 }
 
+// A convolution for the direct kernels' tests: x [n, c, h, w], w [o, c, kh, kw].
+struct DirectCase {
+  int64_t n, c, o, h, w, kh, kw;
+  Conv2dGeometry g;
+  int64_t oh() const { return conv2d_out_size(h, kh, g.stride_h, g.pad_h, g.dilation_h); }
+  int64_t ow() const { return conv2d_out_size(w, kw, g.stride_w, g.pad_w, g.dilation_w); }
+  cpu::ConvShape shape() const { return {n, c, h, w, o, kh, kw, oh(), ow()}; }
+  std::string str() const {
+    return str_cat(n, " x ", c, " -> ", o, " at ", h, " x ", w, ", filter ", kh, " x ", kw);
+  }
+};
+
 // The direct filter gradient (patches of at most 9 values) computes the same sums as im2col's
 // GEMM: in float64 they agree to rounding, with and without the bias, for every patch size it
 // takes (1x1 to 3x3 filters, one or two input channels), strided and dilated geometries, pixel
 // counts below, at and past its 16 lanes, one sample and several chunks.
 TEST(Backend, DirectFilterGradientEqualsIm2colInFloat64) {
   Backend& be = backend_for(Device::cpu());
-  struct Case {
-    int64_t n, c, o, h, w, kh, kw;
-    Conv2dGeometry g;
-  };
-  const Case cases[] = {
+  const DirectCase cases[] = {
       {1, 1, 3, 5, 6, 3, 3, {1, 1, 1, 1, 1, 1}},    {11, 1, 7, 19, 22, 3, 3, {1, 1, 0, 0, 1, 1}},
       {37, 1, 5, 28, 28, 3, 3, {1, 1, 1, 1, 1, 1}}, {5, 2, 4, 9, 8, 2, 2, {2, 1, 1, 0, 1, 2}},
       {3, 1, 2, 4, 4, 1, 1, {1, 1, 0, 0, 1, 1}},    {6, 1, 3, 12, 10, 3, 2, {1, 2, 2, 1, 2, 1}}};
-  for (const Case& k : cases) {
-    const cpu::ConvShape shape{k.n, k.c, k.h, k.w, k.o, k.kh, k.kw, 0, 0};
-    ASSERT_TRUE(cpu::direct_applies(shape, k.g, cpu::ConvPass::kBackwardFilter));
-    const int64_t oh = conv2d_out_size(k.h, k.kh, k.g.stride_h, k.g.pad_h, k.g.dilation_h);
-    const int64_t ow = conv2d_out_size(k.w, k.kw, k.g.stride_w, k.g.pad_w, k.g.dilation_w);
+  for (const DirectCase& k : cases) {
+    ASSERT_TRUE(cpu::direct_applies(k.shape(), k.g, cpu::ConvPass::kBackwardFilter));
     const Tensor x = testing::random({k.n, k.c, k.h, k.w}, 1);
-    const Tensor dy = testing::random({k.n, k.o, oh, ow}, 4);
+    const Tensor dy = testing::random({k.n, k.o, k.oh(), k.ow()}, 4);
     const Tensor dw0 = testing::random({k.o, k.c, k.kh, k.kw}, 5);
     const Tensor db0 = testing::random({k.o}, 6);
     auto run = [&](cpu::ConvAlgorithm algorithm, double beta) {
@@ -821,8 +826,7 @@ TEST(Backend, DirectFilterGradientEqualsIm2colInFloat64) {
       const std::vector<Tensor> direct = run(cpu::ConvAlgorithm::kDirect, beta);
       for (size_t i = 0; i < im2col.size(); ++i) {
         EXPECT_LT(max_rel_error(direct[i], im2col[i]), 1e-13)
-            << (i == 0 ? "dw" : "dbias") << " of " << k.n << " x " << k.c << " -> " << k.o << " at "
-            << k.h << " x " << k.w << ", filter " << k.kh << " x " << k.kw << ", beta " << beta;
+            << (i == 0 ? "dw" : "dbias") << " of " << k.str() << ", beta " << beta;
       }
     }
   }
@@ -836,21 +840,13 @@ TEST(Backend, DirectFilterGradientEqualsIm2colInFloat64) {
 // makes the direct forward the default), it gives im2col's bytes in float32 as well.
 TEST(Backend, DirectForwardEqualsIm2col) {
   Backend& be = backend_for(Device::cpu());
-  struct Case {
-    int64_t n, c, o, h, w, kh, kw;
-    Conv2dGeometry g;
-  };
-  const Case cases[] = {
+  const DirectCase cases[] = {
       {1, 1, 3, 5, 16, 3, 3, {1, 1, 1, 1, 1, 1}},   {11, 1, 7, 19, 22, 3, 3, {1, 1, 0, 0, 1, 1}},
       {37, 1, 5, 28, 28, 3, 3, {1, 1, 1, 1, 1, 1}}, {5, 2, 4, 9, 40, 2, 2, {2, 1, 1, 0, 1, 2}},
       {3, 9, 2, 4, 17, 1, 1, {1, 1, 0, 0, 1, 1}},   {6, 1, 3, 12, 33, 3, 2, {2, 1, 2, 1, 2, 1}},
       {4, 1, 6, 7, 18, 1, 3, {1, 1, 0, 1, 1, 1}}};
-  for (const Case& k : cases) {
-    const cpu::ConvShape shape{k.n, k.c, k.h, k.w, k.o, k.kh, k.kw, 0, 0};
-    const int64_t oh = conv2d_out_size(k.h, k.kh, k.g.stride_h, k.g.pad_h, k.g.dilation_h);
-    const int64_t ow = conv2d_out_size(k.w, k.kw, k.g.stride_w, k.g.pad_w, k.g.dilation_w);
-    ASSERT_TRUE(cpu::direct_applies({k.n, k.c, k.h, k.w, k.o, k.kh, k.kw, oh, ow}, k.g,
-                                    cpu::ConvPass::kForward));
+  for (const DirectCase& k : cases) {
+    ASSERT_TRUE(cpu::direct_applies(k.shape(), k.g, cpu::ConvPass::kForward));
     for (DType dtype : {DType::kFloat64, DType::kFloat32}) {
       if (dtype == DType::kFloat32 && !cpu::blas_chains_short_products()) continue;
       const Tensor x = to_dtype(testing::random({k.n, k.c, k.h, k.w}, 1), dtype);
@@ -859,15 +855,13 @@ TEST(Backend, DirectForwardEqualsIm2col) {
       for (bool bias : {true, false}) {
         auto run = [&](cpu::ConvAlgorithm algorithm) {
           cpu::ForcedConvAlgorithm force(algorithm);
-          Tensor y = Tensor::empty({k.n, k.o, oh, ow}, dtype, Device::cpu());
+          Tensor y = Tensor::empty({k.n, k.o, k.oh(), k.ow()}, dtype, Device::cpu());
           be.conv2d_forward(x, w, bias ? b : Tensor(), k.g, y);
           return y;
         };
         const Tensor im2col = run(cpu::ConvAlgorithm::kIm2col);
         const Tensor direct = run(cpu::ConvAlgorithm::kDirect);
-        const std::string where =
-            str_cat(dtype_name(dtype), " ", k.n, " x ", k.c, " -> ", k.o, " at ", k.h, " x ", k.w,
-                    ", filter ", k.kh, " x ", k.kw, bias ? "" : ", no bias");
+        const std::string where = str_cat(dtype_name(dtype), " ", k.str(), bias ? "" : ", no bias");
         if (dtype == DType::kFloat64) {
           EXPECT_LT(max_rel_error(direct, im2col), 1e-13) << where;
         } else {
@@ -1257,7 +1251,9 @@ TEST(Backend, MaxPoolingBackwardAddsInOrderAndSkipsTheUnroutedOutputs) {
     ASSERT_GT(unrouted, 0) << where;  // the branch-free loop adds +0 at an output's own index
     ASSERT_GT(unrouted_nan, 0) << where;
     ASSERT_EQ(argmax[0], 0) << where;  // element 0 also takes real adds, among those +0
-    if (g.stride_h == 2) ASSERT_EQ(outside_cell > 0, g.kernel_h == 3) << where;
+    if (g.stride_h == 2) {
+      ASSERT_EQ(outside_cell > 0, g.kernel_h == 3) << where;
+    }
     const auto check = [&](auto zero, DType dtype, Device device) {
       using T = decltype(zero);
       std::vector<T> expected(values.size(), T(0));

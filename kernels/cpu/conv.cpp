@@ -13,14 +13,13 @@
 //
 // Measured (bench/kernels.cpp, conv2d_*): one call per sample on one thread runs conv2 at about
 // twice the rate of the earlier per-sample products threaded by the GEMM cut (16-column blocks of
-// a [64, 288] x [288, 196] product). Multiplying the unfolded patches of a one-channel conv1 as
-// rows of multiply-adds (each output row read and written once per tap) instead of a K = 9 BLAS
-// call was tried and was slower in all three passes; the direct kernels below keep a block's sums
-// in registers instead.
+// a [64, 288] x [288, 196] product). For a one-channel conv1, rows of multiply-adds over the
+// unfolded patches (each output row read and written once per tap) run slower than a K = 9 BLAS
+// call in all three passes, so the direct kernels below keep a block's sums in registers.
 #include <omp.h>
 
 #include <algorithm>
-#include <cstring>
+#include <type_traits>
 
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/blas_core.h"
@@ -129,16 +128,22 @@ PaddedPlane padded_plane(const ConvShape& s, const Conv2dGeometry& g) {
 // Measured (bench, b = 32) against the earlier spans of the unpadded input, whose short row copies
 // were library calls: conv2's filter gradient 2.26 -> 1.79 ms, conv1's im2col forward 186 -> 146
 // us.
+// The padded plane's inside = one input plane [H, W]; its border is left as it is (zero).
+template <typename T>
+void pad_plane(const T* in, const ConvShape& s, const Conv2dGeometry& g, T* padded) {
+  const PaddedPlane plane = padded_plane(s, g);
+  for (int64_t ih = 0; ih < s.h; ++ih) {
+    vec::copy_row(in + ih * s.w, s.w, padded + (ih + g.pad_h) * plane.cols + g.pad_w);
+  }
+}
+
 template <typename T>
 void im2col(const T* x, const ConvShape& s, const Conv2dGeometry& g, T* padded, T* cols,
             int64_t ld) {
   const PaddedPlane plane = padded_plane(s, g);
   std::fill(padded, padded + plane.size(), T(0));
   for (int64_t c = 0; c < s.c; ++c) {
-    const T* in = x + c * s.h * s.w;
-    for (int64_t ih = 0; ih < s.h; ++ih) {
-      vec::copy_row(in + ih * s.w, s.w, padded + (ih + g.pad_h) * plane.cols + g.pad_w);
-    }
+    pad_plane(x + c * s.h * s.w, s, g, padded);
     for (int64_t ki = 0; ki < s.kh; ++ki) {
       for (int64_t kj = 0; kj < s.kw; ++kj) {
         const T* tap = padded + ki * g.dilation_h * plane.cols + kj * g.dilation_w;
@@ -285,24 +290,12 @@ void backward_filter(const T* dy, const T* x, const ConvShape& s, const Conv2dGe
 constexpr int64_t kDirectPatch = 9;
 constexpr int kLanes = 16;
 
-// kLanes values of T as one vector (GCC's vector extension, so the K sums stay in registers).
+// kLanes values of T as one vector (kernels/cpu/vec.h, so the K sums stay in registers).
 template <typename T>
-struct LanesOf;
-template <>
-struct LanesOf<float> {
-  typedef float type __attribute__((vector_size(kLanes * sizeof(float))));
-};
-template <>
-struct LanesOf<double> {
-  typedef double type __attribute__((vector_size(kLanes * sizeof(double))));
-};
-template <typename T>
-using Lanes = typename LanesOf<T>::type;
+using Lanes = vec::Vec<T, kLanes>;
 template <typename T>
 Lanes<T> load_lanes(const T* p) {
-  Lanes<T> v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
+  return vec::load<T, kLanes>(p);
 }
 template <typename T>
 T add_lanes(const Lanes<T>& v) {  // in lane order
@@ -334,14 +327,14 @@ void filter_dots(const T* dy, const T* cols, int64_t outs, int64_t pixels, T* dw
   }
 }
 
-// filter_dots for the patch size k (1 ... Max), chosen at compile time.
-template <typename T, int Max = int(kDirectPatch)>
-void filter_dots_for(int64_t k, const T* dy, const T* cols, int64_t outs, int64_t pixels, T* dw,
-                     T* dbias) {
+// body(std::integral_constant<int, k>) for the patch size k (1 ... Max): the direct kernels'
+// patch size as a compile-time constant, so their K sums or taps stay in registers.
+template <int Max = int(kDirectPatch), typename F>
+void with_patch_size(int64_t k, F body) {
   if (k == Max) {
-    filter_dots<T, Max>(dy, cols, outs, pixels, dw, dbias);
+    body(std::integral_constant<int, Max>());
   } else if constexpr (Max > 1) {
-    filter_dots_for<T, Max - 1>(k, dy, cols, outs, pixels, dw, dbias);
+    with_patch_size<Max - 1>(k, body);
   }
 }
 
@@ -363,8 +356,10 @@ void backward_filter_direct(const T* dy, const T* x, const ConvShape& s, const C
     const int64_t first = chunk * per_chunk, end = std::min(s.n, first + per_chunk);
     for (int64_t n = first; n < end; ++n) {
       im2col(x + n * s.image(), s, g, cols + s.patch() * s.pixels(), cols, s.pixels());
-      filter_dots_for(s.patch(), dy + n * s.output(), cols, s.o, s.pixels(), mine,
-                      dbias ? mine + weights : nullptr);
+      with_patch_size(s.patch(), [&](auto k) {
+        filter_dots<T, k()>(dy + n * s.output(), cols, s.o, s.pixels(), mine,
+                            dbias ? mine + weights : nullptr);
+      });
     }
   });
   for_each(dbias ? sums : weights, [=](int64_t i) {
@@ -407,17 +402,6 @@ void forward_direct_rows(const T* padded, const int64_t* tap_at, const T* w, con
   }
 }
 
-// forward_direct_rows for the patch size k (1 ... Max), chosen at compile time.
-template <typename T, int Max = int(kDirectPatch)>
-void forward_direct_rows_for(int64_t k, const T* padded, const int64_t* tap_at, const T* w,
-                             const T* bias, const ConvShape& s, int64_t row_step, T* y) {
-  if (k == Max) {
-    forward_direct_rows<T, Max>(padded, tap_at, w, bias, s, row_step, y);
-  } else if constexpr (Max > 1) {
-    forward_direct_rows_for<T, Max - 1>(k, padded, tap_at, w, bias, s, row_step, y);
-  }
-}
-
 template <typename T>
 void forward_direct(const T* x, const T* w, const T* bias, const ConvShape& s,
                     const Conv2dGeometry& g, DType dtype, T* y) {
@@ -432,14 +416,12 @@ void forward_direct(const T* x, const T* w, const T* bias, const ConvShape& s,
   for_library_calls(s.n, s.macs() >= kParallelMacs, [&](int64_t n) {
     T* padded = scratch.mine();
     for (int64_t c = 0; c < s.c; ++c) {
-      const T* in = x + n * s.image() + c * s.h * s.w;
-      for (int64_t ih = 0; ih < s.h; ++ih) {
-        vec::copy_row(in + ih * s.w, s.w,
-                      padded + c * plane.size() + (ih + g.pad_h) * plane.cols + g.pad_w);
-      }
+      pad_plane(x + n * s.image() + c * s.h * s.w, s, g, padded + c * plane.size());
     }
-    forward_direct_rows_for(s.patch(), padded, tap_at, w, bias, s, g.stride_h * plane.cols,
-                            y + n * s.output());
+    with_patch_size(s.patch(), [&](auto k) {
+      forward_direct_rows<T, k()>(padded, tap_at, w, bias, s, g.stride_h * plane.cols,
+                                  y + n * s.output());
+    });
   });
 }
 

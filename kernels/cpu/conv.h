@@ -5,9 +5,9 @@
 // direct kernels (conv.cpp) take patches of at most 9 values (a one-channel 3x3 convolution): the
 // filter gradient as dot products of dy's rows read in place (measured at conv1's shape, bias
 // included: 330 -> 111 us against im2col's GEMM), and the forward at stride 1 along rows as
-// multiply-add chains over taps read from the padded input (128 -> 85 us); the forward is the
-// default only where OpenBLAS sums such a product as the same chain (blas_chains_short_products),
-// so it gives im2col's bytes.
+// multiply-add chains over taps read from the padded input (1.5x im2col's speed); the forward is
+// the default only where OpenBLAS sums such a product as the same chain
+// (blas_chains_short_products), so it gives im2col's bytes.
 //
 // The filter gradient is otherwise im2col's: Winograd's G^T dU G adds up terms several times larger
 // than the result, and its float32 error measured 1.2-1.8x the backend table's bound (although

@@ -174,86 +174,115 @@ void pool_2x2_lanes(V a, V b, V c, V d, const M& columns, int64_t w, T* out, int
   vec::store_int32<T>(out_at, index);
 }
 
+// The shuffle that pools two output rows of at most N / 2 outputs in one vector: lanes [0, OW)
+// take output row i, lanes [OW, 2 OW) row i + 1, each input row being one vector.
+template <typename T, int64_t N>
+struct RowPair {
+  using M = Mask<T, N>;
+  M evens{};       // the shuffle's lanes for the even columns of the two rows (odd: + 1)
+  M columns{};     // each lane's column in its plane, less its row's
+  M second_row{};  // -1 in lanes [OW, N)
+  explicit RowPair(int64_t ow) {
+    for (int64_t j = 0; j < N; ++j) {
+      const int64_t column = j < 2 * ow ? 2 * (j % ow) : 0;
+      evens[j] = static_cast<typename vec::Lanes<T, N>::IndexValue>(j < ow ? column : N + column);
+      columns[j] = static_cast<typename vec::Lanes<T, N>::IndexValue>(column);
+      second_row[j] = j >= ow ? -1 : 0;
+    }
+  }
+};
+
+// Rows whose vectors would read or write past the planes (the last rows of narrow planes) run on
+// copies: each input row in a row of 2 N zeros (lanes past the row feed only outputs that are
+// dropped), the valid outputs copied back.
+template <typename T, int64_t N>
+struct StagedRows {
+  T rows[4][2 * N] = {};
+  T best[N];
+  int32_t at[N];
+  const T* stage(const T* row, int64_t w, int k) {
+    vec::copy_row(row, w, rows[k]);
+    return rows[k];
+  }
+  void unstage(int64_t outputs, T* out, int32_t* out_at) const {
+    std::copy(best, best + outputs, out);
+    std::copy(at, at + outputs, out_at);
+  }
+};
+
+// Output rows i and i + 1 of the planes, whose top-left inputs are top and next_top (at rows row
+// and next_row of their planes), into out and out_at (their 2 OW outputs); on copies unless fits.
 template <bool kRelu, int64_t N, typename T>
-void max_pool_planes_2x2(const T* __restrict planes, int64_t count, const PlaneShape& s,
-                         T* __restrict best, int32_t* __restrict at) {
+void pool_row_pair(const T* top, const T* next_top, int64_t row, int64_t next_row, int64_t w,
+                   int64_t ow, const RowPair<T, N>& pair, bool fits, StagedRows<T, N>& staged,
+                   T* out, int32_t* out_at) {
   using V = Vec<T, N>;
   using M = Mask<T, N>;
   using Index = typename vec::Lanes<T, N>::IndexValue;
-  const int64_t ow = s.ow, rows = count * s.oh, end = count * s.h * s.w;
-  // the plane index of each lane's top-left input, less the block's
-  const M even_columns = vec::every_other<M, 0>(std::make_index_sequence<N>());
-  // Rows of at most N / 2 outputs (so an input row fits one vector) run two at a time: lanes
-  // [0, OW) pool output row i, lanes [OW, 2 OW) row i + 1, each from one vector per input row.
-  const bool paired = 2 * ow <= N;
-  M pair_evens{}, pair_columns{}, second_row{};
-  for (int64_t j = 0; j < N && paired; ++j) {
-    const int64_t column = j < 2 * ow ? 2 * (j % ow) : 0;
-    pair_evens[j] = static_cast<Index>(j < ow ? column : N + column);
-    pair_columns[j] = static_cast<Index>(column);
-    second_row[j] = j >= ow ? -1 : 0;
+  const auto input = [&](const T* p, int k) {
+    return load<T, N>(fits ? p : staged.stage(p, w, k));
+  };
+  const V tops[2] = {input(top, 0), input(next_top, 1)};
+  const V bottoms[2] = {input(top + w, 2), input(next_top + w, 3)};
+  const M columns = pair.columns + (pair.second_row ? M{} + static_cast<Index>(next_row)
+                                                    : M{} + static_cast<Index>(row));
+  pool_2x2_lanes<kRelu>(__builtin_shuffle(tops[0], tops[1], pair.evens),
+                        __builtin_shuffle(tops[0], tops[1], pair.evens + 1),
+                        __builtin_shuffle(bottoms[0], bottoms[1], pair.evens),
+                        __builtin_shuffle(bottoms[0], bottoms[1], pair.evens + 1), columns, w,
+                        fits ? out : staged.best, fits ? out_at : staged.at);
+  if (!fits) staged.unstage(2 * ow, out, out_at);
+}
+
+// One output row of the planes, whose top-left input is top (at row `row` of its plane), into out
+// and out_at (its OW outputs), N at a time; on copies unless fits.
+template <bool kRelu, int64_t N, typename T>
+void pool_row(const T* top, int64_t row, int64_t w, int64_t ow, bool fits, StagedRows<T, N>& staged,
+              T* out, int32_t* out_at) {
+  using V = Vec<T, N>;
+  using Index = typename vec::Lanes<T, N>::IndexValue;
+  const T* top_row = fits ? top : staged.stage(top, w, 0);
+  const T* bottom_row = fits ? top + w : staged.stage(top + w, w, 1);
+  for (int64_t j = 0;; j += N) {
+    const int64_t first = ow >= N ? std::min(j, ow - N) : 0;
+    const T *p = top_row + 2 * first, *q = bottom_row + 2 * first;
+    const V top_lo = load<T, N>(p), top_hi = load<T, N>(p + N);
+    const V bottom_lo = load<T, N>(q), bottom_hi = load<T, N>(q + N);
+    pool_2x2_lanes<kRelu>(evens<T, N>(top_lo, top_hi), odds<T, N>(top_lo, top_hi),
+                          evens<T, N>(bottom_lo, bottom_hi), odds<T, N>(bottom_lo, bottom_hi),
+                          vec::strided<Mask<T, N>, 0, 2>() + static_cast<Index>(row + 2 * first), w,
+                          fits ? out + first : staged.best, fits ? out_at + first : staged.at);
+    if (first + N >= ow) break;
   }
-  // Rows whose vectors would read or write past the planes (the last rows of narrow planes) run
-  // on copies: each input row in a row of 2 N zeros (lanes past the row feed only outputs that
-  // are dropped), the valid outputs copied back.
-  T staged[4][2 * N] = {};
-  T staged_best[N];
-  int32_t staged_at[N];
-  const auto stage = [&](const T* row, int k) -> const T* {
-    vec::copy_row(row, s.w, staged[k]);
-    return staged[k];
-  };
-  const auto unstage = [&](int64_t outputs, T* out, int32_t* out_at) {
-    std::copy(staged_best, staged_best + outputs, out);
-    std::copy(staged_at, staged_at + outputs, out_at);
-  };
+  if (!fits) staged.unstage(ow, out, out_at);
+}
+
+template <bool kRelu, int64_t N, typename T>
+void max_pool_planes_2x2(const T* __restrict planes, int64_t count, const PlaneShape& s,
+                         T* __restrict best, int32_t* __restrict at) {
+  const int64_t ow = s.ow, rows = count * s.oh, end = count * s.h * s.w, area = s.h * s.w;
+  const bool paired = 2 * ow <= N;
+  const RowPair<T, N> pair(paired ? ow : 0);
+  StagedRows<T, N> staged;
   // output row i is row `oh` of plane `plane`
   for (int64_t i = 0, plane = 0, oh = 0; i < rows;) {
     const int64_t row = 2 * oh * s.w;
-    const T* top = planes + plane * s.h * s.w + row;
-    T* out = best + i * ow;
-    int32_t* out_at = at + i * ow;
-    const auto advance = [&] {
-      ++i;
-      if (++oh == s.oh) oh = 0, ++plane;
-    };
-    if (paired && i + 1 < rows) {
-      const int64_t next_plane = oh + 1 == s.oh ? plane + 1 : plane;
-      const int64_t next_row = oh + 1 == s.oh ? 0 : row + 2 * s.w;
-      const T* next_top = planes + next_plane * s.h * s.w + next_row;
+    const T* top = planes + plane * area + row;
+    const int64_t step = paired && i + 1 < rows ? 2 : 1;  // output rows this step
+    if (step == 2) {
+      const bool last = oh + 1 == s.oh;  // the next row is the next plane's first
+      const int64_t next_row = last ? 0 : row + 2 * s.w;
+      const T* next_top = planes + (last ? plane + 1 : plane) * area + next_row;
       const bool fits = next_top - planes + s.w + N <= end && i * ow + N <= rows * ow;
-      const V top_rows[2] = {load<T, N>(fits ? top : stage(top, 0)),
-                             load<T, N>(fits ? next_top : stage(next_top, 1))};
-      const V bottom_rows[2] = {load<T, N>(fits ? top + s.w : stage(top + s.w, 2)),
-                                load<T, N>(fits ? next_top + s.w : stage(next_top + s.w, 3))};
-      const M columns = pair_columns + (second_row ? M{} + static_cast<Index>(next_row)
-                                                   : M{} + static_cast<Index>(row));
-      pool_2x2_lanes<kRelu>(__builtin_shuffle(top_rows[0], top_rows[1], pair_evens),
-                            __builtin_shuffle(top_rows[0], top_rows[1], pair_evens + 1),
-                            __builtin_shuffle(bottom_rows[0], bottom_rows[1], pair_evens),
-                            __builtin_shuffle(bottom_rows[0], bottom_rows[1], pair_evens + 1),
-                            columns, s.w, fits ? out : staged_best, fits ? out_at : staged_at);
-      if (!fits) unstage(2 * ow, out, out_at);
-      advance();
-      advance();
-      continue;
+      pool_row_pair<kRelu>(top, next_top, row, next_row, s.w, ow, pair, fits, staged, best + i * ow,
+                           at + i * ow);
+    } else {
+      const bool fits = ow >= N || (top - planes + s.w + 2 * N <= end && i * ow + N <= rows * ow);
+      pool_row<kRelu>(top, row, s.w, ow, fits, staged, best + i * ow, at + i * ow);
     }
-    const bool fits = ow >= N || (top - planes + s.w + 2 * N <= end && i * ow + N <= rows * ow);
-    const T* top_row = fits ? top : stage(top, 0);
-    const T* bottom_row = fits ? top + s.w : stage(top + s.w, 1);
-    for (int64_t j = 0;; j += N) {
-      const int64_t first = ow >= N ? std::min(j, ow - N) : 0;
-      const T *p = top_row + 2 * first, *q = bottom_row + 2 * first;
-      const V top_lo = load<T, N>(p), top_hi = load<T, N>(p + N);
-      const V bottom_lo = load<T, N>(q), bottom_hi = load<T, N>(q + N);
-      pool_2x2_lanes<kRelu>(evens<T, N>(top_lo, top_hi), odds<T, N>(top_lo, top_hi),
-                            evens<T, N>(bottom_lo, bottom_hi), odds<T, N>(bottom_lo, bottom_hi),
-                            even_columns + static_cast<Index>(row + 2 * first), s.w,
-                            fits ? out + first : staged_best, fits ? out_at + first : staged_at);
-      if (first + N >= ow) break;
+    for (int64_t k = 0; k < step; ++k, ++i) {
+      if (++oh == s.oh) oh = 0, ++plane;
     }
-    if (!fits) unstage(ow, out, out_at);
-    advance();
   }
 }
 
@@ -378,7 +407,7 @@ bool spread_to_own_cells(const T* dy, const int32_t* at, const PlaneShape& s, T*
   using V = Vec<T, N>;
   using M = Mask<T, N>;
   using Index = typename vec::Lanes<T, N>::IndexValue;
-  const M lane = vec::counting<M, 0>(std::make_index_sequence<N>());
+  const M lane = vec::strided<M, 0, 1>();
   const int64_t ow = s.ow, w = s.w;
   const bool narrow = ow < N;
   const Index width = static_cast<Index>(w);

@@ -5,7 +5,9 @@
 // memcpy, so the compiler knows they touch only T values and keeps sizes in registers across them.
 #pragma once
 
-#include <immintrin.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>  // fma and splat's instructions, where the build targets them
+#endif
 
 #include <cmath>
 #include <cstddef>
@@ -118,26 +120,24 @@ V splat(T x) {
   return v;
 }
 
-// The mask {first, first + 1, ...}.
-template <typename M, int64_t First, size_t... I>
-constexpr M counting(std::index_sequence<I...>) {
-  return M{static_cast<std::remove_reference_t<decltype(M{}[0])>>(First + I)...};
+// The index vector {first, first + step, first + 2 step, ...} of M's lanes.
+template <typename M, int64_t First, int64_t Step, size_t... I>
+constexpr M strided(std::index_sequence<I...>) {
+  return M{static_cast<std::remove_reference_t<decltype(M{}[0])>>(First + Step * int64_t(I))...};
 }
-
-// The mask {first, first + 2, first + 4, ...}.
-template <typename M, int64_t First, size_t... I>
-constexpr M every_other(std::index_sequence<I...>) {
-  return M{static_cast<std::remove_reference_t<decltype(M{}[0])>>(First + 2 * I)...};
+template <typename M, int64_t First, int64_t Step>
+constexpr M strided() {
+  return strided<M, First, Step>(std::make_index_sequence<sizeof(M) / sizeof(M{}[0])>());
 }
 
 // The even (or odd) lanes of the 2 N values a then b.
 template <typename T, int64_t N = kLanes>
 Vec<T, N> evens(const Vec<T, N>& a, const Vec<T, N>& b) {
-  return __builtin_shuffle(a, b, every_other<Mask<T, N>, 0>(std::make_index_sequence<N>()));
+  return __builtin_shuffle(a, b, strided<Mask<T, N>, 0, 2>());
 }
 template <typename T, int64_t N = kLanes>
 Vec<T, N> odds(const Vec<T, N>& a, const Vec<T, N>& b) {
-  return __builtin_shuffle(a, b, every_other<Mask<T, N>, 1>(std::make_index_sequence<N>()));
+  return __builtin_shuffle(a, b, strided<Mask<T, N>, 1, 2>());
 }
 
 // The lanes of a and b alternating, {a0, b0, a1, b1, ...}: its first N lanes (zip_low) or its last
