@@ -1,29 +1,48 @@
 #!/usr/bin/env bash
-# Run on the device machine, with .gpu-deps carried from scripts/gpu-bundle.sh. Two calls, each
-# well inside the device tool's 10 minutes on one H100/H200 with 16 cores:
-#   run(command="scripts/gpu-check.sh tests", carry=[".gpu-deps"])
-#       unpack the bundled packages into a private prefix, build with CUDA for the GPU present,
-#       run the whole suite, then every test binary under compute-sanitizer memcheck (accesses
-#       only, no --leak-check: the caching allocators, each device's fault record and scratch,
-#       and the cuBLAS/cuDNN handles hold their device memory until the process ends by design,
-#       so a leak report would name every binary; the allocator tests check that live bytes
-#       return to their baseline instead)
-#   run(command="scripts/gpu-check.sh sanitize bench", carry=[".gpu-deps"])
-#       racecheck, synccheck and initcheck over the CUDA tests, then bench/run (CPU and GPU)
-# Any mode may be given alone; with no argument all three run (may not fit one call). The script
-# fails (exit 1) when no GPU is usable, since then every CUDA test would skip and prove nothing,
-# and when any test or any compute-sanitizer tool reports an error. Logs and results go to $OUT
-# (or gpu-check/); the build stays in build-gpu/ between calls on a warm machine.
+# Run on the device machine, with .gpu-deps carried from scripts/gpu-bundle.sh. One call fits the
+# device tool's 10 minutes on one H100/H200 with 16 cores:
+#   run(command="scripts/gpu-check.sh", carry=[".gpu-deps"], timeout_s=600)
+# It unpacks the bundled packages into a private prefix, finds cuDNN and NCCL (beside the toolkit,
+# else in the image's Python wheels), builds with CUDA for the GPU present, and then, in order of
+# worth, each step only while the deadline (GPU_CHECK_SECONDS, default 540) leaves time for it:
+#   tests     the whole suite through CTest
+#   memcheck  every test binary under compute-sanitizer memcheck, several at once (accesses only,
+#             no --leak-check: the caching allocators, each device's fault record and scratch,
+#             and the cuBLAS/cuDNN handles hold device memory until the process ends by design;
+#             the allocator tests check that live bytes return to their baseline instead)
+#   sanitize  racecheck, synccheck and initcheck over the CUDA cases of the kernel tests
+#   bench     the CUDA rows of accrue-bench beside the device's own GEMM rate and bandwidth
+# Modes may be named to run only those. To rerun what failed, narrow each step:
+#   GPU_CHECK_TARGETS   build only these targets (default: all)
+#   GPU_CHECK_TESTS     CTest's -R regular expression (default: every test)
+#   GPU_CHECK_BINARIES  the test binaries the sanitizers run (default: every one built)
+#   GPU_CHECK_FILTER    the gtest filter memcheck uses (default: '*')
+# The script fails (exit 1) when no GPU is usable, since then every CUDA test would skip and prove
+# nothing, when any test or sanitizer reports an error, and when a step was left out for time.
+# Logs go to $OUT (or gpu-check/), at most 8 files so the device tool brings them all back; the
+# build stays in build-gpu/ between calls. On an H200 (2026-11-26) the whole run took 491 s: build
+# 159, CTest 156, memcheck 28, the other three tools 48, benchmarks 100.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 modes=("$@")
-[ "${#modes[@]}" -eq 0 ] && modes=(tests sanitize bench)
+[ "${#modes[@]}" -eq 0 ] && modes=(tests memcheck sanitize bench)
+deadline=${GPU_CHECK_SECONDS:-540}
+end=$(($(date +%s) + deadline))
 out=${OUT:-gpu-check}
 mkdir -p "$out"
+summary="$out/summary.txt"
+: > "$summary"
 status=0
+note() { echo "gpu-check [${SECONDS}s]: $*" | tee -a "$summary"; }
 fail() {
-  echo "gpu-check: $*" | tee -a "$out/failures.txt"
+  note "FAILED: $*"
   status=1
+}
+# Whether a step needing about $1 seconds still fits before the deadline.
+fits() {
+  [ $((SECONDS + $1)) -le "$deadline" ] && return 0
+  fail "$2 left out: ${SECONDS}s used, it needs about $1 of the ${deadline}s"
+  return 1
 }
 
 deps=/tmp/accrue-deps
@@ -32,27 +51,50 @@ if [ ! -d "$deps/usr" ]; then
   for f in .gpu-deps/*.deb; do dpkg -x "$f" "$deps"; done
 fi
 lib="$deps/usr/lib/x86_64-linux-gnu"
-export LD_LIBRARY_PATH="$lib/openblas-openmp:$lib:${LD_LIBRARY_PATH:-}"
+export PATH="/usr/local/cuda/bin:$PATH"
 export CMAKE_PREFIX_PATH="$deps/usr"
 export CMAKE_LIBRARY_PATH="$lib/openblas-openmp"
-export PATH="/usr/local/cuda/bin:$PATH"
+export LD_LIBRARY_PATH="$lib/openblas-openmp:$lib:${LD_LIBRARY_PATH:-}"
+# Parallel test processes share 16 cores: two OpenMP threads each.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 
 # A GPU the CUDA 13 runtime can use, or stop here.
 if ! nvidia-smi > "$out/nvidia-smi.txt" 2>&1; then
   cat "$out/nvidia-smi.txt"
-  echo "gpu-check: nvidia-smi failed: no usable GPU" | tee "$out/failures.txt"
+  fail "nvidia-smi failed: no usable GPU"
   exit 1
 fi
 arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
 
+# cuDNN and NCCL: beside the toolkit when installed there, else the image's Python wheels (which
+# ship only the versioned libraries, so CMake gets the files themselves).
+library_flags=()
+find_beside() {  # header library-glob cmake-prefix
+  local header library
+  [ -f "/usr/local/cuda/include/$1" ] && return 0
+  header=$(find /opt /usr -name "$1" -path '*nvidia*' 2>/dev/null | head -1)
+  [ -n "$header" ] || { note "no $1 in the toolkit or the image's wheels"; return 0; }
+  library=$(ls "$(dirname "$header")"/../lib/$2 2>/dev/null | head -1)
+  [ -n "$library" ] || { note "$1 at $header but no $2 beside it"; return 0; }
+  library_flags+=("-D$3_INCLUDE_DIR=$(dirname "$header")" "-D$3_LIBRARY=$library")
+  export LD_LIBRARY_PATH="$(dirname "$library"):$LD_LIBRARY_PATH"
+  note "$1 from $header, library $library"
+}
+find_beside cudnn.h 'libcudnn.so*' ACCRUE_CUDNN
+find_beside nccl.h 'libnccl.so*' ACCRUE_NCCL
+
 build() {
-  [ -x build-gpu/tests/test_ops ] && cmake --build build-gpu -j"$(nproc)" > "$out/build.txt" 2>&1 &&
-    return 0
+  local targets=()
+  [ -n "${GPU_CHECK_TARGETS:-}" ] && read -ra targets <<< "--target $GPU_CHECK_TARGETS"
+  [ -f build-gpu/build.ninja ] && cmake --build build-gpu -j"$(nproc)" "${targets[@]}" \
+    > "$out/build.txt" 2>&1 && return 0
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DACCRUE_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES="${arch:-90}" > "$out/configure.txt" 2>&1 ||
-    { tail -30 "$out/configure.txt"; echo "gpu-check: configure failed"; exit 1; }
-  cmake --build build-gpu -j"$(nproc)" > "$out/build.txt" 2>&1 ||
-    { tail -40 "$out/build.txt"; echo "gpu-check: build failed"; exit 1; }
+    -DCMAKE_CUDA_ARCHITECTURES="${arch:-90}" "${library_flags[@]}" > "$out/build.txt" 2>&1 ||
+    { tail -30 "$out/build.txt"; fail "configure failed"; exit 1; }
+  grep "accrue:" "$out/build.txt" | tee -a "$summary"
+  cmake --build build-gpu -j"$(nproc)" "${targets[@]}" >> "$out/build.txt" 2>&1 ||
+    { grep -B2 -A12 "error" "$out/build.txt" | head -60; fail "build failed"; exit 1; }
+  note "built"
 }
 
 # The CUDA tests must run, not skip: one of them tells whether the runtime found the GPU.
@@ -60,56 +102,102 @@ require_device() {
   local probe
   probe=$(build-gpu/tests/test_ops --gtest_filter='Ops/OpTable.EveryDeviceMatchesCpu/add' 2>&1)
   if echo "$probe" | grep -q "SKIPPED"; then
-    echo "$probe" | grep -i "no device\|cuda" | head -3
-    echo "gpu-check: the CUDA tests skip on this machine (driver too old for the CUDA 13 runtime?)" |
-      tee -a "$out/failures.txt"
+    echo "$probe" | grep -i "no device\|cuda" | head -3 | tee -a "$summary"
+    fail "the CUDA tests skip on this machine (driver too old for the CUDA 13 runtime?)"
     exit 1
   fi
 }
 
+# The seconds left before the deadline, at most $1.
+left() {
+  local l=$((end - $(date +%s)))
+  echo $((l < $1 ? l : $1))
+}
+
+# Runs one compute-sanitizer tool over test binaries, four at a time, none past the deadline (exit
+# 124 then); a binary's log is kept only when the tool or the tests complain.
+sanitize() {  # tool seconds-per-binary log gtest-filter binaries...
+  local tool=$1 seconds=$2 log=$3 filter=$4
+  shift 4
+  local logs
+  logs=$(mktemp -d)
+  printf '%s\n' "$@" | xargs -P 4 -I{} sh -c "l=\$(($end - \$(date +%s))); \
+    [ \$l -gt $seconds ] && l=$seconds; [ \$l -lt 5 ] && l=1; \
+    timeout \$l compute-sanitizer --tool $tool --error-exitcode 99 build-gpu/tests/{} \
+    --gtest_filter='$filter' --gtest_brief=1 > $logs/{}.log 2>&1; echo \$? > $logs/{}.rc"
+  for t in "$@"; do
+    rc=$(cat "$logs/$t.rc" 2>/dev/null || echo missing)
+    echo "== $tool $t: exit $rc;" $(grep -o '^\[  \(PASSED\|SKIPPED\|FAILED\) *\] [0-9]* tests\?' \
+      "$logs/$t.log") >> "$log"
+    # A binary whose selected tests make no CUDA call ends "before the first instrumented API
+    # call" (exit 255): nothing to check, and not a failure when its tests passed.
+    if [ "$rc" = 255 ] && grep -q "terminated before first instrumented API call" "$logs/$t.log" &&
+      ! grep -q '^\[  FAILED  \]' "$logs/$t.log"; then
+      echo "   no CUDA calls" >> "$log"
+    elif [ "$rc" != 0 ]; then
+      # Each kernel or API call the tool names, counted, then the end of the log.
+      grep -A1 "^========= [A-Z]" "$logs/$t.log" | grep "^=========     at " | sed 's/+0x[0-9a-f]*$//' |
+        sort | uniq -c | sort -rn | head -20 >> "$log"
+      grep '^\[  FAILED  \]' "$logs/$t.log" | sort -u >> "$log"
+      tail -40 "$logs/$t.log" >> "$log"
+      fail "$tool $t: exit $rc"
+    else
+      grep "ERROR SUMMARY" "$logs/$t.log" >> "$log"
+    fi
+  done
+}
+
+build
+require_device
+# The MPI tests need mpirun and run through CTest alone.
+binaries=${GPU_CHECK_BINARIES:-$(cd build-gpu/tests && for t in test_*; do
+  [ -x "$t" ] && [ "${t#test_dist}" = "$t" ] && echo "$t"
+done)}
 for mode in "${modes[@]}"; do
   case "$mode" in
     tests)
-      build
-      require_device
-      ctest --test-dir build-gpu --output-on-failure -j4 > "$out/ctest.txt" 2>&1 || fail "ctest failed"
-      tail -4 "$out/ctest.txt"
-      grep -q "Skipped" "$out/ctest.txt" && grep "Skipped" "$out/ctest.txt" > "$out/skipped.txt"
+      fits 150 "the CTest suite" || continue
+      timeout "$(left 240)" ctest --test-dir build-gpu --output-on-failure -j12 --timeout 200 \
+        -R "${GPU_CHECK_TESTS:-.}" \
+        > "$out/ctest.txt" 2>&1 || fail "ctest failed (exit $?; 124: ran out of time)"
+      grep "tests passed\|Total Test time" "$out/ctest.txt" | tee -a "$summary"
+      grep -i "Skipped\|\*\*\*Failed\|Timeout" "$out/ctest.txt" | head -40 >> "$summary"
+      ;;
+    memcheck)
+      fits 120 "memcheck" || continue
       : > "$out/memcheck.txt"
-      for t in build-gpu/tests/test_*; do
-        [ -x "$t" ] || continue
-        timeout 120 compute-sanitizer --tool memcheck --error-exitcode 99 "$t" \
-          --gtest_brief=1 >> "$out/memcheck.txt" 2>&1 || fail "memcheck $(basename "$t"): exit $?"
-      done
+      # shellcheck disable=SC2086
+      sanitize memcheck 200 "$out/memcheck.txt" "${GPU_CHECK_FILTER:-*}" $binaries
+      note "memcheck done"
       ;;
     sanitize)
-      build
-      require_device
+      fits 90 "racecheck, synccheck and initcheck" || continue
       # The CUDA cases only: the CPU ones launch nothing. Kernels of every family run here.
       filter='*cuda*:*Device*:*Cuda*:Ops/OpTable.EveryDeviceMatchesCpu/*:Backend*'
+      : > "$out/sanitize.txt"
       for tool in racecheck synccheck initcheck; do
-        : > "$out/$tool.txt"
-        for t in test_ops test_backend test_optim test_accumulation test_allocator test_offload; do
-          [ -x "build-gpu/tests/$t" ] || continue
-          timeout 150 compute-sanitizer --tool "$tool" --error-exitcode 99 "build-gpu/tests/$t" \
-            --gtest_filter="$filter" --gtest_brief=1 >> "$out/$tool.txt" 2>&1 ||
-            fail "$tool $t: exit $?"
-        done
-        echo "$tool done"
+        fits 30 "$tool" || continue
+        # shellcheck disable=SC2086
+        sanitize "$tool" 150 "$out/sanitize.txt" "$filter" ${GPU_CHECK_BINARIES:-test_ops \
+          test_backend test_accumulation test_allocator test_offload}
+        note "$tool done"
       done
       ;;
     bench)
-      build
-      ACCRUE_BENCH_BUILD_DIR=build-gpu ACCRUE_SKIP_DEPS=1 bench/run > "$out/bench.txt" 2>&1 ||
-        fail "bench/run failed"
-      tail -3 "$out/bench.txt"
-      cp bench/results/*.md bench/results/*.json "$out/" 2>/dev/null || true
+      fits 60 "the CUDA benchmarks" || continue
+      timeout "$(left 150)" build-gpu/bench/accrue-bench --benchmark_filter=/cuda \
+        --benchmark_min_time=0.1 --benchmark_out="$out/bench-cuda.json" \
+        --benchmark_out_format=json > /tmp/bench-cuda.txt 2>&1 ||
+        { tail -20 /tmp/bench-cuda.txt >> "$summary"; fail "accrue-bench failed"; }
+      build-gpu/bench/accrue-bench-report "$out/bench-cuda.json" > "$out/bench-cuda.md" 2>&1 ||
+        fail "accrue-bench-report failed"
+      note "bench done"
       ;;
     *)
-      echo "gpu-check: unknown mode '$mode' (tests, sanitize, bench)"
+      echo "gpu-check: unknown mode '$mode' (tests, memcheck, sanitize, bench)"
       exit 2
       ;;
   esac
 done
-[ "$status" -eq 0 ] && echo "gpu-check: all passed" || echo "gpu-check: FAILED (see $out/failures.txt)"
+[ "$status" -eq 0 ] && note "all passed" || note "FAILED (see summary.txt)"
 exit "$status"
