@@ -2,9 +2,10 @@
 // op(B) is the column-major C^T = op(B)^T op(A)^T, so the operands are passed swapped. beta = 1
 // is how the weight-gradient GEMM accumulates into the gradient arena in place. The Linear
 // forward goes through cuBLASLt so the bias add is fused into the GEMM as an epilogue; the fused
-// Linear + ReLU's backward half lives here too. 16-bit operands (bfloat16, float16) multiply
-// with float32 compute into a float32 C (the weight gradient into the arena) or a 16-bit C:
-// cublasGemmEx and cuBLASLt with CUBLAS_COMPUTE_32F and float32 alpha and beta.
+// Linear + ReLU's backward half lives here too. 16-bit operands (bfloat16, float16) multiply with
+// float32 compute into a float32 C (the weight gradient into the arena) or a 16-bit C:
+// cublasGemmEx and cuBLASLt with CUBLAS_COMPUTE_32F and float32 alpha and beta; a 16-bit Linear
+// with a bias adds it after the GEMM, in float32 (see gemm_then_bias).
 #include <cublasLt.h>
 
 #include "kernels/cuda/cublas_check.h"
@@ -155,8 +156,12 @@ LtPlan cached_plan(DeviceContext& ctx, LtDescriptors& desc, const LtKey& key) {
   return plan;
 }
 
-// No cuBLASLt kernel for these alignments: the same result as a GEMM and a bias add; for 16-bit
-// y through a float32 block, so y is rounded once, as by the epilogue.
+// A GEMM and a bias add: where no cuBLASLt kernel fits the alignments, and for every 16-bit y
+// with a bias, through a float32 block so y is rounded once. On an H200, cuBLASLt's bias epilogue
+// into a 16-bit D came out up to 1.3 units of the format off float64 on the same inputs (one
+// rounding gives at most half a unit), the fused Linear + ReLU's gradients were wrong at two table
+// shapes (likely a ReLU mask flipped where the bias cancels the product), and initcheck saw the
+// next kernel read unwritten bytes of D. This path passes all three there.
 void gemm_then_bias(CudaBackend& be, const Tensor& x, const Tensor& w, const Tensor& bias,
                     Tensor& y) {
   if (bias.defined() && is_half(y.dtype())) {
@@ -182,6 +187,7 @@ void linear_bias(CudaBackend& be, const Tensor& x, const Tensor& w, const Tensor
   const uint64_t in = static_cast<uint64_t>(x.size(1));
   const uint64_t out = static_cast<uint64_t>(w.size(0));
   if (rows == 0) return;
+  if (bias.defined() && is_half(y.dtype())) return gemm_then_bias(be, x, w, bias, y);
   // float32 compute and scale for float32 and the 16-bit types, float64 for float64.
   const bool f32 = x.dtype() != DType::kFloat64;
   const cudaDataType_t type = cuda_type(x.dtype());
