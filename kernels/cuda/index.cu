@@ -75,6 +75,9 @@ void CudaBackend::index_add_rows(const Tensor& src, const Tensor& index, Tensor&
   Tensor run_index = ints(n), run_length = ints(n), run_start = ints(n), runs = ints(1);
   int32_t* p = positions.data<int32_t>();
   for_each(n, stream, [=] __device__(int64_t i) { p[i] = static_cast<int32_t>(i); });
+  // The encoding writes only the first `runs` lengths, and the scan reads all n: the rest are
+  // zeros, not stale memory (their starts are never used, but nothing reads uninitialised bytes).
+  ACCRUE_CUDA_CHECK(cudaMemsetAsync(run_length.raw(), 0, size_t(n) * sizeof(int32_t), stream));
   // The three CUB passes -- sort, run-length encoding, scan of the lengths -- in one temporary
   // buffer. Called with no storage, each pass only reports the bytes it needs (as CUB
   // documents); the largest sizes the buffer for the real calls.
