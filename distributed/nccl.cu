@@ -63,6 +63,30 @@ ncclDataType_t nccl_type(const Tensor& t, const char* op) {
   throw DTypeError(str_cat("[", op, "] no NCCL type for ", t.describe()));
 }
 
+// NCCL takes one GPU per rank and answers two ranks on one GPU with "invalid usage" from
+// ncclCommInitRank. Every rank compares the UUIDs of all ranks' GPUs first (over MPI: they may be
+// on other nodes) and names the ranks that share one, so each of them throws the same message.
+void require_one_gpu_per_rank(Communicator& bootstrap, int device) {
+  cudaDeviceProp prop{};
+  ACCRUE_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  constexpr int64_t kWords = sizeof(prop.uuid) / sizeof(int32_t);
+  static_assert(sizeof(prop.uuid) % sizeof(int32_t) == 0, "uuid size");
+  Tensor mine = Tensor::empty({kWords}, DType::kInt32);
+  std::memcpy(mine.raw(), &prop.uuid, sizeof(prop.uuid));
+  Tensor all = Tensor::empty({kWords * bootstrap.world_size()}, DType::kInt32);
+  bootstrap.all_gather(mine, all);
+  const int32_t* uuids = all.data<int32_t>();
+  for (int a = 0; a < bootstrap.world_size(); ++a) {
+    for (int b = a + 1; b < bootstrap.world_size(); ++b) {
+      if (std::memcmp(uuids + a * kWords, uuids + b * kWords, sizeof(prop.uuid)) != 0) continue;
+      throw DeviceError(str_cat("ranks ", a, " and ", b, " would share one GPU (rank ",
+                                bootstrap.rank(), " has cuda:", device, ", ", prop.name,
+                                "): NCCL takes one GPU per rank; start at most as many ranks per "
+                                "node as it has GPUs, or train on the CPU (--device cpu)"));
+    }
+  }
+}
+
 class Nccl final : public Communicator {
  public:
   Nccl(Communicator& bootstrap, int device) : mpi_(&bootstrap), device_(device) {
@@ -73,6 +97,7 @@ class Nccl final : public Communicator {
     std::memcpy(bytes.raw(), &id, sizeof(id));
     mpi_->broadcast(bytes, 0);
     std::memcpy(&id, bytes.raw(), sizeof(id));
+    require_one_gpu_per_rank(*mpi_, device_);
     cuda::context(device_);  // makes the device current
     ACCRUE_NCCL_CHECK(ncclCommInitRank(&comm_, mpi_->world_size(), id, mpi_->rank()));
     ACCRUE_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));

@@ -116,6 +116,25 @@ TEST(Dist, NcclCollectivesOnCudaTensors) {
   nccl.barrier();
 }
 
+// Two ranks on one GPU: NCCL would refuse them with "invalid usage"; every rank names the pair
+// first. Runs where the ranks outnumber the GPUs, as on a one-GPU machine.
+TEST(Dist, RanksSharingOneGpuAreNamedBeforeNcclStarts) {
+  const int gpus = cuda_device_count();
+  if (gpus == 0) GTEST_SKIP() << "no GPU: " << cuda_unavailable_reason();
+  if (gpus >= comm().world_size()) GTEST_SKIP() << "every rank has a GPU of its own";
+  try {
+    distributed::world_for(Device::cuda(0));
+    ADD_FAILURE() << "two ranks on cuda:0 were accepted";
+  } catch (const BackendError& e) {
+    // NCCL's own refusal fails here; only a build without NCCL skips.
+    if (std::string(e.what()).find("built without NCCL") == std::string::npos) throw;
+    GTEST_SKIP() << e.what();
+  } catch (const DeviceError& e) {
+    EXPECT_NE(std::string(e.what()).find("ranks 0 and 1 would share one GPU"), std::string::npos)
+        << e.what();
+  }
+}
+
 // isend / irecv between the two ranks, in every dtype (16-bit ones as their bits), both
 // directions at once, messages with one tag in the order sent; the peer and tag checked.
 TEST(Dist, PointToPointTransfersInEveryDtype) {
@@ -434,7 +453,9 @@ TEST(Dist, PipelineStagesTrainIn16BitsToOneProcesssWeights) {
     EXPECT_EQ(r.step_losses, reference.step_losses);
     EXPECT_EQ(r.step_loss_scales, reference.step_loss_scales);
     EXPECT_EQ(r.parameter_hash, reference.parameter_hash);  // the stages' masters, gathered
-    if (comm().rank() == 0) EXPECT_EQ(bytes(c.save), bytes(one.save));
+    if (comm().rank() == 0) {
+      EXPECT_EQ(bytes(c.save), bytes(one.save));
+    }
   }
   comm().barrier();
 }
