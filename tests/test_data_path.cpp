@@ -1,7 +1,8 @@
 // docs/data-path.md quotes the backend primitives of one micro-step and one boundary step of the
 // default recipe. This test runs accrue-mnist as the document says (ACCRUE_TRACE=1, one step of
-// 128 samples) on generated images of MNIST's shapes, cuts the same two parts out of the trace
-// and compares them with the document's ```trace block line for line.
+// 128 samples, on the CPU as the document's block is) on generated images of MNIST's shapes, cuts
+// the same two parts out of the trace and compares them with the document's ```trace block line for
+// line.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -57,10 +58,10 @@ TEST(DataPath, TheDocumentQuotesTheTraceOfTheDefaultRecipe) {
   write_fixture(data, "train", 128, 1);
   write_fixture(data, "t10k", 100, 2);
   const fs::path trace_file = data / "trace.txt";
-  const std::string command = std::string("ACCRUE_TRACE=1 '") + ACCRUE_MNIST_BINARY + "' --data '" +
-                              data.string() +
-                              "' --max-steps 1 --train-limit 128 --quiet --threads 1 2> '" +
-                              trace_file.string() + "' > /dev/null";
+  const std::string command =
+      std::string("ACCRUE_TRACE=1 '") + ACCRUE_MNIST_BINARY + "' --data '" + data.string() +
+      "' --device cpu --max-steps 1 --train-limit 128 --quiet --threads 1 2> '" +
+      trace_file.string() + "' > /dev/null";
   ASSERT_EQ(std::system(command.c_str()), 0) << command;
   std::ifstream in(trace_file);
   std::vector<std::string> trace;

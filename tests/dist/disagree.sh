@@ -6,7 +6,7 @@
 set -u
 mpiexec=$1
 cli=$2
-common=(--epochs 1 --micro-batch 8 --accum-steps 2 --threads 1 --quiet)
+common=(--epochs 1 --micro-batch 8 --accum-steps 2 --threads 1 --quiet --device cpu)
 failed=0
 check() {  # name, expected words, then the two ranks' "samples args..." separated by ':'
   local name=$1 words=$2
@@ -34,5 +34,5 @@ check "sample count" "the ranks disagree on train_samples" \
   -n 1 "$cli" 512 "${common[@]}" : -n 1 "$cli" 640 "${common[@]}"
 # Not a disagreement, but the same launcher: --memory-budget on 3 ranks suggests batches it takes.
 check "memory budget on 3 ranks" "nearest: --batch 126 or --batch 129" \
-  -n 3 "$cli" 512 --memory-budget 64MiB --epochs 1 --threads 1 --quiet
+  -n 3 "$cli" 512 --memory-budget 64MiB --epochs 1 --threads 1 --quiet --device cpu
 [ "$failed" -eq 0 ] && echo "PASS" || exit 1

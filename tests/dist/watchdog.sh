@@ -6,7 +6,7 @@
 set -u
 start=$(date +%s)
 out=$(DIST_CLI_SIGSTOP_AT=1:3 timeout 120 "$1" -n 2 -x DIST_CLI_SIGSTOP_AT "$2" 512 --epochs 50 \
-      --micro-batch 8 --accum-steps 2 --threads 1 --quiet --comm-timeout 3 "${@:3}" 2>&1)
+      --micro-batch 8 --accum-steps 2 --threads 1 --quiet --device cpu --comm-timeout 3 "${@:3}" 2>&1)
 status=$?
 elapsed=$(( $(date +%s) - start ))
 echo "$out" | tail -12
