@@ -34,9 +34,14 @@ std::vector<Device> bench_devices();
 // Runs prepare() and then body once per iteration, waits for the device after each, and records
 // the wall time of body alone as the iteration's manual time (benchmarks register with
 // UseManualTime). prepare restores what body consumes (a gradient the optimizer zeroes).
-// Returns the total.
+// One untimed call comes first: a first call pays for plans, library handles and lazily loaded
+// GPU kernels (cuDNN's first convolution took 144 ms on an H200, and a row slower than the
+// minimum time would time that call alone). Returns the total.
 template <typename P, typename F>
 double run_timed_after(benchmark::State& state, Device device, P prepare, F body) {
+  prepare();
+  body();
+  synchronize(device);
   double total = 0;
   for (auto _ : state) {
     prepare();
