@@ -11,6 +11,7 @@
 // hang in it) and at exit the CUDA runtime may already be gone; the process's end frees it.
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -64,8 +65,9 @@ ncclDataType_t nccl_type(const Tensor& t, const char* op) {
 }
 
 // NCCL takes one GPU per rank and answers two ranks on one GPU with "invalid usage" from
-// ncclCommInitRank. Every rank compares the UUIDs of all ranks' GPUs first (over MPI: they may be
-// on other nodes) and names the ranks that share one, so each of them throws the same message.
+// ncclCommInitRank. Before any NCCL call, every rank compares the UUIDs of all ranks' GPUs (over
+// MPI: they may be on other nodes), so all of them throw when two ranks would share one. A UUID
+// of zeros (a driver that reports none) is not compared.
 void require_one_gpu_per_rank(Communicator& bootstrap, int device) {
   cudaDeviceProp prop{};
   ACCRUE_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
@@ -76,9 +78,15 @@ void require_one_gpu_per_rank(Communicator& bootstrap, int device) {
   Tensor all = Tensor::empty({kWords * bootstrap.world_size()}, DType::kInt32);
   bootstrap.all_gather(mine, all);
   const int32_t* uuids = all.data<int32_t>();
+  const auto known = [&](int rank) {
+    const int32_t* u = uuids + rank * kWords;
+    return std::any_of(u, u + kWords, [](int32_t word) { return word != 0; });
+  };
   for (int a = 0; a < bootstrap.world_size(); ++a) {
     for (int b = a + 1; b < bootstrap.world_size(); ++b) {
-      if (std::memcmp(uuids + a * kWords, uuids + b * kWords, sizeof(prop.uuid)) != 0) continue;
+      if (!known(a) || std::memcmp(uuids + a * kWords, uuids + b * kWords, sizeof(prop.uuid))) {
+        continue;
+      }
       throw DeviceError(str_cat("ranks ", a, " and ", b, " would share one GPU (rank ",
                                 bootstrap.rank(), " has cuda:", device, ", ", prop.name,
                                 "): NCCL takes one GPU per rank; start at most as many ranks per "
@@ -91,13 +99,13 @@ class Nccl final : public Communicator {
  public:
   Nccl(Communicator& bootstrap, int device) : mpi_(&bootstrap), device_(device) {
     static_assert(sizeof(ncclUniqueId) % sizeof(int32_t) == 0, "unique id size");
+    require_one_gpu_per_rank(*mpi_, device_);
     ncclUniqueId id;
     if (mpi_->rank() == 0) ACCRUE_NCCL_CHECK(ncclGetUniqueId(&id));
     Tensor bytes = Tensor::empty({int64_t(sizeof(id) / sizeof(int32_t))}, DType::kInt32);
     std::memcpy(bytes.raw(), &id, sizeof(id));
     mpi_->broadcast(bytes, 0);
     std::memcpy(&id, bytes.raw(), sizeof(id));
-    require_one_gpu_per_rank(*mpi_, device_);
     cuda::context(device_);  // makes the device current
     ACCRUE_NCCL_CHECK(ncclCommInitRank(&comm_, mpi_->world_size(), id, mpi_->rank()));
     ACCRUE_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));

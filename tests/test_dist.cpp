@@ -117,10 +117,15 @@ TEST(Dist, NcclCollectivesOnCudaTensors) {
 }
 
 // Two ranks on one GPU: NCCL would refuse them with "invalid usage"; every rank names the pair
-// first. Runs where the ranks outnumber the GPUs, as on a one-GPU machine.
+// first. Runs where the ranks, all on one node, outnumber its GPUs, as on a one-GPU machine (the
+// decision is the job's, so no rank is left in the collective setup alone).
 TEST(Dist, RanksSharingOneGpuAreNamedBeforeNcclStarts) {
   const int gpus = cuda_device_count();
+  Tensor elsewhere = Tensor::from_vector<double>(
+      {1}, {distributed::launch_info().local_rank != comm().rank() ? 1.0 : 0.0});
+  comm().all_reduce_sum(elsewhere);
   if (gpus == 0) GTEST_SKIP() << "no GPU: " << cuda_unavailable_reason();
+  if (elsewhere.to_vector<double>()[0] > 0) GTEST_SKIP() << "the ranks are on several nodes";
   if (gpus >= comm().world_size()) GTEST_SKIP() << "every rank has a GPU of its own";
   try {
     distributed::world_for(Device::cuda(0));
