@@ -4,6 +4,7 @@
 // order, skipping -1 (max_pool2d_relu's argmax where the pooled relu(x) is not positive).
 #include <cfloat>
 
+#include "core/cuda/check.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/dispatch.h"
@@ -87,12 +88,17 @@ void avg_pool_backward(const T* dy, int64_t planes, int64_t h, int64_t w, int64_
   });
 }
 
+// dy [planes, outputs], argmax -> dx [planes, area]: dx = +0 (all-zero bytes, one memset over
+// the whole tensor), then each plane's outputs add into it in order, one thread a plane, so an
+// input that several windows pick sums them in a fixed order. The zeros used to be written by
+// each plane's thread, neighbouring threads a plane apart (306 us for [32, 32, 28, 28] on an
+// H200, with the adds).
 template <typename T>
 void max_pool_backward(const T* dy, const int32_t* at, int64_t planes, int64_t area,
                        int64_t outputs, T* dx, cudaStream_t stream) {
+  ACCRUE_CUDA_CHECK(cudaMemsetAsync(dx, 0, size_t(planes * area) * sizeof(T), stream));
   for_each(planes, stream, [=] __device__(int64_t p) {
     T* plane = dx + p * area;
-    for (int64_t i = 0; i < area; ++i) plane[i] = T(0);
     for (int64_t o = 0; o < outputs; ++o) {
       const int32_t i = at[p * outputs + o];
       if (i >= 0) plane[i] += dy[p * outputs + o];
