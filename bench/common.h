@@ -35,8 +35,8 @@ std::vector<Device> bench_devices();
 // the wall time of body alone as the iteration's manual time (benchmarks register with
 // UseManualTime). prepare restores what body consumes (a gradient the optimizer zeroes).
 // One untimed call comes first: a first call pays for plans, library handles and lazily loaded
-// GPU kernels (cuDNN's first convolution took 144 ms on an H200, and a row slower than the
-// minimum time would time that call alone). Returns the total.
+// GPU kernels (cuDNN's first convolution: 144 ms on an H200), and a row whose first call
+// outlasts the minimum time would time that call alone. Returns the total.
 template <typename P, typename F>
 double run_timed_after(benchmark::State& state, Device device, P prepare, F body) {
   prepare();

@@ -157,11 +157,9 @@ LtPlan cached_plan(DeviceContext& ctx, LtDescriptors& desc, const LtKey& key) {
 }
 
 // A GEMM and a bias add: where no cuBLASLt kernel fits the alignments, and for every 16-bit y
-// with a bias, through a float32 block so y is rounded once. On an H200, cuBLASLt's bias epilogue
-// into a 16-bit D came out up to 1.3 units of the format off float64 on the same inputs (one
-// rounding gives at most half a unit), the fused Linear + ReLU's gradients were wrong at two table
-// shapes (likely a ReLU mask flipped where the bias cancels the product), and initcheck saw the
-// next kernel read unwritten bytes of D. This path passes all three there.
+// with a bias, through a float32 block so y is rounded once. cuBLASLt's bias epilogue into a
+// 16-bit D does not round once (up to 1.3 units of the format off float64 on an H200), and where
+// the bias cancels the product that can flip the fused ReLU's mask.
 void gemm_then_bias(CudaBackend& be, const Tensor& x, const Tensor& w, const Tensor& bias,
                     Tensor& y) {
   if (bias.defined() && is_half(y.dtype())) {
@@ -178,7 +176,7 @@ void gemm_then_bias(CudaBackend& be, const Tensor& x, const Tensor& w, const Ten
 }
 
 // y = x @ w^T + bias through one cuBLASLt call with a bias epilogue (or GEMM + bias add when no
-// algorithm fits the operands' alignments).
+// algorithm fits the operands' alignments, and for a 16-bit y with a bias).
 void linear_bias(CudaBackend& be, const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) {
   // Row-major y [N, out] = x [N, in] @ w [out, in]^T + bias is, column-major,
   // y^T [out, N] = w [out, in] @ x^T [in, N] + bias broadcast over columns: w is stored as a
