@@ -11,35 +11,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { echo "usage: scripts/refactor-check.sh BASE [DATA]" >&2; exit 2; }
-base=$(git rev-parse --verify "$1^{commit}")
+base=$(git rev-parse --verify -q "$1^{commit}") || { echo "refactor-check: $1 is not a commit" >&2; exit 2; }
 data=$(realpath "${2:-data/mnist}")
 [ -f "$data/train-images-idx3-ubyte" ] || { echo "refactor-check: no MNIST in $data (scripts/fetch-mnist.sh $data)" >&2; exit 2; }
 scripts/install-deps.sh
 dir=$(realpath -m "${REFCHECK_DIR:-build-refcheck}")
 mkdir -p "$dir"
-options=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DACCRUE_CUDA=OFF -DACCRUE_BUILD_TESTS=OFF
-         -DACCRUE_BUILD_BENCH=OFF)
-
-build() {  # build SRC BUILD_DIR
-  cmake -S "$1" -B "$2" "${options[@]}" >/dev/null
-  cmake --build "$2" -j"$(nproc)" --target accrue-mnist >/dev/null
-}
-base_build=${BASE_BUILD:-$dir/base-build}
-head_build=${HEAD_BUILD:-$dir/head-build}
-if [ -z "${BASE_BUILD:-}" ]; then
-  src="$dir/base-src"
-  if [ "$(git -C "$src" rev-parse HEAD 2>/dev/null || true)" != "$base" ]; then
-    rm -rf "$src"
-    git worktree prune
-    git worktree add --detach "$src" "$base" >/dev/null
-  fi
-  echo "refactor-check: building $base"
-  build "$src" "$base_build"
-fi
-if [ -z "${HEAD_BUILD:-}" ]; then
-  echo "refactor-check: building the current tree"
-  build . "$head_build"
-fi
+# shellcheck source=scripts/lib/two-builds.sh
+source scripts/lib/two-builds.sh
+two_builds "$base" "$dir" refactor-check
 
 # name | ranks | arguments (the weights go to --save, added below)
 runs=(
