@@ -10,24 +10,32 @@
 # accuracy-seeds-*.md), so the other seeds' spread is printed beside it as the scale.
 #
 # Usage: scripts/accuracy-check.sh BASE [DATA]     (DATA: the MNIST folder, default data/mnist)
-# Environment: ACCURACY_SEEDS (default "1 2 3 4 5 6 7 8 9 10"; must include 1, 2 and 3),
-# ACCURACY_ARGS (more accrue-mnist flags, e.g. "--model cnn --norm group"), ACCURACY_DIR (default
-# build-accuracy) for the worktree and both builds; BASE_BUILD / HEAD_BUILD reuse existing CPU
-# Release build folders instead.
+# Environment: ACCURACY_SEEDS (default "1 2 3 4 5 6 7 8 9 10": whole numbers, each once, 1, 2
+# and 3 among them), ACCURACY_ARGS (more accrue-mnist flags, split at spaces, e.g. "--model cnn
+# --norm group"), ACCURACY_DIR (default build-accuracy, relative to the repository's root) for the
+# worktree and both builds; BASE_BUILD / HEAD_BUILD reuse existing CPU Release build folders
+# instead.
 # Exit status: 0 when seeds 1-3 are each within 0.15 points, 1 when not or a run fails, 2 on a
-# usage error.
+# usage error (one line, before anything is installed or built).
 set -euo pipefail
+set -f  # the seeds and ACCURACY_ARGS are split at spaces, never expanded as file names
+(( $# >= 1 && $# <= 2 )) || { echo "usage: scripts/accuracy-check.sh BASE [DATA]" >&2; exit 2; }
+data=$(realpath -m -- "${2:-$(dirname "$0")/../data/mnist}")
 cd "$(dirname "$0")/.."
-[ $# -ge 1 ] || { echo "usage: scripts/accuracy-check.sh BASE [DATA]" >&2; exit 2; }
-base=$(git rev-parse --verify -q "$1^{commit}") || { echo "accuracy-check: $1 is not a commit" >&2; exit 2; }
-data=$(realpath "${2:-data/mnist}")
+base=$(git rev-parse --verify -q "$1^{commit}" 2>/dev/null) ||
+  { echo "accuracy-check: $1 is not a commit" >&2; exit 2; }
 [ -f "$data/train-images-idx3-ubyte" ] || { echo "accuracy-check: no MNIST in $data (scripts/fetch-mnist.sh $data)" >&2; exit 2; }
-seeds=${ACCURACY_SEEDS:-1 2 3 4 5 6 7 8 9 10}
-for s in 1 2 3; do
-  [[ " $seeds " == *" $s "* ]] || { echo "accuracy-check: ACCURACY_SEEDS must include 1, 2 and 3" >&2; exit 2; }
+IFS=$' \t\n' read -r -d '' -a seeds <<<"${ACCURACY_SEEDS:-1 2 3 4 5 6 7 8 9 10}" || true
+listed=" "
+for s in "${seeds[@]}"; do
+  # accrue-mnist takes seeds below 2^64; 19 digits at most keeps them there
+  [[ "$s" =~ ^(0|[1-9][0-9]{0,18})$ ]] ||
+    { echo "accuracy-check: seed '$s' is not a whole number below 10^19" >&2; exit 2; }
+  [[ "$listed" != *" $s "* ]] || { echo "accuracy-check: seed $s is listed twice" >&2; exit 2; }
+  listed+="$s "
 done
-for s in $seeds; do
-  [[ "$s" =~ ^[0-9]+$ ]] || { echo "accuracy-check: seed '$s' is not a whole number" >&2; exit 2; }
+for s in 1 2 3; do
+  [[ "$listed" == *" $s "* ]] || { echo "accuracy-check: ACCURACY_SEEDS must include 1, 2 and 3" >&2; exit 2; }
 done
 scripts/install-deps.sh
 dir=$(realpath -m "${ACCURACY_DIR:-build-accuracy}")
@@ -37,14 +45,18 @@ source scripts/lib/two-builds.sh
 two_builds "$base" "$dir" accuracy-check
 
 accuracy() {  # accuracy BUILD SEED: the summary's test accuracy in percent
-  local metrics="$dir/metrics.jsonl"
+  local metrics="$dir/metrics.jsonl" value
   rm -f "$metrics"
   # shellcheck disable=SC2086
   "$1/examples/accrue-mnist" --data "$data" --threads 0 --quiet --seed "$2" \
     ${ACCURACY_ARGS:-} --metrics "$metrics" >"$dir/run.log" 2>&1 ||
     { echo "accuracy-check: seed $2 failed with $1 (see $dir/run.log)" >&2; return 1; }
-  grep '"event":"summary"' "$metrics" |
-    sed -e 's/.*"test_accuracy":\([0-9.e+-]*\).*/\1/' | awk '{printf "%.2f\n", 100 * $1}'
+  # exactly one summary with a number, or the run is not counted
+  value=$(sed -n '/"event":"summary"/s/.*"test_accuracy":\([0-9.eE+-]*\).*/\1/p' "$metrics" \
+    2>/dev/null || true)
+  [[ "$value" =~ ^[0-9.eE+-]+$ ]] ||
+    { echo "accuracy-check: seed $2 with $1: no test accuracy in the run's summary ($metrics)" >&2; return 1; }
+  awk -v v="$value" 'BEGIN { printf "%.2f\n", 100 * v }'
 }
 
 echo "Default recipe${ACCURACY_ARGS:+ with $ACCURACY_ARGS}, test accuracy (%): $base${BASE_BUILD:+ (as built in $BASE_BUILD)} against ${HEAD_BUILD:-the current tree}:"
@@ -53,16 +65,24 @@ echo "| seed | base | this tree | difference |"
 echo "|---|---|---|---|"
 rows=$(mktemp)
 trap 'rm -f "$rows"' EXIT
-for s in $seeds; do
+for s in "${seeds[@]}"; do
   a=$(accuracy "$base_build" "$s")
   b=$(accuracy "$head_build" "$s")
   echo "$s $a $b" >>"$rows"
   awk -v s="$s" -v a="$a" -v b="$b" 'BEGIN { printf "| %s | %s | %s | %+.2f |\n", s, a, b, b - a }'
 done
 echo
-awk '{ d = $3 - $2; n++; sum += d; sq += d * d; if (d < 0) d = -d; if (d > big) big = d
-       if (($1 == 1 || $1 == 2 || $1 == 3) && d > 0.15 + 1e-9) out++ }
-     END { mean = sum / n; sd = n > 1 ? sqrt((sq - n * mean * mean) / (n - 1)) : 0
-           printf "Differences over %d seeds: mean %+.3f, standard deviation %.3f, largest %.2f.\n", n, mean, sd, big
+awk '{ seed[NR] = $1; d[NR] = $3 - $2 }
+     END { n = NR; for (i = 1; i <= n; i++) sum += d[i]
+           mean = sum / n
+           for (i = 1; i <= n; i++) {
+             sq += (d[i] - mean) ^ 2
+             size = d[i] < 0 ? -d[i] : d[i]
+             if (size > big) big = size
+             if (seed[i] >= 1 && seed[i] <= 3 && size > 0.15 + 1e-9) out++
+           }
+           sd = n > 1 ? sqrt(sq / (n - 1)) : 0
+           printf "Differences over %d seeds: mean %+.3f, standard deviation %.3f, largest %.2f.\n",
+                  n, mean, sd, big
            printf "Seeds 1-3 within 0.15 points: %s.\n", out ? "no" : "yes"
            exit out ? 1 : 0 }' "$rows"

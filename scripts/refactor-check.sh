@@ -5,14 +5,17 @@
 # so only files written on one machine are ever compared.
 #
 # Usage: scripts/refactor-check.sh BASE [DATA]     (DATA: the MNIST folder, default data/mnist)
-# Environment: REFCHECK_DIR (default build-refcheck) holds the worktree, both builds and the
-# runs' files; BASE_BUILD / HEAD_BUILD reuse existing CPU Release build folders instead.
-# Exit status: 0 when every pair is identical, 1 when any differs or a run fails.
+# Environment: REFCHECK_DIR (default build-refcheck, relative to the repository's root) holds the
+# worktree, both builds and the runs' files; BASE_BUILD / HEAD_BUILD reuse existing CPU Release
+# build folders instead.
+# Exit status: 0 when every pair is identical, 1 when any differs or a run fails, 2 on a usage
+# error (one line, before anything is installed or built).
 set -euo pipefail
+(( $# >= 1 && $# <= 2 )) || { echo "usage: scripts/refactor-check.sh BASE [DATA]" >&2; exit 2; }
+data=$(realpath -m -- "${2:-$(dirname "$0")/../data/mnist}")
 cd "$(dirname "$0")/.."
-[ $# -ge 1 ] || { echo "usage: scripts/refactor-check.sh BASE [DATA]" >&2; exit 2; }
-base=$(git rev-parse --verify -q "$1^{commit}") || { echo "refactor-check: $1 is not a commit" >&2; exit 2; }
-data=$(realpath "${2:-data/mnist}")
+base=$(git rev-parse --verify -q "$1^{commit}" 2>/dev/null) ||
+  { echo "refactor-check: $1 is not a commit" >&2; exit 2; }
 [ -f "$data/train-images-idx3-ubyte" ] || { echo "refactor-check: no MNIST in $data (scripts/fetch-mnist.sh $data)" >&2; exit 2; }
 scripts/install-deps.sh
 dir=$(realpath -m "${REFCHECK_DIR:-build-refcheck}")

@@ -18,7 +18,9 @@ two_builds() {
   head_build=${HEAD_BUILD:-$dir/head-build}
   if [ -z "${BASE_BUILD:-}" ]; then
     src="$dir/base-src"
-    if [ "$(git -C "$src" rev-parse HEAD 2>/dev/null || true)" != "$base" ]; then
+    # a worktree of its own at BASE (a leftover plain folder would answer for the main one)
+    if [ "$(git -C "$src" rev-parse --show-toplevel 2>/dev/null || true)" != "$src" ] ||
+       [ "$(git -C "$src" rev-parse HEAD 2>/dev/null || true)" != "$base" ]; then
       rm -rf "$src"
       git worktree prune
       git worktree add --detach "$src" "$base" >/dev/null
