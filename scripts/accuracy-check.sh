@@ -19,12 +19,9 @@
 # usage error (one line, before anything is installed or built).
 set -euo pipefail
 set -f  # the seeds and ACCURACY_ARGS are split at spaces, never expanded as file names
-(( $# >= 1 && $# <= 2 )) || { echo "usage: scripts/accuracy-check.sh BASE [DATA]" >&2; exit 2; }
-data=$(realpath -m -- "${2:-$(dirname "$0")/../data/mnist}")
-cd "$(dirname "$0")/.."
-base=$(git rev-parse --verify -q "$1^{commit}" 2>/dev/null) ||
-  { echo "accuracy-check: $1 is not a commit" >&2; exit 2; }
-[ -f "$data/train-images-idx3-ubyte" ] || { echo "accuracy-check: no MNIST in $data (scripts/fetch-mnist.sh $data)" >&2; exit 2; }
+# shellcheck source=scripts/lib/compare-builds.sh
+source "$(dirname "$0")/lib/compare-builds.sh"
+base_and_data accuracy-check "$@"
 IFS=$' \t\n' read -r -d '' -a seeds <<<"${ACCURACY_SEEDS:-1 2 3 4 5 6 7 8 9 10}" || true
 listed=" "
 for s in "${seeds[@]}"; do
@@ -40,8 +37,6 @@ done
 scripts/install-deps.sh
 dir=$(realpath -m "${ACCURACY_DIR:-build-accuracy}")
 mkdir -p "$dir"
-# shellcheck source=scripts/lib/two-builds.sh
-source scripts/lib/two-builds.sh
 two_builds "$base" "$dir" accuracy-check
 
 accuracy() {  # accuracy BUILD SEED: the summary's test accuracy in percent

@@ -11,17 +11,12 @@
 # Exit status: 0 when every pair is identical, 1 when any differs or a run fails, 2 on a usage
 # error (one line, before anything is installed or built).
 set -euo pipefail
-(( $# >= 1 && $# <= 2 )) || { echo "usage: scripts/refactor-check.sh BASE [DATA]" >&2; exit 2; }
-data=$(realpath -m -- "${2:-$(dirname "$0")/../data/mnist}")
-cd "$(dirname "$0")/.."
-base=$(git rev-parse --verify -q "$1^{commit}" 2>/dev/null) ||
-  { echo "refactor-check: $1 is not a commit" >&2; exit 2; }
-[ -f "$data/train-images-idx3-ubyte" ] || { echo "refactor-check: no MNIST in $data (scripts/fetch-mnist.sh $data)" >&2; exit 2; }
+# shellcheck source=scripts/lib/compare-builds.sh
+source "$(dirname "$0")/lib/compare-builds.sh"
+base_and_data refactor-check "$@"
 scripts/install-deps.sh
 dir=$(realpath -m "${REFCHECK_DIR:-build-refcheck}")
 mkdir -p "$dir"
-# shellcheck source=scripts/lib/two-builds.sh
-source scripts/lib/two-builds.sh
 two_builds "$base" "$dir" refactor-check
 
 # name | ranks | arguments (the weights go to --save, added below)

@@ -36,20 +36,18 @@ for script in scripts/refactor-check.sh scripts/accuracy-check.sh; do
   fi
 done
 if git -C "$root" rev-parse -q --verify HEAD >/dev/null 2>&1; then
-  check "ACCURACY_SEEDS must include 1, 2 and 3" \
-    ACCURACY_SEEDS="1 2 4" scripts/accuracy-check.sh HEAD "$fake_data"
-  check "seed 'x' is not a whole number" \
-    ACCURACY_SEEDS="1 2 3 x" scripts/accuracy-check.sh HEAD "$fake_data"
-  check "seed '-1' is not a whole number" \
-    ACCURACY_SEEDS="1 2 3 -1" scripts/accuracy-check.sh HEAD "$fake_data"
-  check "seed '01' is not a whole number" \
-    ACCURACY_SEEDS="01 2 3" scripts/accuracy-check.sh HEAD "$fake_data"
-  check "seed '99999999999999999999' is not a whole number below 10^19" \
-    ACCURACY_SEEDS="1 2 3 99999999999999999999" scripts/accuracy-check.sh HEAD "$fake_data"
-  check "seed '*' is not a whole number" \
-    ACCURACY_SEEDS="1 2 3 *" scripts/accuracy-check.sh HEAD "$fake_data"
-  check "seed 2 is listed twice" ACCURACY_SEEDS="1 2 3 2" scripts/accuracy-check.sh HEAD "$fake_data"
-  check "ACCURACY_SEEDS must include 1, 2 and 3" \
-    ACCURACY_SEEDS="   " scripts/accuracy-check.sh HEAD "$fake_data"
+  # ACCURACY_SEEDS | the words expected
+  while IFS='|' read -r seeds words; do
+    check "$words" ACCURACY_SEEDS="$seeds" scripts/accuracy-check.sh HEAD "$fake_data"
+  done <<'ROWS'
+1 2 4|ACCURACY_SEEDS must include 1, 2 and 3
+   |ACCURACY_SEEDS must include 1, 2 and 3
+1 2 3 x|seed 'x' is not a whole number
+1 2 3 -1|seed '-1' is not a whole number
+01 2 3|seed '01' is not a whole number
+1 2 3 99999999999999999999|seed '99999999999999999999' is not a whole number below 10^19
+1 2 3 *|seed '*' is not a whole number
+1 2 3 2|seed 2 is listed twice
+ROWS
 fi
 exit $failed
