@@ -34,6 +34,30 @@ std::pair<double, double> run_sums(int64_t n, F f, G g) {
   return {total_f, total_g};
 }
 
+// A backward's sums over a run of n elements of dy and dy xhat, xhat = (x - m) r, and where
+// kWeighted also of both times the channel's weight w: each summed as run_sums sums it (the same
+// lanes and order), but from one load and conversion of dy and x per element. (Through run_sums
+// each lambda loads and converts its own copy when the call is not inlined, and forcing it inline
+// lets the statistics' loop go scalar.)
+struct DySums {
+  double g, gx, wg, wgx;
+};
+template <bool kWeighted, typename T>
+DySums dy_sums(const T* dy, const T* x, int64_t n, double m, double r, double w) {
+  double g = 0, gx = 0, wg = 0, wgx = 0;
+#pragma omp simd reduction(+ : g, gx, wg, wgx)
+  for (int64_t i = 0; i < n; ++i) {
+    const double gi = static_cast<double>(dy[i]), xi = static_cast<double>(x[i]);
+    g += gi;
+    gx += gi * (xi - m) * r;
+    if constexpr (kWeighted) {
+      wg += gi * w;
+      wgx += gi * w * (xi - m) * r;
+    }
+  }
+  return {g, gx, wg, wgx};
+}
+
 // Mean and biased variance of the elements in `segments` runs of `run` elements each `stride`
 // apart; mean and rstd = 1 / sqrt(var + eps) stored as T.
 template <typename T>
@@ -63,6 +87,16 @@ double statistics(const T* x, int64_t segments, int64_t run, int64_t stride, dou
   return squares / count;
 }
 
+// Channel ch's affine gradients from its sums of dy xhat and dy: dweight[ch] and dbias[ch] (beta
+// blend), each where given.
+template <typename T>
+void write_affine_grads(int64_t ch, double sum_gx, double sum_g, double beta, T* dweight,
+                        T* dbias) {
+  const fn::Blend blend{1.0, beta};
+  if (dweight != nullptr) dweight[ch] = static_cast<T>(blend(double(dweight[ch]), sum_gx));
+  if (dbias != nullptr) dbias[ch] = static_cast<T>(blend(double(dbias[ch]), sum_g));
+}
+
 // Channel ch's sums of dy xhat and dy over N and S, into dweight[ch] and dbias[ch] (beta blend).
 template <typename T, typename StatsOf>
 void channel_affine_grads(const T* dy, const T* x, int64_t n, int64_t c, int64_t s, int64_t ch,
@@ -79,9 +113,7 @@ void channel_affine_grads(const T* dy, const T* x, int64_t n, int64_t c, int64_t
     sum_g += g_sum;
     sum_gx += gx_sum;
   }
-  const fn::Blend blend{1.0, beta};
-  if (dweight != nullptr) dweight[ch] = static_cast<T>(blend(double(dweight[ch]), sum_gx));
-  if (dbias != nullptr) dbias[ch] = static_cast<T>(blend(double(dbias[ch]), sum_g));
+  write_affine_grads(ch, sum_gx, sum_g, beta, dweight, dbias);
 }
 
 // Every channel's channel_affine_grads.
@@ -124,9 +156,7 @@ void row_affine_grads(const T* dy, const T* x, int64_t n, int64_t c, const T* me
       sum_gx += sums[block * 2 * c + ch];
       sum_g += sums[block * 2 * c + c + ch];
     }
-    const fn::Blend blend{1.0, beta};
-    if (dweight != nullptr) dweight[ch] = static_cast<T>(blend(double(dweight[ch]), sum_gx));
-    if (dbias != nullptr) dbias[ch] = static_cast<T>(blend(double(dbias[ch]), sum_g));
+    write_affine_grads(ch, sum_gx, sum_g, beta, dweight, dbias);
   });
 }
 
@@ -158,6 +188,39 @@ void norm_grad(const T* dy, const T* x, T* dx, int64_t segments, int64_t run, in
       dx[at] = grad(dy[at] * w, (x[at] - mean) * rstd, rstd, mean_g, mean_gx);
     }
   }
+}
+
+// Batch norm's backward for channel ch of x [N, C, S] with its statistics: one pass over the
+// channel's N runs gives the sums of dy and dy xhat both times the weight (dx's terms, summed as
+// norm_grad sums them) and without it (the affine gradients, as channel_affine_grads sums them);
+// a second pass writes dx. dy and x are read twice rather than three times.
+template <typename T>
+void batch_norm_channel_backward(const T* dy, const T* x, T* dx, int64_t n, int64_t c, int64_t s,
+                                 int64_t ch, const T* weight, T mean, T rstd, double beta,
+                                 T* dweight, T* dbias) {
+  const double w = weight ? static_cast<double>(weight[ch]) : 1.0;
+  const double m = static_cast<double>(mean), r = static_cast<double>(rstd);
+  double sum_wg = 0, sum_wgx = 0, sum_g = 0, sum_gx = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const DySums sums = dy_sums<true>(dy + (i * c + ch) * s, x + (i * c + ch) * s, s, m, r, w);
+    sum_wg += sums.wg;
+    sum_wgx += sums.wgx;
+    sum_g += sums.g;
+    sum_gx += sums.gx;
+  }
+  const double count = static_cast<double>(n * s);
+  const T mean_g = static_cast<T>(sum_wg / count), mean_gx = static_cast<T>(sum_wgx / count);
+  const T wt = weight ? weight[ch] : T(1);
+  const fn::NormGrad grad;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t at = (i * c + ch) * s;
+    const T *g = dy + at, *xs = x + at;
+    T* out = dx + at;
+    for (int64_t k = 0; k < s; ++k) {
+      out[k] = grad(g[k] * wt, (xs[k] - mean) * rstd, rstd, mean_g, mean_gx);
+    }
+  }
+  write_affine_grads(ch, sum_gx, sum_g, beta, dweight, dbias);
 }
 
 // Group norm's forward over x [N, C, S], group by group: the group's statistics, then its
@@ -203,12 +266,8 @@ void group_norm_backward_planes(GroupDy group_dy, const T* x, int64_t n, int64_t
     double group_g = 0, group_gx = 0;
     for (int64_t k = 0; k < per; ++k) {
       const int64_t sc = sample * c + c0 + k;
-      const T *g = dy + k * s, *xs = x + sc * s;
-      const auto [g_sum, gx_sum] = run_sums(
-          s, [=](int64_t i) { return static_cast<double>(g[i]); },
-          [=](int64_t i) {
-            return static_cast<double>(g[i]) * (static_cast<double>(xs[i]) - m) * r;
-          });
+      const auto [g_sum, gx_sum, unused_wg, unused_wgx] =
+          dy_sums<false>(dy + k * s, x + sc * s, s, m, r, 1.0);
       sum_g[sc] = g_sum;
       sum_gx[sc] = gx_sum;
       const double w = weight ? static_cast<double>(weight[c0 + k]) : 1.0;
@@ -239,9 +298,7 @@ void group_norm_backward_planes(GroupDy group_dy, const T* x, int64_t n, int64_t
       total_g += sum_g[sample * c + ch];
       total_gx += sum_gx[sample * c + ch];
     }
-    const fn::Blend blend{1.0, beta};
-    if (dweight != nullptr) dweight[ch] = static_cast<T>(blend(double(dweight[ch]), total_gx));
-    if (dbias != nullptr) dbias[ch] = static_cast<T>(blend(double(dbias[ch]), total_g));
+    write_affine_grads(ch, total_gx, total_g, beta, dweight, dbias);
   });
 }
 
@@ -383,12 +440,13 @@ void CpuBackend::batch_norm(const Tensor& x, double eps, double momentum, bool u
         }
       }
       const T wk = w ? w[ch] : T(1), bk = b ? b[ch] : T(0);
+      // mean and rstd as locals: as far as the compiler knows, out may alias them
+      const T m = mu[ch], r = rs[ch];
       const fn::NormApply apply;
       for (int64_t i = 0; i < n; ++i) {
-        for (int64_t k = 0; k < s; ++k) {
-          const int64_t e = (i * c + ch) * s + k;
-          out[e] = apply(in[e], mu[ch], rs[ch], wk, bk);
-        }
+        const T* run = in + (i * c + ch) * s;
+        T* result = out + (i * c + ch) * s;
+        for (int64_t k = 0; k < s; ++k) result[k] = apply(run[k], m, r, wk, bk);
       }
     });
   });
@@ -407,7 +465,7 @@ void CpuBackend::batch_norm_backward(const Tensor& dy, const Tensor& x, bool use
       return std::pair<double, double>(mu[ch], rs[ch]);
     };
     // dx and the affine gradients of a channel in one task, so the second pass over its dy and x
-    // finds them in cache
+    // finds them in cache (one pass where only the affine gradients are asked for)
     for_range(c, n * c * s, [=](int64_t ch) {
       if (out != nullptr && use_running) {  // constants: dx = dy w rstd
         const T scale = (w ? w[ch] : T(1)) * rs[ch];
@@ -416,9 +474,8 @@ void CpuBackend::batch_norm_backward(const Tensor& dy, const Tensor& x, bool use
             out[(i * c + ch) * s + k] = g[(i * c + ch) * s + k] * scale;
         }
       } else if (out != nullptr) {
-        norm_grad(
-            g + ch * s, in + ch * s, out + ch * s, n, s, c * s, [=](int64_t) { return ch; }, w,
-            mu[ch], rs[ch]);
+        batch_norm_channel_backward(g, in, out, n, c, s, ch, w, mu[ch], rs[ch], beta, dw, db);
+        return;
       }
       if (dw != nullptr || db != nullptr) {
         channel_affine_grads(g, in, n, c, s, ch, stats_of, beta, dw, db);
