@@ -874,17 +874,20 @@ TEST(Backend, DirectForwardEqualsIm2col) {
 }
 
 // Winograd F(2x2, 3x3) computes the convolution itself: in float64 its two passes equal im2col's
-// to rounding, at every padding it takes, with clipped edge tiles, one sample and a
-// batch of several chunks, a 1x1 output and tile rows longer than one vector of tiles. The choice
-// rule: Winograd only where it applies and the channels pay for the transforms.
+// to rounding, at every padding it takes, with clipped edge tiles, one sample and a batch of
+// several chunks, a 1x1 output, tile rows longer than one vector of tiles and more channels than
+// one block of the filter transform. The choice rule: Winograd only where it applies and the
+// channels pay for the transforms.
 TEST(Backend, WinogradEqualsIm2colInFloat64) {
   Backend& be = backend_for(Device::cpu());
   struct Case {
     int64_t n, c, o, h, w, pad_h, pad_w;
   };
-  const Case cases[] = {{1, 3, 4, 5, 6, 1, 1}, {11, 5, 7, 19, 22, 0, 0}, {37, 8, 9, 14, 14, 1, 1},
-                        {4, 2, 3, 7, 4, 2, 2}, {3, 4, 6, 9, 8, 2, 0},    {2, 3, 2, 3, 3, 0, 0},
-                        {3, 2, 3, 5, 37, 1, 1}};  // rows of 19 tiles: three vectors, the last short
+  const Case cases[] = {
+      {1, 3, 4, 5, 6, 1, 1},  {11, 5, 7, 19, 22, 0, 0}, {37, 8, 9, 14, 14, 1, 1},
+      {4, 2, 3, 7, 4, 2, 2},  {3, 4, 6, 9, 8, 2, 0},    {2, 3, 2, 3, 3, 0, 0},
+      {3, 2, 3, 5, 37, 1, 1},    // rows of 19 tiles: three vectors, the last short
+      {2, 70, 67, 5, 6, 1, 1}};  // filters transformed in blocks of 64 ins, a tail
   for (const Case& k : cases) {
     const Conv2dGeometry g{1, 1, k.pad_h, k.pad_w, 1, 1};
     const int64_t oh = conv2d_out_size(k.h, 3, 1, k.pad_h, 1);

@@ -61,23 +61,35 @@ Chunks chunks(const ConvShape& s, const Tiling& tiles, int64_t element_bytes) {
 
 // U [16, outs, ins] = G g G^T for each filter g, its values g[i][j] = filter(out, in, i, j),
 // G = [1 0 0; 1/2 1/2 1/2; 1/2 -1/2 1/2; 0 0 1]. Each call transforms every filter (the weights
-// change between calls), the outs shared out over the threads.
+// change between calls), the outs shared out over the threads. The filters of a block of ins are
+// first gathered value by value, so the transform runs a vector of filters at once with
+// unit-stride loads and stores (the same formulas for each filter).
 template <typename T, typename Filter>
 void transform_filters(int64_t outs, int64_t ins, Filter filter, T* u) {
+  constexpr int64_t kBlock = 64;  // ins per gathered block
   for_range(outs, outs * ins * (9 + kPositions), [=](int64_t out) {
-    for (int64_t in = 0; in < ins; ++in) {
-      T gg[4][3];  // G g
-      for (int j = 0; j < 3; ++j) {
-        const T g0 = filter(out, in, 0, j), g1 = filter(out, in, 1, j), g2 = filter(out, in, 2, j);
-        gg[0][j] = g0;
-        gg[1][j] = T(0.5) * (g0 + g1 + g2);
-        gg[2][j] = T(0.5) * (g0 - g1 + g2);
-        gg[3][j] = g2;
+    for (int64_t in0 = 0; in0 < ins; in0 += kBlock) {
+      const int64_t count = std::min(kBlock, ins - in0);
+      T g[9][kBlock];  // g[3 i + j][k]: filter(out, in0 + k, i, j)
+      for (int64_t k = 0; k < count; ++k) {
+        for (int e = 0; e < 9; ++e) g[e][k] = filter(out, in0 + k, e / 3, e % 3);
       }
-      for (int i = 0; i < 4; ++i) {
-        const T row[4] = {gg[i][0], T(0.5) * (gg[i][0] + gg[i][1] + gg[i][2]),
-                          T(0.5) * (gg[i][0] - gg[i][1] + gg[i][2]), gg[i][2]};
-        for (int j = 0; j < 4; ++j) u[((i * 4 + j) * outs + out) * ins + in] = row[j];
+      T* at = u + out * ins + in0;
+#pragma omp simd
+      for (int64_t k = 0; k < count; ++k) {
+        T gg[4][3];  // G g
+        for (int j = 0; j < 3; ++j) {
+          const T g0 = g[j][k], g1 = g[3 + j][k], g2 = g[6 + j][k];
+          gg[0][j] = g0;
+          gg[1][j] = T(0.5) * (g0 + g1 + g2);
+          gg[2][j] = T(0.5) * (g0 - g1 + g2);
+          gg[3][j] = g2;
+        }
+        for (int i = 0; i < 4; ++i) {
+          const T row[4] = {gg[i][0], T(0.5) * (gg[i][0] + gg[i][1] + gg[i][2]),
+                            T(0.5) * (gg[i][0] - gg[i][1] + gg[i][2]), gg[i][2]};
+          for (int j = 0; j < 4; ++j) at[(i * 4 + j) * outs * ins + k] = row[j];
+        }
       }
     }
   });
