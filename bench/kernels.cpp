@@ -208,9 +208,10 @@ void max_pool(State& state, Device d, bool backward, bool relu) {
   report_bytes(state, d, seconds, bytes, bytes);
 }
 
-void group_norm(State& state, Device d, bool backward) {
-  const int64_t n = state.range(0), c = state.range(1), hw = state.range(2), groups = 8;
-  Tensor x = filled({n, c, hw * hw}, d, 1), dy = filled({n, c, hw * hw}, d, 2);
+// Group norm of x [N, C, S] with its affine gradients.
+void norm_groups(State& state, Device d, bool backward, int64_t n, int64_t c, int64_t s,
+                 int64_t groups) {
+  Tensor x = filled({n, c, s}, d, 1), dy = filled({n, c, s}, d, 2);
   Tensor w = filled({c}, d, 3), b = filled({c}, d, 4), y = Tensor::empty(x.shape(), x.dtype(), d);
   Tensor mean = Tensor::empty({n, groups}, x.dtype(), d), rstd = mean.clone();
   Tensor dw = Tensor::zeros({c}, x.dtype(), d), db = dw.clone();
@@ -222,6 +223,17 @@ void group_norm(State& state, Device d, bool backward) {
   });
   const double bytes = 4.0 * x.numel() * (backward ? 3 : 2);  // x (and dy) in, y or dx out
   report_bytes(state, d, seconds, bytes, bytes);
+}
+
+// The CNN's group norm: {batch, channels, size}, 8 groups of the size x size planes.
+void group_norm(State& state, Device d, bool backward) {
+  const int64_t hw = state.range(2);
+  norm_groups(state, d, backward, state.range(0), state.range(1), hw * hw, 8);
+}
+
+// The transformer's layer norm: {rows, features}, each row one group (as nn::LayerNorm runs it).
+void layer_norm(State& state, Device d, bool backward) {
+  norm_groups(state, d, backward, state.range(0), state.range(1), 1, 1);
 }
 
 // The GroupNorm CNN's group norm, ReLU and 2x2 max pooling as one op: x in, the pooled y and its
@@ -306,6 +318,11 @@ void register_kernel_benchmarks() {
       add("boundary_step", boundary_step)->Arg(567434);
     }
     add("softmax_ce", softmax_ce)->Args({32, 10});  // MNIST micro-batch
+    // G2P's LayerNorm: 32 words of about 32 positions, width 128
+    add("layer_norm", [](State& s, Device dd) { layer_norm(s, dd, false); })->Args({1024, 128});
+    add("layer_norm_backward", [](State& s, Device dd) {
+      layer_norm(s, dd, true);
+    })->Args({1024, 128});
     add("softmax_ce", softmax_ce)->Args({1000, 10});
     // The MNIST MLP's layers at micro-batch 32: {batch, in, out}.
     const std::vector<std::vector<int64_t>> layers{
