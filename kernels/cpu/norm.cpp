@@ -232,6 +232,13 @@ void group_norm_groups(const T* in, int64_t n, int64_t c, int64_t s, int64_t gro
     // mean and rstd as locals: as far as the compiler knows, the target may alias them
     const T m = mu[ng], r = rs[ng];
     T* values = target(ng);
+    if (s == 1) {  // a row of features (layer norm): one vector loop over them, not one per value
+#pragma omp simd
+      for (int64_t k = 0; k < per; ++k) {
+        values[k] = apply(in[at + k], m, r, w ? w[c0 + k] : T(1), b ? b[c0 + k] : T(0));
+      }
+      return done(ng, values);
+    }
     for (int64_t k = 0; k < per; ++k) {
       const T wk = w ? w[c0 + k] : T(1), bk = b ? b[c0 + k] : T(0);
       const T* channel = in + at + k * s;
