@@ -236,8 +236,6 @@ void layer_norm(State& state, Device d, bool backward) {
   norm_groups(state, d, backward, state.range(0), state.range(1), 1, 1);
 }
 
-// The GroupNorm CNN's group norm, ReLU and 2x2 max pooling as one op: x in, the pooled y and its
-// argmax out (backward: dy and argmax at the pooled size and x in, dx out).
 // Batch norm in training (the batch's statistics, the running ones updated; its backward with the
 // affine gradients), as the BatchNorm CNN runs it after each convolution.
 void batch_norm(State& state, Device d, bool backward) {
@@ -258,6 +256,8 @@ void batch_norm(State& state, Device d, bool backward) {
   report_bytes(state, d, seconds, bytes, bytes);
 }
 
+// The GroupNorm CNN's group norm, ReLU and 2x2 max pooling as one op: x in, the pooled y and its
+// argmax out (backward: dy and argmax at the pooled size and x in, dx out).
 void group_norm_relu_pool(State& state, Device d, bool backward) {
   const int64_t n = state.range(0), c = state.range(1), hw = state.range(2), groups = 8;
   const Pool2dGeometry g{2, 2, 2, 2, 0, 0};

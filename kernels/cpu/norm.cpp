@@ -6,6 +6,7 @@
 // the CUDA kernels share.
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
@@ -36,14 +37,18 @@ std::pair<double, double> run_sums(int64_t n, F f, G g) {
 
 // A backward's sums over a run of n elements of dy and dy xhat, xhat = (x - m) r, and where
 // kWeighted also of both times the channel's weight w: each summed as run_sums sums it (the same
-// lanes and order), but from one load and conversion of dy and x per element. (Through run_sums
-// each lambda loads and converts its own copy when the call is not inlined, and forcing it inline
-// lets the statistics' loop go scalar.)
+// lanes and order, the same products fused into the adds), but from one load and conversion of dy
+// and x per element. (Through run_sums each lambda loads and converts its own copy when the call
+// is not inlined, and forcing it inline lets the statistics' loop go scalar.) Beside
+// dy w (x - m) r the compiler computes dy w once for both and no longer fuses it into its own sum:
+// for float that adds the same value (a product of two floats is exact in double), for double the
+// sum of dy w runs in a loop of its own.
 struct DySums {
   double g, gx, wg, wgx;
 };
 template <bool kWeighted, typename T>
 DySums dy_sums(const T* dy, const T* x, int64_t n, double m, double r, double w) {
+  constexpr bool kExactProducts = std::is_same_v<T, float>;
   double g = 0, gx = 0, wg = 0, wgx = 0;
 #pragma omp simd reduction(+ : g, gx, wg, wgx)
   for (int64_t i = 0; i < n; ++i) {
@@ -51,9 +56,13 @@ DySums dy_sums(const T* dy, const T* x, int64_t n, double m, double r, double w)
     g += gi;
     gx += gi * (xi - m) * r;
     if constexpr (kWeighted) {
-      wg += gi * w;
+      if constexpr (kExactProducts) wg += gi * w;
       wgx += gi * w * (xi - m) * r;
     }
+  }
+  if constexpr (kWeighted && !kExactProducts) {
+#pragma omp simd reduction(+ : wg)
+    for (int64_t i = 0; i < n; ++i) wg += static_cast<double>(dy[i]) * w;
   }
   return {g, gx, wg, wgx};
 }
@@ -186,9 +195,9 @@ void norm_grad_row(const T* dy, const T* x, T* dx, int64_t features, int64_t c0,
 }
 
 // Batch norm's backward for channel ch of x [N, C, S] with its statistics: one pass over the
-// channel's N runs gives the sums of dy and dy xhat both times the weight (dx's terms, summed as
-// norm_grad sums them) and without it (the affine gradients, as channel_affine_grads sums them);
-// a second pass writes dx. dy and x are read twice rather than three times.
+// channel's N runs gives the sums of dy and dy xhat both times the weight (dx's terms) and without
+// it (the affine gradients, as channel_affine_grads sums them); a second pass writes dx. dy and x
+// are read twice rather than three times.
 template <typename T>
 void batch_norm_channel_backward(const T* dy, const T* x, T* dx, int64_t n, int64_t c, int64_t s,
                                  int64_t ch, const T* weight, T mean, T rstd, double beta,
@@ -237,7 +246,8 @@ void group_norm_groups(const T* in, int64_t n, int64_t c, int64_t s, int64_t gro
       for (int64_t k = 0; k < per; ++k) {
         values[k] = apply(in[at + k], m, r, w ? w[c0 + k] : T(1), b ? b[c0 + k] : T(0));
       }
-      return done(ng, values);
+      done(ng, values);
+      return;
     }
     for (int64_t k = 0; k < per; ++k) {
       const T wk = w ? w[c0 + k] : T(1), bk = b ? b[c0 + k] : T(0);
@@ -333,14 +343,15 @@ void CpuBackend::group_norm_backward(const Tensor& dy, const Tensor& x, int64_t 
                                  optional_data<T>(dbias));
       return;
     }
-    // S = 1 from here: rows of C values, each group of per of them normalised on its own
-    if (out != nullptr) {
+    // S = 1 (or an empty S = 0) from here: rows of C values, each group of per of them normalised
+    // on its own
+    if (out != nullptr && s == 1) {
       for_range(n * groups, n * c, [=](int64_t ng) {
         const int64_t at = ng * per, c0 = (ng % groups) * per;
         norm_grad_row(g + at, in + at, out + at, per, c0, w, mu[ng], rs[ng]);
       });
     }
-    if (groups == 1) {  // layer norm
+    if (s == 1 && groups == 1) {  // layer norm
       row_affine_grads(g, in, n, c, mu, rs, beta, optional_data<T>(dweight),
                        optional_data<T>(dbias));
       return;
