@@ -873,6 +873,51 @@ TEST(Backend, DirectForwardEqualsIm2col) {
   }
 }
 
+// The CPU permute (runs of the last dimension when it stays last, else single elements, in blocks
+// that step through y's coordinates) against the index formula written out: y at coordinates c
+// is x at the coordinates c[inverse of dims]. Raw bytes, so 2-, 4- and 8-byte elements alike;
+// shapes with many blocks, odd sizes, a size-1 dimension, rank 1 and an empty tensor.
+TEST(Backend, PermuteMovesEachElementWhereItsIndexSays) {
+  Backend& be = backend_for(Device::cpu());
+  struct Case {
+    Shape shape, dims;
+    DType dtype;
+  };
+  const Case cases[] = {{{5, 37, 3, 4, 24}, {2, 0, 3, 1, 4}, DType::kFloat32},
+                        {{300, 7}, {1, 0}, DType::kFloat32},
+                        {{3, 1, 5, 2}, {1, 3, 0, 2}, DType::kBFloat16},
+                        {{17, 9, 13}, {1, 0, 2}, DType::kFloat64},
+                        {{6, 5, 4, 3, 2}, {4, 3, 2, 1, 0}, DType::kInt32},
+                        {{11}, {0}, DType::kFloat16},
+                        {{0, 4}, {1, 0}, DType::kFloat32}};
+  for (const Case& k : cases) {
+    Tensor x = Tensor::empty(k.shape, k.dtype, Device::cpu());
+    auto* bytes = static_cast<unsigned char*>(x.raw());
+    for (size_t i = 0; i < x.nbytes(); ++i) bytes[i] = static_cast<unsigned char>(i * 131 % 251);
+    Shape out_shape;
+    for (int64_t d : k.dims) out_shape.push_back(k.shape[static_cast<size_t>(d)]);
+    Tensor y = Tensor::empty(out_shape, k.dtype, Device::cpu());
+    be.permute(x, k.dims, y);
+    const size_t unit = dtype_size(k.dtype), rank = k.shape.size();
+    for (int64_t j = 0; j < y.numel(); ++j) {
+      std::vector<int64_t> at(rank);  // y's coordinates of element j, then x's flat index
+      for (size_t d = rank, rest = static_cast<size_t>(j); d-- > 0;) {
+        at[d] = static_cast<int64_t>(rest) % out_shape[d];
+        rest /= static_cast<size_t>(out_shape[d]);
+      }
+      std::vector<int64_t> x_at(rank);
+      for (size_t d = 0; d < rank; ++d) x_at[static_cast<size_t>(k.dims[d])] = at[d];
+      int64_t source = 0;
+      for (size_t d = 0; d < rank; ++d) source = source * k.shape[d] + x_at[d];
+      ASSERT_EQ(std::memcmp(static_cast<const unsigned char*>(y.raw()) + j * unit,
+                            bytes + source * unit, unit),
+                0)
+          << "element " << j << " of " << shape_str(k.shape) << " permuted by "
+          << shape_str(k.dims);
+    }
+  }
+}
+
 // Winograd F(2x2, 3x3) computes the convolution itself: in float64 its two passes equal im2col's
 // to rounding, at every padding it takes, with clipped edge tiles, one sample and a batch of
 // several chunks, a 1x1 output, tile rows longer than one vector of tiles and more channels than

@@ -1,6 +1,7 @@
 // CPU indexing: gathering rows by an index (micro-batches from a shuffled dataset, an
 // embedding's lookup) and its backward, adding rows back by the index (an embedding's gradient);
 // permuting dimensions (attention's head split and merge).
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -60,16 +61,37 @@ void CpuBackend::index_add_rows(const Tensor& src, const Tensor& index, Tensor& 
 
 namespace {
 
+// Runs of y per task of permute_units.
+constexpr int64_t kPermuteBlock = 256;
+
 // y = x permuted, in elements of U. When the last dimension stays last, whole runs of it are
-// copied; otherwise element by element.
+// copied; otherwise element by element. A block of runs finds its first run's place in x by
+// division (fn::PermuteIndex::source), then steps y's coordinates like an odometer: a division
+// per dimension for every run cost more than copying a run of 32 values.
 template <typename U>
 void permute_units(const U* x, const fn::PermuteIndex& p, int64_t n, U* y) {
   const int last = p.rank - 1;
-  const int64_t run = p.rank > 0 && p.in_stride[last] == 1 ? p.size[last] : 1;
+  const bool runs_of_last = p.rank > 0 && p.in_stride[last] == 1;
+  const int64_t run = runs_of_last ? p.size[last] : 1;
   const int64_t runs = run ? n / run : 0;
-  for_range(runs, n, [=](int64_t r) {
-    const U* from = x + p.source(r * run);
-    std::memcpy(y + r * run, from, static_cast<size_t>(run) * sizeof(U));
+  const int outer = runs_of_last ? last : p.rank;  // y's dimensions that number the runs
+  for_range((runs + kPermuteBlock - 1) / kPermuteBlock, n, [=](int64_t block) {
+    const int64_t first = block * kPermuteBlock, end = std::min(runs, first + kPermuteBlock);
+    int64_t at[fn::PermuteIndex::kMaxDims] = {};  // run `first`'s coordinates in y
+    for (int64_t d = outer - 1, j = first; d >= 0; --d) {
+      at[d] = j % p.size[d];
+      j /= p.size[d];
+    }
+    int64_t from = p.source(first * run);
+    for (int64_t r = first; r < end; ++r) {
+      std::memcpy(y + r * run, x + from, static_cast<size_t>(run) * sizeof(U));
+      for (int d = outer - 1; d >= 0; --d) {  // the next run: carry through full dimensions
+        from += p.in_stride[d];
+        if (++at[d] < p.size[d]) break;
+        from -= at[d] * p.in_stride[d];
+        at[d] = 0;
+      }
+    }
   });
 }
 
