@@ -875,8 +875,9 @@ TEST(Backend, DirectForwardEqualsIm2col) {
 
 // The CPU permute (runs of the last dimension when it stays last, else single elements, in blocks
 // that step through y's coordinates) against the index formula written out: y at coordinates c
-// is x at the coordinates c[inverse of dims]. Raw bytes, so 2-, 4- and 8-byte elements alike;
-// shapes with many blocks, odd sizes, a size-1 dimension, rank 1 and an empty tensor.
+// is x at the coordinates c[inverse of dims]. Raw bytes, each element's own index in them, so 2-,
+// 4- and 8-byte elements alike; shapes with many blocks (runs and single elements, on threads), a
+// few long runs, odd sizes, size-1 dimensions, rank 1 and an empty tensor.
 TEST(Backend, PermuteMovesEachElementWhereItsIndexSays) {
   Backend& be = backend_for(Device::cpu());
   struct Case {
@@ -884,7 +885,9 @@ TEST(Backend, PermuteMovesEachElementWhereItsIndexSays) {
     DType dtype;
   };
   const Case cases[] = {{{5, 37, 3, 4, 24}, {2, 0, 3, 1, 4}, DType::kFloat32},
-                        {{300, 7}, {1, 0}, DType::kFloat32},
+                        {{300, 130}, {1, 0}, DType::kFloat32},  // single elements, threads
+                        {{40, 1, 7, 33}, {2, 1, 0, 3}, DType::kFloat32},  // a carry through 1
+                        {{2, 3, 40000}, {1, 0, 2}, DType::kFloat32},      // 6 long runs
                         {{3, 1, 5, 2}, {1, 3, 0, 2}, DType::kBFloat16},
                         {{17, 9, 13}, {1, 0, 2}, DType::kFloat64},
                         {{6, 5, 4, 3, 2}, {4, 3, 2, 1, 0}, DType::kInt32},
@@ -892,13 +895,16 @@ TEST(Backend, PermuteMovesEachElementWhereItsIndexSays) {
                         {{0, 4}, {1, 0}, DType::kFloat32}};
   for (const Case& k : cases) {
     Tensor x = Tensor::empty(k.shape, k.dtype, Device::cpu());
+    const size_t unit = dtype_size(k.dtype), rank = k.shape.size();
     auto* bytes = static_cast<unsigned char*>(x.raw());
-    for (size_t i = 0; i < x.nbytes(); ++i) bytes[i] = static_cast<unsigned char>(i * 131 % 251);
+    for (int64_t e = 0; e < x.numel(); ++e) {  // each element holds its own index (little-endian)
+      for (size_t b = 0; b < unit; ++b)
+        bytes[e * unit + b] = static_cast<unsigned char>(e >> (8 * b));
+    }
     Shape out_shape;
     for (int64_t d : k.dims) out_shape.push_back(k.shape[static_cast<size_t>(d)]);
     Tensor y = Tensor::empty(out_shape, k.dtype, Device::cpu());
     be.permute(x, k.dims, y);
-    const size_t unit = dtype_size(k.dtype), rank = k.shape.size();
     for (int64_t j = 0; j < y.numel(); ++j) {
       std::vector<int64_t> at(rank);  // y's coordinates of element j, then x's flat index
       for (size_t d = rank, rest = static_cast<size_t>(j); d-- > 0;) {

@@ -61,13 +61,13 @@ void CpuBackend::index_add_rows(const Tensor& src, const Tensor& index, Tensor& 
 
 namespace {
 
-// Runs of y per task of permute_units.
-constexpr int64_t kPermuteBlock = 256;
+// Elements of y per task of permute_units (whole runs: at least one run).
+constexpr int64_t kPermuteBlock = 8192;
 
 // y = x permuted, in elements of U. When the last dimension stays last, whole runs of it are
-// copied; otherwise element by element. A block of runs finds its first run's place in x by
-// division (fn::PermuteIndex::source), then steps y's coordinates like an odometer: a division
-// per dimension for every run cost more than copying a run of 32 values.
+// copied; otherwise element by element. A block of runs (about kPermuteBlock elements) finds its
+// first run's place in x by division (fn::PermuteIndex::source), then steps y's coordinates like
+// an odometer: a division per dimension for every run cost more than copying a run of 32 values.
 template <typename U>
 void permute_units(const U* x, const fn::PermuteIndex& p, int64_t n, U* y) {
   const int last = p.rank - 1;
@@ -75,8 +75,9 @@ void permute_units(const U* x, const fn::PermuteIndex& p, int64_t n, U* y) {
   const int64_t run = runs_of_last ? p.size[last] : 1;
   const int64_t runs = run ? n / run : 0;
   const int outer = runs_of_last ? last : p.rank;  // y's dimensions that number the runs
-  for_range((runs + kPermuteBlock - 1) / kPermuteBlock, n, [=](int64_t block) {
-    const int64_t first = block * kPermuteBlock, end = std::min(runs, first + kPermuteBlock);
+  const int64_t per_block = std::max<int64_t>(1, kPermuteBlock / std::max<int64_t>(run, 1));
+  for_range((runs + per_block - 1) / per_block, n, [=](int64_t block) {
+    const int64_t first = block * per_block, end = std::min(runs, first + per_block);
     int64_t at[fn::PermuteIndex::kMaxDims] = {};  // run `first`'s coordinates in y
     for (int64_t d = outer - 1, j = first; d >= 0; --d) {
       at[d] = j % p.size[d];
