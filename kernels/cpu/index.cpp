@@ -67,7 +67,7 @@ constexpr int64_t kPermuteBlock = 8192;
 // y = x permuted, in elements of U. When the last dimension stays last, whole runs of it are
 // copied; otherwise element by element. A block of runs (about kPermuteBlock elements) finds its
 // first run's place in x by division (fn::PermuteIndex::source), then steps y's coordinates like
-// an odometer: a division per dimension for every run cost more than copying a run of 32 values.
+// an odometer: a division per dimension for every run costs more than copying a run of 32 values.
 template <typename U>
 void permute_units(const U* x, const fn::PermuteIndex& p, int64_t n, U* y) {
   const int last = p.rank - 1;

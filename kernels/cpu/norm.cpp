@@ -36,13 +36,12 @@ std::pair<double, double> run_sums(int64_t n, F f, G g) {
 }
 
 // A backward's sums over a run of n elements of dy and dy xhat, xhat = (x - m) r, and where
-// kWeighted also of both times the channel's weight w: each summed as run_sums sums it (the same
-// lanes and order, the same products fused into the adds), but from one load and conversion of dy
-// and x per element. (Through run_sums each lambda loads and converts its own copy when the call
-// is not inlined, and forcing it inline lets the statistics' loop go scalar.) Beside
-// dy w (x - m) r the compiler computes dy w once for both and no longer fuses it into its own sum:
-// for float that adds the same value (a product of two floats is exact in double), for double the
-// sum of dy w runs in a loop of its own.
+// kWeighted also of both times the channel's weight w, in double, in vector lanes in a fixed order
+// (as run_sums), from one load and conversion of dy and x per element. One plain loop rather than
+// run_sums' lambdas: a lambda's captured pointers are its own copies, so each lambda loads and
+// converts dy again. Beside dy w (x - m) r the compiler computes dy w once for both and then does
+// not fuse it into its own sum: for float that adds the same value (a product of two floats is
+// exact in double); for double, whose sum of dy w is the fused one, it runs in a loop of its own.
 struct DySums {
   double g, gx, wg, wgx;
 };
@@ -113,12 +112,9 @@ void channel_affine_grads(const T* dy, const T* x, int64_t n, int64_t c, int64_t
   double sum_gx = 0, sum_g = 0;
   for (int64_t i = 0; i < n; ++i) {
     const auto [mean, rstd] = stats_of(i, ch);
-    const T *g = dy + (i * c + ch) * s, *xs = x + (i * c + ch) * s;
-    const auto [g_sum, gx_sum] = run_sums(
-        s, [=](int64_t k) { return static_cast<double>(g[k]); },
-        [=, m = mean, r = rstd](int64_t k) {
-          return static_cast<double>(g[k]) * (static_cast<double>(xs[k]) - m) * r;
-        });
+    const int64_t at = (i * c + ch) * s;
+    const auto [g_sum, gx_sum, unused_wg, unused_wgx] =
+        dy_sums<false>(dy + at, x + at, s, mean, rstd, 1.0);
     sum_g += g_sum;
     sum_gx += gx_sum;
   }
@@ -173,7 +169,7 @@ void row_affine_grads(const T* dy, const T* x, int64_t n, int64_t c, const T* me
 // of channels c0 ..., with the row's statistics. Each feature's terms are what run_sums gives for
 // a run of one element, round(g w) and round(g w (x - m) r): the products rounded on their own
 // (std::fma with a zero addend, so the compiler cannot fuse them into the running sums), added in
-// feature order. (A run_sums call per feature cost about 50 cycles a value.)
+// feature order, one loop over the row (a reduction call per feature costs about 50 cycles).
 template <typename T>
 void norm_grad_row(const T* dy, const T* x, T* dx, int64_t features, int64_t c0, const T* weight,
                    T mean, T rstd) {
