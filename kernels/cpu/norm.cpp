@@ -5,6 +5,7 @@
 // the thread count; the per-element math is kernels/functors.h's NormApply and NormGrad, which
 // the CUDA kernels share.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <type_traits>
 #include <vector>
@@ -66,33 +67,52 @@ DySums dy_sums(const T* dy, const T* x, int64_t n, double m, double r, double w)
   return {g, gx, wg, wgx};
 }
 
-// Mean and biased variance of the elements in `segments` runs of `run` elements each `stride`
-// apart; mean and rstd = 1 / sqrt(var + eps) stored as T.
-template <typename T>
-double statistics(const T* x, int64_t segments, int64_t run, int64_t stride, double eps, T* mean,
-                  T* rstd) {
-  const auto none = [](int64_t) { return 0.0; };
-  double total = 0;
-  for (int64_t s = 0; s < segments; ++s) {
-    const T* seg = x + s * stride;
-    total += run_sums(
-                 run, [=](int64_t i) { return static_cast<double>(seg[i]); }, none)
-                 .first;
-  }
+// The mean and biased variance of kSets sets of elements at once (one or two), set k being
+// `segments` runs of `run` elements each `stride` apart from first[k]; mean[k] and rstd[k] = 1 /
+// sqrt(var + eps) stored as T, the variances returned. Two sets' sums are run_sums' two chains in
+// one loop: each set's sums are the ones it gets alone (the same lanes, in the same order), and
+// the two chains of additions overlap rather than wait on each other.
+template <int kSets, typename T>
+std::array<double, kSets> statistics(const std::array<const T*, kSets>& first, int64_t segments,
+                                     int64_t run, int64_t stride, double eps, T* mean, T* rstd) {
+  static_assert(kSets == 1 || kSets == 2, "one set, or two side by side");
+  // run_sums over set 0's and (where there is one) set 1's segment, value(i) of each
+  const auto both_sums = [&](int64_t s, auto value) {
+    const T* a = first[0] + s * stride;
+    const T* b = first[kSets - 1] + s * stride;
+    if constexpr (kSets == 2) {
+      return run_sums(
+          run, [=](int64_t i) { return value(a[i], 0); },
+          [=](int64_t i) { return value(b[i], 1); });
+    } else {
+      return run_sums(
+          run, [=](int64_t i) { return value(a[i], 0); }, [](int64_t) { return 0.0; });
+    }
+  };
   const double count = static_cast<double>(segments * run);
-  const double m = total / count;
-  double squares = 0;
+  double total[2] = {0, 0};
   for (int64_t s = 0; s < segments; ++s) {
-    const T* seg = x + s * stride;
-    const auto square = [=](int64_t i) {
-      const double d = static_cast<double>(seg[i]) - m;
-      return d * d;
-    };
-    squares += run_sums(run, square, none).first;
+    const auto sums = both_sums(s, [](T v, int) { return static_cast<double>(v); });
+    total[0] += sums.first;
+    total[1] += sums.second;
   }
-  *mean = static_cast<T>(m);
-  *rstd = static_cast<T>(1.0 / std::sqrt(squares / count + eps));
-  return squares / count;
+  const double m[2] = {total[0] / count, total[1] / count};
+  double squares[2] = {0, 0};
+  for (int64_t s = 0; s < segments; ++s) {
+    const auto sums = both_sums(s, [m0 = m[0], m1 = m[1]](T v, int k) {
+      const double d = static_cast<double>(v) - (k == 0 ? m0 : m1);
+      return d * d;
+    });
+    squares[0] += sums.first;
+    squares[1] += sums.second;
+  }
+  std::array<double, kSets> variance;
+  for (int k = 0; k < kSets; ++k) {
+    variance[k] = squares[k] / count;
+    mean[k] = static_cast<T>(m[k]);
+    rstd[k] = static_cast<T>(1.0 / std::sqrt(variance[k] + eps));
+  }
+  return variance;
 }
 
 // Channel ch's affine gradients from its sums of dy xhat and dy: dweight[ch] and dbias[ch] (beta
@@ -223,16 +243,15 @@ void batch_norm_channel_backward(const T* dy, const T* x, T* dx, int64_t n, int6
   write_affine_grads(ch, sum_gx, sum_g, beta, dweight, dbias);
 }
 
-// Group norm's forward over x [N, C, S], group by group: the group's statistics, then its
-// normalised [per, S] values written where target(ng) says, then done(ng, values) (the fused
-// pooling reads them there).
+// Group norm's forward over x [N, C, S], two groups at a time: their statistics side by side,
+// then for each its normalised [per, S] values written where target(ng) says, then done(ng,
+// values) (the fused pooling reads them there).
 template <typename T, typename Target, typename Done>
 void group_norm_groups(const T* in, int64_t n, int64_t c, int64_t s, int64_t groups, double eps,
                        const T* w, const T* b, T* mu, T* rs, Target target, Done done) {
-  const int64_t per = c / groups;
-  for_range(n * groups, n * c * s, [=](int64_t ng) {
-    const int64_t at = ng * per * s, c0 = (ng % groups) * per;
-    statistics(in + at, 1, per * s, 0, eps, mu + ng, rs + ng);
+  const int64_t per = c / groups, total = n * groups, size = per * s;
+  const auto normalise = [=](int64_t ng) {
+    const int64_t at = ng * size, c0 = (ng % groups) * per;
     const fn::NormApply apply;
     // mean and rstd as locals: as far as the compiler knows, the target may alias them
     const T m = mu[ng], r = rs[ng];
@@ -242,16 +261,26 @@ void group_norm_groups(const T* in, int64_t n, int64_t c, int64_t s, int64_t gro
       for (int64_t k = 0; k < per; ++k) {
         values[k] = apply(in[at + k], m, r, w ? w[c0 + k] : T(1), b ? b[c0 + k] : T(0));
       }
-      done(ng, values);
-      return;
-    }
-    for (int64_t k = 0; k < per; ++k) {
-      const T wk = w ? w[c0 + k] : T(1), bk = b ? b[c0 + k] : T(0);
-      const T* channel = in + at + k * s;
-      T* result = values + k * s;
-      for (int64_t i = 0; i < s; ++i) result[i] = apply(channel[i], m, r, wk, bk);
+    } else {
+      for (int64_t k = 0; k < per; ++k) {
+        const T wk = w ? w[c0 + k] : T(1), bk = b ? b[c0 + k] : T(0);
+        const T* channel = in + at + k * s;
+        T* result = values + k * s;
+        for (int64_t i = 0; i < s; ++i) result[i] = apply(channel[i], m, r, wk, bk);
+      }
     }
     done(ng, values);
+  };
+  for_range((total + 1) / 2, n * c * s, [=](int64_t pair) {
+    const int64_t ng = 2 * pair;
+    if (ng + 1 < total) {
+      statistics<2, T>({in + ng * size, in + (ng + 1) * size}, 1, size, 0, eps, mu + ng, rs + ng);
+      normalise(ng);
+      normalise(ng + 1);
+    } else {
+      statistics<1, T>({in + ng * size}, 1, size, 0, eps, mu + ng, rs + ng);
+      normalise(ng);
+    }
   });
 }
 
@@ -434,19 +463,16 @@ void CpuBackend::batch_norm(const Tensor& x, double eps, double momentum, bool u
     T *out = y.data<T>(), *mu = mean.data<T>(), *rs = rstd.data<T>();
     T *rm = optional_data<T>(running_mean), *rv = optional_data<T>(running_var);
     const double count = static_cast<double>(n * s);
-    for_range(c, n * c * s, [=](int64_t ch) {
-      if (use_running) {
-        mu[ch] = rm[ch];
-        rs[ch] = static_cast<T>(1.0 / std::sqrt(static_cast<double>(rv[ch]) + eps));
-      } else {
-        const double var = statistics(in + ch * s, n, s, c * s, eps, mu + ch, rs + ch);
-        if (momentum >= 0 && rm != nullptr) {
-          // The running variance takes the unbiased estimate, as PyTorch's.
-          rm[ch] = static_cast<T>((1 - momentum) * double(rm[ch]) + momentum * double(mu[ch]));
-          rv[ch] = static_cast<T>((1 - momentum) * double(rv[ch]) +
-                                  momentum * var * count / (count - 1));
-        }
+    // channel ch's running statistics from its batch statistics
+    const auto update_running = [=](int64_t ch, double var) {
+      if (momentum >= 0 && rm != nullptr) {
+        // The running variance takes the unbiased estimate, as PyTorch's.
+        rm[ch] = static_cast<T>((1 - momentum) * double(rm[ch]) + momentum * double(mu[ch]));
+        rv[ch] =
+            static_cast<T>((1 - momentum) * double(rv[ch]) + momentum * var * count / (count - 1));
       }
+    };
+    const auto normalise = [=](int64_t ch) {
       const T wk = w ? w[ch] : T(1), bk = b ? b[ch] : T(0);
       // mean and rstd as locals: as far as the compiler knows, out may alias them
       const T m = mu[ch], r = rs[ch];
@@ -456,6 +482,24 @@ void CpuBackend::batch_norm(const Tensor& x, double eps, double momentum, bool u
         T* result = out + (i * c + ch) * s;
         for (int64_t k = 0; k < s; ++k) result[k] = apply(run[k], m, r, wk, bk);
       }
+    };
+    // two channels a task, their batch statistics side by side
+    for_range((c + 1) / 2, n * c * s, [=](int64_t pair) {
+      const int64_t ch = 2 * pair, count_here = std::min<int64_t>(2, c - ch);
+      if (use_running) {
+        for (int64_t k = ch; k < ch + count_here; ++k) {
+          mu[k] = rm[k];
+          rs[k] = static_cast<T>(1.0 / std::sqrt(static_cast<double>(rv[k]) + eps));
+        }
+      } else if (count_here == 2) {
+        const auto var =
+            statistics<2, T>({in + ch * s, in + (ch + 1) * s}, n, s, c * s, eps, mu + ch, rs + ch);
+        update_running(ch, var[0]);
+        update_running(ch + 1, var[1]);
+      } else {
+        update_running(ch, statistics<1, T>({in + ch * s}, n, s, c * s, eps, mu + ch, rs + ch)[0]);
+      }
+      for (int64_t k = ch; k < ch + count_here; ++k) normalise(k);
     });
   });
 }
