@@ -14,6 +14,7 @@
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/pool.h"
 #include "kernels/cpu/scratch.h"
+#include "kernels/cpu/vec.h"
 #include "kernels/dispatch.h"
 #include "kernels/functors.h"
 
@@ -185,28 +186,62 @@ void row_affine_grads(const T* dy, const T* x, int64_t n, int64_t c, const T* me
   });
 }
 
-// dx of one row normalised on its own (layer norm, or group norm of [N, C, 1]): `features` values
-// of channels c0 ..., with the row's statistics. Each feature's terms are what run_sums gives for
-// a run of one element, round(g w) and round(g w (x - m) r): the products rounded on their own
-// (std::fma with a zero addend, so the compiler cannot fuse them into the running sums), added in
-// feature order, one loop over the row (a reduction call per feature costs about 50 cycles).
+// dx of up to kRowBlock rows normalised on their own (layer norm, or group norm of [N, C, 1]),
+// `stride` apart: each row's `features` values, with the weights w (from the rows' first channel;
+// null: ones) and the row's statistics mean[j * stat_stride], rstd[j * stat_stride]. Each
+// feature's terms are what run_sums gives for a run of one element, round(g w) and
+// round(g w (x - m) r): the products rounded on their own (a multiply-add onto +0, so they cannot
+// be fused into the running sums), added in feature order. Each row's sums are one chain of
+// additions, so the rows' chains run side by side, one row a vector lane: a block of features is
+// first staged as [feature, row] doubles (rows past `rows` as zeros, their lanes unused). A row's
+// bits are those of the row alone.
+constexpr int kRowBlock = 8;
 template <typename T>
-void norm_grad_row(const T* dy, const T* x, T* dx, int64_t features, int64_t c0, const T* weight,
-                   T mean, T rstd) {
-  const double m = static_cast<double>(mean), r = static_cast<double>(rstd);
-  double sum_g = 0, sum_gx = 0;
-  for (int64_t k = 0; k < features; ++k) {
-    const double w = weight ? static_cast<double>(weight[c0 + k]) : 1.0;
-    const double gw = std::fma(static_cast<double>(dy[k]), w, 0.0);
-    sum_g += gw;
-    sum_gx += std::fma(gw * (static_cast<double>(x[k]) - m), r, 0.0);
+void norm_grad_rows(const T* dy, const T* x, T* dx, int64_t rows, int64_t stride, int64_t features,
+                    const T* w, const T* mean, const T* rstd, int64_t stat_stride) {
+  using V = vec::Vec<double, kRowBlock>;
+  constexpr int64_t kStaged = 64;  // features a block
+  alignas(64) double m[kRowBlock] = {}, r[kRowBlock] = {};
+  alignas(64) double g_staged[kStaged][kRowBlock], x_staged[kStaged][kRowBlock];
+  if (rows < kRowBlock) {  // the unused lanes: zeros (no NaN or infinity from uninitialised bits)
+    for (int64_t k = 0; k < kStaged; ++k) {
+      std::fill(g_staged[k] + rows, g_staged[k] + kRowBlock, 0.0);
+      std::fill(x_staged[k] + rows, x_staged[k] + kRowBlock, 0.0);
+    }
+  }
+  for (int64_t j = 0; j < rows; ++j) {
+    m[j] = static_cast<double>(mean[j * stat_stride]);
+    r[j] = static_cast<double>(rstd[j * stat_stride]);
+  }
+  const V row_m = vec::load<double, kRowBlock>(m), row_r = vec::load<double, kRowBlock>(r);
+  V sum_g{}, sum_gx{};
+  for (int64_t k0 = 0; k0 < features; k0 += kStaged) {
+    const int64_t count = std::min(kStaged, features - k0);
+    for (int64_t j = 0; j < rows; ++j) {
+      const T *g = dy + j * stride + k0, *xs = x + j * stride + k0;
+      for (int64_t k = 0; k < count; ++k) {
+        g_staged[k][j] = static_cast<double>(g[k]);
+        x_staged[k][j] = static_cast<double>(xs[k]);
+      }
+    }
+    for (int64_t k = 0; k < count; ++k) {
+      const V weight = vec::splat<V>(w ? static_cast<double>(w[k0 + k]) : 1.0);
+      const V gw = vec::fma(vec::load<double, kRowBlock>(g_staged[k]), weight, V{});
+      sum_g += gw;
+      sum_gx += vec::fma(gw * (vec::load<double, kRowBlock>(x_staged[k]) - row_m), row_r, V{});
+    }
   }
   const double count = static_cast<double>(features);
-  const T mean_g = static_cast<T>(sum_g / count), mean_gx = static_cast<T>(sum_gx / count);
   const fn::NormGrad grad;
-  for (int64_t k = 0; k < features; ++k) {
-    const T w = weight ? weight[c0 + k] : T(1);
-    dx[k] = grad(dy[k] * w, (x[k] - mean) * rstd, rstd, mean_g, mean_gx);
+  for (int64_t j = 0; j < rows; ++j) {
+    const T mean_g = static_cast<T>(sum_g[j] / count), mean_gx = static_cast<T>(sum_gx[j] / count);
+    const T row_mean = mean[j * stat_stride], row_rstd = rstd[j * stat_stride];
+    const T *g = dy + j * stride, *xs = x + j * stride;
+    T* out = dx + j * stride;
+    for (int64_t k = 0; k < features; ++k) {
+      out[k] =
+          grad(g[k] * (w ? w[k] : T(1)), (xs[k] - row_mean) * row_rstd, row_rstd, mean_g, mean_gx);
+    }
   }
 }
 
@@ -371,9 +406,13 @@ void CpuBackend::group_norm_backward(const Tensor& dy, const Tensor& x, int64_t 
     // S = 1 (or an empty S = 0) from here: rows of C values, each group of per of them normalised
     // on its own
     if (out != nullptr && s == 1) {
-      for_range(n * groups, n * c, [=](int64_t ng) {
-        const int64_t at = ng * per, c0 = (ng % groups) * per;
-        norm_grad_row(g + at, in + at, out + at, per, c0, w, mu[ng], rs[ng]);
+      // blocks of kRowBlock samples' rows of one group (the same weights)
+      const int64_t blocks = (n + kRowBlock - 1) / kRowBlock;
+      for_range(blocks * groups, n * c, [=](int64_t task) {
+        const int64_t group = task % groups, first = task / groups * kRowBlock;
+        const int64_t at = first * c + group * per, ng = first * groups + group;
+        norm_grad_rows(g + at, in + at, out + at, std::min<int64_t>(kRowBlock, n - first), c, per,
+                       w ? w + group * per : nullptr, mu + ng, rs + ng, groups);
       });
     }
     if (s == 1 && groups == 1) {  // layer norm
