@@ -8,6 +8,7 @@
 // a row fails EveryPrimitiveHasARow, so a new primitive cannot land untested.
 #include <cstring>
 #include <set>
+#include <tuple>
 
 #include <cblas.h>
 #include <omp.h>
@@ -1452,6 +1453,113 @@ TEST(BlasCore, AsksForTheCpusOwnKernelsOnlyWhenTheRunningOnesAreLowerAndTheUserC
   EXPECT_EQ(cpu::blas_core_level("Prescott"), 1);
   EXPECT_GE(cpu::cpu_vector_level(), 1);
   EXPECT_LE(cpu::cpu_vector_level(), 4);
+}
+
+// The CPU norms run sets side by side: group norm's forward two groups at a time and batch norm's
+// two channels (their sums in one loop), layer norm's backward eight rows in vector lanes. Each
+// set's results must be the bytes it gets in a call of its own: a sample's group norm (and the
+// rows of group norm over [N, C, 1]) against the same call on that sample alone, a channel's batch
+// norm against the call on that channel alone. Odd counts leave a set without a partner, and the
+// row blocks end short.
+namespace norm_sets {
+bool same_bytes(const void* a, const Tensor& b) {
+  return std::memcmp(a, b.raw(), b.nbytes()) == 0;
+}
+// x [N, C, S]'s channel k as [N, 1, S]
+Tensor channel(const Tensor& x, int64_t k) {
+  const int64_t n = x.size(0), c = x.size(1), s = x.size(2);
+  const size_t run = static_cast<size_t>(s) * dtype_size(x.dtype());
+  Tensor out = Tensor::empty({n, 1, s}, x.dtype(), Device::cpu());
+  for (int64_t i = 0; i < n; ++i) {
+    std::memcpy(static_cast<char*>(out.raw()) + i * run,
+                static_cast<const char*>(x.raw()) + (i * c + k) * run, run);
+  }
+  return out;
+}
+const void* channel_run(const Tensor& x, int64_t i, int64_t k) {
+  const size_t run = static_cast<size_t>(x.size(2)) * dtype_size(x.dtype());
+  return static_cast<const char*>(x.raw()) + (i * x.size(1) + k) * run;
+}
+}  // namespace norm_sets
+
+TEST(Backend, NormsGiveEachGroupRowAndChannelTheBytesItGetsAlone) {
+  using namespace norm_sets;
+  Backend& be = backend_for(Device::cpu());
+  const auto empty = [](const Shape& shape, DType dt) {
+    return Tensor::empty(shape, dt, Device::cpu());
+  };
+  for (DType dt : {DType::kFloat32, DType::kFloat64}) {
+    struct GroupCase {
+      int64_t n, c, s, groups;
+    };
+    // 15 groups (odd); rows of 4 groups, blocks of 8 rows and a block of 3; layer norm over 19
+    // rows; 130 features (the staging's 64 twice, then 2)
+    for (const GroupCase& k : {GroupCase{5, 6, 7, 3}, GroupCase{11, 12, 1, 4},
+                               GroupCase{19, 40, 1, 1}, GroupCase{9, 130, 1, 1}}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " group norm [" << k.n << ", " << k.c
+                                        << ", " << k.s << "] groups " << k.groups);
+      const Tensor x = random({k.n, k.c, k.s}, 1, dt, -2, 3), dy = random(x.shape(), 2, dt);
+      const Tensor w = random({k.c}, 3, dt), b = random({k.c}, 4, dt);
+      Tensor y = empty(x.shape(), dt), mean = empty({k.n, k.groups}, dt), rstd = mean.clone();
+      Tensor dx = empty(x.shape(), dt), dw = empty({k.c}, dt), db = empty({k.c}, dt);
+      be.group_norm(x, k.groups, 1e-5, w, b, y, mean, rstd);
+      be.group_norm_backward(dy, x, k.groups, mean, rstd, w, dx, 0.0, dw, db);
+      for (int64_t i = 0; i < k.n; ++i) {
+        const Tensor xi = x.narrow(i, 1).clone(), dyi = dy.narrow(i, 1).clone();
+        Tensor yi = empty(xi.shape(), dt), mean_i = empty({1, k.groups}, dt),
+               rstd_i = mean_i.clone(), dxi = empty(xi.shape(), dt), none;
+        be.group_norm(xi, k.groups, 1e-5, w, b, yi, mean_i, rstd_i);
+        be.group_norm_backward(dyi, xi, k.groups, mean_i, rstd_i, w, dxi, 0.0, none, none);
+        EXPECT_TRUE(same_bytes(y.narrow(i, 1).raw(), yi)) << "y of sample " << i;
+        EXPECT_TRUE(same_bytes(mean.narrow(i, 1).raw(), mean_i)) << "mean of sample " << i;
+        EXPECT_TRUE(same_bytes(rstd.narrow(i, 1).raw(), rstd_i)) << "rstd of sample " << i;
+        EXPECT_TRUE(same_bytes(dx.narrow(i, 1).raw(), dxi)) << "dx of sample " << i;
+      }
+    }
+    struct ChannelCase {
+      int64_t n, c, s;
+    };
+    for (const ChannelCase& k : {ChannelCase{6, 5, 9}, ChannelCase{3, 4, 1}}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " batch norm [" << k.n << ", " << k.c
+                                        << ", " << k.s << "]");
+      const Tensor x = random({k.n, k.c, k.s}, 5, dt, -2, 3), dy = random(x.shape(), 6, dt);
+      const Tensor w = random({k.c}, 7, dt), b = random({k.c}, 8, dt);
+      Tensor running_mean = random({k.c}, 9, dt), running_var = random({k.c}, 10, dt, 0.5, 2);
+      const Tensor rm0 = running_mean.clone(), rv0 = running_var.clone();
+      Tensor y = empty(x.shape(), dt), mean = empty({k.c}, dt), rstd = mean.clone();
+      Tensor dx = empty(x.shape(), dt), dw = empty({k.c}, dt), db = empty({k.c}, dt);
+      be.batch_norm(x, 1e-5, 0.1, false, w, b, running_mean, running_var, y, mean, rstd);
+      be.batch_norm_backward(dy, x, false, mean, rstd, w, dx, 0.0, dw, db);
+      for (int64_t ch = 0; ch < k.c; ++ch) {
+        const Tensor xk = channel(x, ch), dyk = channel(dy, ch);
+        Tensor rmk = rm0.narrow(ch, 1).clone(), rvk = rv0.narrow(ch, 1).clone();
+        Tensor yk = empty(xk.shape(), dt), mean_k = empty({1}, dt), rstd_k = mean_k.clone();
+        Tensor dxk = empty(xk.shape(), dt), dwk = empty({1}, dt), dbk = empty({1}, dt);
+        be.batch_norm(xk, 1e-5, 0.1, false, w.narrow(ch, 1), b.narrow(ch, 1), rmk, rvk, yk, mean_k,
+                      rstd_k);
+        be.batch_norm_backward(dyk, xk, false, mean_k, rstd_k, w.narrow(ch, 1), dxk, 0.0, dwk, dbk);
+        for (int64_t i = 0; i < k.n; ++i) {
+          EXPECT_EQ(std::memcmp(channel_run(y, i, ch), channel_run(yk, i, 0),
+                                static_cast<size_t>(k.s) * dtype_size(dt)),
+                    0)
+              << "y of channel " << ch << ", sample " << i;
+          EXPECT_EQ(std::memcmp(channel_run(dx, i, ch), channel_run(dxk, i, 0),
+                                static_cast<size_t>(k.s) * dtype_size(dt)),
+                    0)
+              << "dx of channel " << ch << ", sample " << i;
+        }
+        for (auto [whole, alone, what] : {std::tuple{&mean, &mean_k, "mean"},
+                                          {&rstd, &rstd_k, "rstd"},
+                                          {&running_mean, &rmk, "running mean"},
+                                          {&running_var, &rvk, "running var"},
+                                          {&dw, &dwk, "dweight"},
+                                          {&db, &dbk, "dbias"}}) {
+          EXPECT_TRUE(same_bytes(whole->narrow(ch, 1).raw(), *alone))
+              << what << " of channel " << ch;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
