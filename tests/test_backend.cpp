@@ -1558,6 +1558,32 @@ TEST(Backend, NormsGiveEachGroupRowAndChannelTheBytesItGetsAlone) {
               << what << " of channel " << ch;
         }
       }
+      // evaluation: the running statistics, two channels a task as well
+      Tensor y_eval = empty(x.shape(), dt), mean_eval = empty({k.c}, dt), rstd_eval = mean.clone();
+      be.batch_norm(x, 1e-5, 0.1, true, w, b, running_mean, running_var, y_eval, mean_eval,
+                    rstd_eval);
+      be.batch_norm_backward(dy, x, true, mean_eval, rstd_eval, w, dx, 0.0, dw, db);
+      for (int64_t ch = 0; ch < k.c; ++ch) {
+        const Tensor xk = channel(x, ch), dyk = channel(dy, ch);
+        Tensor rmk = running_mean.narrow(ch, 1), rvk = running_var.narrow(ch, 1);
+        Tensor yk = empty(xk.shape(), dt), mean_k = empty({1}, dt), rstd_k = mean_k.clone();
+        Tensor dxk = empty(xk.shape(), dt), dwk = empty({1}, dt), dbk = empty({1}, dt);
+        be.batch_norm(xk, 1e-5, 0.1, true, w.narrow(ch, 1), b.narrow(ch, 1), rmk, rvk, yk, mean_k,
+                      rstd_k);
+        be.batch_norm_backward(dyk, xk, true, mean_k, rstd_k, w.narrow(ch, 1), dxk, 0.0, dwk, dbk);
+        EXPECT_TRUE(same_bytes(mean_eval.narrow(ch, 1).raw(), mean_k)) << "eval mean " << ch;
+        EXPECT_TRUE(same_bytes(rstd_eval.narrow(ch, 1).raw(), rstd_k)) << "eval rstd " << ch;
+        for (int64_t i = 0; i < k.n; ++i) {
+          EXPECT_EQ(std::memcmp(channel_run(y_eval, i, ch), channel_run(yk, i, 0),
+                                static_cast<size_t>(k.s) * dtype_size(dt)),
+                    0)
+              << "eval y of channel " << ch << ", sample " << i;
+          EXPECT_EQ(std::memcmp(channel_run(dx, i, ch), channel_run(dxk, i, 0),
+                                static_cast<size_t>(k.s) * dtype_size(dt)),
+                    0)
+              << "eval dx of channel " << ch << ", sample " << i;
+        }
+      }
     }
   }
 }

@@ -71,8 +71,10 @@ DySums dy_sums(const T* dy, const T* x, int64_t n, double m, double r, double w)
 // The mean and biased variance of kSets sets of elements at once (one or two), set k being
 // `segments` runs of `run` elements each `stride` apart from first[k]; mean[k] and rstd[k] = 1 /
 // sqrt(var + eps) stored as T, the variances returned. Two sets' sums are run_sums' two chains in
-// one loop: each set's sums are the ones it gets alone (the same lanes, in the same order), and
-// the two chains of additions overlap rather than wait on each other.
+// one loop (one set alone has a chain of +0 beside its own): the vectoriser splits both loops
+// alike, so each set's sums are the ones it gets alone (the same lanes, in the same order;
+// Backend.NormsGiveEachGroupRowAndChannelTheBytesItGetsAlone checks it on the compiler at hand),
+// and the two chains of additions overlap rather than wait on each other.
 template <int kSets, typename T>
 std::array<double, kSets> statistics(const std::array<const T*, kSets>& first, int64_t segments,
                                      int64_t run, int64_t stride, double eps, T* mean, T* rstd) {
@@ -187,14 +189,14 @@ void row_affine_grads(const T* dy, const T* x, int64_t n, int64_t c, const T* me
 }
 
 // dx of up to kRowBlock rows normalised on their own (layer norm, or group norm of [N, C, 1]),
-// `stride` apart: each row's `features` values, with the weights w (from the rows' first channel;
-// null: ones) and the row's statistics mean[j * stat_stride], rstd[j * stat_stride]. Each
-// feature's terms are what run_sums gives for a run of one element, round(g w) and
-// round(g w (x - m) r): the products rounded on their own (a multiply-add onto +0, so they cannot
-// be fused into the running sums), added in feature order. Each row's sums are one chain of
+// `stride` apart: each row's `features` values, with the weights w (the weight of the group's
+// first channel on; null: ones) and the row's statistics mean[j * stat_stride], rstd[j *
+// stat_stride]. Each feature's terms are what run_sums gives for a run of one element, round(g w)
+// and round(g w (x - m) r): the products rounded on their own (a multiply-add onto +0, so they
+// cannot be fused into the running sums), added in feature order. Each row's sums are one chain of
 // additions, so the rows' chains run side by side, one row a vector lane: a block of features is
-// first staged as [feature, row] doubles (rows past `rows` as zeros, their lanes unused). A row's
-// bits are those of the row alone.
+// first staged as [feature, row] doubles (the lanes past `rows` as zeros, never read back). A row's
+// bits are those of the row alone, whatever the block.
 constexpr int kRowBlock = 8;
 template <typename T>
 void norm_grad_rows(const T* dy, const T* x, T* dx, int64_t rows, int64_t stride, int64_t features,
@@ -203,7 +205,7 @@ void norm_grad_rows(const T* dy, const T* x, T* dx, int64_t rows, int64_t stride
   constexpr int64_t kStaged = 64;  // features a block
   alignas(64) double m[kRowBlock] = {}, r[kRowBlock] = {};
   alignas(64) double g_staged[kStaged][kRowBlock], x_staged[kStaged][kRowBlock];
-  if (rows < kRowBlock) {  // the unused lanes: zeros (no NaN or infinity from uninitialised bits)
+  if (rows < kRowBlock) {  // the unused lanes: zeros rather than whatever bits the stack holds
     for (int64_t k = 0; k < kStaged; ++k) {
       std::fill(g_staged[k] + rows, g_staged[k] + kRowBlock, 0.0);
       std::fill(x_staged[k] + rows, x_staged[k] + kRowBlock, 0.0);
@@ -278,9 +280,9 @@ void batch_norm_channel_backward(const T* dy, const T* x, T* dx, int64_t n, int6
   write_affine_grads(ch, sum_gx, sum_g, beta, dweight, dbias);
 }
 
-// Group norm's forward over x [N, C, S], two groups at a time: their statistics side by side,
-// then for each its normalised [per, S] values written where target(ng) says, then done(ng,
-// values) (the fused pooling reads them there).
+// Group norm's forward over x [N, C, S], two groups at a time (the last alone when the count is
+// odd): their statistics side by side, then for each its normalised [per, S] values written where
+// target(ng) says, then done(ng, values) (the fused pooling reads them there).
 template <typename T, typename Target, typename Done>
 void group_norm_groups(const T* in, int64_t n, int64_t c, int64_t s, int64_t groups, double eps,
                        const T* w, const T* b, T* mu, T* rs, Target target, Done done) {
@@ -406,12 +408,15 @@ void CpuBackend::group_norm_backward(const Tensor& dy, const Tensor& x, int64_t 
     // S = 1 (or an empty S = 0) from here: rows of C values, each group of per of them normalised
     // on its own
     if (out != nullptr && s == 1) {
-      // blocks of kRowBlock samples' rows of one group (the same weights)
-      const int64_t blocks = (n + kRowBlock - 1) / kRowBlock;
+      // blocks of kRowBlock samples' rows of one group (the same weights); rows one by one where
+      // the blocks would be too few tasks to share out (a row's bits do not depend on its block)
+      constexpr int64_t kMinTasks = 16;
+      const int64_t block = n / kRowBlock * groups >= kMinTasks ? kRowBlock : 1;
+      const int64_t blocks = (n + block - 1) / block;
       for_range(blocks * groups, n * c, [=](int64_t task) {
-        const int64_t group = task % groups, first = task / groups * kRowBlock;
+        const int64_t group = task % groups, first = task / groups * block;
         const int64_t at = first * c + group * per, ng = first * groups + group;
-        norm_grad_rows(g + at, in + at, out + at, std::min<int64_t>(kRowBlock, n - first), c, per,
+        norm_grad_rows(g + at, in + at, out + at, std::min(block, n - first), c, per,
                        w ? w + group * per : nullptr, mu + ng, rs + ng, groups);
       });
     }

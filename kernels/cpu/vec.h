@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <utility>
 
@@ -68,8 +69,8 @@ Mask<T, N> load_int32(const int32_t* p) {
 
 // a b + c lane by lane, each lane rounded once (fused), whatever the optimisation level or the
 // contraction setting (a plain a * b + c is fused only where the compiler contracts it): the
-// x86 instructions for vectors of 64 or 32 bytes where the build targets them, else std::fma per
-// lane.
+// x86 instructions for vectors of 64 or 32 bytes where the build targets them (a vector of 64
+// bytes as two of 32 on AVX2), else std::fma per lane.
 template <typename V>
 V fma(const V& a, const V& b, const V& c) {
   using T = std::remove_cv_t<std::remove_reference_t<decltype(a[0])>>;
@@ -90,6 +91,18 @@ V fma(const V& a, const V& b, const V& c) {
   } else if constexpr (sizeof(V) == 32) {
     return reinterpret_cast<V>(_mm256_fmadd_pd(
         reinterpret_cast<__m256d>(a), reinterpret_cast<__m256d>(b), reinterpret_cast<__m256d>(c)));
+  }
+  if constexpr (sizeof(V) == 64) {  // no AVX-512: two halves of 32 bytes
+    using Half = Vec<T, 32 / sizeof(T)>;
+    Half halves[3][2];
+    std::memcpy(halves[0], &a, sizeof(V));
+    std::memcpy(halves[1], &b, sizeof(V));
+    std::memcpy(halves[2], &c, sizeof(V));
+    const Half product[2] = {fma(halves[0][0], halves[1][0], halves[2][0]),
+                             fma(halves[0][1], halves[1][1], halves[2][1])};
+    V r;
+    std::memcpy(&r, product, sizeof(V));
+    return r;
   }
 #endif
   V r = c;
