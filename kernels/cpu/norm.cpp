@@ -68,29 +68,21 @@ DySums dy_sums(const T* dy, const T* x, int64_t n, double m, double r, double w)
   return {g, gx, wg, wgx};
 }
 
-// The mean and biased variance of kSets sets of elements at once (one or two), set k being
-// `segments` runs of `run` elements each `stride` apart from first[k]; mean[k] and rstd[k] = 1 /
-// sqrt(var + eps) stored as T, the variances returned. Two sets' sums are run_sums' two chains in
-// one loop (one set alone has a chain of +0 beside its own): the vectoriser splits both loops
-// alike, so each set's sums are the ones it gets alone (the same lanes, in the same order;
-// Backend.NormsGiveEachGroupRowAndChannelTheBytesItGetsAlone checks it on the compiler at hand),
-// and the two chains of additions overlap rather than wait on each other.
-template <int kSets, typename T>
-std::array<double, kSets> statistics(const std::array<const T*, kSets>& first, int64_t segments,
-                                     int64_t run, int64_t stride, double eps, T* mean, T* rstd) {
-  static_assert(kSets == 1 || kSets == 2, "one set, or two side by side");
-  // run_sums over set 0's and (where there is one) set 1's segment, value(i) of each
+// The mean and biased variance of two sets of elements at once, set k being `segments` runs of
+// `run` elements each `stride` apart from a (k = 0) or b (k = 1); mean[k] and rstd[k] = 1 /
+// sqrt(var + eps) stored as T, the variances returned. A set without a partner goes beside itself
+// (statistics_of_one). The two sets' sums are run_sums' two chains in one loop, which overlap
+// rather than wait on each other. Every set goes through this one loop whatever its partner, so
+// its bits never depend on the batch around it: a loop of one set beside a chain of +0 (the
+// earlier code) vectorises as this one does on AVX2 and AVX-512 builds, not on SSE2 ones.
+template <typename T>
+std::array<double, 2> statistics(const T* a, const T* b, int64_t segments, int64_t run,
+                                 int64_t stride, double eps, T* mean, T* rstd) {
+  // run_sums over the two sets' segment s, value(v, k) of each value v of set k
   const auto both_sums = [&](int64_t s, auto value) {
-    const T* a = first[0] + s * stride;
-    const T* b = first[kSets - 1] + s * stride;
-    if constexpr (kSets == 2) {
-      return run_sums(
-          run, [=](int64_t i) { return value(a[i], 0); },
-          [=](int64_t i) { return value(b[i], 1); });
-    } else {
-      return run_sums(
-          run, [=](int64_t i) { return value(a[i], 0); }, [](int64_t) { return 0.0; });
-    }
+    const T *p = a + s * stride, *q = b + s * stride;
+    return run_sums(
+        run, [=](int64_t i) { return value(p[i], 0); }, [=](int64_t i) { return value(q[i], 1); });
   };
   const double count = static_cast<double>(segments * run);
   double total[2] = {0, 0};
@@ -109,12 +101,23 @@ std::array<double, kSets> statistics(const std::array<const T*, kSets>& first, i
     squares[0] += sums.first;
     squares[1] += sums.second;
   }
-  std::array<double, kSets> variance;
-  for (int k = 0; k < kSets; ++k) {
+  std::array<double, 2> variance;
+  for (int k = 0; k < 2; ++k) {
     variance[k] = squares[k] / count;
     mean[k] = static_cast<T>(m[k]);
     rstd[k] = static_cast<T>(1.0 / std::sqrt(variance[k] + eps));
   }
+  return variance;
+}
+
+// statistics of set a alone (beside itself): mean[0], rstd[0], and the variance returned.
+template <typename T>
+double statistics_of_one(const T* a, int64_t segments, int64_t run, int64_t stride, double eps,
+                         T* mean, T* rstd) {
+  T means[2], rstds[2];
+  const double variance = statistics(a, a, segments, run, stride, eps, means, rstds)[0];
+  *mean = means[0];
+  *rstd = rstds[0];
   return variance;
 }
 
@@ -198,6 +201,48 @@ void row_affine_grads(const T* dy, const T* x, int64_t n, int64_t c, const T* me
 // first staged as [feature, row] doubles (the lanes past `rows` as zeros, never read back). A row's
 // bits are those of the row alone, whatever the block.
 constexpr int kRowBlock = 8;
+
+// staged [k] [j] = first[j * stride + k] as a double, for k < count and j < rows (rows at most
+// kRowBlock). Eight features of the rows at a time are eight vector loads (converted to double)
+// turned into eight vectors of features by an 8 x 8 transpose in three rounds of shuffles; rows
+// past `rows` load as zeros. The last count % 8 features go one value at a time.
+template <typename T>
+void stage_rows(const T* first, int64_t stride, int64_t rows, int64_t count,
+                double (*staged)[kRowBlock]) {
+  using V = vec::Vec<double, kRowBlock>;
+  using M = vec::Mask<double, kRowBlock>;
+  int64_t k = 0;
+  for (; k + kRowBlock <= count; k += kRowBlock) {
+    V v[kRowBlock];  // v[j]: row j's features k ... k + 7, then v[i]: feature k + i of every row
+    for (int64_t j = 0; j < kRowBlock; ++j) {
+      const T* at = first + j * stride + k;
+      if (j >= rows) {
+        v[j] = V{};
+      } else if constexpr (std::is_same_v<T, double>) {
+        v[j] = vec::load<double, kRowBlock>(at);
+      } else {
+        v[j] = __builtin_convertvector(vec::load<T, kRowBlock>(at), V);
+      }
+    }
+    // the transpose: pairs of rows interleaved, then pairs of pairs, then halves
+    const auto round = [&](int distance, const M& low, const M& high) {
+      for (int j = 0; j < kRowBlock; ++j) {
+        if (j & distance) continue;
+        const V a = v[j], b = v[j + distance];
+        v[j] = __builtin_shuffle(a, b, low);
+        v[j + distance] = __builtin_shuffle(a, b, high);
+      }
+    };
+    round(1, M{0, 8, 2, 10, 4, 12, 6, 14}, M{1, 9, 3, 11, 5, 13, 7, 15});
+    round(2, M{0, 1, 8, 9, 4, 5, 12, 13}, M{2, 3, 10, 11, 6, 7, 14, 15});
+    round(4, M{0, 1, 2, 3, 8, 9, 10, 11}, M{4, 5, 6, 7, 12, 13, 14, 15});
+    for (int64_t i = 0; i < kRowBlock; ++i) vec::store(staged[k + i], v[i]);
+  }
+  for (; k < count; ++k) {
+    for (int64_t j = 0; j < rows; ++j) staged[k][j] = static_cast<double>(first[j * stride + k]);
+  }
+}
+
 template <typename T>
 void norm_grad_rows(const T* dy, const T* x, T* dx, int64_t rows, int64_t stride, int64_t features,
                     const T* w, const T* mean, const T* rstd, int64_t stat_stride) {
@@ -219,13 +264,8 @@ void norm_grad_rows(const T* dy, const T* x, T* dx, int64_t rows, int64_t stride
   V sum_g{}, sum_gx{};
   for (int64_t k0 = 0; k0 < features; k0 += kStaged) {
     const int64_t count = std::min(kStaged, features - k0);
-    for (int64_t j = 0; j < rows; ++j) {
-      const T *g = dy + j * stride + k0, *xs = x + j * stride + k0;
-      for (int64_t k = 0; k < count; ++k) {
-        g_staged[k][j] = static_cast<double>(g[k]);
-        x_staged[k][j] = static_cast<double>(xs[k]);
-      }
-    }
+    stage_rows(dy + k0, stride, rows, count, g_staged);
+    stage_rows(x + k0, stride, rows, count, x_staged);
     for (int64_t k = 0; k < count; ++k) {
       const V weight = vec::splat<V>(w ? static_cast<double>(w[k0 + k]) : 1.0);
       const V gw = vec::fma(vec::load<double, kRowBlock>(g_staged[k]), weight, V{});
@@ -311,11 +351,11 @@ void group_norm_groups(const T* in, int64_t n, int64_t c, int64_t s, int64_t gro
   for_range((total + 1) / 2, n * c * s, [=](int64_t pair) {
     const int64_t ng = 2 * pair;
     if (ng + 1 < total) {
-      statistics<2, T>({in + ng * size, in + (ng + 1) * size}, 1, size, 0, eps, mu + ng, rs + ng);
+      statistics(in + ng * size, in + (ng + 1) * size, 1, size, 0, eps, mu + ng, rs + ng);
       normalise(ng);
       normalise(ng + 1);
     } else {
-      statistics<1, T>({in + ng * size}, 1, size, 0, eps, mu + ng, rs + ng);
+      statistics_of_one(in + ng * size, 1, size, 0, eps, mu + ng, rs + ng);
       normalise(ng);
     }
   });
@@ -537,11 +577,11 @@ void CpuBackend::batch_norm(const Tensor& x, double eps, double momentum, bool u
         }
       } else if (count_here == 2) {
         const auto var =
-            statistics<2, T>({in + ch * s, in + (ch + 1) * s}, n, s, c * s, eps, mu + ch, rs + ch);
+            statistics(in + ch * s, in + (ch + 1) * s, n, s, c * s, eps, mu + ch, rs + ch);
         update_running(ch, var[0]);
         update_running(ch + 1, var[1]);
       } else {
-        update_running(ch, statistics<1, T>({in + ch * s}, n, s, c * s, eps, mu + ch, rs + ch)[0]);
+        update_running(ch, statistics_of_one(in + ch * s, n, s, c * s, eps, mu + ch, rs + ch));
       }
       for (int64_t k = ch; k < ch + count_here; ++k) normalise(k);
     });
