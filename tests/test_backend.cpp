@@ -1476,9 +1476,16 @@ Tensor channel(const Tensor& x, int64_t k) {
   }
   return out;
 }
-const void* channel_run(const Tensor& x, int64_t i, int64_t k) {
-  const size_t run = static_cast<size_t>(x.size(2)) * dtype_size(x.dtype());
-  return static_cast<const char*>(x.raw()) + (i * x.size(1) + k) * run;
+// The first sample whose run of channel ch in whole [N, C, S] differs from alone [N, 1, S], or -1.
+int64_t first_differing_sample(const Tensor& whole, const Tensor& alone, int64_t ch) {
+  const size_t run = static_cast<size_t>(whole.size(2)) * dtype_size(whole.dtype());
+  for (int64_t i = 0; i < whole.size(0); ++i) {
+    if (std::memcmp(static_cast<const char*>(whole.raw()) + (i * whole.size(1) + ch) * run,
+                    static_cast<const char*>(alone.raw()) + i * run, run) != 0) {
+      return i;
+    }
+  }
+  return -1;
 }
 }  // namespace norm_sets
 
@@ -1492,10 +1499,12 @@ TEST(Backend, NormsGiveEachGroupRowAndChannelTheBytesItGetsAlone) {
     struct GroupCase {
       int64_t n, c, s, groups;
     };
-    // 15 groups (odd); rows of 4 groups, blocks of 8 rows and a block of 3; layer norm over 19
-    // rows; 130 features (the staging's 64 twice, then 2)
-    for (const GroupCase& k : {GroupCase{5, 6, 7, 3}, GroupCase{11, 12, 1, 4},
-                               GroupCase{19, 40, 1, 1}, GroupCase{9, 130, 1, 1}}) {
+    // 15 groups (odd); rows of 4 groups and layer norms too short for blocks (rows one by one),
+    // 130 features (the staging's 64 twice, then 2); rows of 4 groups and a layer norm in blocks
+    // of 8 rows (16 tasks or more), the last block of 5
+    for (const GroupCase& k :
+         {GroupCase{5, 6, 7, 3}, GroupCase{11, 12, 1, 4}, GroupCase{19, 40, 1, 1},
+          GroupCase{9, 130, 1, 1}, GroupCase{37, 12, 1, 4}, GroupCase{133, 70, 1, 1}}) {
       SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " group norm [" << k.n << ", " << k.c
                                         << ", " << k.s << "] groups " << k.groups);
       const Tensor x = random({k.n, k.c, k.s}, 1, dt, -2, 3), dy = random(x.shape(), 2, dt);
@@ -1520,68 +1529,40 @@ TEST(Backend, NormsGiveEachGroupRowAndChannelTheBytesItGetsAlone) {
       int64_t n, c, s;
     };
     for (const ChannelCase& k : {ChannelCase{6, 5, 9}, ChannelCase{3, 4, 1}}) {
-      SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " batch norm [" << k.n << ", " << k.c
-                                        << ", " << k.s << "]");
       const Tensor x = random({k.n, k.c, k.s}, 5, dt, -2, 3), dy = random(x.shape(), 6, dt);
       const Tensor w = random({k.c}, 7, dt), b = random({k.c}, 8, dt);
       Tensor running_mean = random({k.c}, 9, dt), running_var = random({k.c}, 10, dt, 0.5, 2);
-      const Tensor rm0 = running_mean.clone(), rv0 = running_var.clone();
-      Tensor y = empty(x.shape(), dt), mean = empty({k.c}, dt), rstd = mean.clone();
-      Tensor dx = empty(x.shape(), dt), dw = empty({k.c}, dt), db = empty({k.c}, dt);
-      be.batch_norm(x, 1e-5, 0.1, false, w, b, running_mean, running_var, y, mean, rstd);
-      be.batch_norm_backward(dy, x, false, mean, rstd, w, dx, 0.0, dw, db);
-      for (int64_t ch = 0; ch < k.c; ++ch) {
-        const Tensor xk = channel(x, ch), dyk = channel(dy, ch);
-        Tensor rmk = rm0.narrow(ch, 1).clone(), rvk = rv0.narrow(ch, 1).clone();
-        Tensor yk = empty(xk.shape(), dt), mean_k = empty({1}, dt), rstd_k = mean_k.clone();
-        Tensor dxk = empty(xk.shape(), dt), dwk = empty({1}, dt), dbk = empty({1}, dt);
-        be.batch_norm(xk, 1e-5, 0.1, false, w.narrow(ch, 1), b.narrow(ch, 1), rmk, rvk, yk, mean_k,
-                      rstd_k);
-        be.batch_norm_backward(dyk, xk, false, mean_k, rstd_k, w.narrow(ch, 1), dxk, 0.0, dwk, dbk);
-        for (int64_t i = 0; i < k.n; ++i) {
-          EXPECT_EQ(std::memcmp(channel_run(y, i, ch), channel_run(yk, i, 0),
-                                static_cast<size_t>(k.s) * dtype_size(dt)),
-                    0)
-              << "y of channel " << ch << ", sample " << i;
-          EXPECT_EQ(std::memcmp(channel_run(dx, i, ch), channel_run(dxk, i, 0),
-                                static_cast<size_t>(k.s) * dtype_size(dt)),
-                    0)
-              << "dx of channel " << ch << ", sample " << i;
-        }
-        for (auto [whole, alone, what] : {std::tuple{&mean, &mean_k, "mean"},
-                                          {&rstd, &rstd_k, "rstd"},
-                                          {&running_mean, &rmk, "running mean"},
-                                          {&running_var, &rvk, "running var"},
-                                          {&dw, &dwk, "dweight"},
-                                          {&db, &dbk, "dbias"}}) {
-          EXPECT_TRUE(same_bytes(whole->narrow(ch, 1).raw(), *alone))
-              << what << " of channel " << ch;
-        }
-      }
-      // evaluation: the running statistics, two channels a task as well
-      Tensor y_eval = empty(x.shape(), dt), mean_eval = empty({k.c}, dt), rstd_eval = mean.clone();
-      be.batch_norm(x, 1e-5, 0.1, true, w, b, running_mean, running_var, y_eval, mean_eval,
-                    rstd_eval);
-      be.batch_norm_backward(dy, x, true, mean_eval, rstd_eval, w, dx, 0.0, dw, db);
-      for (int64_t ch = 0; ch < k.c; ++ch) {
-        const Tensor xk = channel(x, ch), dyk = channel(dy, ch);
-        Tensor rmk = running_mean.narrow(ch, 1), rvk = running_var.narrow(ch, 1);
-        Tensor yk = empty(xk.shape(), dt), mean_k = empty({1}, dt), rstd_k = mean_k.clone();
-        Tensor dxk = empty(xk.shape(), dt), dwk = empty({1}, dt), dbk = empty({1}, dt);
-        be.batch_norm(xk, 1e-5, 0.1, true, w.narrow(ch, 1), b.narrow(ch, 1), rmk, rvk, yk, mean_k,
-                      rstd_k);
-        be.batch_norm_backward(dyk, xk, true, mean_k, rstd_k, w.narrow(ch, 1), dxk, 0.0, dwk, dbk);
-        EXPECT_TRUE(same_bytes(mean_eval.narrow(ch, 1).raw(), mean_k)) << "eval mean " << ch;
-        EXPECT_TRUE(same_bytes(rstd_eval.narrow(ch, 1).raw(), rstd_k)) << "eval rstd " << ch;
-        for (int64_t i = 0; i < k.n; ++i) {
-          EXPECT_EQ(std::memcmp(channel_run(y_eval, i, ch), channel_run(yk, i, 0),
-                                static_cast<size_t>(k.s) * dtype_size(dt)),
-                    0)
-              << "eval y of channel " << ch << ", sample " << i;
-          EXPECT_EQ(std::memcmp(channel_run(dx, i, ch), channel_run(dxk, i, 0),
-                                static_cast<size_t>(k.s) * dtype_size(dt)),
-                    0)
-              << "eval dx of channel " << ch << ", sample " << i;
+      // training (the batch's statistics, the running ones updated), then evaluation (the running
+      // statistics)
+      for (bool use_running : {false, true}) {
+        SCOPED_TRACE(::testing::Message()
+                     << dtype_name(dt) << " batch norm [" << k.n << ", " << k.c << ", " << k.s
+                     << "]" << (use_running ? " on its running statistics" : ""));
+        const Tensor rm0 = running_mean.clone(), rv0 = running_var.clone();
+        Tensor y = empty(x.shape(), dt), mean = empty({k.c}, dt), rstd = mean.clone();
+        Tensor dx = empty(x.shape(), dt), dw = empty({k.c}, dt), db = empty({k.c}, dt);
+        be.batch_norm(x, 1e-5, 0.1, use_running, w, b, running_mean, running_var, y, mean, rstd);
+        be.batch_norm_backward(dy, x, use_running, mean, rstd, w, dx, 0.0, dw, db);
+        for (int64_t ch = 0; ch < k.c; ++ch) {
+          const Tensor xk = channel(x, ch), dyk = channel(dy, ch);
+          Tensor rmk = rm0.narrow(ch, 1).clone(), rvk = rv0.narrow(ch, 1).clone();
+          Tensor yk = empty(xk.shape(), dt), mean_k = empty({1}, dt), rstd_k = mean_k.clone();
+          Tensor dxk = empty(xk.shape(), dt), dwk = empty({1}, dt), dbk = empty({1}, dt);
+          const Tensor wk = w.narrow(ch, 1);
+          be.batch_norm(xk, 1e-5, 0.1, use_running, wk, b.narrow(ch, 1), rmk, rvk, yk, mean_k,
+                        rstd_k);
+          be.batch_norm_backward(dyk, xk, use_running, mean_k, rstd_k, wk, dxk, 0.0, dwk, dbk);
+          EXPECT_EQ(first_differing_sample(y, yk, ch), -1) << "y of channel " << ch;
+          EXPECT_EQ(first_differing_sample(dx, dxk, ch), -1) << "dx of channel " << ch;
+          for (auto [whole, alone, what] : {std::tuple{&mean, &mean_k, "mean"},
+                                            {&rstd, &rstd_k, "rstd"},
+                                            {&running_mean, &rmk, "running mean"},
+                                            {&running_var, &rvk, "running var"},
+                                            {&dw, &dwk, "dweight"},
+                                            {&db, &dbk, "dbias"}}) {
+            EXPECT_TRUE(same_bytes(whole->narrow(ch, 1).raw(), *alone))
+                << what << " of channel " << ch;
+          }
         }
       }
     }

@@ -73,8 +73,8 @@ DySums dy_sums(const T* dy, const T* x, int64_t n, double m, double r, double w)
 // sqrt(var + eps) stored as T, the variances returned. A set without a partner goes beside itself
 // (statistics_of_one). The two sets' sums are run_sums' two chains in one loop, which overlap
 // rather than wait on each other. Every set goes through this one loop whatever its partner, so
-// its bits never depend on the batch around it: a loop of one set beside a chain of +0 (the
-// earlier code) vectorises as this one does on AVX2 and AVX-512 builds, not on SSE2 ones.
+// its bits never depend on the batch around it (a loop of one set beside a chain of +0 vectorises
+// as this one on AVX2 and AVX-512 builds, but not on SSE2 ones).
 template <typename T>
 std::array<double, 2> statistics(const T* a, const T* b, int64_t segments, int64_t run,
                                  int64_t stride, double eps, T* mean, T* rstd) {
@@ -191,15 +191,7 @@ void row_affine_grads(const T* dy, const T* x, int64_t n, int64_t c, const T* me
   });
 }
 
-// dx of up to kRowBlock rows normalised on their own (layer norm, or group norm of [N, C, 1]),
-// `stride` apart: each row's `features` values, with the weights w (the weight of the group's
-// first channel on; null: ones) and the row's statistics mean[j * stat_stride], rstd[j *
-// stat_stride]. Each feature's terms are what run_sums gives for a run of one element, round(g w)
-// and round(g w (x - m) r): the products rounded on their own (a multiply-add onto +0, so they
-// cannot be fused into the running sums), added in feature order. Each row's sums are one chain of
-// additions, so the rows' chains run side by side, one row a vector lane: a block of features is
-// first staged as [feature, row] doubles (the lanes past `rows` as zeros, never read back). A row's
-// bits are those of the row alone, whatever the block.
+// Rows of layer norm's backward a block (one row a vector lane of doubles).
 constexpr int kRowBlock = 8;
 
 // staged [k] [j] = first[j * stride + k] as a double, for k < count and j < rows (rows at most
@@ -243,6 +235,15 @@ void stage_rows(const T* first, int64_t stride, int64_t rows, int64_t count,
   }
 }
 
+// dx of up to kRowBlock rows normalised on their own (layer norm, or group norm of [N, C, 1]),
+// `stride` apart: each row's `features` values, with the weights w (the weight of the group's
+// first channel on; null: ones) and the row's statistics mean[j * stat_stride], rstd[j *
+// stat_stride]. Each feature's terms are what run_sums gives for a run of one element, round(g w)
+// and round(g w (x - m) r): the products rounded on their own (a multiply-add onto +0, so they
+// cannot be fused into the running sums), added in feature order. Each row's sums are one chain of
+// additions, so the rows' chains run side by side, one row a vector lane: a block of features is
+// first staged as [feature, row] doubles (the lanes past `rows` as zeros, never read back). A row's
+// bits are those of the row alone, whatever the block.
 template <typename T>
 void norm_grad_rows(const T* dy, const T* x, T* dx, int64_t rows, int64_t stride, int64_t features,
                     const T* w, const T* mean, const T* rstd, int64_t stat_stride) {
@@ -567,23 +568,28 @@ void CpuBackend::batch_norm(const Tensor& x, double eps, double momentum, bool u
         for (int64_t k = 0; k < s; ++k) result[k] = apply(run[k], m, r, wk, bk);
       }
     };
+    if (use_running) {  // the running statistics, channel by channel
+      for_range(c, n * c * s, [=](int64_t ch) {
+        mu[ch] = rm[ch];
+        rs[ch] = static_cast<T>(1.0 / std::sqrt(static_cast<double>(rv[ch]) + eps));
+        normalise(ch);
+      });
+      return;
+    }
     // two channels a task, their batch statistics side by side
     for_range((c + 1) / 2, n * c * s, [=](int64_t pair) {
-      const int64_t ch = 2 * pair, count_here = std::min<int64_t>(2, c - ch);
-      if (use_running) {
-        for (int64_t k = ch; k < ch + count_here; ++k) {
-          mu[k] = rm[k];
-          rs[k] = static_cast<T>(1.0 / std::sqrt(static_cast<double>(rv[k]) + eps));
-        }
-      } else if (count_here == 2) {
+      const int64_t ch = 2 * pair;
+      if (ch + 1 < c) {
         const auto var =
             statistics(in + ch * s, in + (ch + 1) * s, n, s, c * s, eps, mu + ch, rs + ch);
         update_running(ch, var[0]);
         update_running(ch + 1, var[1]);
+        normalise(ch);
+        normalise(ch + 1);
       } else {
         update_running(ch, statistics_of_one(in + ch * s, n, s, c * s, eps, mu + ch, rs + ch));
+        normalise(ch);
       }
-      for (int64_t k = ch; k < ch + count_here; ++k) normalise(k);
     });
   });
 }
