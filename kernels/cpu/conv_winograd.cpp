@@ -17,10 +17,12 @@
 //
 // Measured and not kept (bench rows at conv2's shapes, alternating): the input transform takes
 // about a third of this file's perf samples, and a V merely filled with a constant ran the forward
-// 100 us and the data gradient 270 us faster (of 0.68 and 0.81 ms). Yet a second pass as one
-// unit-stride loop over each sample's tiles (20-28% faster in a harness where V stays in L2, the
-// same bytes), V written channel by channel, and a sample's padded channels copied before the
-// first transform each left those rows unchanged or slower.
+// 100 us and the data gradient 270 us faster (of 0.68 and 0.81 ms; copying x into the padded
+// planes as well cost nothing more). Yet a second pass as one unit-stride loop over each sample's
+// tiles (20-28% faster in a harness where V stays in L2, the same bytes), V written channel by
+// channel, a sample's padded channels copied before the first transform, and V laid out
+// [C, 16, tiles] (a channel's 16 rows together, the GEMMs reading it 16 rows apart) each left
+// those rows unchanged or slower.
 #include <algorithm>
 
 #include "core/tensor.h"
