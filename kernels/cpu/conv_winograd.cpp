@@ -13,16 +13,15 @@
 // the thread count.
 //
 // The input transform goes along each padded row first, a tile row's tiles in vector lanes, then
-// across the four rows of each tile row (input_tiles).
-//
-// Measured and not kept (bench rows at conv2's shapes, alternating): the input transform takes
-// about a third of this file's perf samples, and a V merely filled with a constant ran the forward
-// 100 us and the data gradient 270 us faster (of 0.68 and 0.81 ms; copying x into the padded
-// planes as well cost nothing more). Yet a second pass as one unit-stride loop over each sample's
-// tiles (20-28% faster in a harness where V stays in L2, the same bytes), V written channel by
-// channel, a sample's padded channels copied before the first transform, and V laid out
-// [C, 16, tiles] (a channel's 16 rows together, the GEMMs reading it 16 rows apart) each left
-// those rows unchanged or slower.
+// across the rows in one unit-stride loop over a sample's tiles (input_tiles). A channel's 16 rows
+// of V, every sample's tiles, are assembled in a small buffer and copied out whole. Bench rows at
+// conv2's shapes, alternating with the earlier form (tile row by tile row, each vector stored
+// straight into V's 16 rows): forward 667-727 -> 612-630 us, data gradient 806-850 -> 670-692 us,
+// the same bytes. Measured and not kept: the same two passes storing into V in place, sample by
+// sample or channel by channel (20-28% faster in a harness where V stays in L2, no faster in the
+// convolution); a sample's padded channels all copied before the first transform; V laid out
+// [C, 16, tiles], the GEMMs reading it 16 rows apart; a prefetch-for-write of the next channel's
+// lines of V; chunks of 2 samples rather than 4.
 #include <algorithm>
 
 #include "core/tensor.h"
@@ -117,15 +116,6 @@ using vec::odds;
 using vec::store;
 using vec::Vec;
 
-// p [0, n) = v's first n lanes. When all kLanes fit before `limit` they are stored as one vector:
-// the lanes past n land on values the caller writes later (the next tiles or rows), which saves
-// the scalar tail; the last store before `limit` is exact.
-template <typename T>
-void store_first(T* p, const Vec<T>& v, int64_t n, const T* limit) {
-  if (p + kLanes <= limit) return store(p, v);
-  for (int64_t i = 0; i < n; ++i) p[i] = v[i];
-}
-
 // The blocks of kLanes tiles a tile row is cut into (the last may hold fewer).
 int64_t lane_blocks(const Tiling& tiles) {
   return (tiles.tw + kLanes - 1) / kLanes;
@@ -135,70 +125,87 @@ int64_t lane_blocks(const Tiling& tiles) {
 int64_t padded_stride(const Tiling& tiles) {
   return 2 * kLanes * lane_blocks(tiles) + kLanes;
 }
-// The scratch input_tiles needs: the padded channel and the B-transformed columns of the last four
-// rows (4 vectors per block and row); output_tiles needs less (2 vectors per block).
-int64_t input_scratch(const Tiling& tiles) {
-  return tiles.padded_rows() * padded_stride(tiles) + 4 * 4 * kLanes * lane_blocks(tiles);
+// One of input_tiles' eight row buffers: the B-transformed column ck of the even (or odd) padded
+// rows, th + 1 rows of tw tiles back to back, and room for the last block's lanes past them.
+int64_t row_buffer(const Tiling& tiles) {
+  return (tiles.th + 1) * tiles.tw + kLanes;
+}
+// The scratch input_tiles needs for ld tiles: the padded channel, its eight row buffers and a
+// channel's 16 rows of V; output_tiles needs less (2 vectors per block).
+int64_t input_scratch(const Tiling& tiles, int64_t ld) {
+  return tiles.padded_rows() * padded_stride(tiles) + 8 * row_buffer(tiles) + kPositions * ld;
 }
 
-// V [16, C, ld] columns t0 ... of one sample x [C, H, W]: B^T d B for each tile d, with
-// B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1]. B first goes along each padded input row r: for
-// tile column tx (p = the row),
+// V [16, C, ld] = B^T d B for each tile d of the samples x [samples, C, H, W] (ld of their tiles,
+// sample by sample), with B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1]. B first goes along each
+// padded input row r: for tile column tx (p = the row),
 //   c0 = p[2 tx] - p[2 tx + 2], c1 = p[2 tx + 1] + p[2 tx + 2],
 //   c2 = p[2 tx + 2] - p[2 tx + 1], c3 = p[2 tx + 1] - p[2 tx + 3];
 // then B^T across the rows 2 ty ... 2 ty + 3 (r0 ... r3) of tile row ty, for each column ck:
 //   d0 = r0 - r2, d1 = r1 + r2, d2 = r2 - r1, d3 = r1 - r3,
-// and dl of column ck is the tile's position 4 l + k. The rows' ck for a block of tiles come from
-// the even and odd columns of the padded row as vectors; the last four rows' are kept in `ring`.
+// and dl of column ck is the tile's position 4 l + k. A row's ck for a block of tiles come from the
+// even and odd columns of the padded row as vectors, and go to the row buffer of ck and the row's
+// parity at row r / 2 (a vector's lanes past the row land where the next row goes, written after).
+// Then tile j = ty tw + tx reads r0 (r2) at j (j + tw) of the even rows' buffer and r1 (r3) of the
+// odd rows': the second pass is one unit-stride loop over a sample's tiles. A channel's 16 rows of
+// V are assembled, every sample's tiles, in the scratch and then copied out a whole row at a time,
+// so each line of V is written in one go, front to back (see the top of the file).
 template <typename T>
-void input_tiles(const T* x, const ConvShape& s, const Conv2dGeometry& g, const Tiling& tiles,
-                 int64_t ld, int64_t t0, T* scratch, T* v) {
+void input_tiles(const T* x, int64_t samples, const ConvShape& s, const Conv2dGeometry& g,
+                 const Tiling& tiles, int64_t ld, T* scratch, T* v) {
   const int64_t rows = tiles.padded_rows(), stride = padded_stride(tiles),
-                blocks = lane_blocks(tiles);
+                blocks = lane_blocks(tiles), buffer = row_buffer(tiles), tw = tiles.tw;
   T* padded = scratch;
-  T* ring = padded + rows * stride;  // [4 rows, blocks, 4 columns ck] vectors
-  const auto ck = [&](int64_t r, int64_t block, int k) {
-    return ring + ((r % 4 * blocks + block) * 4 + k) * kLanes;
-  };
+  T* ck_rows = padded + rows * stride;     // [parity, k] row buffers
+  T* channel_rows = ck_rows + 8 * buffer;  // [16, ld]: a channel's rows of V
   std::fill(padded, padded + rows * stride, T(0));
   for (int64_t c = 0; c < s.c; ++c) {
-    const T* plane = x + c * s.h * s.w;
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t ih = r - g.pad_h;
-      if (ih >= 0 && ih < s.h) copy_row(plane + ih * s.w, s.w, padded + r * stride + g.pad_w);
-    }
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t block = 0; block < blocks; ++block) {  // p B along row r
-        const T* p = padded + r * stride + 2 * kLanes * block;
-        const Vec<T> lo = load(p), hi = load(p + kLanes);            // columns 2 tx, 2 tx + 1
-        const Vec<T> lo2 = load(p + 2), hi2 = load(p + kLanes + 2);  // 2 tx + 2, 2 tx + 3
-        const Vec<T> p0 = evens<T>(lo, hi), p1 = odds<T>(lo, hi), p2 = evens<T>(lo2, hi2),
-                     p3 = odds<T>(lo2, hi2);
-        store(ck(r, block, 0), p0 - p2);
-        store(ck(r, block, 1), p1 + p2);
-        store(ck(r, block, 2), p2 - p1);
-        store(ck(r, block, 3), p1 - p3);
+    for (int64_t n = 0; n < samples; ++n) {
+      const T* plane = x + n * s.image() + c * s.h * s.w;
+      for (int64_t ih = 0; ih < s.h; ++ih) {
+        copy_row(plane + ih * s.w, s.w, padded + (ih + g.pad_h) * stride + g.pad_w);
       }
-      if (r < 3 || r % 2 == 0) continue;
-      const int64_t ty = (r - 3) / 2;  // B^T across rows r - 3 ... r
-      for (int64_t block = 0; block < blocks; ++block) {
-        const int64_t tile = t0 + ty * tiles.tw + block * kLanes;
-        const int64_t n = std::min(kLanes, tiles.tw - block * kLanes);
-        for (int k = 0; k < 4; ++k) {
-          const Vec<T> r0 = load(ck(r - 3, block, k)), r1 = load(ck(r - 2, block, k)),
-                       r2 = load(ck(r - 1, block, k)), r3 = load(ck(r, block, k));
-          const Vec<T> d[4] = {r0 - r2, r1 + r2, r2 - r1, r1 - r3};
-          for (int l = 0; l < 4; ++l) {
-            T* row = v + ((4 * l + k) * s.c + c) * ld;
-            store_first(row + tile, d[l], n, row + ld);
-          }
+      for (int64_t r = 0; r < rows; ++r) {
+        T* row = ck_rows + (r % 2) * 4 * buffer + r / 2 * tw;
+        for (int64_t block = 0; block < blocks; ++block) {  // p B along row r
+          const T* p = padded + r * stride + 2 * kLanes * block;
+          const Vec<T> lo = load(p), hi = load(p + kLanes);            // columns 2 tx, 2 tx + 1
+          const Vec<T> lo2 = load(p + 2), hi2 = load(p + kLanes + 2);  // 2 tx + 2, 2 tx + 3
+          const Vec<T> p0 = evens<T>(lo, hi), p1 = odds<T>(lo, hi), p2 = evens<T>(lo2, hi2),
+                       p3 = odds<T>(lo2, hi2);
+          T* at = row + block * kLanes;
+          store(at, p0 - p2);
+          store(at + buffer, p1 + p2);
+          store(at + 2 * buffer, p2 - p1);
+          store(at + 3 * buffer, p1 - p3);
         }
       }
+      for (int k = 0; k < 4; ++k) {  // B^T across the rows of every tile
+        const T* __restrict even = ck_rows + k * buffer;
+        const T* __restrict odd = even + 4 * buffer;
+        T* __restrict d0 = channel_rows + k * ld + n * tiles.per_sample();
+        T* __restrict d1 = d0 + 4 * ld;  // position 4 + k
+        T* __restrict d2 = d1 + 4 * ld;
+        T* __restrict d3 = d2 + 4 * ld;
+#pragma omp simd
+        for (int64_t j = 0; j < tiles.per_sample(); ++j) {
+          const T r0 = even[j], r1 = odd[j], r2 = even[j + tw], r3 = odd[j + tw];
+          d0[j] = r0 - r2;
+          d1[j] = r1 + r2;
+          d2[j] = r2 - r1;
+          d3[j] = r1 - r3;
+        }
+      }
+    }
+    for (int64_t xi = 0; xi < kPositions; ++xi) {
+      std::copy(channel_rows + xi * ld, channel_rows + (xi + 1) * ld, v + (xi * s.c + c) * ld);
     }
   }
 }
 
-// Writes the 2 n values e0 o0 e1 o1 ... (e and o interleaved) at p, as store_first does.
+// Writes the 2 n values e0 o0 e1 o1 ... (e and o interleaved) at p: as one pair of vectors when
+// all 2 kLanes fit before `limit` (the lanes past 2 n land on values the caller writes later, which
+// saves the scalar tail), else value by value.
 template <typename T>
 void store_pairs(T* p, const Vec<T>& e, const Vec<T>& o, int64_t n, const T* limit) {
   using Index = typename Lanes<T>::Index;
@@ -270,16 +277,14 @@ void convolve(const T* x, const T* u, const T* bias, const ConvShape& s, const C
   check_blas_sizes(s, ch, tiles, op);
   const int64_t most = ch.samples * tiles.per_sample();  // tiles of the largest chunk
   const int64_t v_size = kPositions * s.c * most, m_size = kPositions * s.o * most;
-  ThreadScratch<T> scratch(1, v_size + m_size + input_scratch(tiles), dtype);
+  ThreadScratch<T> scratch(1, v_size + m_size + input_scratch(tiles, most), dtype);
   for_library_calls(ch.count, s.macs() >= kParallelMacs, [&](int64_t chunk) {
     T* v = scratch.mine();
     T* m = v + v_size;
     T* rows = m + m_size;
     const int64_t first = ch.first(chunk), end = ch.end(chunk, s.n);
     const int64_t ld = (end - first) * tiles.per_sample();
-    for (int64_t n = first; n < end; ++n) {
-      input_tiles(x + n * s.image(), s, g, tiles, ld, (n - first) * tiles.per_sample(), rows, v);
-    }
+    input_tiles(x + first * s.image(), end - first, s, g, tiles, ld, rows, v);
     for (int64_t xi = 0; xi < kPositions; ++xi) {
       blas(CblasNoTrans, CblasNoTrans, int(s.o), int(ld), int(s.c), T(1), u + xi * s.o * s.c,
            int(s.c), v + xi * s.c * ld, int(ld), T(0), m + xi * s.o * ld, int(ld));
