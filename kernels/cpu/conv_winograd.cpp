@@ -14,14 +14,14 @@
 //
 // The input transform goes along each padded row first, a tile row's tiles in vector lanes, then
 // across the rows in one unit-stride loop over a sample's tiles (input_tiles). A channel's 16 rows
-// of V, every sample's tiles, are assembled in a small buffer and copied out whole. Bench rows at
-// conv2's shapes, alternating with the earlier form (tile row by tile row, each vector stored
-// straight into V's 16 rows): forward 667-727 -> 612-630 us, data gradient 806-850 -> 670-692 us,
-// the same bytes. Measured and not kept: the same two passes storing into V in place, sample by
-// sample or channel by channel (20-28% faster in a harness where V stays in L2, no faster in the
-// convolution); a sample's padded channels all copied before the first transform; V laid out
-// [C, 16, tiles], the GEMMs reading it 16 rows apart; a prefetch-for-write of the next channel's
-// lines of V; chunks of 2 samples rather than 4.
+// of V, every sample's tiles, are assembled in a buffer of 16 ld values (a channel's share of V)
+// and copied out whole. Bench rows at conv2's shapes, alternating with the earlier form (tile row
+// by tile row, each vector stored straight into V's 16 rows): forward 667-727 -> 612-630 us, data
+// gradient 806-850 -> 670-692 us, the same bytes. Measured and not kept: the same two passes
+// storing into V in place, sample by sample or channel by channel (20-28% faster in a harness
+// where V stays in L2, no faster in the convolution); a sample's padded channels all copied before
+// the first transform; V laid out [C, 16, tiles], the GEMMs reading it 16 rows apart; a
+// prefetch-for-write of the next channel's lines of V; chunks of 2 samples rather than 4.
 #include <algorithm>
 
 #include "core/tensor.h"
@@ -103,10 +103,10 @@ void transform_filters(int64_t outs, int64_t ins, Filter filter, T* u) {
   });
 }
 
-// The transforms run on kLanes tiles of a tile row at once (kernels/cpu/vec.h; a row of the
-// MNIST CNN's 14 x 14 planes is 7 tiles: one vector). Each value is the same sums in the same
-// order as the scalar formulas in the comments, so the results are those of a loop over single
-// tiles; only the loads, shuffles and stores are grouped.
+// The transforms' passes along rows run on kLanes tiles of a tile row at once (kernels/cpu/vec.h;
+// a row of the MNIST CNN's 14 x 14 planes is 7 tiles: one vector). Each value is the same sums in
+// the same order as the scalar formulas in the comments, so the results are those of a loop over
+// single tiles; only the loads, shuffles and stores are grouped.
 using vec::copy_row;
 using vec::evens;
 using vec::kLanes;
@@ -145,7 +145,8 @@ int64_t input_scratch(const Tiling& tiles, int64_t ld) {
 //   d0 = r0 - r2, d1 = r1 + r2, d2 = r2 - r1, d3 = r1 - r3,
 // and dl of column ck is the tile's position 4 l + k. A row's ck for a block of tiles come from the
 // even and odd columns of the padded row as vectors, and go to the row buffer of ck and the row's
-// parity at row r / 2 (a vector's lanes past the row land where the next row goes, written after).
+// parity at row r / 2 (a vector's lanes past the row land on the rows after it, written later, or
+// past the last row in the buffer's slack).
 // Then tile j = ty tw + tx reads r0 (r2) at j (j + tw) of the even rows' buffer and r1 (r3) of the
 // odd rows': the second pass is one unit-stride loop over a sample's tiles. A channel's 16 rows of
 // V are assembled, every sample's tiles, in the scratch and then copied out a whole row at a time,
