@@ -15,13 +15,12 @@
 // The input transform goes along each padded row first, a tile row's tiles in vector lanes, then
 // across the rows in one unit-stride loop over a sample's tiles (input_tiles). A channel's 16 rows
 // of V, every sample's tiles, are assembled in a buffer of 16 ld values (a channel's share of V)
-// and copied out whole. Bench rows at conv2's shapes, alternating with the earlier form (tile row
-// by tile row, each vector stored straight into V's 16 rows): forward 667-727 -> 612-630 us, data
-// gradient 806-850 -> 670-692 us, the same bytes. Measured and not kept: the same two passes
-// storing into V in place, sample by sample or channel by channel (20-28% faster in a harness
-// where V stays in L2, no faster in the convolution); a sample's padded channels all copied before
-// the first transform; V laid out [C, 16, tiles], the GEMMs reading it 16 rows apart; a
-// prefetch-for-write of the next channel's lines of V; chunks of 2 samples rather than 4.
+// and copied out whole. Measured at conv2's shapes (bench rows, the same bytes): storing each tile
+// row's vector straight into V's 16 rows instead ran the forward at 667-727 us against 612-630,
+// the data gradient at 806-850 against 670-692. These ran no faster than that: the same two
+// passes storing into V in place (though 20-28% faster in a harness where V stays in L2), a
+// sample's padded channels all copied before the first transform, V laid out [C, 16, tiles] with
+// the GEMMs reading it 16 rows apart, a prefetch-for-write of V's next lines, chunks of 2 samples.
 #include <algorithm>
 
 #include "core/tensor.h"
