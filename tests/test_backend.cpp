@@ -16,6 +16,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/blas_core.h"
 #include "kernels/cpu/conv.h"
+#include "kernels/cpu/exp_probe.h"
 #include "kernels/trace.h"
 #include "test_util.h"
 
@@ -921,6 +922,95 @@ TEST(Backend, PermuteMovesEachElementWhereItsIndexSays) {
                 0)
           << "element " << j << " of " << shape_str(k.shape) << " permuted by "
           << shape_str(k.dims);
+    }
+  }
+}
+
+// vec::exp_lanes gives std::exp's bits (kernels/cpu/exp.h): every 4099th float bit pattern (all
+// signs, magnitudes, subnormals and NaN payloads among them), the values softmax sees most densely
+// ([-20, 0] in steps of 2^-9), and the edges of glibc's fast path, lanes mixed so that one slow
+// lane sends a vector to the library. Checked once over all 2^32 floats on AVX-512 and AVX2 builds.
+TEST(Backend, VectorExpGivesStdExpBits) {
+  if (!cpu::vector_exp_in_kernels()) {
+    GTEST_SKIP() << "the library targets no FMA (or has no glibc): its softmax loops call std::exp";
+  }
+  std::vector<float> values;
+  for (uint64_t bits = 0; bits < (uint64_t{1} << 32); bits += 4099) {
+    const auto b = static_cast<uint32_t>(bits);
+    float f;
+    std::memcpy(&f, &b, sizeof f);
+    values.push_back(f);
+  }
+  for (float f = -20.0f; f <= 0.0f; f += 0x1p-9f) values.push_back(f);
+  for (float edge : {88.0f, -88.0f, 88.72283f, 88.72284f, -103.27893f, -103.97208f, -104.0f,
+                     std::nextafter(88.0f, 0.0f), std::nextafter(-88.0f, 0.0f), 0.0f, -0.0f,
+                     INFINITY, -INFINITY, NAN}) {
+    values.push_back(edge);
+  }
+  std::vector<float> got(values.size());
+  cpu::exp_floats(values.data(), static_cast<int64_t>(values.size()), got.data());
+  int64_t mismatches = 0;
+  for (size_t i = 0; i < values.size(); ++i) {
+    const float want = std::exp(values[i]);
+    if (std::memcmp(&want, &got[i], sizeof want) != 0 && ++mismatches <= 5) {
+      ADD_FAILURE() << "exp(" << values[i] << "): " << got[i] << " against std::exp's " << want;
+    }
+  }
+  EXPECT_EQ(mismatches, 0) << "of " << values.size() << " values";
+}
+
+// The float softmax loops keep the bits of their scalar formulas with the vector exponentials:
+// cross_entropy's probabilities exp(x - lse) and causal_softmax's exp(s x - max) / sum (the
+// product and difference fused where the build targets FMA, as the compiler contracts the scalar
+// formula), rows of lengths around the vector width, values large enough to take glibc's slow path.
+TEST(Backend, SoftmaxKeepsScalarExpBits) {
+  Backend& be = backend_for(Device::cpu());
+  std::mt19937 gen(3);
+  for (int64_t cols : {1, 7, 8, 9, 17, 40}) {
+    for (float spread : {1.0f, 60.0f}) {
+      const int64_t rows = 5;
+      std::normal_distribution<float> normal(0.0f, spread);
+      Tensor x = Tensor::empty({rows, cols}, DType::kFloat32, Device::cpu());
+      for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = normal(gen);
+      Tensor labels = Tensor::zeros({rows}, DType::kInt32, Device::cpu());
+      Tensor loss = Tensor::empty({1}, DType::kFloat32, Device::cpu());
+      Tensor probs = Tensor::empty({rows, cols}, DType::kFloat32, Device::cpu());
+      be.cross_entropy(x, labels, loss, probs);
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* row = x.data<float>() + r * cols;
+        float max = row[0], total = 0;
+        for (int64_t c = 1; c < cols; ++c) max = row[c] > max ? row[c] : max;
+        for (int64_t c = 0; c < cols; ++c) total += std::exp(row[c] - max);
+        const float lse = max + std::log(total);
+        for (int64_t c = 0; c < cols; ++c) {
+          const float want = std::exp(row[c] - lse), got = probs.data<float>()[r * cols + c];
+          EXPECT_EQ(std::memcmp(&want, &got, sizeof want), 0)
+              << "cross_entropy [" << rows << ", " << cols << "] spread " << spread << " row " << r
+              << " column " << c << ": " << got << " against " << want;
+        }
+      }
+      // causal_softmax over [1, T, T] with T = cols
+      Tensor scores = Tensor::empty({1, cols, cols}, DType::kFloat32, Device::cpu());
+      for (int64_t i = 0; i < scores.numel(); ++i) scores.data<float>()[i] = normal(gen);
+      Tensor y = Tensor::empty({1, cols, cols}, DType::kFloat32, Device::cpu());
+      const float s = 0.35f;
+      be.causal_softmax(s, scores, y);
+      const auto shifted = [&](float v, float max) {
+        return cpu::vector_exp_in_kernels() ? std::fma(s, v, -max) : s * v - max;
+      };
+      for (int64_t q = 0; q < cols; ++q) {
+        const float* row = scores.data<float>() + q * cols;
+        float max = s * row[0], total = 0;
+        for (int64_t k = 1; k <= q; ++k) max = s * row[k] > max ? s * row[k] : max;
+        for (int64_t k = 0; k <= q; ++k) total += std::exp(shifted(row[k], max));
+        for (int64_t k = 0; k < cols; ++k) {
+          const float want = k <= q ? std::exp(shifted(row[k], max)) / total : 0.0f;
+          const float got = y.data<float>()[q * cols + k];
+          EXPECT_EQ(std::memcmp(&want, &got, sizeof want), 0)
+              << "causal_softmax T = " << cols << " spread " << spread << " query " << q << " key "
+              << k << ": " << got << " against " << want;
+        }
+      }
     }
   }
 }

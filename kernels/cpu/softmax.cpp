@@ -1,11 +1,18 @@
 // CPU softmax family, one row per iteration: log_softmax and its backward, the fused softmax
 // cross-entropy with sum reduction and its backward, attention's causal softmax and its backward.
 // Rows are independent, so they run in parallel; the loss sums per-row values in row order
-// (deterministic).
+// (deterministic). In float the exponentials go kLanes at a time through vec::exp_lanes (the bits
+// of std::exp, kernels/cpu/exp.h) where the build allows; a row's sum of them still adds them one
+// by one in column order, so every result keeps its bits. Measured (bench, softmax_ce over 1000
+// rows of 1000 on a 2-core AMD EPYC): 3.77 ms with a library call per value.
+#include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/exp.h"
+#include "kernels/cpu/exp_probe.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/dispatch.h"
 #include "kernels/functors.h"
@@ -14,19 +21,52 @@ namespace accrue::cpu {
 
 namespace {
 
+using vec::kLanes;
+
+// Whether T's exponentials run in vectors.
+template <typename T>
+constexpr bool kVectorExp = std::is_same_v<T, float>&& vec::kVectorExp;
+
+// exp(a x[c] - b) for c in [begin, end), a and b scalars, handed to each(c, value) in column
+// order; the product and difference fused (one rounding), as the compiler contracts the scalar
+// formula where it targets FMA, and as b alone (a x - b with a = 1, exact) where not scaled.
+template <typename T, typename Each>
+void exps(const T* x, int64_t begin, int64_t end, T a, T b, bool scaled, Each each) {
+  int64_t c = begin;
+  if constexpr (kVectorExp<T>) {
+    const vec::Vec<T> va = vec::splat<vec::Vec<T>>(a), vb = vec::splat<vec::Vec<T>>(-b);
+    for (; c + kLanes <= end; c += kLanes) {
+      const vec::Vec<T> v = vec::load<T>(x + c);
+      const vec::Vec<T> e = vec::exp_lanes(scaled ? vec::fma(va, v, vb) : v - b);
+      for (int64_t j = 0; j < kLanes; ++j) each(c + j, e[j]);
+    }
+    for (; c < end; ++c) each(c, std::exp(scaled ? std::fma(a, x[c], -b) : x[c] - b));
+    return;
+  }
+  for (; c < end; ++c) each(c, std::exp(scaled ? a * x[c] - b : x[c] - b));
+}
+
 // y = x - max - log(sum exp(x - max)) for one row of length C; returns log-sum-exp.
 template <typename T>
 T log_softmax_row(const T* x, T* y, int64_t cols) {
   T max = x[0];
   for (int64_t c = 1; c < cols; ++c) max = x[c] > max ? x[c] : max;
   T total = 0;
-  for (int64_t c = 0; c < cols; ++c) total += std::exp(x[c] - max);
+  exps(x, 0, cols, T(1), max, false, [&](int64_t, T e) { total += e; });
   const T lse = max + std::log(total);
   for (int64_t c = 0; c < cols; ++c) y[c] = x[c] - lse;
   return lse;
 }
 
 }  // namespace
+
+bool vector_exp_in_kernels() {
+  return kVectorExp<float>;
+}
+
+void exp_floats(const float* x, int64_t n, float* y) {
+  exps(x, 0, n, 1.0f, 0.0f, false, [=](int64_t i, float e) { y[i] = e; });
+}
 
 void CpuBackend::log_softmax(const Tensor& x, Tensor& y) {
   // x [N, C] -> y [N, C]
@@ -71,7 +111,7 @@ void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& labels, Tenso
       const T* x = in + r * cols;
       T* p = pp + r * cols;
       const T lse = log_softmax_row(x, p, cols);
-      for (int64_t c = 0; c < cols; ++c) p[c] = std::exp(p[c]);
+      exps(p, 0, cols, T(1), T(0), false, [=](int64_t c, T e) { p[c] = e; });
       losses[r] = label[r] == fn::kIgnoreLabel ? T(0) : lse - x[label[r]];
     });
     T total = 0;
@@ -110,10 +150,17 @@ void CpuBackend::causal_softmax(double scale, const Tensor& x, Tensor& y) {
       T max = s * xr[0];
       for (int64_t k = 1; k <= query; ++k) max = s * xr[k] > max ? s * xr[k] : max;
       T total = 0;
+      T* yr = out + r * t;
+      if constexpr (kVectorExp<T>) {
+        // fn::CausalSoftmax's values: exp(s x - max) / total for the visible keys, else 0
+        exps(xr, 0, query + 1, s, max, true, [&](int64_t, T e) { total += e; });
+        exps(xr, 0, query + 1, s, max, true, [=](int64_t k, T e) { yr[k] = e / total; });
+        std::fill(yr + query + 1, yr + t, T(0));
+        return;
+      }
       for (int64_t k = 0; k <= query; ++k) total += std::exp(s * xr[k] - max);
       for (int64_t k = 0; k < t; ++k) {
-        out[r * t + k] =
-            fn::CausalSoftmax{}(xr[k], s, max, total, fn::CausalSoftmax::visible(k, query));
+        yr[k] = fn::CausalSoftmax{}(xr[k], s, max, total, fn::CausalSoftmax::visible(k, query));
       }
     });
   });
