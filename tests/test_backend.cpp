@@ -942,9 +942,13 @@ TEST(Backend, VectorExpGivesStdExpBits) {
     values.push_back(f);
   }
   for (float f = -20.0f; f <= 0.0f; f += 0x1p-9f) values.push_back(f);
-  for (float edge : {88.0f, -88.0f, 88.72283f, 88.72284f, -103.27893f, -103.97208f, -104.0f,
-                     std::nextafter(88.0f, 0.0f), std::nextafter(-88.0f, 0.0f), 0.0f, -0.0f,
-                     INFINITY, -INFINITY, NAN}) {
+  // a vector of the fast path's edges alone, then one with a slow lane among them
+  while (values.size() % 8 != 0) values.push_back(1.0f);
+  const float below = std::nextafter(88.0f, 0.0f);
+  for (float edge :
+       {below,       -below,      0.0f,    -0.0f,    0x1p-149f, -0x1p-149f, 87.5f,     -87.5f,
+        below,       -below,      0.0f,    -0.0f,    88.0f,     -88.0f,     88.72283f, 88.72284f,
+        -103.27893f, -103.97208f, -104.0f, INFINITY, -INFINITY, NAN,        1.0f,      2.0f}) {
     values.push_back(edge);
   }
   std::vector<float> got(values.size());
@@ -960,9 +964,10 @@ TEST(Backend, VectorExpGivesStdExpBits) {
 }
 
 // The float softmax loops keep the bits of their scalar formulas with the vector exponentials:
-// cross_entropy's probabilities exp(x - lse) and causal_softmax's exp(s x - max) / sum (the
-// product and difference fused where the build targets FMA, as the compiler contracts the scalar
-// formula), rows of lengths around the vector width, values large enough to take glibc's slow path.
+// cross_entropy's probabilities exp(x - lse) and causal_softmax's exp(s x - max) / sum and zeros
+// after the query (s x - max fused where the library targets FMA, as GCC contracts the scalar
+// formula), rows of lengths around the vector width, values large enough to take glibc's slow path,
+// outputs filled with NaN first.
 TEST(Backend, SoftmaxKeepsScalarExpBits) {
   Backend& be = backend_for(Device::cpu());
   std::mt19937 gen(3);
@@ -974,7 +979,7 @@ TEST(Backend, SoftmaxKeepsScalarExpBits) {
       for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = normal(gen);
       Tensor labels = Tensor::zeros({rows}, DType::kInt32, Device::cpu());
       Tensor loss = Tensor::empty({1}, DType::kFloat32, Device::cpu());
-      Tensor probs = Tensor::empty({rows, cols}, DType::kFloat32, Device::cpu());
+      Tensor probs = full({rows, cols}, NAN);
       be.cross_entropy(x, labels, loss, probs);
       for (int64_t r = 0; r < rows; ++r) {
         const float* row = x.data<float>() + r * cols;
@@ -992,11 +997,11 @@ TEST(Backend, SoftmaxKeepsScalarExpBits) {
       // causal_softmax over [1, T, T] with T = cols
       Tensor scores = Tensor::empty({1, cols, cols}, DType::kFloat32, Device::cpu());
       for (int64_t i = 0; i < scores.numel(); ++i) scores.data<float>()[i] = normal(gen);
-      Tensor y = Tensor::empty({1, cols, cols}, DType::kFloat32, Device::cpu());
+      Tensor y = full({1, cols, cols}, NAN);
       const float s = 0.35f;
       be.causal_softmax(s, scores, y);
       const auto shifted = [&](float v, float max) {
-        return cpu::vector_exp_in_kernels() ? std::fma(s, v, -max) : s * v - max;
+        return cpu::kernels_fuse_scaled_shift() ? std::fma(s, v, -max) : s * v - max;
       };
       for (int64_t q = 0; q < cols; ++q) {
         const float* row = scores.data<float>() + q * cols;

@@ -7,12 +7,15 @@
 // adding k << 47 puts k / 32 in the exponent) and the cubic evaluated as three fused
 // multiply-adds, then rounded to float once. The same operations on a vector of doubles give
 // the same bits lane by lane; the constants below are the values that library reads (looked up in
-// it, not derived), and tests/test_exp.cpp checks the result against std::exp value by value.
-// Lanes whose |x| reaches 88 (overflow, underflow, NaN and infinities: glibc's own branch to a slow
-// path) send the whole vector to std::exp.
+// it, not derived). Backend.VectorExpGivesStdExpBits (tests/test_backend.cpp) compares the two on
+// a sample of every float bit pattern; all 2^32 matched on AVX-512 and AVX2 builds. Lanes whose
+// |x| reaches 88 (overflow, underflow, NaN and infinities: glibc's own branch to a slow path) send
+// the whole vector to std::exp.
 //
-// kVectorExp says whether the build can use it: the vector form needs FMA (vec::fma fused either
-// way, but glibc's non-FMA expf, which a CPU without FMA runs, rounds otherwise) and glibc.
+// kVectorExp says whether the build can use it: an x86-64 build for FMA and AVX2 against glibc 2.27
+// or later (where this expf appeared). glibc then picks its FMA expf at run time too, unless told
+// otherwise (GLIBC_TUNABLES masking the CPU's features), which the build cannot see; its other
+// builds round z and r separately.
 #pragma once
 
 #include <cmath>
@@ -23,7 +26,8 @@
 
 namespace accrue::cpu::vec {
 
-#if defined(__FMA__) && defined(__GLIBC__)
+#if defined(__x86_64__) && defined(__FMA__) && defined(__AVX2__) && defined(__GLIBC__) && \
+    (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 27))
 constexpr bool kVectorExp = true;
 #else
 constexpr bool kVectorExp = false;
@@ -55,7 +59,8 @@ inline double bits_to_double(uint64_t bits) {
 
 }  // namespace exp_detail
 
-// exp of each lane of x, the bits of std::exp(x[i]). Requires kVectorExp.
+// exp of each lane of x, the bits of std::exp(x[i]) where glibc runs its FMA expf. Requires
+// kVectorExp.
 inline Vec<float> exp_lanes(const Vec<float>& x) {
   namespace d = exp_detail;
   using Doubles = Vec<double>;
@@ -76,7 +81,7 @@ inline Vec<float> exp_lanes(const Vec<float>& x) {
   const Bits ki = reinterpret_cast<Bits>(kd);
   kd -= shift;
   const Doubles r = fma(inv_ln2, xd, -kd);
-  Bits t;
+  Bits t{};
   for (int64_t i = 0; i < kLanes; ++i) t[i] = d::kTable[ki[i] % 32];
   t += ki << 47;
   const Doubles s = reinterpret_cast<Doubles>(t);
