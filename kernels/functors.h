@@ -228,9 +228,14 @@ struct LogSoftmaxGrad {
 // dot = sum_k y_k dy_k over the row: dx = scale y (dy - dot) (0 where masked, since y is).
 struct CausalSoftmax {
   ACCRUE_HD static bool visible(int64_t key, int64_t query) { return key <= query; }
+  // the output from the key's exp(scale x - row_max), where the loop has that already
+  template <typename T>
+  ACCRUE_HD static T from_exp(T e, T row_sum, bool visible) {
+    return visible ? e / row_sum : T(0);
+  }
   template <typename T>
   ACCRUE_HD T operator()(T x, T scale, T row_max, T row_sum, bool visible) const {
-    return visible ? std::exp(scale * x - row_max) / row_sum : T(0);
+    return from_exp(std::exp(scale * x - row_max), row_sum, visible);
   }
 };
 struct CausalSoftmaxGrad {
