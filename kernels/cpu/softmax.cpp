@@ -4,14 +4,15 @@
 // (deterministic). In float the exponentials go kLanes at a time through vec::exp_lanes (the bits
 // of std::exp, kernels/cpu/exp.h) where the build allows; a row's sum of them still adds them one
 // by one in column order, so every result keeps the bits of the scalar loops as GCC compiles them
-// when it optimises. The one exception: a row holding both a NaN and an infinity (whose inf - inf
-// makes a second NaN) gives NaN results as before, but with the sign of whichever NaN the sum's
-// compiled operand order keeps. Measured (bench, softmax_ce over 1000
-// rows of 1000, forward and backward, on a 2-core AMD EPYC): 1.46-1.59 ms against 3.62-3.91 with a
-// library call per value and a scalar maximum (1.69-1.80 with the scalar maximum alone); what
-// remains is mostly the sum's chain of one add per value. The causal softmax keeps each key's
-// exponential in y until the row's sum is known rather than computing it twice (G2P, 60 steps:
-// 349-377 -> 203 us a call).
+// when it optimises. One exception was measured: a row holding both a NaN and an infinity (whose
+// inf - inf makes a second NaN) gives NaN results, but with the other sign (most likely the sum's
+// compiled operand order keeping the other NaN).
+//
+// Measured on a 2-core AMD EPYC (bench, softmax_ce over 1000 rows of 1000, forward and backward):
+// 1.46-1.59 ms, against 3.62-3.91 with a library call per exponential and a scalar maximum, and
+// 1.69-1.80 with the scalar maximum alone; what remains is mostly the sum's chain of one add per
+// value. The causal softmax keeps each key's exponential in y until the row's sum is known rather
+// than computing it twice (G2P, 60 steps: 203 us a call against 349-377).
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
