@@ -18,11 +18,13 @@ void CpuBackend::gather_rows(const Tensor& src, const Tensor& index, Tensor& out
   const int32_t* idx = index.data<int32_t>();
   const char* in = static_cast<const char*>(src.raw());
   char* o = static_cast<char*>(out.raw());
-  // Work in 4-byte words, the unit the other loops count in elements. The rows are scattered over
-  // a dataset that is mostly out of cache (a training batch's images), so each copy first asks
-  // for the next row's lines: their memory latency then overlaps this row's copy (about 20% off
-  // the MLP's gather; asking further ahead gained nothing more).
-  for_range(rows, rows * int64_t(row_bytes) / 4, [=](int64_t m) {
+  // The rows are scattered over a dataset that is mostly out of cache (a training batch's
+  // images), so the copy waits on memory latency rather than bandwidth: each copy first asks for
+  // the next row's lines, which then arrive while this row is copied (about 20% off the MLP's
+  // gather; asking further ahead gained nothing more), and the work is counted in bytes, not
+  // elements, so that a micro-batch of images (32 x 3 KiB) already splits over the threads, each
+  // with its own requests in flight (the MLP's gather 42-66 -> 26-31 ms an epoch on 2 cores).
+  for_range(rows, rows * int64_t(row_bytes), [=](int64_t m) {
     if (m + 1 < rows) {
       const char* next = in + idx[m + 1] * row_bytes;
       for (size_t at = 0; at < row_bytes; at += 64) __builtin_prefetch(next + at);
