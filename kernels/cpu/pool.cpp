@@ -141,16 +141,18 @@ using vec::Vec;
 template <bool kRelu, typename V>
 V taps(const V& x) {
   if constexpr (kRelu) {
-    return x < V{} ? V{} : x;  // tap(): +0 where x < 0, else x (NaN and -0 kept)
+    return vec::greater_else_second(V{}, x);  // tap(): +0 where x < 0, else x (NaN and -0 kept)
   } else {
     return x;
   }
 }
 
-// fn::pool_beats lane by lane.
+// fn::pool_beats lane by lane, v > best or v NaN, where best is not NaN, written as !(v <= best)
+// (true for v > best and wherever either is NaN) where best == best: two comparisons, the second
+// under the first's mask on AVX-512, where the functor's form compiles to three and an or.
 template <typename V>
 auto beats(const V& v, const V& best) {
-  return (v > best) | ((v != v) & (best == best));
+  return ~(v <= best) & (best == best);
 }
 
 // The outputs of N regions: a, b are the top input row's taps of each lane's region (its even

@@ -6,7 +6,7 @@
 #pragma once
 
 #if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>  // fma and splat's instructions, where the build targets them
+#include <immintrin.h>  // fma, max and splat's instructions, where the build targets them
 #endif
 
 #include <cmath>
@@ -67,6 +67,23 @@ Mask<T, N> load_int32(const int32_t* p) {
                                  typename L::Index);
 }
 
+// f applied to the two halves of 64-byte vectors, each half 32 bytes (AVX2's registers), and the
+// halves put back together: how the helpers below run a vector of 64 bytes without AVX-512.
+template <typename V, typename F, typename... Vs>
+V by_halves(F f, const V& first, const Vs&... rest) {
+  using T = std::remove_cv_t<std::remove_reference_t<decltype(first[0])>>;
+  using Half = Vec<T, 32 / sizeof(T)>;
+  const auto half = [](const V& v, int k) {
+    Half h;
+    std::memcpy(&h, reinterpret_cast<const char*>(&v) + k * sizeof(Half), sizeof(Half));
+    return h;
+  };
+  const Half result[2] = {f(half(first, 0), half(rest, 0)...), f(half(first, 1), half(rest, 1)...)};
+  V r;
+  std::memcpy(&r, result, sizeof(V));
+  return r;
+}
+
 // a b + c lane by lane, each lane rounded once (fused), whatever the optimisation level or the
 // contraction setting (a plain a * b + c is fused only where the compiler contracts it): the
 // x86 instructions for vectors of 64 or 32 bytes where the build targets them (a vector of 64
@@ -92,22 +109,47 @@ V fma(const V& a, const V& b, const V& c) {
     return reinterpret_cast<V>(_mm256_fmadd_pd(
         reinterpret_cast<__m256d>(a), reinterpret_cast<__m256d>(b), reinterpret_cast<__m256d>(c)));
   }
-  if constexpr (sizeof(V) == 64) {  // no AVX-512: two halves of 32 bytes
-    using Half = Vec<T, 32 / sizeof(T)>;
-    Half halves[3][2];
-    std::memcpy(halves[0], &a, sizeof(V));
-    std::memcpy(halves[1], &b, sizeof(V));
-    std::memcpy(halves[2], &c, sizeof(V));
-    const Half product[2] = {fma(halves[0][0], halves[1][0], halves[2][0]),
-                             fma(halves[0][1], halves[1][1], halves[2][1])};
-    V r;
-    std::memcpy(&r, product, sizeof(V));
-    return r;
+  if constexpr (sizeof(V) == 64) {  // no AVX-512
+    return by_halves([](const auto& x, const auto& y, const auto& z) { return fma(x, y, z); }, a, b,
+                     c);
   }
 #endif
   V r = c;
   for (size_t i = 0; i < sizeof(V) / sizeof(T); ++i) r[i] = std::fma(a[i], b[i], c[i]);
   return r;
+}
+
+// a > b ? a : b lane by lane (b where either is NaN, and b of two zeros): exactly the x86 max
+// instruction, one instruction where GCC compiles the select on vector types to a comparison and a
+// blend. Vectors of 64 or 32 bytes where the build targets them (64 as two of 32 on AVX2), else
+// the select itself. The AVX-512 forms are the masked ones with every lane selected: GCC 12 warns
+// that the plain ones' undefined pass-through may be used uninitialised.
+template <typename V>
+V greater_else_second(const V& a, const V& b) {
+  using T = std::remove_cv_t<std::remove_reference_t<decltype(a[0])>>;
+  constexpr bool is_float = std::is_same_v<T, float>;
+#if defined(__AVX512F__)
+  if constexpr (sizeof(V) == 64 && is_float) {
+    const auto x = reinterpret_cast<__m512>(a), y = reinterpret_cast<__m512>(b);
+    return reinterpret_cast<V>(_mm512_mask_max_ps(x, __mmask16(-1), x, y));
+  } else if constexpr (sizeof(V) == 64) {
+    const auto x = reinterpret_cast<__m512d>(a), y = reinterpret_cast<__m512d>(b);
+    return reinterpret_cast<V>(_mm512_mask_max_pd(x, __mmask8(-1), x, y));
+  }
+#endif
+#if defined(__AVX__)
+  if constexpr (sizeof(V) == 32 && is_float) {
+    return reinterpret_cast<V>(
+        _mm256_max_ps(reinterpret_cast<__m256>(a), reinterpret_cast<__m256>(b)));
+  } else if constexpr (sizeof(V) == 32) {
+    return reinterpret_cast<V>(
+        _mm256_max_pd(reinterpret_cast<__m256d>(a), reinterpret_cast<__m256d>(b)));
+  }
+  if constexpr (sizeof(V) == 64) {  // no AVX-512
+    return by_halves([](const auto& x, const auto& y) { return greater_else_second(x, y); }, a, b);
+  }
+#endif
+  return a > b ? a : b;
 }
 
 // Every lane x (V{} + x would add +0 to x first, which the compiler must keep, as x may be -0; and
