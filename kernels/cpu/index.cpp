@@ -23,7 +23,7 @@ void CpuBackend::gather_rows(const Tensor& src, const Tensor& index, Tensor& out
   // the next row's lines, which then arrive while this row is copied (about 20% off the MLP's
   // gather; asking further ahead gained nothing more), and the work is counted in bytes, not
   // elements, so that a micro-batch of images (32 x 3 KiB) already splits over the threads, each
-  // with its own requests in flight (the MLP's gather 42-66 -> 26-31 ms an epoch on 2 cores).
+  // with its own requests in flight.
   for_range(rows, rows * int64_t(row_bytes), [=](int64_t m) {
     if (m + 1 < rows) {
       const char* next = in + idx[m + 1] * row_bytes;

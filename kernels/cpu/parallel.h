@@ -13,7 +13,8 @@
 
 namespace accrue::cpu {
 
-// Below this many elements of work a loop runs on one thread.
+// Below this much work a loop runs on one thread: elements, or bytes for a copy that waits on
+// memory latency (gather_rows).
 constexpr int64_t kParallelGrain = 1 << 15;
 
 // body(i) for i in [0, n)
@@ -41,7 +42,8 @@ void map2(int64_t n, const T* a, const O* b, O* out, F f) {
   }
 }
 
-// body(i) for i in [0, count): rows or column blocks, each touching work / count elements.
+// body(i) for i in [0, count): rows or column blocks, each touching work / count elements (or
+// bytes, as the caller counts).
 template <typename F>
 void for_range(int64_t count, int64_t work, F body) {
 #pragma omp parallel for schedule(static) if (parallel : work >= kParallelGrain)

@@ -147,9 +147,9 @@ V taps(const V& x) {
   }
 }
 
-// fn::pool_beats lane by lane, v > best or v NaN, where best is not NaN, written as !(v <= best)
-// (true for v > best and wherever either is NaN) where best == best: two comparisons, the second
-// under the first's mask on AVX-512, where the functor's form compiles to three and an or.
+// fn::pool_beats lane by lane (v > best or v NaN, where best is not NaN) as !(v <= best), true for
+// v > best and wherever either is NaN, where best == best: two comparisons, the second under the
+// first's mask on AVX-512.
 template <typename V>
 auto beats(const V& v, const V& best) {
   return ~(v <= best) & (best == best);

@@ -67,12 +67,14 @@ Mask<T, N> load_int32(const int32_t* p) {
                                  typename L::Index);
 }
 
-// f applied to the two halves of 64-byte vectors, each half 32 bytes (AVX2's registers), and the
+// f applied to the two halves of 64-byte vectors, each half 32 bytes (an AVX register), and the
 // halves put back together: how the helpers below run a vector of 64 bytes without AVX-512.
 template <typename V, typename F, typename... Vs>
 V by_halves(F f, const V& first, const Vs&... rest) {
   using T = std::remove_cv_t<std::remove_reference_t<decltype(first[0])>>;
   using Half = Vec<T, 32 / sizeof(T)>;
+  static_assert(sizeof(V) == 2 * sizeof(Half) && (std::is_same_v<Vs, V> && ...),
+                "vectors of 64 bytes, all of one type");
   const auto half = [](const V& v, int k) {
     Half h;
     std::memcpy(&h, reinterpret_cast<const char*>(&v) + k * sizeof(Half), sizeof(Half));
@@ -121,9 +123,9 @@ V fma(const V& a, const V& b, const V& c) {
 
 // a > b ? a : b lane by lane (b where either is NaN, and b of two zeros): exactly the x86 max
 // instruction, one instruction where GCC compiles the select on vector types to a comparison and a
-// blend. Vectors of 64 or 32 bytes where the build targets them (64 as two of 32 on AVX2), else
-// the select itself. The AVX-512 forms are the masked ones with every lane selected: GCC 12 warns
-// that the plain ones' undefined pass-through may be used uninitialised.
+// blend. Vectors of 64 or 32 bytes where the build targets them (64 as two of 32 without
+// AVX-512), else the select itself. The AVX-512 forms are the masked ones with every lane selected:
+// GCC 12 warns that the plain ones' undefined pass-through may be used uninitialised.
 template <typename V>
 V greater_else_second(const V& a, const V& b) {
   using T = std::remove_cv_t<std::remove_reference_t<decltype(a[0])>>;
