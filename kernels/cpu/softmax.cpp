@@ -6,13 +6,9 @@
 // by one in column order, so every result keeps the bits of the scalar loops as GCC compiles them
 // when it optimises. One exception was measured: a row holding both a NaN and an infinity (whose
 // inf - inf makes a second NaN) gives NaN results, but with the other sign (most likely the sum's
-// compiled operand order keeping the other NaN).
-//
-// Measured on a 2-core AMD EPYC (bench, softmax_ce over 1000 rows of 1000, forward and backward):
-// 1.46-1.59 ms, against 3.62-3.91 with a library call per exponential and a scalar maximum, and
-// 1.69-1.80 with the scalar maximum alone; what remains is mostly the sum's chain of one add per
-// value. The causal softmax keeps each key's exponential in y until the row's sum is known rather
-// than computing it twice (G2P, 60 steps: 203 us a call against 349-377).
+// compiled operand order keeping the other NaN). The row's serial sum is then most of the time.
+// The causal softmax keeps each key's exponential in y until the row's sum is known, so it is
+// computed once.
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -82,7 +78,7 @@ T row_max(const T* x, int64_t n, T a) {
     vec::Vec<T> lanes = vec::splat<vec::Vec<T>>(m);
     for (c = 0; c + kLanes <= n; c += kLanes) {
       const vec::Vec<T> v = kScaled ? va * vec::load<T>(x + c) : vec::load<T>(x + c);
-      lanes = v > lanes ? v : lanes;
+      lanes = vec::greater_else_second(v, lanes);
     }
     for (int64_t j = 0; j < kLanes; ++j) m = lanes[j] > m ? lanes[j] : m;
   }
