@@ -1113,8 +1113,9 @@ struct OneBlasThread {
 // transposed where OpenBLAS's kernels make that the same sums (cpu::blas_transposes_exactly). On
 // every machine the bytes must be those of the blocks as written, op(A) op(B_block) in 64-column
 // blocks by single-threaded cblas calls (then bias and ReLU for linear_forward): the MLP's
-// products, a width leaving a narrower last block, a 31-row batch and the data gradients dy w
-// (never transposed), alpha 0.5 and beta 1.
+// products, widths leaving a narrower last block (of 8 columns, and of 44: not a whole number of
+// the transposition's 8 x 8 tiles), a 31-row batch and the data gradients dy w (never
+// transposed), alpha 0.5 and beta 1.
 TEST(Backend, MicroBatchProductsKeepTheBytesOfTheirUntransposedBlocks) {
   Backend& be = backend_for(Device::cpu());
   struct Case {
@@ -1122,12 +1123,12 @@ TEST(Backend, MicroBatchProductsKeepTheBytesOfTheirUntransposedBlocks) {
     int m, k, n;
     double alpha, beta;
   };
-  const Case cases[] = {{true, true, 32, 784, 512, 1, 0},    {true, true, 32, 512, 256, 1, 0},
-                        {true, true, 32, 256, 128, 1, 0},    {true, true, 32, 300, 200, 1, 0},
-                        {true, true, 31, 512, 256, 1, 0},    {false, true, 32, 784, 512, 0.5, 0},
-                        {false, false, 32, 256, 512, 1, 0},  {false, false, 32, 128, 256, 0.5, 0},
-                        {false, false, 32, 128, 3136, 1, 0}, {false, false, 32, 512, 784, 1, 0},
-                        {false, false, 32, 256, 512, 1, 1}};
+  const Case cases[] = {{true, true, 32, 784, 512, 1, 0},     {true, true, 32, 512, 256, 1, 0},
+                        {true, true, 32, 256, 128, 1, 0},     {true, true, 32, 300, 200, 1, 0},
+                        {true, true, 32, 300, 300, 1, 0},     {true, true, 31, 512, 256, 1, 0},
+                        {false, true, 32, 784, 512, 0.5, 0},  {false, false, 32, 256, 512, 1, 0},
+                        {false, false, 32, 128, 256, 0.5, 0}, {false, false, 32, 128, 3136, 1, 0},
+                        {false, false, 32, 512, 784, 1, 0},   {false, false, 32, 256, 512, 1, 1}};
   for (const Case& c : cases) {
     const Tensor x = testing::random({c.m, c.k}, 1, DType::kFloat32);
     const Shape w_shape = c.trans_b ? Shape{c.n, c.k} : Shape{c.k, c.n};

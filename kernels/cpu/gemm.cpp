@@ -20,6 +20,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/gemm_cut.h"
 #include "kernels/cpu/rows.h"
+#include "kernels/cpu/vec.h"
 #include "kernels/dispatch.h"
 #include "kernels/functors.h"
 
@@ -220,6 +221,27 @@ bool blocks_transposed(bool trans_a, bool trans_b, int m, double beta, const Gem
          blas_transposes_exactly();
 }
 
+// c [cols, rows] (rows ldc apart) = t^T, t [rows, cols] packed: N x N tiles transposed in vector
+// registers (vec::transpose), the edges that do not fill a tile one value at a time.
+template <typename T>
+void transpose_into(const T* t, int rows, int cols, T* c, int ldc) {
+  constexpr int N = 32 / sizeof(T);  // a tile's row: one AVX register
+  const int tiled_rows = rows / N * N, tiled_cols = cols / N * N;
+  for (int i = 0; i < tiled_rows; i += N) {
+    for (int j = 0; j < tiled_cols; j += N) {
+      vec::Vec<T, N> tile[N];
+      for (int k = 0; k < N; ++k) tile[k] = vec::load<T, N>(t + int64_t{i + k} * cols + j);
+      vec::transpose<T, N>(tile);
+      for (int k = 0; k < N; ++k) vec::store(c + int64_t{j + k} * ldc + i, tile[k]);
+    }
+  }
+  for (int i = 0; i < rows; ++i) {
+    for (int j = i < tiled_rows ? tiled_cols : 0; j < cols; ++j) {
+      c[int64_t{j} * ldc + i] = t[int64_t{i} * cols + j];
+    }
+  }
+}
+
 // One block of C = alpha op(A) op(B) + beta C, as written or (transposed, beta 0) as
 // op(B_block)^T op(A)^T into a thread's scratch, then transposed into the block.
 template <typename T>
@@ -234,9 +256,7 @@ void multiply_block(bool transposed, bool trans_a, bool trans_b, int k, T alpha,
   T* t = scratch<T>(size_t(blk.rows) * blk.cols);  // C_block^T [cols, rows]
   blas(trans_b ? CblasNoTrans : CblasTrans, trans_a ? CblasNoTrans : CblasTrans, blk.cols, blk.rows,
        k, alpha, blk.b, ldb, blk.a, lda, T(0), t, blk.rows);
-  for (int r = 0; r < blk.rows; ++r) {
-    for (int j = 0; j < blk.cols; ++j) blk.c[int64_t{r} * ldc + j] = t[int64_t{j} * blk.rows + r];
-  }
+  transpose_into(t, blk.cols, blk.rows, blk.c, ldc);
 }
 
 struct NoEpilogue {

@@ -196,13 +196,12 @@ constexpr int kRowBlock = 8;
 
 // staged [k] [j] = first[j * stride + k] as a double, for k < count and j < rows (rows at most
 // kRowBlock). Eight features of the rows at a time are eight vector loads (converted to double)
-// turned into eight vectors of features by an 8 x 8 transpose in three rounds of shuffles; rows
-// past `rows` load as zeros. The last count % 8 features go one value at a time.
+// turned into eight vectors of features by an 8 x 8 transpose (vec::transpose: three rounds of
+// shuffles); rows past `rows` load as zeros. The last count % 8 features go one value at a time.
 template <typename T>
 void stage_rows(const T* first, int64_t stride, int64_t rows, int64_t count,
                 double (*staged)[kRowBlock]) {
   using V = vec::Vec<double, kRowBlock>;
-  using M = vec::Mask<double, kRowBlock>;
   int64_t k = 0;
   for (; k + kRowBlock <= count; k += kRowBlock) {
     V v[kRowBlock];  // v[j]: row j's features k ... k + 7, then v[i]: feature k + i of every row
@@ -216,18 +215,7 @@ void stage_rows(const T* first, int64_t stride, int64_t rows, int64_t count,
         v[j] = __builtin_convertvector(vec::load<T, kRowBlock>(at), V);
       }
     }
-    // the transpose: pairs of rows interleaved, then pairs of pairs, then halves
-    const auto round = [&](int distance, const M& low, const M& high) {
-      for (int j = 0; j < kRowBlock; ++j) {
-        if (j & distance) continue;
-        const V a = v[j], b = v[j + distance];
-        v[j] = __builtin_shuffle(a, b, low);
-        v[j + distance] = __builtin_shuffle(a, b, high);
-      }
-    };
-    round(1, M{0, 8, 2, 10, 4, 12, 6, 14}, M{1, 9, 3, 11, 5, 13, 7, 15});
-    round(2, M{0, 1, 8, 9, 4, 5, 12, 13}, M{2, 3, 10, 11, 6, 7, 14, 15});
-    round(4, M{0, 1, 2, 3, 8, 9, 10, 11}, M{4, 5, 6, 7, 12, 13, 14, 15});
+    vec::transpose<double, kRowBlock>(v);
     for (int64_t i = 0; i < kRowBlock; ++i) vec::store(staged[k + i], v[i]);
   }
   for (; k < count; ++k) {

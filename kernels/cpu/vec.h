@@ -213,6 +213,26 @@ Vec<T, N> zip_high(const Vec<T, N>& a, const Vec<T, N>& b) {
   return __builtin_shuffle(a, b, zipped<Mask<T, N>, N / 2>(std::make_index_sequence<N>()));
 }
 
+// The N x N matrix whose rows are v[0], ..., v[N - 1] transposed in place: v[k] becomes its column
+// k. Each of log2 N rounds interleaves rows i and i + N / 2 into rows 2 i and 2 i + 1 (zip_low,
+// zip_high): a perfect shuffle of the values' row and column bits, which after log2 N rounds have
+// traded places (Stone's shuffle network).
+template <typename T, int64_t N>
+void transpose(Vec<T, N> (&v)[N]) {
+  static_assert(N > 1 && (N & (N - 1)) == 0, "a power of two");
+#pragma GCC unroll 8
+  for (int64_t round = 1; round < N; round *= 2) {
+    Vec<T, N> next[N];
+#pragma GCC unroll 16
+    for (int64_t i = 0; i < N / 2; ++i) {
+      next[2 * i] = zip_low<T, N>(v[i], v[i + N / 2]);
+      next[2 * i + 1] = zip_high<T, N>(v[i], v[i + N / 2]);
+    }
+#pragma GCC unroll 16
+    for (int64_t i = 0; i < N; ++i) v[i] = next[i];
+  }
+}
+
 // dst [n] = src [n] (not overlapping), for short rows: whole vectors, the last one ending at n
 // (overlapping the one before it), so there is no scalar tail and nothing is read or written
 // outside the rows. GCC would turn the loops into memmove calls, which cost more than the copy for
