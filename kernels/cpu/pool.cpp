@@ -359,41 +359,6 @@ void max_pool_planes(const T* in, int64_t count, const PlaneShape& s, const Pool
   }
 }
 
-bool pools_2x2(const PlaneShape& s, const Pool2dGeometry& g) {
-  return g.kernel_h == 2 && g.kernel_w == 2 && g.stride_h == 2 && g.stride_w == 2 && g.pad_h == 0 &&
-         g.pad_w == 0 && s.w == 2 * s.ow && s.h >= 2 * s.oh;
-}
-
-template <typename T>
-void max_pool_backward_planes(const T* dy, const int32_t* argmax, int64_t count,
-                              const PlaneShape& s, bool two_by_two, T* dx) {
-  const int64_t area = s.h * s.w, outputs = s.oh * s.ow;
-  for (int64_t p = 0; p < count; ++p) {
-    T* plane = dx + p * area;
-    const T* grad = dy + p * outputs;
-    const int32_t* at = argmax + p * outputs;
-    std::fill(plane, plane + area, T(0));
-    if (!two_by_two) {
-      // No branch on argmax -1 (max_pool2d_relu's, about half the outputs in training, so a
-      // branch mispredicts): such an output adds +0 to the input at its own index (clamped to the
-      // plane; spread out, so the adds do not queue on one address), which keeps every bit: the
-      // plane's values start at +0 and a sum never turns into -0.
-      for (int64_t o = 0; o < outputs; ++o) {
-        const bool routed_here = at[o] >= 0;
-        const int64_t target = routed_here ? at[o] : std::min(o, area - 1);
-        plane[target] += kept_or_zero(routed_here, grad[o]);
-      }
-      continue;
-    }
-    // Disjoint regions: no two outputs share an argmax, so the adds onto the zeros (0 + dy) are
-    // independent and go out as vector scatters.
-#pragma omp simd
-    for (int64_t o = 0; o < outputs; ++o) {
-      if (at[o] >= 0) plane[at[o]] = T(0) + grad[o];
-    }
-  }
-}
-
 namespace {
 
 // dx [H, W] of one plane whose width is 2 OW and height at least 2 OH, when each output routes to
@@ -466,6 +431,47 @@ bool spread_to_own_cells(const T* dy, const int32_t* at, const PlaneShape& s, T*
 
 }  // namespace
 
+bool pools_2x2(const PlaneShape& s, const Pool2dGeometry& g) {
+  return g.kernel_h == 2 && g.kernel_w == 2 && g.stride_h == 2 && g.stride_w == 2 && g.pad_h == 0 &&
+         g.pad_w == 0 && s.w == 2 * s.ow && s.h >= 2 * s.oh;
+}
+
+template <typename T>
+void max_pool_backward_planes(const T* dy, const int32_t* argmax, int64_t count,
+                              const PlaneShape& s, bool disjoint, T* dx) {
+  const int64_t area = s.h * s.w, outputs = s.oh * s.ow;
+  // The spread wherever the outputs may route to their own cells, except where the regions are
+  // known disjoint and a row has fewer outputs than a vector has lanes: the spread then runs
+  // half-width vectors, and the fill and scatter below measured faster (the fused group norm's
+  // 14 x 14 planes; at 28 x 28 the spread is the faster).
+  const bool spread = s.w == 2 * s.ow && s.h >= 2 * s.oh && (!disjoint || s.ow >= kLanes);
+  for (int64_t p = 0; p < count; ++p) {
+    T* plane = dx + p * area;
+    const T* grad = dy + p * outputs;
+    const int32_t* at = argmax + p * outputs;
+    if (spread && spread_to_own_cells(grad, at, s, plane)) continue;
+    std::fill(plane, plane + area, T(0));
+    if (!disjoint) {
+      // No branch on argmax -1 (max_pool2d_relu's, about half the outputs in training, so a
+      // branch mispredicts): such an output adds +0 to the input at its own index (clamped to the
+      // plane; spread out, so the adds do not queue on one address), which keeps every bit: the
+      // plane's values start at +0 and a sum never turns into -0.
+      for (int64_t o = 0; o < outputs; ++o) {
+        const bool routed_here = at[o] >= 0;
+        const int64_t target = routed_here ? at[o] : std::min(o, area - 1);
+        plane[target] += kept_or_zero(routed_here, grad[o]);
+      }
+      continue;
+    }
+    // Disjoint regions: no two outputs share an argmax, so the adds onto the zeros (0 + dy) are
+    // independent and go out as vector scatters.
+#pragma omp simd
+    for (int64_t o = 0; o < outputs; ++o) {
+      if (at[o] >= 0) plane[at[o]] = T(0) + grad[o];
+    }
+  }
+}
+
 template void max_pool_planes(const float*, int64_t, const PlaneShape&, const Pool2dGeometry&, bool,
                               int32_t*, float*, int32_t*);
 template void max_pool_planes(const double*, int64_t, const PlaneShape&, const Pool2dGeometry&,
@@ -494,21 +500,16 @@ void CpuBackend::max_pool2d(const Tensor& x, const Pool2dGeometry& g, bool relu,
 }
 
 void CpuBackend::max_pool2d_backward(const Tensor& dy, const Tensor& argmax, Tensor& dx) {
-  // dx [planes, H W] = 0, then dx[argmax] += dy where argmax >= 0, plane by plane. No geometry
-  // here: regions may overlap, so the adds in order, unless every output of a plane routes to its
-  // own 2 x 2 cell (2 x 2 pooling at stride 2 always does), where they are independent.
+  // dx [planes, H W] = 0, then dx[argmax] += dy where argmax >= 0, plane by plane
+  // (max_pool_backward_planes). No geometry here: the regions may overlap.
   const PlaneShape s = plane_shape(dx, dy);
   const int64_t planes = s.planes, area = s.h * s.w, outputs = s.oh * s.ow;
   ACCRUE_DISPATCH_FLOATING(dy.dtype(), "max_pool2d_backward", [&] {
     const T* grad = dy.data<T>();
     const int32_t* at = argmax.data<int32_t>();
     T* out = dx.data<T>();
-    const bool cells = s.w == 2 * s.ow && s.h >= 2 * s.oh;
     for_range(planes, planes * (area + outputs), [=](int64_t p) {
-      const T* g = grad + p * outputs;
-      const int32_t* plane_at = at + p * outputs;
-      if (cells && spread_to_own_cells(g, plane_at, s, out + p * area)) return;
-      max_pool_backward_planes(g, plane_at, 1, s, false, out + p * area);
+      max_pool_backward_planes(grad + p * outputs, at + p * outputs, 1, s, false, out + p * area);
     });
   });
 }

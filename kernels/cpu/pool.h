@@ -27,10 +27,12 @@ void max_pool_planes(const T* in, int64_t count, const PlaneShape& s, const Pool
 bool pools_2x2(const PlaneShape& s, const Pool2dGeometry& g);
 
 // dy, argmax [count, OH, OW] -> dx [count, H, W]: dx = 0, then dx[argmax] += dy where argmax >= 0,
-// as max_pool2d_backward; two_by_two (pools_2x2 of the geometry: no input in two regions) stores
-// the same values, 0 + dy, as vector scatters.
+// as max_pool2d_backward. The same values whatever the path: a plane whose outputs each route to
+// their own 2 x 2 cell is written by vector selects (rows of at least a vector's outputs, or any
+// where the regions may overlap), else when disjoint (pools_2x2 of the geometry: no input in two
+// regions) the values 0 + dy go out as vector scatters, else the adds run in order.
 template <typename T>
 void max_pool_backward_planes(const T* dy, const int32_t* argmax, int64_t count,
-                              const PlaneShape& s, bool two_by_two, T* dx);
+                              const PlaneShape& s, bool disjoint, T* dx);
 
 }  // namespace accrue::cpu
