@@ -17,9 +17,17 @@ rounds=${ROUNDS:-6}
 for binary in "$a" "$b"; do
   [ -x "$binary" ] || { echo "bench/ab.sh: $binary is not an executable" >&2; exit 2; }
 done
-case $rounds in '' | *[!0-9]* | 0) echo "bench/ab.sh: ROUNDS must be a positive integer" >&2; exit 2 ;; esac
+positive() {  # $1: name, $2: value
+  case $2 in
+    '' | *[!0-9]* | 0*) echo "bench/ab.sh: $1 must be a positive integer" >&2; exit 2 ;;
+  esac
+}
+positive ROUNDS "$rounds"
 threads=()
-[ -n "${THREADS:-}" ] && threads=(env "OMP_NUM_THREADS=$THREADS")
+if [ -n "${THREADS+set}" ]; then
+  positive THREADS "$THREADS"
+  threads=(env "OMP_NUM_THREADS=$THREADS")
+fi
 
 one_run() {  # $1: label, $2: binary; prints "label name nanoseconds" per benchmark
   "${threads[@]}" "$2" --benchmark_filter="$filter" --benchmark_repetitions=3 \

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# CTest: the manual check scripts (scripts/refactor-check.sh, scripts/accuracy-check.sh) reject
-# bad input with exit status 2 and one line naming what was wrong, before they install, build or
+# CTest: the manual check scripts (scripts/refactor-check.sh, scripts/accuracy-check.sh,
+# bench/ab.sh) reject bad input with exit status 2 and one line naming what was wrong, before they install, build or
 # train anything (each case must finish within 10 s). One row per case.
 # Usage: bad_input.sh
 set -u
@@ -35,6 +35,21 @@ for script in scripts/refactor-check.sh scripts/accuracy-check.sh; do
     echo "SKIP $script HEAD /nonexistent: $root is not a git checkout"
   fi
 done
+# bench/ab.sh: environment and arguments | the words expected
+while IFS='|' read -r args words; do
+  read -ra argv <<<"$args"
+  check "$words" "${argv[@]}"
+done <<'ROWS'
+bench/ab.sh|usage: bench/ab.sh A-binary B-binary filter
+bench/ab.sh /bin/true /bin/true|usage: bench/ab.sh A-binary B-binary filter
+bench/ab.sh /nonexistent /bin/true x|bench/ab.sh: /nonexistent is not an executable
+bench/ab.sh /bin/true /nonexistent x|bench/ab.sh: /nonexistent is not an executable
+ROUNDS=x bench/ab.sh /bin/true /bin/true x|bench/ab.sh: ROUNDS must be a positive integer
+ROUNDS=0 bench/ab.sh /bin/true /bin/true x|bench/ab.sh: ROUNDS must be a positive integer
+ROUNDS=07 bench/ab.sh /bin/true /bin/true x|bench/ab.sh: ROUNDS must be a positive integer
+THREADS= bench/ab.sh /bin/true /bin/true x|bench/ab.sh: THREADS must be a positive integer
+THREADS=-1 bench/ab.sh /bin/true /bin/true x|bench/ab.sh: THREADS must be a positive integer
+ROWS
 if git -C "$root" rev-parse -q --verify HEAD >/dev/null 2>&1; then
   # ACCURACY_SEEDS | the words expected
   while IFS='|' read -r seeds words; do
