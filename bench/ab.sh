@@ -29,10 +29,10 @@ if [ -n "${THREADS+set}" ]; then
   threads=(env "OMP_NUM_THREADS=$THREADS")
 fi
 
-one_run() {  # $1: label, $2: binary; prints "label name nanoseconds" per benchmark
+one_run() {  # $1: label, $2: binary; prints "label name time unit" per benchmark
   "${threads[@]}" "$2" --benchmark_filter="$filter" --benchmark_repetitions=3 \
     --benchmark_report_aggregates_only=true --benchmark_min_time=0.5 2>/dev/null |
-    awk -v label="$1" '$1 ~ /_median$/ {sub(/_median$/, "", $1); print label, $1, $2}'
+    awk -v label="$1" '$1 ~ /_median$/ {sub(/_median$/, "", $1); print label, $1, $2, $3}'
 }
 
 results=$(for _ in $(seq "$rounds"); do
@@ -42,11 +42,11 @@ done)
 [ -n "$results" ] || { echo "bench/ab.sh: no benchmark matches '$filter'" >&2; exit 1; }
 sort -k2,2 -k1,1 -k3g <<<"$results" | awk '
   function median(list, n,   v) { split(list, v, " "); return n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2 }
-  { key = $2; runs[$1, key] = runs[$1, key] " " $3; count[$1, key]++; names[key] = 1 }
+  { key = $2; runs[$1, key] = runs[$1, key] " " $3; count[$1, key]++; unit[key] = $4 }
   END {
-    for (key in names) {
+    for (key in unit) {
       ma = median(runs["A", key], count["A", key]); mb = median(runs["B", key], count["B", key])
-      printf "%s\n  A (ns):%s  median %.0f\n  B (ns):%s  median %.0f\n  B / A = %.3f\n",
-             key, runs["A", key], ma, runs["B", key], mb, mb / ma
+      printf "%s\n  A (%s):%s  median %.1f\n  B (%s):%s  median %.1f\n  B / A = %.3f\n",
+             key, unit[key], runs["A", key], ma, unit[key], runs["B", key], mb, mb / ma
     }
   }'
