@@ -429,11 +429,17 @@ bool spread_to_own_cells(const T* dy, const int32_t* at, const PlaneShape& s, T*
                         : spread_to_own_cells<kLanes / 2>(dy, at, s, dx);
 }
 
+// Whether each output of the planes has a 2 x 2 cell of its own (input rows 2 oh and 2 oh + 1,
+// columns 2 ow and 2 ow + 1) and the cells cover every column.
+bool has_own_cells(const PlaneShape& s) {
+  return s.w == 2 * s.ow && s.h >= 2 * s.oh;
+}
+
 }  // namespace
 
 bool pools_2x2(const PlaneShape& s, const Pool2dGeometry& g) {
   return g.kernel_h == 2 && g.kernel_w == 2 && g.stride_h == 2 && g.stride_w == 2 && g.pad_h == 0 &&
-         g.pad_w == 0 && s.w == 2 * s.ow && s.h >= 2 * s.oh;
+         g.pad_w == 0 && has_own_cells(s);
 }
 
 template <typename T>
@@ -444,7 +450,7 @@ void max_pool_backward_planes(const T* dy, const int32_t* argmax, int64_t count,
   // known disjoint and a row has fewer outputs than a vector has lanes: the spread then runs
   // half-width vectors, and the fill and scatter below measured faster (the fused group norm's
   // 14 x 14 planes; at 28 x 28 the spread is the faster).
-  const bool spread = s.w == 2 * s.ow && s.h >= 2 * s.oh && (!disjoint || s.ow >= kLanes);
+  const bool spread = has_own_cells(s) && (!disjoint || s.ow >= kLanes);
   for (int64_t p = 0; p < count; ++p) {
     T* plane = dx + p * area;
     const T* grad = dy + p * outputs;
