@@ -1,7 +1,8 @@
 // The profiling decorator (see profile.h): one override per primitive, generated from the list in
-// kernels/backend.h like the tracer's, each timing the forwarded call; one process-wide record
-// of per-primitive and per-scope sums and of the first million calls for the Chrome trace; the
-// table (and the trace file) written when the program ends.
+// kernels/backend.h like the tracer's, each timing the forwarded call (by the wall clock, or by a
+// device's marks through a MarkedCalls queue); one process-wide record of per-primitive and
+// per-scope sums and of the first million calls for the Chrome trace; the table (and the trace
+// file) written when the program ends.
 #include "kernels/profile.h"
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <iomanip>
 #include <iostream>
 #include <map>
@@ -18,6 +20,7 @@
 
 #include "core/device.h"
 #include "core/file.h"
+#include "kernels/cuda_seam.h"
 
 namespace accrue {
 
@@ -41,20 +44,23 @@ class Recorder {
     return *recorder;
   }
   double now() const { return std::chrono::duration<double>(Clock::now() - origin_).count(); }
+  // A call timed on this thread as it returned, under its innermost scope.
   void add(const char* name, double start, double seconds, double bytes, double flops) {
-    const char* scope = current_scope ? current_scope : "forward/other";
     std::lock_guard<std::mutex> lock(mutex_);
-    add_to(primitives_[name], seconds, bytes, flops);
-    // The event keeps the map's copy of the scope name: a module's name dies with the module,
-    // before the trace is written at exit.
-    const auto row = scopes_.try_emplace(scope).first;
-    add_to(row->second, seconds, bytes, flops);
-    if (events_.size() < kMaxEvents) {
-      events_.push_back({name, row->first.c_str(), start, seconds, thread_number()});
-    } else {
-      ++dropped_;
-    }
+    add_locked(name, scope_name(), start, seconds, bytes, flops, thread_number());
   }
+  // A call timed by a device's marks, on the trace's row `timeline`.
+  void add_marked(const char* name, const std::string& scope, double start, double seconds,
+                  double bytes, double flops, int timeline) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    add_locked(name, scope.c_str(), start, seconds, bytes, flops, timeline);
+  }
+  // Calls lost because their marks could not be read (a device error at exit).
+  void add_unread(size_t calls) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    unread_ += calls;
+  }
+  static const char* scope_name() { return current_scope ? current_scope : "forward/other"; }
   ProfileTotals totals() const {
     std::lock_guard<std::mutex> lock(mutex_);
     ProfileTotals t;
@@ -73,7 +79,11 @@ class Recorder {
   void clear() {
     std::lock_guard<std::mutex> lock(mutex_);
     primitives_.clear(), scopes_.clear(), events_.clear();
-    dropped_ = 0;
+    dropped_ = unread_ = 0;
+  }
+  size_t unread() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return unread_;
   }
   // Chrome's trace-event format: one complete ("X") event per call, times in microseconds.
   void write_chrome_trace(const std::string& path) const {
@@ -95,6 +105,19 @@ class Recorder {
  private:
   static constexpr size_t kMaxEvents = 1000000;
   Recorder() : origin_(Clock::now()) {}
+  void add_locked(const char* name, const char* scope, double start, double seconds, double bytes,
+                  double flops, int thread) {
+    add_to(primitives_[name], seconds, bytes, flops);
+    // The event keeps the map's copy of the scope name: a module's name dies with the module,
+    // before the trace is written at exit.
+    const auto row = scopes_.try_emplace(scope).first;
+    add_to(row->second, seconds, bytes, flops);
+    if (events_.size() < kMaxEvents) {
+      events_.push_back({name, row->first.c_str(), start, seconds, thread});
+    } else {
+      ++dropped_;
+    }
+  }
   static void add_to(ProfileRow& row, double seconds, double bytes, double flops) {
     ++row.calls;
     row.seconds += seconds;
@@ -117,8 +140,113 @@ class Recorder {
   mutable std::mutex mutex_;
   std::map<std::string, ProfileRow> primitives_, scopes_;
   std::vector<Event> events_;
-  size_t dropped_ = 0;
+  size_t dropped_ = 0, unread_ = 0;
   std::map<std::thread::id, int> threads_;
+};
+
+// The calls of one profiling backend timed by a device's marks: each call's two marks wait in
+// issue order until the device has passed them, then go to the Recorder. Every queue registers
+// itself, so that reading the profile reads every queue first.
+class MarkedCalls {
+ public:
+  MarkedCalls(std::unique_ptr<DeviceMarks> marks, int timeline)
+      : marks_(std::move(marks)), timeline_(timeline) {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    registry().push_back(this);
+  }
+  ~MarkedCalls() {
+    {
+      std::lock_guard<std::mutex> lock(registry_mutex());
+      auto& all = registry();
+      all.erase(std::find(all.begin(), all.end(), this));
+    }
+    read_all_or_count_unread();
+  }
+  MarkedCalls(const MarkedCalls&) = delete;
+  MarkedCalls& operator=(const MarkedCalls&) = delete;
+
+  // The mark before a call. A call that throws leaves it unreleased; the marks' owner frees it
+  // with the rest.
+  DeviceMarks::Mark begin() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (origin_ == nullptr) {
+      origin_ = marks_->record();
+      origin_seconds_ = Recorder::get().now();
+    }
+    return marks_->record();
+  }
+  void end(const char* name, DeviceMarks::Mark start, double bytes, double flops) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queue_.push_back({name, Recorder::scope_name(), start, marks_->record(), bytes, flops});
+    read(kMaxQueued);
+  }
+  // Every queued call, waiting for the device where it has not passed them yet.
+  void read_all() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    read(0);
+  }
+  // Every queue of the process, read in full.
+  static void read_every_queue() {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    for (MarkedCalls* calls : registry()) calls->read_all();
+  }
+  static void read_every_queue_or_count_unread() noexcept {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    for (MarkedCalls* calls : registry()) calls->read_all_or_count_unread();
+  }
+
+ private:
+  struct Call {
+    const char* name;
+    std::string scope;  // copied: a module's name may die before the call is read
+    DeviceMarks::Mark start, stop;
+    double bytes, flops;
+  };
+  // A bound on the queue (and on the marks it holds): past it, end() waits for the oldest call.
+  static constexpr size_t kMaxQueued = 4096;
+  static std::vector<MarkedCalls*>& registry() {
+    static auto* all = new std::vector<MarkedCalls*>;  // never destroyed, like the Recorder
+    return *all;
+  }
+  static std::mutex& registry_mutex() {
+    static auto* m = new std::mutex;
+    return *m;
+  }
+  // Reads the calls the device has passed, then waits for the oldest ones until at most `keep`
+  // are queued. Under mutex_.
+  void read(size_t keep) {
+    while (!queue_.empty() && (queue_.size() > keep || marks_->reached(queue_.front().stop))) {
+      const Call& c = queue_.front();
+      const double seconds = marks_->seconds_between(c.start, c.stop);
+      // The call's start on the device's row: the host time of the first mark, plus the device
+      // time from that mark to this call's.
+      const double start = origin_seconds_ + marks_->seconds_between(origin_, c.start);
+      Recorder::get().add_marked(c.name, c.scope, start, seconds, c.bytes, c.flops, timeline_);
+      marks_->release(c.start);
+      marks_->release(c.stop);
+      queue_.pop_front();
+    }
+  }
+  // At exit, or as the backend goes: what is queued is read, or counted as unread and dropped
+  // where the device cannot say (its runtime already shut down, a fault on the device).
+  void read_all_or_count_unread() noexcept {
+    std::lock_guard<std::mutex> lock(mutex_);
+    try {
+      read(0);
+    } catch (const std::exception& e) {
+      Recorder::get().add_unread(queue_.size());
+      std::cerr << "[profile] " << queue_.size() << " device calls left unread: " << e.what()
+                << "\n";
+      queue_.clear();
+    }
+  }
+
+  std::mutex mutex_;
+  std::unique_ptr<DeviceMarks> marks_;
+  int timeline_;
+  DeviceMarks::Mark origin_ = nullptr;  // the first mark, recorded at origin_seconds_
+  double origin_seconds_ = 0;
+  std::deque<Call> queue_;
 };
 
 double bytes_of(const Tensor& t) {
@@ -166,16 +294,27 @@ double flops_of(const char* name, const Tensor& dy, const Tensor&, const Conv2dG
   return std::strcmp(name, "conv2d_backward_filter") == 0 ? conv_flops(dy, dw) : 0.0;
 }
 
+// Times each call by the wall clock as it returns, or by the device's marks where it has them.
 class ProfilingBackend final : public Backend {
  public:
-  ProfilingBackend(Backend& inner, Device device) : inner_(inner), device_(device) {}
+  explicit ProfilingBackend(Backend& inner) : inner_(inner) {}
+  ProfilingBackend(Backend& inner, std::unique_ptr<DeviceMarks> marks, int timeline)
+      : inner_(inner), marked_(std::make_unique<MarkedCalls>(std::move(marks), timeline)) {}
 
-#define ACCRUE_PROFILE_OVERRIDE(name, params, args)            \
-  void name params override {                                  \
-    const double start = begin();                              \
-    inner_.name args;                                          \
-    end(#name, start, total_bytes(ACCRUE_PROFILE_UNPACK args), \
-        flops_of(#name, ACCRUE_PROFILE_UNPACK args));          \
+#define ACCRUE_PROFILE_OVERRIDE(name, params, args)                               \
+  void name params override {                                                     \
+    if (marked_) {                                                                \
+      const DeviceMarks::Mark start = marked_->begin();                           \
+      inner_.name args;                                                           \
+      marked_->end(#name, start, total_bytes(ACCRUE_PROFILE_UNPACK args),         \
+                   flops_of(#name, ACCRUE_PROFILE_UNPACK args));                  \
+      return;                                                                     \
+    }                                                                             \
+    const double start = Recorder::get().now();                                   \
+    inner_.name args;                                                             \
+    Recorder& r = Recorder::get();                                                \
+    r.add(#name, start, r.now() - start, total_bytes(ACCRUE_PROFILE_UNPACK args), \
+          flops_of(#name, ACCRUE_PROFILE_UNPACK args));                           \
   }
 #define ACCRUE_PROFILE_UNPACK(...) __VA_ARGS__
   ACCRUE_BACKEND_PRIMITIVES(ACCRUE_PROFILE_OVERRIDE)
@@ -187,17 +326,8 @@ class ProfilingBackend final : public Backend {
   static double total_bytes(const Args&... args) {
     return (0.0 + ... + bytes_of(args));
   }
-  double begin() {
-    if (device_.is_cuda()) synchronize(device_);
-    return Recorder::get().now();
-  }
-  void end(const char* name, double start, double bytes, double flops) {
-    if (device_.is_cuda()) synchronize(device_);
-    Recorder& r = Recorder::get();
-    r.add(name, start, r.now() - start, bytes, flops);
-  }
   Backend& inner_;
-  Device device_;
+  std::unique_ptr<MarkedCalls> marked_;  // null on the CPU
 };
 
 void print_rows(std::ostream& out, const char* what, const std::vector<ProfileRow>& rows,
@@ -223,9 +353,23 @@ void print_rows(std::ostream& out, const char* what, const std::vector<ProfileRo
   }
 }
 
-// At exit: the table on stderr, and the trace file where ACCRUE_PROFILE_JSON names one.
+// The two tables of `t`, under a line with the profiled total.
+void print_totals(const ProfileTotals& t, std::ostream& out) {
+  out << "[profile] " << std::fixed << std::setprecision(3) << t.seconds
+      << " s in backend primitives (bytes: the tensors each call was given)\n";
+  out.unsetf(std::ios::fixed);
+  if (const size_t unread = Recorder::get().unread(); unread > 0) {
+    out << "[profile] " << unread << " device calls are missing: their marks could not be read\n";
+  }
+  print_rows(out, "primitive", t.primitives, t.seconds);
+  print_rows(out, "scope (module forward, backward node)", t.scopes, t.seconds);
+}
+
+// At exit: the table on stderr, and the trace file where ACCRUE_PROFILE_JSON names one. A device
+// that cannot be read any more costs its queued calls (counted in the table), not the report.
 void report_at_exit() {
-  print_profile(std::cerr);
+  MarkedCalls::read_every_queue_or_count_unread();
+  print_totals(Recorder::get().totals(), std::cerr);
   if (const char* path = std::getenv("ACCRUE_PROFILE_JSON"); path != nullptr && *path != 0) {
     try {
       Recorder::get().write_chrome_trace(path);
@@ -259,24 +403,36 @@ void enable_profile() {
 }
 
 ProfileTotals profile_totals() {
+  MarkedCalls::read_every_queue();
   return Recorder::get().totals();
 }
 
 void print_profile(std::ostream& out) {
-  const ProfileTotals t = profile_totals();
-  out << "[profile] " << std::fixed << std::setprecision(3) << t.seconds
-      << " s in backend primitives (bytes: the tensors each call was given)\n";
-  out.unsetf(std::ios::fixed);
-  print_rows(out, "primitive", t.primitives, t.seconds);
-  print_rows(out, "scope (module forward, backward node)", t.scopes, t.seconds);
+  print_totals(profile_totals(), out);
+}
+
+void write_profile_trace(const std::string& path) {
+  MarkedCalls::read_every_queue();
+  Recorder::get().write_chrome_trace(path);
 }
 
 void clear_profile() {
+  MarkedCalls::read_every_queue();
   Recorder::get().clear();
 }
 
+// A GPU's calls go on the trace's rows from kDeviceTimelines on, one per device.
+constexpr int kDeviceTimelines = 1000;
+
 std::unique_ptr<Backend> make_profiling_backend(Backend& inner, Device device) {
-  return std::make_unique<ProfilingBackend>(inner, device);
+  if (device.is_cpu()) return std::make_unique<ProfilingBackend>(inner);
+  return make_profiling_backend(inner, make_cuda_marks(device.index),
+                                kDeviceTimelines + device.index);
+}
+
+std::unique_ptr<Backend> make_profiling_backend(Backend& inner, std::unique_ptr<DeviceMarks> marks,
+                                                int timeline) {
+  return std::make_unique<ProfilingBackend>(inner, std::move(marks), timeline);
 }
 
 ProfileScope::ProfileScope(const char* name) : previous_(current_scope) {

@@ -4,8 +4,9 @@
 // scope (the autograd node whose backward issued it, or "forward/other"), like torch.profiler's
 // key_averages(). ACCRUE_PROFILE_JSON=path also writes every call (the first million) in Chrome's
 // trace-event format, for chrome://tracing or Perfetto. On the CPU a call is timed by the wall
-// clock; on CUDA the device is synchronised before and after it, so each kernel's time is its own
-// (and the run is serialised: profile for where time goes, not for the total).
+// clock as it returns; on CUDA by two events on the device's stream (DeviceMarks below), read once
+// the device has passed them, so a call's time is its own work on the device and the run is not
+// serialised. Read next: kernels/trace.h, the other decorator.
 //   ACCRUE_PROFILE=1 build/examples/accrue-g2p --max-steps 20 ... 2> profile.txt
 #pragma once
 
@@ -42,10 +43,31 @@ struct ProfileTotals {
 };
 ProfileTotals profile_totals();
 void print_profile(std::ostream& out);
+// The recorded calls in Chrome's trace-event format (what ACCRUE_PROFILE_JSON writes at exit):
+// one row per host thread, and one per GPU from row 1000 on.
+void write_profile_trace(const std::string& path);
 void clear_profile();
 
-// Wraps `inner` (the backend of `device`); each call is timed and recorded in the profile.
+// Marks queued in a device's own order of work (CUDA events on its stream): a call's time is the
+// time between the marks before and after it, read once the device has passed both. Calls wait in
+// a queue until then; the queue is read as calls are made, in full by profile_totals(),
+// print_profile() and clear_profile(), and when the backend goes. A test can pass its own.
+class DeviceMarks {
+ public:
+  using Mark = void*;
+  virtual ~DeviceMarks() = default;
+  virtual Mark record() = 0;            // after the work queued so far
+  virtual bool reached(Mark mark) = 0;  // whether that work is done, without waiting
+  virtual double seconds_between(Mark start, Mark stop) = 0;  // waits for stop
+  virtual void release(Mark mark) = 0;                        // the mark may be recorded again
+};
+
+// Wraps `inner` (the backend of `device`); each call is timed and recorded in the profile: on the
+// CPU by the wall clock, on CUDA by the device's events (make_cuda_marks, kernels/cuda_seam.h).
 std::unique_ptr<Backend> make_profiling_backend(Backend& inner, Device device);
+// The same, timing each call by `marks`, its calls drawn on the Chrome trace's row `timeline`.
+std::unique_ptr<Backend> make_profiling_backend(Backend& inner, std::unique_ptr<DeviceMarks> marks,
+                                                int timeline);
 
 // The primitives issued on this thread while it lives belong to `name` in the per-scope table
 // (scopes nest; the innermost wins; a null name keeps the enclosing scope). The autograd engine

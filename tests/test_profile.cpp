@@ -2,19 +2,24 @@
 // two steps with ACCRUE_TRACE=1 and ACCRUE_PROFILE=1 together; every primitive the trace printed
 // must appear in the profile table with as many calls, and in the Chrome trace file as many
 // events. In process: a profiling backend records exactly the calls made through it, under the
-// innermost ProfileScope.
+// innermost ProfileScope; timed by a device's marks (CUDA's events; here a simulated device whose
+// clock ticks once per mark), each call is read once the device has passed it, with the time
+// between its own two marks.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "kernels/profile.h"
 #include "mnist_fixture.h"
+#include "test_util.h"
 
 namespace accrue::testing {
 namespace {
@@ -131,6 +136,159 @@ TEST(Profile, RecordsEachCallUnderItsInnermostScope) {
     EXPECT_EQ(r.flops, 2 * 72 * 27.0) << r.name;
   EXPECT_EQ(profile_totals().primitives.size(), 3u);
   clear_profile();
+}
+
+// A device whose clock reads 1 ms more at each mark, and which has passed the marks below
+// `reached_below` (a wait passes the mark waited for). It counts the marks in use.
+struct SimulatedDevice {
+  int64_t recorded = 0, reached_below = 0, waits = 0;
+  std::set<int64_t> in_use;
+  bool broken = false;  // every read fails, as a device whose runtime has shut down
+};
+class SimulatedMarks final : public DeviceMarks {
+ public:
+  explicit SimulatedMarks(SimulatedDevice& device) : d_(device) {}
+  Mark record() override {
+    d_.in_use.insert(d_.recorded);
+    return as_mark(d_.recorded++);
+  }
+  bool reached(Mark m) override {
+    if (d_.broken) throw std::runtime_error("the simulated device is gone");
+    return index(m) < d_.reached_below;
+  }
+  double seconds_between(Mark start, Mark stop) override {
+    if (!reached(stop)) {
+      ++d_.waits;
+      d_.reached_below = index(stop) + 1;
+    }
+    return 1e-3 * static_cast<double>(index(stop) - index(start));
+  }
+  void release(Mark m) override { EXPECT_EQ(d_.in_use.erase(index(m)), 1u) << index(m); }
+
+ private:
+  static Mark as_mark(int64_t i) { return reinterpret_cast<Mark>(static_cast<intptr_t>(i + 1)); }
+  static int64_t index(Mark m) { return static_cast<int64_t>(reinterpret_cast<intptr_t>(m)) - 1; }
+  SimulatedDevice& d_;
+};
+
+TEST(Profile, DeviceMarkedCallsAreReadOnceTheDeviceHasPassedThem) {
+  SimulatedDevice device;
+  clear_profile();
+  auto backend = make_profiling_backend(backend_for(Device::cpu()),
+                                        std::make_unique<SimulatedMarks>(device), 1007);
+  Tensor t = Tensor::zeros({64}, DType::kFloat32);
+  {
+    const ProfileScope scope("layer");  // gone before the calls are read
+    backend->fill(t, 1.0);
+    backend->fill(t, 2.0);
+  }
+  backend->fill(t, 3.0);
+  // marks 0 (the origin), then 1-2, 3-4, 5-6: nothing passed yet, so nothing read or waited for
+  EXPECT_EQ(device.recorded, 7);
+  EXPECT_EQ(device.in_use.size(), 7u);
+  device.reached_below = 5;  // the first two calls are done; the next call reads them
+  backend->fill(t, 4.0);
+  EXPECT_EQ(device.in_use.size(), 5u);  // the origin, calls 3 and 4
+  EXPECT_EQ(device.waits, 0);
+  const ProfileTotals totals = profile_totals();  // reads the rest, waiting for the device
+  EXPECT_EQ(device.waits, 2);
+  EXPECT_EQ(device.in_use, std::set<int64_t>{0});  // every call's marks released
+  ASSERT_EQ(totals.primitives.size(), 1u);
+  EXPECT_EQ(totals.primitives[0].calls, 4);
+  EXPECT_NEAR(totals.primitives[0].seconds, 4e-3, 1e-12);  // 1 ms between each call's marks
+  std::map<std::string, int64_t> scopes;
+  for (const ProfileRow& r : totals.scopes) scopes[r.name] = r.calls;
+  EXPECT_EQ(scopes, (std::map<std::string, int64_t>{{"layer", 2}, {"forward/other", 2}}));
+  // On the trace, the calls lie on row 1007, 2 ms apart on the device's clock.
+  const fs::path dir = temp_dir("profile_marks"), json = dir / "trace.json";
+  write_profile_trace(json.string());
+  std::ifstream in(json);
+  const nlohmann::json trace = nlohmann::json::parse(in);
+  ASSERT_EQ(trace["traceEvents"].size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    const auto& e = trace["traceEvents"][i];
+    EXPECT_EQ(e["tid"], 1007);
+    EXPECT_NEAR(e["dur"].get<double>(), 1000.0, 1e-3);  // microseconds
+    if (i > 0) {
+      EXPECT_NEAR(e["ts"].get<double>() - trace["traceEvents"][i - 1]["ts"].get<double>(), 2000.0,
+                  1e-3);
+    }
+  }
+  fs::remove_all(dir);
+  clear_profile();
+}
+
+TEST(Profile, TheDeviceQueueIsBounded) {
+  SimulatedDevice device;
+  clear_profile();
+  auto backend = make_profiling_backend(backend_for(Device::cpu()),
+                                        std::make_unique<SimulatedMarks>(device), 1000);
+  Tensor t = Tensor::zeros({1}, DType::kFloat32);
+  for (int i = 0; i < 5000; ++i) backend->fill(t, 1.0);  // the device never catches up by itself
+  // Past 4096 queued calls each new call waits for the oldest one.
+  EXPECT_EQ(device.waits, 5000 - 4096);
+  EXPECT_EQ(device.in_use.size(), 1 + 2 * 4096u);
+  backend.reset();  // a backend reads its queue as it goes
+  EXPECT_EQ(device.in_use, std::set<int64_t>{0});
+  EXPECT_EQ(profile_totals().primitives.at(0).calls, 5000);
+  clear_profile();
+}
+
+TEST(Profile, CallsOfADeviceThatCannotBeReadAreCountedAsMissing) {
+  SimulatedDevice device;
+  clear_profile();
+  auto backend = make_profiling_backend(backend_for(Device::cpu()),
+                                        std::make_unique<SimulatedMarks>(device), 1000);
+  Tensor t = Tensor::zeros({1}, DType::kFloat32);
+  backend->fill(t, 1.0);
+  backend->fill(t, 2.0);
+  device.broken = true;
+  EXPECT_THROW(profile_totals(), std::runtime_error);  // a device error is an error
+  backend.reset();  // ... but going, the backend counts what it could not read
+  std::ostringstream out;
+  print_profile(out);
+  EXPECT_NE(out.str().find("2 device calls are missing"), std::string::npos) << out.str();
+  clear_profile();
+  std::ostringstream cleared;
+  print_profile(cleared);
+  EXPECT_EQ(cleared.str().find("missing"), std::string::npos) << cleared.str();
+}
+
+// On a GPU, the calls are timed by CUDA events: every call is read, with a positive time on the
+// device's own row of the trace.
+TEST(Profile, CudaCallsAreTimedByEventsOnTheDevicesRow) {
+  ACCRUE_REQUIRE_CUDA();
+  clear_profile();
+  const Device gpu = Device::cuda(0);
+  {
+    auto backend = make_profiling_backend(backend_for(gpu), gpu);
+    Tensor t = Tensor::zeros({1 << 20}, DType::kFloat32, gpu);
+    for (int i = 0; i < 3; ++i) backend->fill(t, i);
+    EXPECT_EQ(t.to(Device::cpu()).to_vector<float>()[0], 2.0f);
+  }
+  const ProfileTotals totals = profile_totals();
+  ASSERT_EQ(totals.primitives.size(), 1u);
+  EXPECT_EQ(totals.primitives[0].calls, 3);
+  EXPECT_GT(totals.primitives[0].seconds, 0.0);
+  const fs::path dir = temp_dir("profile_cuda"), json = dir / "trace.json";
+  write_profile_trace(json.string());
+  std::ifstream in(json);
+  const nlohmann::json trace = nlohmann::json::parse(in);
+  ASSERT_EQ(trace["traceEvents"].size(), 3u);
+  for (const auto& e : trace["traceEvents"]) EXPECT_EQ(e["tid"], 1000);
+  fs::remove_all(dir);
+  clear_profile();
+}
+
+// Without a GPU, a CUDA device's profiler cannot be made, and says why.
+TEST(Profile, ACudaDeviceThatIsNotThereIsADeviceError) {
+  if (cuda_device_count() > 0) GTEST_SKIP() << "a GPU is present";
+  try {
+    make_profiling_backend(backend_for(Device::cpu()), Device::cuda(0));
+    ADD_FAILURE() << "no error";
+  } catch (const DeviceError& e) {
+    EXPECT_NE(std::string(e.what()).find(cuda_unavailable_reason()), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
