@@ -168,11 +168,7 @@ class Nccl final : public Communicator {
     const cudaStream_t s = cuda::context(device_).stream;
     const auto start = std::chrono::steady_clock::now();
     for (;;) {
-      const cudaError_t status = cudaStreamQuery(s);
-      if (status == cudaSuccess) break;
-      if (status != cudaErrorNotReady) {
-        cuda::throw_cuda(status, "cudaStreamQuery", __FILE__, __LINE__);
-      }
+      if (ACCRUE_CUDA_QUERY(cudaStreamQuery(s))) break;
       ncclResult_t async = ncclSuccess;
       ACCRUE_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
       ACCRUE_NCCL_CHECK(async);

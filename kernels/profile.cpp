@@ -165,8 +165,7 @@ class MarkedCalls {
   MarkedCalls(const MarkedCalls&) = delete;
   MarkedCalls& operator=(const MarkedCalls&) = delete;
 
-  // The mark before a call. A call that throws leaves it unreleased; the marks' owner frees it
-  // with the rest.
+  // The mark before a call; abandon() gives it back where the call threw.
   DeviceMarks::Mark begin() {
     std::lock_guard<std::mutex> lock(mutex_);
     if (origin_ == nullptr) {
@@ -174,6 +173,10 @@ class MarkedCalls {
       origin_seconds_ = Recorder::get().now();
     }
     return marks_->record();
+  }
+  void abandon(DeviceMarks::Mark start) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    marks_->release(start);
   }
   void end(const char* name, DeviceMarks::Mark start, double bytes, double flops) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -218,11 +221,14 @@ class MarkedCalls {
     while (!queue_.empty() && (queue_.size() > keep || marks_->reached(queue_.front().stop))) {
       const Call& c = queue_.front();
       const double seconds = marks_->seconds_between(c.start, c.stop);
-      // The call's start on the device's row: the host time of the first mark, plus the device
-      // time from that mark to this call's.
+      // The call's start on the device's row: the last call read (or the first mark) plus the
+      // device time since. The device's times are float milliseconds, too coarse to count from
+      // the first mark through a long run; the sum of the short steps is kept in double.
       const double start = origin_seconds_ + marks_->seconds_between(origin_, c.start);
       Recorder::get().add_marked(c.name, c.scope, start, seconds, c.bytes, c.flops, timeline_);
-      marks_->release(c.start);
+      marks_->release(origin_);
+      origin_ = c.start;
+      origin_seconds_ = start;
       marks_->release(c.stop);
       queue_.pop_front();
     }
@@ -244,7 +250,8 @@ class MarkedCalls {
   std::mutex mutex_;
   std::unique_ptr<DeviceMarks> marks_;
   int timeline_;
-  DeviceMarks::Mark origin_ = nullptr;  // the first mark, recorded at origin_seconds_
+  // The last read call's start mark (before any, the first mark) and its time on the trace.
+  DeviceMarks::Mark origin_ = nullptr;
   double origin_seconds_ = 0;
   std::deque<Call> queue_;
 };
@@ -301,20 +308,10 @@ class ProfilingBackend final : public Backend {
   ProfilingBackend(Backend& inner, std::unique_ptr<DeviceMarks> marks, int timeline)
       : inner_(inner), marked_(std::make_unique<MarkedCalls>(std::move(marks), timeline)) {}
 
-#define ACCRUE_PROFILE_OVERRIDE(name, params, args)                               \
-  void name params override {                                                     \
-    if (marked_) {                                                                \
-      const DeviceMarks::Mark start = marked_->begin();                           \
-      inner_.name args;                                                           \
-      marked_->end(#name, start, total_bytes(ACCRUE_PROFILE_UNPACK args),         \
-                   flops_of(#name, ACCRUE_PROFILE_UNPACK args));                  \
-      return;                                                                     \
-    }                                                                             \
-    const double start = Recorder::get().now();                                   \
-    inner_.name args;                                                             \
-    Recorder& r = Recorder::get();                                                \
-    r.add(#name, start, r.now() - start, total_bytes(ACCRUE_PROFILE_UNPACK args), \
-          flops_of(#name, ACCRUE_PROFILE_UNPACK args));                           \
+#define ACCRUE_PROFILE_OVERRIDE(name, params, args)                                \
+  void name params override {                                                      \
+    timed(#name, total_bytes(ACCRUE_PROFILE_UNPACK args),                          \
+          flops_of(#name, ACCRUE_PROFILE_UNPACK args), [&] { inner_.name args; }); \
   }
 #define ACCRUE_PROFILE_UNPACK(...) __VA_ARGS__
   ACCRUE_BACKEND_PRIMITIVES(ACCRUE_PROFILE_OVERRIDE)
@@ -325,6 +322,24 @@ class ProfilingBackend final : public Backend {
   template <typename... Args>
   static double total_bytes(const Args&... args) {
     return (0.0 + ... + bytes_of(args));
+  }
+  template <typename Call>
+  void timed(const char* name, double bytes, double flops, Call call) {
+    if (marked_) {
+      const DeviceMarks::Mark start = marked_->begin();
+      try {
+        call();
+      } catch (...) {
+        marked_->abandon(start);
+        throw;
+      }
+      marked_->end(name, start, bytes, flops);
+      return;
+    }
+    Recorder& r = Recorder::get();
+    const double start = r.now();
+    call();
+    r.add(name, start, r.now() - start, bytes, flops);
   }
   Backend& inner_;
   std::unique_ptr<MarkedCalls> marked_;  // null on the CPU
@@ -365,8 +380,9 @@ void print_totals(const ProfileTotals& t, std::ostream& out) {
   print_rows(out, "scope (module forward, backward node)", t.scopes, t.seconds);
 }
 
-// At exit: the table on stderr, and the trace file where ACCRUE_PROFILE_JSON names one. A device
-// that cannot be read any more costs its queued calls (counted in the table), not the report.
+// At exit: the table on stderr, and the trace file where ACCRUE_PROFILE_JSON names one. The
+// queues of the GPUs were read by an earlier exit handler (make_profiling_backend); a device that
+// cannot be read any more costs its queued calls (counted in the table), not the report.
 void report_at_exit() {
   MarkedCalls::read_every_queue_or_count_unread();
   print_totals(Recorder::get().totals(), std::cerr);
@@ -426,8 +442,15 @@ constexpr int kDeviceTimelines = 1000;
 
 std::unique_ptr<Backend> make_profiling_backend(Backend& inner, Device device) {
   if (device.is_cpu()) return std::make_unique<ProfilingBackend>(inner);
-  return make_profiling_backend(inner, make_cuda_marks(device.index),
-                                kDeviceTimelines + device.index);
+  auto backend =
+      make_profiling_backend(inner, make_cuda_marks(device.index), kDeviceTimelines + device.index);
+  // Exit handlers run in the reverse order of their registration. This one is registered after
+  // the CUDA runtime started, so it reads the queues before any teardown the runtime registered
+  // then, and before the decorators holding the profiling backends are destroyed.
+  static std::once_flag read_at_exit;
+  std::call_once(read_at_exit,
+                 [] { std::atexit([] { MarkedCalls::read_every_queue_or_count_unread(); }); });
+  return backend;
 }
 
 std::unique_ptr<Backend> make_profiling_backend(Backend& inner, std::unique_ptr<DeviceMarks> marks,

@@ -5,8 +5,10 @@
 // key_averages(). ACCRUE_PROFILE_JSON=path also writes every call (the first million) in Chrome's
 // trace-event format, for chrome://tracing or Perfetto. On the CPU a call is timed by the wall
 // clock as it returns; on CUDA by two events on the device's stream (DeviceMarks below), read once
-// the device has passed them, so a call's time is its own work on the device and the run is not
-// serialised. Read next: kernels/trace.h, the other decorator.
+// the device has passed them, so the run is not serialised. While the GPU is busy that is the
+// call's own work on it; where the GPU waits for the host (a small call, a library's algorithm
+// search), the host's time inside the call counts too. Read next: kernels/trace.h, the other
+// decorator.
 //   ACCRUE_PROFILE=1 build/examples/accrue-g2p --max-steps 20 ... 2> profile.txt
 #pragma once
 

@@ -188,11 +188,12 @@ TEST(Profile, DeviceMarkedCallsAreReadOnceTheDeviceHasPassedThem) {
   EXPECT_EQ(device.in_use.size(), 7u);
   device.reached_below = 5;  // the first two calls are done; the next call reads them
   backend->fill(t, 4.0);
-  EXPECT_EQ(device.in_use.size(), 5u);  // the origin, calls 3 and 4
+  // call 2's start (kept: the next call's place on the trace is counted from it), calls 3 and 4
+  EXPECT_EQ(device.in_use, (std::set<int64_t>{3, 5, 6, 7, 8}));
   EXPECT_EQ(device.waits, 0);
   const ProfileTotals totals = profile_totals();  // reads the rest, waiting for the device
   EXPECT_EQ(device.waits, 2);
-  EXPECT_EQ(device.in_use, std::set<int64_t>{0});  // every call's marks released
+  EXPECT_EQ(device.in_use, std::set<int64_t>{7});  // all released but the last call's start
   ASSERT_EQ(totals.primitives.size(), 1u);
   EXPECT_EQ(totals.primitives[0].calls, 4);
   EXPECT_NEAR(totals.primitives[0].seconds, 4e-3, 1e-12);  // 1 ms between each call's marks
@@ -229,8 +230,21 @@ TEST(Profile, TheDeviceQueueIsBounded) {
   EXPECT_EQ(device.waits, 5000 - 4096);
   EXPECT_EQ(device.in_use.size(), 1 + 2 * 4096u);
   backend.reset();  // a backend reads its queue as it goes
-  EXPECT_EQ(device.in_use, std::set<int64_t>{0});
+  EXPECT_EQ(device.in_use.size(), 1u);
   EXPECT_EQ(profile_totals().primitives.at(0).calls, 5000);
+  clear_profile();
+}
+
+TEST(Profile, ACallThatThrowsGivesItsMarkBack) {
+  SimulatedDevice device;
+  clear_profile();
+  auto backend = make_profiling_backend(backend_for(Device::cpu()),
+                                        std::make_unique<SimulatedMarks>(device), 1000);
+  Tensor labels = Tensor::zeros({4}, DType::kInt32), out = Tensor::zeros({1}, DType::kInt32);
+  EXPECT_THROW(backend->sum_all(labels, out), DTypeError);  // a sum of integers
+  EXPECT_EQ(device.in_use, std::set<int64_t>{0});           // only the first mark
+  backend.reset();
+  EXPECT_TRUE(profile_totals().primitives.empty());
   clear_profile();
 }
 

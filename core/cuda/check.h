@@ -1,5 +1,6 @@
 // Status checks for CUDA runtime calls: a failure throws BackendError carrying the runtime's own
-// error string and the file:line of the call. cuBLAS's are in kernels/cuda/cublas_check.h.
+// error string and the file:line of the call; queries (ACCRUE_CUDA_QUERY) say whether work is done.
+// cuBLAS's are in kernels/cuda/cublas_check.h.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -16,7 +17,20 @@ namespace accrue::cuda {
                              cudaGetErrorName(status), ") at ", file, ":", line));
 }
 
+// The status of cudaEventQuery or cudaStreamQuery: true when the work is done, false when it is
+// not yet (cudaErrorNotReady, which is not a failure: it is cleared from the runtime's last error,
+// so that the next launch check does not report it); any other status throws.
+inline bool query_done(cudaError_t status, const char* call, const char* file, int line) {
+  if (status == cudaSuccess) return true;
+  if (status != cudaErrorNotReady) throw_cuda(status, call, file, line);
+  const cudaError_t last = cudaGetLastError();
+  if (last != cudaSuccess && last != cudaErrorNotReady) throw_cuda(last, call, file, line);
+  return false;
+}
+
 }  // namespace accrue::cuda
+
+#define ACCRUE_CUDA_QUERY(call) ::accrue::cuda::query_done((call), #call, __FILE__, __LINE__)
 
 #define ACCRUE_CUDA_CHECK(call)                                              \
   do {                                                                       \

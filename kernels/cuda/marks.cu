@@ -40,14 +40,7 @@ class CudaMarks final : public DeviceMarks {
   }
 
   bool reached(Mark mark) override {
-    const cudaError_t status = cudaEventQuery(static_cast<cudaEvent_t>(mark));
-    if (status == cudaErrorNotReady) {
-      // Not a failure: clear it, so that the next launch check does not report it.
-      (void)cudaGetLastError();
-      return false;
-    }
-    ACCRUE_CUDA_CHECK(status);
-    return true;
+    return ACCRUE_CUDA_QUERY(cudaEventQuery(static_cast<cudaEvent_t>(mark)));
   }
 
   double seconds_between(Mark start, Mark stop) override {
