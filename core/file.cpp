@@ -1,4 +1,4 @@
-// Whole-file reads and atomic writes (see file.h).
+// Reads of regular files and atomic writes (see file.h).
 #include "core/file.h"
 
 #include <fcntl.h>
@@ -29,32 +29,58 @@ std::string folder_of(const std::string& path) {
 
 }  // namespace
 
-std::vector<uint8_t> read_file_bytes(const std::string& path) {
+RegularFile::RegularFile(const std::string& path) : path_(path) {
   // O_NONBLOCK: opening a FIFO would otherwise wait for a writer; the type check below refuses
   // it, and reads of a regular file ignore the flag.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) throw FileError(str_cat(path, ": cannot open: ", reason(errno)));
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd_ < 0) throw FileError(str_cat(path, ": cannot open: ", reason(errno)));
   struct stat st {};
-  if (::fstat(fd, &st) != 0) throw FileError(str_cat(path, ": cannot stat: ", reason(errno)));
-  if (S_ISDIR(st.st_mode)) throw FileError(str_cat(path, ": is a directory, not a file"));
-  if (!S_ISREG(st.st_mode)) throw FileError(str_cat(path, ": is not a regular file"));
-  std::vector<uint8_t> bytes(static_cast<size_t>(st.st_size));
+  const int err = ::fstat(fd_, &st) != 0 ? errno : 0;
+  const char* refusal = err != 0               ? nullptr
+                        : S_ISDIR(st.st_mode)  ? "is a directory, not a file"
+                        : !S_ISREG(st.st_mode) ? "is not a regular file"
+                                               : nullptr;
+  if (err != 0 || refusal != nullptr) {
+    ::close(fd_);
+    throw FileError(err != 0 ? str_cat(path, ": cannot stat: ", reason(err))
+                             : str_cat(path, ": ", refusal));
+  }
+  size_ = static_cast<uint64_t>(st.st_size);
+}
+
+RegularFile::~RegularFile() {
+  ::close(fd_);
+}
+
+std::vector<uint8_t> RegularFile::read(uint64_t offset, uint64_t n) const {
+  if (offset > size_ || n > size_ - offset) {
+    throw FileError(str_cat(path_, ": bytes [", offset, ", ", offset, " + ", n,
+                            ") lie past its end (", size_, " bytes)"));
+  }
+  std::vector<uint8_t> bytes(static_cast<size_t>(n));
   size_t done = 0;
   while (done < bytes.size()) {
-    const ssize_t got = ::read(fd, bytes.data() + done, bytes.size() - done);
+    const ssize_t got =
+        ::pread(fd_, bytes.data() + done, bytes.size() - done, static_cast<off_t>(offset + done));
     if (got < 0 && errno == EINTR) continue;
-    if (got < 0) throw FileError(str_cat(path, ": read failed: ", reason(errno)));
+    if (got < 0) throw FileError(str_cat(path_, ": read failed: ", reason(errno)));
     if (got == 0) {
-      throw FileError(str_cat(path, ": read ", done, " of ", bytes.size(),
-                              " bytes: the file shrank while it was read"));
+      throw FileError(str_cat(path_, ": read ", done, " of ", bytes.size(), " bytes from offset ",
+                              offset, ": the file shrank while it was read"));
     }
     done += static_cast<size_t>(got);
   }
   return bytes;
+}
+
+std::vector<uint8_t> read_file_bytes(const std::string& path, uint64_t max_bytes,
+                                     const char* what) {
+  const RegularFile file(path);
+  if (file.size() > max_bytes) {
+    throw FileError(str_cat(path, ": ", file.size(), " bytes, more than ", what, " can be (",
+                            max_bytes, " at most)"));
+  }
+  return file.read(0, file.size());
 }
 
 std::string resolve_output(const std::string& path) {

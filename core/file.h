@@ -20,9 +20,30 @@
 
 namespace accrue {
 
-// The bytes of a regular file. Throws FileError naming the file: missing, unreadable, a
-// directory or other non-regular file, or a short read.
-std::vector<uint8_t> read_file_bytes(const std::string& path);
+// A regular file opened for reading, for formats whose header says how large the rest must be:
+// the header is read and checked against size() before the rest is allocated. Throws FileError
+// naming the file: missing, unreadable, a directory or other non-regular file, or a short read.
+class RegularFile {
+ public:
+  explicit RegularFile(const std::string& path);
+  ~RegularFile();
+  RegularFile(const RegularFile&) = delete;
+  RegularFile& operator=(const RegularFile&) = delete;
+  const std::string& path() const { return path_; }
+  uint64_t size() const { return size_; }
+  // The n bytes from offset on (offset + n at most size()).
+  std::vector<uint8_t> read(uint64_t offset, uint64_t n) const;
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  uint64_t size_ = 0;
+};
+
+// The bytes of a regular file (RegularFile's checks), refusing one larger than max_bytes before
+// reading it: `what` names what the file should be ("a checkpoint description").
+std::vector<uint8_t> read_file_bytes(const std::string& path, uint64_t max_bytes = UINT64_MAX,
+                                     const char* what = "this file");
 
 // What an output path names, following symbolic links.
 enum class OutputKind {

@@ -1,7 +1,8 @@
-// safetensors reading and writing (see checkpoint.h). Reading trusts nothing in the file: every
-// JSON value is type-checked, sizes are multiplied with overflow checks and compared with the
-// file's size before anything is allocated, and tensors may not overlap. Writing goes through
-// AtomicFile, so the previous checkpoint survives a failed save.
+// safetensors reading and writing (see checkpoint.h). Reading trusts nothing in the file: the
+// header is read first, parsed as strict JSON (optim/strict_json.h) and every value type-checked;
+// sizes are multiplied with overflow checks, and the tensors must cover the data exactly, without
+// overlaps, holes or trailing bytes, before the data is read. Writing goes through AtomicFile, so
+// the previous checkpoint survives a failed save.
 #include "optim/safetensors.h"
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include "core/error.h"
 #include "core/file.h"
 #include "kernels/factories.h"
+#include "optim/strict_json.h"
 
 namespace accrue::optim {
 
@@ -82,21 +84,22 @@ Entry parse_entry(const std::string& name, const nlohmann::json& e, uint64_t dat
   uint64_t numel = 1;
   for (const auto& d : *shape) {
     if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t(INT64_MAX)) {
-      throw bad(str_cat("has a bad dimension ", d.dump(), " (expected an integer in [0, 2^63))"));
+      throw bad(
+          str_cat("has a bad dimension ", brief_json(d), " (expected an integer in [0, 2^63))"));
     }
     out.shape.push_back(static_cast<int64_t>(d.get<uint64_t>()));
     if (__builtin_mul_overflow(numel, d.get<uint64_t>(), &numel) || numel > uint64_t(INT64_MAX)) {
-      throw bad(str_cat("has shape ", shape->dump(), " whose element count overflows"));
+      throw bad(str_cat("has shape ", brief_json(*shape), " whose element count overflows"));
     }
   }
   for (const auto& o : *offsets) {
-    if (!o.is_number_unsigned()) throw bad(str_cat("has a bad data offset ", o.dump()));
+    if (!o.is_number_unsigned()) throw bad(str_cat("has a bad data offset ", brief_json(o)));
   }
   out.begin = (*offsets)[0].get<uint64_t>();
   out.end = (*offsets)[1].get<uint64_t>();
   uint64_t want = 0;
   if (__builtin_mul_overflow(numel, uint64_t(dtype_size(out.dtype)), &want)) {
-    throw bad(str_cat("has shape ", shape->dump(), " whose byte count overflows"));
+    throw bad(str_cat("has shape ", brief_json(*shape), " whose byte count overflows"));
   }
   if (out.end < out.begin || out.end - out.begin != want) {
     throw bad(str_cat("has data_offsets [", out.begin, ", ", out.end, "] for ", want, " bytes of ",
@@ -109,7 +112,8 @@ Entry parse_entry(const std::string& name, const nlohmann::json& e, uint64_t dat
   return out;
 }
 
-// The index of the first non-finite value of a floating tensor on the host, or -1.
+}  // namespace
+
 int64_t first_nonfinite(const Tensor& t) {
   if (!is_floating(t.dtype())) return -1;
   const Tensor host = to_dtype(t.to(Device::cpu()), DType::kFloat64);
@@ -119,8 +123,6 @@ int64_t first_nonfinite(const Tensor& t) {
   }
   return -1;
 }
-
-}  // namespace
 
 void save_safetensors(const std::string& path, const std::vector<nn::NamedTensor>& tensors,
                       const std::map<std::string, std::string>& metadata) {
@@ -147,67 +149,89 @@ void save_safetensors(const std::string& path, const std::vector<nn::NamedTensor
   out.commit();
 }
 
+// The largest header read: the format's own reference reader refuses headers over 100 MB.
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+
 std::map<std::string, Tensor> read_safetensors(const std::string& path,
                                                std::map<std::string, std::string>* metadata) {
   const auto fail = [&](const std::string& what) {
     return FileError("[safetensors] " + path + ": " + what);
   };
-  std::vector<uint8_t> bytes;
   try {
-    bytes = read_file_bytes(path);
-  } catch (const FileError& e) {
-    throw FileError(std::string("[safetensors] ") + e.what());
-  }
-  const uint64_t file_size = bytes.size();
-  if (file_size < 8) throw fail(str_cat("truncated: ", file_size, " bytes, no header length"));
-  uint64_t header_size = 0;
-  for (int i = 0; i < 8; ++i) header_size |= uint64_t(bytes[i]) << (8 * i);
-  if (header_size > file_size - 8) {
-    throw fail(
-        str_cat("header length ", header_size, " exceeds the ", file_size - 8, " bytes after it"));
-  }
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + header_size);
-  } catch (const nlohmann::json::exception& e) {
-    throw fail(std::string("the header is not valid JSON: ") + e.what());
-  }
-  if (!header.is_object()) throw fail("the header is not a JSON object");
-  const uint64_t data_size = file_size - 8 - header_size;
-  const uint8_t* data = bytes.data() + 8 + header_size;
-  std::vector<Entry> entries;
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    if (it.key() == "__metadata__") {
-      if (!it.value().is_object()) throw fail("__metadata__ is not a JSON object");
-      for (const auto& [key, value] : it.value().items()) {
-        if (!value.is_string()) throw fail(str_cat("__metadata__ '", key, "' is not a string"));
-        if (metadata != nullptr) (*metadata)[key] = value.get<std::string>();
+    const RegularFile file(path);
+    const uint64_t file_size = file.size();
+    if (file_size < 8) throw fail(str_cat("truncated: ", file_size, " bytes, no header length"));
+    const std::vector<uint8_t> length = file.read(0, 8);
+    uint64_t header_size = 0;
+    for (int i = 0; i < 8; ++i) header_size |= uint64_t(length[i]) << (8 * i);
+    if (header_size > file_size - 8) {
+      throw fail(str_cat("header length ", header_size, " exceeds the ", file_size - 8,
+                         " bytes after it"));
+    }
+    if (header_size > kMaxHeaderBytes) {
+      throw fail(str_cat("header length ", header_size, " is over the format's limit of ",
+                         kMaxHeaderBytes, " bytes"));
+    }
+    const std::vector<uint8_t> text = file.read(8, header_size);
+    nlohmann::json header;
+    try {
+      header = parse_strict_json(text.begin(), text.end());
+    } catch (const std::invalid_argument& e) {
+      throw fail(std::string("the header is not valid JSON: ") + e.what());
+    }
+    if (!header.is_object()) throw fail("the header is not a JSON object");
+    const uint64_t data_size = file_size - 8 - header_size;
+    std::vector<Entry> entries;
+    for (auto it = header.begin(); it != header.end(); ++it) {
+      if (it.key() == "__metadata__") {
+        if (!it.value().is_object()) throw fail("__metadata__ is not a JSON object");
+        for (const auto& [key, value] : it.value().items()) {
+          if (!value.is_string()) throw fail(str_cat("__metadata__ '", key, "' is not a string"));
+          if (metadata != nullptr) (*metadata)[key] = value.get<std::string>();
+        }
+        continue;
       }
-      continue;
+      entries.push_back(parse_entry(it.key(), it.value(), data_size, fail));
     }
-    entries.push_back(parse_entry(it.key(), it.value(), data_size, fail));
-  }
-  // No two tensors may share bytes.
-  std::vector<const Entry*> by_offset;
-  for (const Entry& e : entries) {
-    if (e.end > e.begin) by_offset.push_back(&e);
-  }
-  std::sort(by_offset.begin(), by_offset.end(),
-            [](const Entry* a, const Entry* b) { return a->begin < b->begin; });
-  for (size_t i = 1; i < by_offset.size(); ++i) {
-    if (by_offset[i]->begin < by_offset[i - 1]->end) {
-      throw fail(str_cat("tensors '", by_offset[i - 1]->name, "' [", by_offset[i - 1]->begin, ", ",
-                         by_offset[i - 1]->end, ") and '", by_offset[i]->name, "' [",
-                         by_offset[i]->begin, ", ", by_offset[i]->end, ") overlap"));
+    // The tensors cover the data exactly: in offset order, each starts where the last ended.
+    std::vector<const Entry*> by_offset;
+    for (const Entry& e : entries) {
+      if (e.end > e.begin) by_offset.push_back(&e);
     }
+    std::sort(by_offset.begin(), by_offset.end(),
+              [](const Entry* a, const Entry* b) { return a->begin < b->begin; });
+    uint64_t covered = 0;
+    for (size_t i = 0; i < by_offset.size(); ++i) {
+      const Entry& e = *by_offset[i];
+      if (e.begin < covered) {
+        const Entry& last = *by_offset[i - 1];
+        throw fail(str_cat("tensors '", last.name, "' [", last.begin, ", ", last.end, ") and '",
+                           e.name, "' [", e.begin, ", ", e.end, ") overlap"));
+      }
+      if (e.begin > covered) {
+        throw fail(str_cat("bytes [", covered, ", ", e.begin,
+                           ") of the data belong to no tensor ('", e.name, "' starts at ", e.begin,
+                           ")"));
+      }
+      covered = e.end;
+    }
+    if (covered != data_size) {
+      throw fail(str_cat(data_size - covered, " bytes after the last tensor's end (", covered,
+                         " of ", data_size, " bytes of data): trailing bytes"));
+    }
+    const std::vector<uint8_t> data = file.read(8 + header_size, data_size);
+    std::map<std::string, Tensor> out;
+    for (const Entry& e : entries) {
+      Tensor t = Tensor::empty(e.shape, e.dtype);
+      if (e.end > e.begin) std::memcpy(t.raw(), data.data() + e.begin, e.end - e.begin);
+      out.emplace(e.name, t);
+    }
+    return out;
+  } catch (const FileError& e) {
+    const std::string what = e.what();
+    if (what.rfind("[safetensors]", 0) == 0) throw;
+    throw FileError("[safetensors] " + what);
   }
-  std::map<std::string, Tensor> out;
-  for (const Entry& e : entries) {
-    Tensor t = Tensor::empty(e.shape, e.dtype);
-    if (e.end > e.begin) std::memcpy(t.raw(), data + e.begin, e.end - e.begin);
-    out.emplace(e.name, t);
-  }
-  return out;
 }
 
 void load_parameters(nn::Module& module, const std::string& path) {

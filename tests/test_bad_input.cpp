@@ -87,6 +87,13 @@ TEST(BadInput, IdxFilesAreRejectedNamingFileAndFault) {
       expect_error<FileError>([&] { mnist::read_idx_labels(path); }, words);
     }
   }
+  // A valid header in a 64 GiB sparse file: compared with the size before the data is read.
+  const std::string sparse = (dir / "sparse").string();
+  write_bytes(sparse, big_endian({0x803, 2, 3, 3}) + pixels);
+  fs::resize_file(sparse, uint64_t{64} << 30);
+  expect_error<FileError>([&] { mnist::read_idx_images(sparse); },
+                          {sparse, "declares [2, 3, 3]", "(trailing bytes)"});
+  fs::remove(sparse);
   // A folder, and a missing file, with the OS's reason.
   expect_error<FileError>([&] { mnist::read_idx_images(dir.string()); },
                           {dir.string(), "is a directory"});
@@ -191,6 +198,25 @@ TEST(BadInput, SafetensorsFilesAreRejectedNamingFileTensorAndFault) {
                    f32x2),
        {"'a' [0, 8)", "'b' [4, 8)", "overlap"}},
       {"metadata_not_object", safetensors(R"({"__metadata__":[1]})", ""), {"__metadata__"}},
+      // Copying or printing a value recurses once per level: deep nesting is refused at parse.
+      {"nested_deep",
+       safetensors(std::string(100000, '[') + std::string(100000, ']'), ""),
+       {"not valid JSON", "nested more than 64 levels"}},
+      {"key_twice",
+       safetensors(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                   R"("w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+                   f32x2),
+       {"the key \"w\" appears twice"}},
+      {"trailing_bytes",
+       one(R"({"dtype":"F32","shape":[1],"data_offsets":[0,4]})"),
+       {"4 bytes after the last tensor's end", "trailing bytes"}},
+      {"hole",
+       one(R"({"dtype":"F32","shape":[1],"data_offsets":[4,8]})"),
+       {"bytes [0, 4) of the data belong to no tensor", "'w' starts at 4"}},
+      {"huge_value_cut_short",
+       one(R"({"dtype":"F32","shape":[")" + std::string(100000, 'A') +
+           R"("],"data_offsets":[0,8]})"),
+       {"'w'", "bad dimension \"AAAA", "(100002 characters)"}},
   };
   const fs::path dir = temp_dir("bad-safetensors");
   for (const SafetensorsCase& c : table) {
@@ -203,6 +229,19 @@ TEST(BadInput, SafetensorsFilesAreRejectedNamingFileTensorAndFault) {
   }
   expect_error<FileError>([&] { optim::read_safetensors(dir.string()); },
                           {dir.string(), "is a directory"});
+  // A valid header in a 64 GiB sparse file: refused from the header and the size, before the
+  // data is read (reading it would need 64 GiB of memory).
+  const std::string sparse = (dir / "sparse.safetensors").string();
+  write_bytes(sparse, one(R"({"dtype":"F32","shape":[2],"data_offsets":[0,8]})"));
+  fs::resize_file(sparse, uint64_t{64} << 30);
+  expect_error<FileError>([&] { optim::read_safetensors(sparse); }, {sparse, "trailing bytes"});
+  // Far past the format's 100 MB header limit: refused before the header is read.
+  const std::string long_header = (dir / "long_header.safetensors").string();
+  write_bytes(long_header, std::string("\x00\xe4\x0b\x54\x02\0\0\0", 8));  // 10^10
+  fs::resize_file(long_header, uint64_t{20} << 30);
+  expect_error<FileError>([&] { optim::read_safetensors(long_header); },
+                          {long_header, "over the format's limit"});
+  fs::remove_all(dir);
 }
 
 // Loading checks everything before it writes anything: a file that fails leaves the model as it
@@ -389,6 +428,21 @@ TEST(BadInput, CommandLineMistakesExitTwoBeforeReadingData) {
       {{"--comm-timeout", "1e-320"}, {"--comm-timeout", "[1, 1e9]"}},
       {{"--comm-timeout", "nan"}, {"--comm-timeout"}},
       {{"--comm-timeout", "-5"}, {"--comm-timeout"}},
+      // Numbers in plain decimal notation only: strtod would take hex and leading spaces.
+      {{"--lr", "0x10"}, {"--lr", "'0x10'", "decimal notation"}},
+      {{"--lr", "0x1p-10"}, {"--lr", "'0x1p-10'"}},
+      {{"--lr", " 5"}, {"--lr", "' 5'"}},
+      {{"--lr", "1e"}, {"--lr", "'1e'"}},
+      {{"--clip", "0x1"}, {"--clip", "'0x1'"}},
+      {{"--momentum", " 0.5"}, {"--momentum"}},
+      {{"--weight-decay", "0x0"}, {"--weight-decay"}},
+      {{"--comm-timeout", "0x10"}, {"--comm-timeout", "'0x10'"}},
+      {{"--comm-timeout", " 10"}, {"--comm-timeout"}},
+      {{"--loss-scale", "0x10"}, {"--loss-scale 0x10"}},
+      {{"--loss-scale", " 1024"}, {"--loss-scale  1024"}},
+      {{"--memory-budget", "0x10MiB"}, {"--memory-budget 0x10MiB"}},
+      {{"--memory-budget", " 64MiB"}, {"--memory-budget  64MiB"}},
+      {{"--memory-budget", "0x4p20"}, {"--memory-budget 0x4p20"}},
   };
   // Data behind a symbolic link loop: exit 1 naming the file, not an abort.
   const CliResult loop = cli({"--data", (dir / "loop-a").string(), "--quiet"});

@@ -3,6 +3,7 @@
 // by its target tokens), the size of the error of the per-micro-batch-mean / k recipe, peak
 // activation memory flat in k, and a tiny model that learns its training words.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cmath>
 #include <sstream>
@@ -53,6 +54,9 @@ TEST(G2PData, ReadsAlternatesSkipsOtherWordsAndSplitsByWord) {
 TEST(G2PData, CorruptDictionariesAreRejectedNamingTheLine) {
   const fs::path dir = g2p_scratch("corrupt");
   using namespace std::string_literals;  // "...\0..."s keeps the NUL byte
+  std::string long_pronunciation = "A  AH0";
+  for (int k = 0; k < 65; ++k) long_pronunciation += " AH0";
+  long_pronunciation += "\n";
   const struct {
     std::string text;
     std::vector<std::string> message;
@@ -70,6 +74,9 @@ TEST(G2PData, CorruptDictionariesAreRejectedNamingTheLine) {
       {"AARDV", {"line 1", "two-space separator"}},  // truncated mid-line
       {"", {"no dictionary entries"}},
       {";;; only comments\n", {"no dictionary entries"}},
+      // Entries far longer than CMUdict's would size the model's context by them.
+      {std::string(65, 'A') + "  AH0\n", {"line 1", "a word of 65 characters (64 at most)"}},
+      {long_pronunciation, {"line 1", "66 phonemes (64 at most)"}},
   };
   int i = 0;
   for (const auto& row : rows) {
@@ -80,6 +87,12 @@ TEST(G2PData, CorruptDictionariesAreRejectedNamingTheLine) {
   }
   expect_error<FileError>([&] { g2p::read_cmudict((dir / "missing.txt").string()); },
                           {"missing.txt", "cannot open"});
+  // Not a file: refused at once (a FIFO would wait for a writer, /dev/zero never ends a line).
+  expect_error<FileError>([&] { g2p::read_cmudict(dir.string()); }, {"is a directory"});
+  const std::string fifo = (dir / "fifo").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  expect_error<FileError>([&] { g2p::read_cmudict(fifo); }, {"fifo", "not a regular file"});
+  expect_error<FileError>([&] { g2p::read_cmudict("/dev/zero"); }, {"not a regular file"});
   fs::remove_all(dir);
 }
 
@@ -116,6 +129,16 @@ TEST(G2PFlags, MistakesExitTwoAndEngineFlagsCombine) {
        "--predict 'HE11O': only letters and apostrophes"},
       {{"--eval", "train"}, 2, "--eval"},
       {{"--layers", "0"}, 2, "--layers"},
+      // Integers in decimal only ("010" is ten: CLI11 alone would read eight).
+      {{"--layers", "0x10"}, 2, "'0x10' is not an integer in [1, 64]"},
+      {{"--heads", "+2"}, 2, "--heads"},
+      {{"--width", " 64"}, 2, "--width"},
+      {{"--eval-limit", "0x10"}, 2, "--eval-limit"},
+      {{"--layers", "010"}, -1, ""},
+      // A model larger than this machine's memory, before the data is read.
+      {{"--layers", "64", "--width", "8192", "--heads", "64"},
+       2,
+       "--layers 64 --width 8192: 51546423296 parameters"},
       {{"--memory-budget", "48MiB"}, -1, ""},
       {{"--micro-batch", "16", "--accum-steps", "8"}, -1, ""},
       {{"--precision", "bf16", "--offload-optimizer"}, -1, ""},
@@ -130,7 +153,57 @@ TEST(G2PFlags, MistakesExitTwoAndEngineFlagsCombine) {
     EXPECT_EQ(g2p::parse_args(static_cast<int>(argv.size()), argv.data(), c, out, err), row.status)
         << args.back() << ": " << err.str();
     EXPECT_NE(err.str().find(row.message), std::string::npos) << err.str();
+    if (row.args == std::vector<std::string>{"--layers", "010"}) EXPECT_EQ(c.layers, 10);
   }
+  fs::remove_all(dir);
+}
+
+// --predict builds the model its file's metadata describes only once the tensors agree with it:
+// sizes that do not (a million blocks, a huge width) are an error naming the file, not an
+// allocation of their size.
+TEST(G2PFlags, PredictChecksTheMetadataAgainstTheTensors) {
+  const fs::path dir = g2p_scratch("predict-metadata");
+  const g2p::Vocabulary vocab;
+  nn::GPTConfig g;
+  g.vocab_size = vocab.size(), g.block_size = 8, g.n_layer = 1, g.n_head = 2, g.n_embd = 8;
+  nn::GPT model(g, DType::kFloat32);
+  std::string symbols;
+  for (const std::string& sym : vocab.symbols) symbols += (symbols.empty() ? "" : " ") + sym;
+  const auto saved = [&](const std::string& key, const std::string& value) {
+    std::map<std::string, std::string> meta{{"accrue.g2p.vocab_size", std::to_string(g.vocab_size)},
+                                            {"accrue.g2p.block_size", "8"},
+                                            {"accrue.g2p.n_layer", "1"},
+                                            {"accrue.g2p.n_head", "2"},
+                                            {"accrue.g2p.n_embd", "8"},
+                                            {"accrue.g2p.vocabulary", symbols}};
+    meta["accrue.g2p." + key] = value;
+    const std::string path = (dir / (key + ".safetensors")).string();
+    optim::save_safetensors(path, model.named_parameters(), meta);
+    return path;
+  };
+  const struct {
+    std::string key, value;
+    std::vector<std::string> message;
+  } rows[] = {
+      {"n_layer", "1048576", {"n_layer 1048576 but the file has 1 blocks"}},
+      {"n_embd", "1048576", {"transformer.wte.weight", "[", "1048576]", "float32[", ", 8]"}},
+      {"block_size", "1048576", {"transformer.wpe.weight", "[1048576, 8]"}},
+  };
+  for (const auto& row : rows) {
+    g2p::Config c;
+    c.init = saved(row.key, row.value);
+    c.predict = {"HELLO"};
+    std::ostringstream out;
+    std::vector<std::string> words = row.message;
+    words.push_back(c.init);
+    expect_error<FileError>([&] { g2p::predict(c, out); }, words);
+  }
+  g2p::Config c;
+  c.init = saved("n_head", "2");  // as written: it predicts
+  c.predict = {"HELLO"};
+  std::ostringstream out;
+  g2p::predict(c, out);
+  EXPECT_EQ(out.str().rfind("HELLO ", 0), 0u) << out.str();
   fs::remove_all(dir);
 }
 

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "train/config.h"
 
 namespace accrue::train {
 
@@ -13,13 +14,9 @@ int64_t parse_bytes(const std::string& text) {
     return ValueError("--memory-budget " + text +
                       ": expected a size in bytes, or with KiB, MiB or GiB (e.g. 64MiB)");
   };
-  size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &used);
-  } catch (const std::exception&) {
-    throw bad();
-  }
+  const size_t used = decimal_prefix(text);
+  if (used == 0) throw bad();
+  const double value = std::strtod(text.substr(0, used).c_str(), nullptr);
   const std::string unit = text.substr(used);
   double scale = 0;
   if (unit.empty() || unit == "B") scale = 1;

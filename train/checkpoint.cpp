@@ -13,13 +13,20 @@
 #include <random>
 
 #include "core/file.h"
+#include "kernels/factories.h"
 #include "optim/safetensors.h"
+#include "optim/strict_json.h"
 
 namespace accrue::train {
 
 namespace fs = std::filesystem;
 
 namespace {
+
+// A checkpoint's description is a few KiB (the run's configuration and position); a file far
+// larger is not one, and is refused before it is read.
+constexpr uint64_t kMaxDescriptionBytes = 16 << 20;
+constexpr const char* kDescription = "a checkpoint description";
 
 std::string fnv1a_hex(const std::vector<uint8_t>& bytes) {
   uint64_t h = 1469598103934665603ull;
@@ -63,7 +70,7 @@ int64_t integer_field(const nlohmann::json& j, const char* key, int64_t low, int
   if (it == j.end()) throw FileError(str_cat(path, ": '", key, "' is missing"));
   if (!it->is_number_integer() ||
       (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))) {
-    throw FileError(str_cat(path, ": '", key, "' is ", it->dump(), ", not an integer"));
+    throw FileError(str_cat(path, ": '", key, "' is ", optim::brief_json(*it), ", not an integer"));
   }
   const int64_t v = it->get<int64_t>();
   if (v < low || v > high) {
@@ -75,8 +82,8 @@ int64_t integer_field(const nlohmann::json& j, const char* key, int64_t low, int
 std::string string_field(const nlohmann::json& j, const char* key, const std::string& path) {
   const auto it = j.find(key);
   if (it == j.end() || !it->is_string()) {
-    throw FileError(str_cat(path, ": '", key, "' is ", it == j.end() ? "missing" : it->dump(),
-                            ", not a string"));
+    throw FileError(str_cat(path, ": '", key, "' is ",
+                            it == j.end() ? "missing" : optim::brief_json(*it), ", not a string"));
   }
   return it->get<std::string>();
 }
@@ -84,12 +91,33 @@ std::string string_field(const nlohmann::json& j, const char* key, const std::st
 // The run id in a checkpoint's JSON ("" when unreadable or absent: an older format).
 std::string run_id_of(const std::string& json_path) {
   try {
-    const std::vector<uint8_t> text = read_file_bytes(json_path);
-    const auto j = nlohmann::json::parse(text.begin(), text.end());
+    const std::vector<uint8_t> text =
+        read_file_bytes(json_path, kMaxDescriptionBytes, kDescription);
+    const auto j = optim::parse_strict_json(text.begin(), text.end());
     const auto it = j.find("run_id");
     return it != j.end() && it->is_string() ? it->get<std::string>() : "";
   } catch (const std::exception&) {
     return "";
+  }
+}
+
+// A checkpoint is written after an applied step, whose weights and moments are finite (a step
+// with a non-finite gradient is skipped) and whose second moments are sums of squares: a value
+// outside that was not written by a run, and would spoil the next one.
+void check_saved_values(const std::string& name, const Tensor& t, const std::string& path) {
+  const int64_t bad = optim::first_nonfinite(t);
+  if (bad >= 0) {
+    throw FileError(str_cat(path, ": tensor '", name, "' holds ",
+                            to_dtype(t, DType::kFloat64).data<double>()[bad], " at element ", bad));
+  }
+  if (name.find("exp_avg_sq") != std::string::npos && is_floating(t.dtype())) {
+    const Tensor values = to_dtype(t, DType::kFloat64);
+    const double* v = values.data<double>();
+    const double* negative = std::find_if(v, v + t.numel(), [](double x) { return x < 0; });
+    if (negative != v + t.numel()) {
+      throw FileError(str_cat(path, ": tensor '", name, "' holds ", *negative, " at element ",
+                              negative - v, ", but second moments are not negative"));
+    }
   }
 }
 
@@ -98,17 +126,17 @@ Checkpoint read_checkpoint(const std::string& dir, int64_t step,
                            const std::function<void(const Checkpoint&)>& validate) {
   Checkpoint c;
   c.path = (fs::path(dir) / (stem(step) + ".json")).string();
-  const std::vector<uint8_t> text = read_file_bytes(c.path);
+  const std::vector<uint8_t> text = read_file_bytes(c.path, kMaxDescriptionBytes, kDescription);
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(text.begin(), text.end());
+    j = optim::parse_strict_json(text.begin(), text.end());
   } catch (const std::exception& e) {
     throw FileError(c.path + ": not JSON (" + e.what() + ")");
   }
   if (!j.is_object()) throw FileError(c.path + ": not a checkpoint description (not an object)");
   if (string_field(j, "format", c.path) != "accrue-checkpoint-1") {
-    throw FileError(
-        str_cat(c.path, ": format ", j["format"].dump(), ", expected \"accrue-checkpoint-1\""));
+    throw FileError(str_cat(c.path, ": format ", optim::brief_json(j["format"]),
+                            ", expected \"accrue-checkpoint-1\""));
   }
   c.run_id = j.contains("run_id") ? string_field(j, "run_id", c.path) : "";
   const auto config = j.find("config");
@@ -133,18 +161,26 @@ Checkpoint read_checkpoint(const std::string& dir, int64_t step,
   const int64_t expected_bytes = integer_field(j, "bytes", 0, INT64_MAX, c.path);
   const std::string expected_hash = string_field(j, "fnv1a", c.path);
   const std::string tensors = (fs::path(dir) / tensors_name).string();
-  const std::vector<uint8_t> bytes = read_file_bytes(tensors);
-  if (static_cast<int64_t>(bytes.size()) != expected_bytes) {
-    throw FileError(str_cat(tensors, ": ", bytes.size(), " bytes, but ", c.path, " says ",
+  const RegularFile tensor_file(tensors);
+  if (static_cast<int64_t>(tensor_file.size()) != expected_bytes) {
+    throw FileError(str_cat(tensors, ": ", tensor_file.size(), " bytes, but ", c.path, " says ",
                             expected_bytes, " (truncated or replaced)"));
   }
+  const std::vector<uint8_t> bytes = tensor_file.read(0, tensor_file.size());
   if (fnv1a_hex(bytes) != expected_hash) {
     throw FileError(str_cat(tensors, ": its contents do not match the hash in ", c.path,
                             " (modified after it was written)"));
   }
   for (auto& [name, t] : optim::read_safetensors(tensors)) {
-    if (name.rfind("model/", 0) == 0) c.model.emplace(name.substr(6), t);
-    if (name.rfind("optimizer/", 0) == 0) c.optimizer.emplace(name.substr(10), t);
+    check_saved_values(name, t, tensors);
+    if (name.rfind("model/", 0) == 0) {
+      c.model.emplace(name.substr(6), t);
+    } else if (name.rfind("optimizer/", 0) == 0) {
+      c.optimizer.emplace(name.substr(10), t);
+    } else {
+      throw FileError(
+          str_cat(tensors, ": tensor '", name, "' belongs to neither the model nor the optimizer"));
+    }
   }
   // The optimizer counts the updates it applied: every step that was not skipped.
   const auto applied = c.optimizer.find("steps");
@@ -333,8 +369,8 @@ void check_compatible(const nlohmann::json& saved, const nlohmann::json& current
     const auto other = saved.find(it.key());
     if (other == saved.end() || *other != it.value()) {
       throw ValueError(str_cat("--resume: ", path, " was written with ", it.key(), " = ",
-                               other == saved.end() ? "(absent)" : other->dump(), ", this run has ",
-                               it.value().dump()));
+                               other == saved.end() ? "(absent)" : optim::brief_json(*other),
+                               ", this run has ", optim::brief_json(it.value())));
     }
   }
 }

@@ -32,6 +32,30 @@ DType master_dtype(const std::string& precision) {
   return precision == "fp64" ? DType::kFloat64 : DType::kFloat32;
 }
 
+size_t decimal_prefix(const std::string& text) {
+  const auto digits_from = [&](size_t at) {
+    while (at < text.size() && text[at] >= '0' && text[at] <= '9') ++at;
+    return at;
+  };
+  size_t at = !text.empty() && text[0] == '-' ? 1 : 0;
+  const size_t whole = digits_from(at);
+  size_t end = whole;
+  if (end < text.size() && text[end] == '.') end = digits_from(end + 1);
+  if (end == at || (whole == at && end == at + 1)) return 0;  // no digits ("", "-", ".")
+  if (end < text.size() && (text[end] == 'e' || text[end] == 'E')) {
+    size_t exponent = end + 1;
+    if (exponent < text.size() && (text[exponent] == '-' || text[exponent] == '+')) ++exponent;
+    const size_t exponent_end = digits_from(exponent);
+    if (exponent_end > exponent) end = exponent_end;
+  }
+  return end;
+}
+
+std::optional<double> decimal_number(const std::string& text) {
+  if (text.empty() || decimal_prefix(text) != text.size()) return std::nullopt;
+  return std::strtod(text.c_str(), nullptr);
+}
+
 LossScaleChoice resolve_loss_scale(const std::string& loss_scale, const std::string& precision) {
   LossScaleChoice out;
   if (loss_scale == "none" || (loss_scale == "auto" && precision != "fp16")) return out;
@@ -41,10 +65,9 @@ LossScaleChoice resolve_loss_scale(const std::string& loss_scale, const std::str
     out.initial = 65536.0;  // 2^16, as torch.amp.GradScaler
     return out;
   }
-  char* end = nullptr;
-  out.initial = std::strtod(loss_scale.c_str(), &end);
-  if (loss_scale.empty() || end != loss_scale.c_str() + loss_scale.size() ||
-      !std::isfinite(out.initial) || !(out.initial > 0)) {
+  const std::optional<double> scale = decimal_number(loss_scale);
+  out.initial = scale.value_or(0);
+  if (!scale || !std::isfinite(out.initial) || !(out.initial > 0)) {
     throw ValueError("--loss-scale " + loss_scale +
                      ": expected auto, none, dynamic or a positive number");
   }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "core/device.h"
@@ -82,6 +83,13 @@ void check_pipeline(const Config& config, int world_size);
 // the gradients and the optimizer state, for a --precision value.
 DType compute_dtype(const std::string& precision);
 DType master_dtype(const std::string& precision);
+
+// The length of the longest prefix of text that is a number in plain decimal notation: digits
+// with an optional fraction and exponent, an optional minus ("1", "-0.5", ".5", "3e-4", "1E+9");
+// never hex ("0x10", "0x1p-4"), a '+' sign, spaces, "inf" or "nan". 0 when none.
+size_t decimal_prefix(const std::string& text);
+// text as a number when all of it is one in plain decimal notation.
+std::optional<double> decimal_number(const std::string& text);
 
 // What --loss-scale resolves to for a precision: off, fixed at `initial`, or dynamic from
 // `initial` (2^16, GradScaler's default). Throws ValueError for a bad value.

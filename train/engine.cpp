@@ -314,7 +314,7 @@ void Run::build_model() {
       task_.prepare(Setup{c_.device, compute_, master_, comm_->rank(), comm_->world_size(), comm_,
                           [this](const std::string& line) { log(line); }});
   if (c_.train_limit > 0) train_samples_ = std::min(train_samples_, c_.train_limit);
-  if (train_samples_ <= 0) throw ValueError(task_.program + ": the training set is empty");
+  if (train_samples_ <= 0) throw ValueError("[train] the task's training set is empty");
   // What the model, its arena and its optimizer hold is measured from here.
   device_bytes_before_ = allocator_for(c_.device).stats().live_bytes;
   host_bytes_before_ = pinned_host_allocator().stats().live_bytes;
@@ -616,6 +616,14 @@ void Run::resume() {
   if (!saved.run_id.empty()) run_id_ = saved.run_id;
   auto state = arena_->named_masters();
   for (auto& b : model_->named_buffers()) state.push_back(b);
+  for (const auto& [name, t] : saved.model) {
+    const bool known = std::any_of(state.begin(), state.end(),
+                                   [&](const nn::NamedTensor& s) { return s.first == name; });
+    if (!known) {
+      throw FileError(str_cat(saved.path, ": the checkpoint has '", name, "' (", t.describe(),
+                              "), which the model does not"));
+    }
+  }
   for (auto& [name, t] : state) {
     // The dtype as saved, or a narrower integer one (an int32 BatchNorm counter, widened).
     const auto it = saved.model.find(name);

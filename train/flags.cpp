@@ -38,8 +38,12 @@ enum class Open { kNeither, kLow, kHigh };
 CLI::Validator finite_in(double low, double high, Open open = Open::kNeither) {
   return CLI::Validator(
       [=](std::string& text) -> std::string {
-        double v = 0;
-        if (!CLI::detail::lexical_cast(text, v)) return "'" + text + "' is not a number";
+        if (text == "nan" || text == "inf" || text == "-inf") {
+          return "'" + text + "' is not a finite number";
+        }
+        const std::optional<double> number = decimal_number(text);
+        if (!number) return "'" + text + "' is not a number in decimal notation";
+        const double v = *number;
         if (!std::isfinite(v)) return "'" + text + "' is not a finite number";
         const bool above = open == Open::kLow ? v > low : v >= low;
         const bool below = open == Open::kHigh ? v < high : v <= high;
@@ -65,20 +69,6 @@ std::optional<int64_t> decimal_integer(const std::string& text) {
   const long long v = std::strtoll(text.c_str(), nullptr, 10);
   if (errno == ERANGE) return std::nullopt;
   return static_cast<int64_t>(v);
-}
-
-// A CLI11 check: a decimal integer in [low, high].
-CLI::Validator int_in(int64_t low, int64_t high) {
-  return CLI::Validator(
-      [=](std::string& text) -> std::string {
-        const std::optional<int64_t> v = decimal_integer(text);
-        if (!v || *v < low || *v > high) {
-          return str_cat("'", text, "' is not an integer in [", low, ", ", high, "]");
-        }
-        text = std::to_string(*v);  // "010" is ten: CLI11 would read a leading 0 as octal
-        return "";
-      },
-      "");
 }
 
 // A CLI11 check: a decimal integer in [0, 2^64 - 1] (a seed: never wrapped).
@@ -113,6 +103,19 @@ std::filesystem::file_type input_kind(const char* flag, const std::string& path)
 }
 
 }  // namespace
+
+CLI::Validator int_in(int64_t low, int64_t high) {
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        const std::optional<int64_t> v = decimal_integer(text);
+        if (!v || *v < low || *v > high) {
+          return str_cat("'", text, "' is not an integer in [", low, ", ", high, "]");
+        }
+        text = std::to_string(*v);  // "010" is ten: CLI11 would read a leading 0 as octal
+        return "";
+      },
+      "");
+}
 
 Flags::Flags(CLI::App& app, Config& config) : app_(app), c_(config) {
   app_.option_defaults()->always_capture_default();
@@ -210,9 +213,8 @@ Flags::Flags(CLI::App& app, Config& config) : app_(app), c_(config) {
                   "naming the operation (0: wait forever)")
       ->check(CLI::Validator(
           [](std::string& text) -> std::string {
-            double v = 0;
-            if (!CLI::detail::lexical_cast(text, v) || !std::isfinite(v) ||
-                !(v == 0 || (v >= 1 && v <= 1e9))) {
+            const double v = decimal_number(text).value_or(-1);
+            if (!std::isfinite(v) || !(v == 0 || (v >= 1 && v <= 1e9))) {
               return "'" + text + "' must be 0 (no limit) or seconds in [1, 1e9]";
             }
             return "";

@@ -40,6 +40,10 @@ class Flags {
   bool no_shuffle_ = false;
 };
 
+// A CLI11 transform for an integer flag: a whole decimal integer in [low, high] (no '+', hex,
+// octal or spaces: "010" is ten), else a one-line error naming the value and the range.
+CLI::Validator int_in(int64_t low, int64_t high);
+
 // "512,256,128" -> {512, 256, 128}: positive integers up to max, comma-separated. Throws
 // ValueError naming the flag, the bad item and an example.
 std::vector<int64_t> parse_size_list(const std::string& flag, const std::string& text, int64_t max,

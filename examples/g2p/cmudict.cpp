@@ -1,12 +1,13 @@
 // Reading and checking CMUdict (see cmudict.h).
 #include "cmudict.h"
 
-#include <fstream>
 #include <functional>
 #include <set>
+#include <sstream>
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/file.h"
 
 namespace accrue::g2p {
 
@@ -48,9 +49,16 @@ std::string strip_alternate(const std::string& word,
 
 }  // namespace
 
+// CMUdict 0.7b is 3.7 MB; its longest word has 34 letters and its longest pronunciation 32
+// phonemes. A file or an entry far beyond that is not a pronouncing dictionary: refused before a
+// model's context is sized by it.
+constexpr uint64_t kMaxDictionaryBytes = 256 << 20;
+constexpr size_t kMaxEntryLength = 64;
+
 Lexicon read_cmudict(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw FileError(str_cat(path, ": cannot open the dictionary"));
+  const std::vector<uint8_t> bytes =
+      read_file_bytes(path, kMaxDictionaryBytes, "a pronouncing dictionary");
+  std::istringstream in(std::string(bytes.begin(), bytes.end()));
   const std::set<std::string> known(phoneme_symbols().begin(), phoneme_symbols().end());
   Lexicon lex;
   std::unordered_map<std::string, size_t> index;
@@ -71,6 +79,9 @@ Lexicon read_cmudict(const std::string& path) {
     if (sep == std::string::npos) fail("no two-space separator between word and phonemes");
     const std::string raw = line.substr(0, sep);
     if (raw.empty() || raw.find(' ') != std::string::npos) fail("empty or spaced word");
+    if (raw.size() > kMaxEntryLength) {
+      fail(str_cat("a word of ", raw.size(), " characters (", kMaxEntryLength, " at most)"));
+    }
     const std::string word = strip_alternate(raw, fail);
     Pronunciation phonemes;
     size_t at = sep + 2;
@@ -83,6 +94,9 @@ Lexicon read_cmudict(const std::string& path) {
       at = end + 1;
     }
     if (phonemes.empty()) fail("no phonemes");
+    if (phonemes.size() > kMaxEntryLength) {
+      fail(str_cat(phonemes.size(), " phonemes (", kMaxEntryLength, " at most)"));
+    }
     bool keep = true;
     for (char c : word) keep = keep && is_word_character(c);
     if (!keep) {
@@ -99,7 +113,6 @@ Lexicon read_cmudict(const std::string& path) {
     }
     ++lex.entries;
   }
-  if (in.bad()) throw FileError(str_cat(path, ": read error after line ", number));
   if (lex.entries == 0) throw FileError(str_cat(path, ": no dictionary entries"));
   return lex;
 }

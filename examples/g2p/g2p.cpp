@@ -74,6 +74,11 @@ Data load_data(const std::string& path, int64_t train_limit) {
         break;
     }
   }
+  if (d.train.empty()) {
+    throw FileError(
+        str_cat(path, ": none of its ", lex.words.size(),
+                " words falls in the training split (split_of, examples/g2p/cmudict.h)"));
+  }
   return d;
 }
 
@@ -440,11 +445,34 @@ int64_t metadata_size(const std::map<std::string, std::string>& m, const std::st
   return v;
 }
 
+// The model the metadata describes is built only once the file's tensors agree with it (the
+// embeddings [V, C] and [T, C], n_layer blocks): sizes read from a file are checked against its
+// contents before anything is allocated by them.
+void check_sizes_match_tensors(const nn::GPTConfig& g, const std::map<std::string, Tensor>& tensors,
+                               const std::string& path) {
+  const auto expect = [&](const std::string& name, const Shape& shape) {
+    const auto it = tensors.find(name);
+    if (it == tensors.end() || it->second.shape() != shape) {
+      throw FileError(str_cat(path, ": its metadata describes ", name, " ", shape_str(shape),
+                              " but the file has ",
+                              it == tensors.end() ? "no such tensor" : it->second.describe()));
+    }
+  };
+  expect("transformer.wte.weight", {g.vocab_size, g.n_embd});
+  expect("transformer.wpe.weight", {g.block_size, g.n_embd});
+  int64_t blocks = 0;
+  while (tensors.count(str_cat("transformer.h.", blocks, ".ln_1.weight")) != 0) ++blocks;
+  if (blocks != g.n_layer) {
+    throw FileError(str_cat(path, ": its metadata says n_layer ", g.n_layer, " but the file has ",
+                            blocks, " blocks"));
+  }
+}
+
 }  // namespace
 
 void predict(const Config& c, std::ostream& out) {
   std::map<std::string, std::string> meta;
-  optim::read_safetensors(c.init, &meta);
+  const std::map<std::string, Tensor> tensors = optim::read_safetensors(c.init, &meta);
   const Vocabulary vocab;
   nn::GPTConfig g;
   g.vocab_size = metadata_size(meta, "vocab_size", c.init);
@@ -457,6 +485,7 @@ void predict(const Config& c, std::ostream& out) {
   if (g.vocab_size != vocab.size() || meta["accrue.g2p.vocabulary"] != expected) {
     throw FileError(str_cat(c.init, ": its vocabulary is not this program's"));
   }
+  check_sizes_match_tensors(g, tensors, c.init);
   nn::GPT model(g, DType::kFloat32);
   optim::load_parameters(model, c.init);
   model.eval();
@@ -479,16 +508,16 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
       "accumulation over token-normalised windows"};
   train::Flags flags(app, c);
   app.add_option("--data", c.data, "CMUdict's dict.txt (scripts/fetch-cmudict.sh)");
-  app.add_option("--layers", c.layers, "Transformer blocks")->check(CLI::Range(1, 64));
-  app.add_option("--heads", c.heads, "Attention heads per block")->check(CLI::Range(1, 64));
+  app.add_option("--layers", c.layers, "Transformer blocks")->transform(train::int_in(1, 64));
+  app.add_option("--heads", c.heads, "Attention heads per block")->transform(train::int_in(1, 64));
   app.add_option("--width", c.width, "Embedding width (a multiple of --heads)")
-      ->check(CLI::Range(1, 8192));
+      ->transform(train::int_in(1, 8192));
   app.add_option("--eval", c.eval,
                  "Splits evaluated after the last epoch (validation, test, both); earlier epochs "
                  "evaluate the validation split")
       ->check(CLI::IsMember({"validation", "test", "both"}));
   app.add_option("--eval-limit", c.eval_limit, "Evaluate the first N words of each split (0: all)")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+      ->transform(train::int_in(0, int64_t{1} << 30));
   app.add_option("--predict", c.predict,
                  "Pronounce these words with the model of --init (no training)");
   return train::parse_command_line(app, argc, argv, "accrue-g2p", out, err, [&] {
@@ -496,6 +525,10 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
     if (c.width % c.heads != 0) {
       throw ValueError(str_cat("--width ", c.width, " is not a multiple of --heads ", c.heads));
     }
+    // Each block's attention (4 C^2 + 4 C), MLP (8 C^2 + 5 C) and two LayerNorms (4 C): a lower
+    // bound on the model, whose embeddings are sized by the data read later.
+    train::check_model_fits(str_cat("--layers ", c.layers, " --width ", c.width),
+                            c.layers * (12 * c.width * c.width + 13 * c.width), c);
     if (!c.predict.empty() && c.init.empty()) {
       throw ValueError("--predict needs --init MODEL.safetensors (a model saved with --save)");
     }

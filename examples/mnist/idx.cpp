@@ -1,8 +1,10 @@
 // IDX reading and writing (see idx.h). The header is checked field by field (two zero bytes,
 // the dtype byte 0x08 for unsigned bytes, the number of dimensions), the dimensions are
-// multiplied with overflow checks, and the product is compared with the file's size before any
-// copy is made.
+// multiplied with overflow checks, and the product is compared with the file's size before the
+// data is read.
 #include "idx.h"
+
+#include <algorithm>
 
 #include "core/error.h"
 #include "core/file.h"
@@ -18,10 +20,13 @@ uint32_t big_endian(const std::vector<uint8_t>& b, size_t at) {
          uint32_t(b[at + 3]);
 }
 
-// Checks the header of an IDX file of unsigned bytes with `dims` dimensions; returns them.
-std::vector<int64_t> header(const std::vector<uint8_t>& b, const std::string& path, size_t dims) {
+// Checks the header of an IDX file of unsigned bytes with `dims` dimensions against the file's
+// size; returns the dimensions.
+std::vector<int64_t> header(const RegularFile& file, size_t dims) {
+  const std::string& path = file.path();
   const char* kind = dims == 1 ? "labels" : "images";
   const size_t header_bytes = 4 + 4 * dims;
+  const std::vector<uint8_t> b = file.read(0, std::min<uint64_t>(file.size(), header_bytes));
   if (b.size() < 4) {
     throw FileError(str_cat(path, ": truncated header: ", b.size(), " bytes, expected at least ",
                             header_bytes, " for an ", kind, " IDX file"));
@@ -53,7 +58,7 @@ std::vector<int64_t> header(const std::vector<uint8_t>& b, const std::string& pa
                               "... overflow a 64-bit byte count"));
     }
   }
-  const uint64_t have = b.size() - header_bytes;
+  const uint64_t have = file.size() - header_bytes;
   if (have != total) {
     throw FileError(str_cat(path, ": header declares ", shape_str(sizes), " = ", total,
                             " bytes of data but the file has ", have,
@@ -65,18 +70,18 @@ std::vector<int64_t> header(const std::vector<uint8_t>& b, const std::string& pa
 }  // namespace
 
 IdxImages read_idx_images(const std::string& path) {
-  const std::vector<uint8_t> b = read_file_bytes(path);
-  const auto sizes = header(b, path, 3);
+  const RegularFile file(path);
+  const auto sizes = header(file, 3);
   if (sizes[1] == 0 || sizes[2] == 0) {
     throw FileError(str_cat(path, ": images have dimensions ", sizes[1], " x ", sizes[2]));
   }
-  return {sizes[0], sizes[1], sizes[2], std::vector<uint8_t>(b.begin() + 16, b.end())};
+  return {sizes[0], sizes[1], sizes[2], file.read(16, file.size() - 16)};
 }
 
 std::vector<uint8_t> read_idx_labels(const std::string& path) {
-  const std::vector<uint8_t> b = read_file_bytes(path);
-  header(b, path, 1);
-  return std::vector<uint8_t>(b.begin() + 8, b.end());
+  const RegularFile file(path);
+  header(file, 1);
+  return file.read(8, file.size() - 8);
 }
 
 }  // namespace accrue::mnist
