@@ -420,6 +420,13 @@ TEST(Reliability, EditedCheckpointDescriptionsAreRefused) {
       {"format", [](auto& j) { j["format"] = "other"; }, {"format \"other\""}},
       {"run id a number", [](auto& j) { j["run_id"] = 7; }, {"'run_id'"}},
       {"not an object", [](auto& j) { j = nlohmann::json::array(); }, {"not an object"}},
+      {"nested 100 deep",
+       [](auto& j) {
+         nlohmann::json deep = 1;
+         for (int i = 0; i < 100; ++i) deep = nlohmann::json::array({deep});
+         j["config"]["lr"] = deep;
+       },
+       {"not JSON", "nested more than 64 levels"}},
   };
   for (const Row& row : table) {
     SCOPED_TRACE(row.name);
@@ -432,6 +439,78 @@ TEST(Reliability, EditedCheckpointDescriptionsAreRefused) {
     expect_words(r.err, row.words);
   }
   std::ofstream(json, std::ios::trunc) << good;
+  r = run(data, {"--resume", ckpt.string(), "--max-steps", "12"});
+  EXPECT_EQ(r.status, 0) << r.err;
+}
+
+// A checkpoint's tensors hold what a run writes: finite weights and moments, second moments that
+// are not negative, only the model's and the optimizer's tensors. Edited ones (with the file's
+// size and hash in the description made to match) are refused naming the tensor: exit 1, and the
+// older intact checkpoint where the file itself is at fault.
+TEST(Reliability, EditedCheckpointTensorsAreRefused) {
+  const fs::path data = make_dataset("ckpt-tensors", 512, 64);
+  const fs::path ckpt = data / "ckpt";
+  CliResult r =
+      run(data, {"--checkpoint", ckpt.string(), "--checkpoint-every", "5", "--max-steps", "10"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const fs::path json = ckpt / "step-0000000010.json",
+                 tensors = ckpt / "step-0000000010.safetensors";
+  const std::string good_json = slurp(json), good_tensors = slurp(tensors);
+  const auto first_value = [](float v) {
+    return [v](std::map<std::string, Tensor>& m, const std::string& name) {
+      m.at(name).data<float>()[0] = v;
+    };
+  };
+  struct Row {
+    std::string name;
+    std::function<void(std::map<std::string, Tensor>&)> edit;
+    std::vector<std::string> words;
+    bool older_intact;  // the checkpoint's file is at fault (else it does not fit the model)
+  };
+  const std::vector<Row> table{
+      {"nan weight",
+       [&](auto& m) { first_value(NAN)(m, "model/layers.0.weight"); },
+       {"'model/layers.0.weight' holds nan at element 0"},
+       true},
+      {"inf first moment",
+       [&](auto& m) { first_value(INFINITY)(m, "optimizer/exp_avg"); },
+       {"'optimizer/exp_avg' holds inf"},
+       true},
+      {"negative second moment",
+       [&](auto& m) { first_value(-1)(m, "optimizer/exp_avg_sq"); },
+       {"'optimizer/exp_avg_sq' holds -1", "not negative"},
+       true},
+      {"a stray tensor",
+       [](auto& m) { m.emplace("junk", Tensor::zeros({1})); },
+       {"'junk' belongs to neither the model nor the optimizer"},
+       true},
+      {"a tensor the model lacks",
+       [](auto& m) { m.emplace("model/extra", Tensor::zeros({1})); },
+       {"has 'extra'", "which the model does not"},
+       false},
+  };
+  for (const Row& row : table) {
+    SCOPED_TRACE(row.name);
+    std::ofstream(tensors, std::ios::trunc | std::ios::binary) << good_tensors;
+    std::map<std::string, Tensor> m = optim::read_safetensors(tensors.string());
+    row.edit(m);
+    optim::save_safetensors(tensors.string(), {m.begin(), m.end()});
+    const std::string bytes = slurp(tensors);
+    uint64_t hash = 1469598103934665603ull;  // FNV-1a, as the checkpoint writes it
+    for (unsigned char b : bytes) hash = (hash ^ b) * 1099511628211ull;
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
+    nlohmann::json j = nlohmann::json::parse(good_json);
+    j["bytes"] = bytes.size();
+    j["fnv1a"] = hex;
+    std::ofstream(json, std::ios::trunc) << j.dump();
+    r = run(data, {"--resume", ckpt.string(), "--max-steps", "12"});
+    EXPECT_EQ(r.status, 1) << r.err;
+    expect_words(r.err, row.words);
+    if (row.older_intact) expect_words(r.err, {tensors.string(), "step-0000000005 is intact"});
+  }
+  std::ofstream(json, std::ios::trunc) << good_json;
+  std::ofstream(tensors, std::ios::trunc | std::ios::binary) << good_tensors;
   r = run(data, {"--resume", ckpt.string(), "--max-steps", "12"});
   EXPECT_EQ(r.status, 0) << r.err;
 }
