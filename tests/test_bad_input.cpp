@@ -443,6 +443,15 @@ TEST(BadInput, CommandLineMistakesExitTwoBeforeReadingData) {
       {{"--memory-budget", "0x10MiB"}, {"--memory-budget 0x10MiB"}},
       {{"--memory-budget", " 64MiB"}, {"--memory-budget  64MiB"}},
       {{"--memory-budget", "0x4p20"}, {"--memory-budget 0x4p20"}},
+      // The optimizer applies the rate in float32: 1e308 is inf there, 1e-320 is 0.
+      {{"--lr", "1e308"}, {"--lr 1e+308", "not a usable learning rate", "float32"}},
+      {{"--lr", "1e-320"}, {"--lr", "not a usable learning rate", "float32"}},
+      // A flag for a setting the run does not have changes nothing: a mistake, not a no-op.
+      {{"--model", "cnn", "--hidden", "64"}, {"--hidden 64", "--model cnn"}},
+      {{"--optimizer", "adam", "--momentum", "0.5"}, {"--momentum", "sgd", "adam"}},
+      {{"--momentum", "0.5"}, {"--momentum", "sgd"}},
+      {{"--checkpoint-every", "7"}, {"--checkpoint-every", "--checkpoint DIR"}},
+      {{"--pipeline-schedule", "gpipe"}, {"--pipeline-schedule", "--pipeline 2"}},
   };
   // Data behind a symbolic link loop: exit 1 naming the file, not an abort.
   const CliResult loop = cli({"--data", (dir / "loop-a").string(), "--quiet"});

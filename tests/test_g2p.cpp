@@ -127,6 +127,8 @@ TEST(G2PFlags, MistakesExitTwoAndEngineFlagsCombine) {
       {{"--init", model, "--predict", "HE11O"},
        2,
        "--predict 'HE11O': only letters and apostrophes"},
+      // Predicting reads --init only (every row here also gives --data).
+      {{"--init", model, "--predict", "HELLO"}, 2, "--data has no effect with --predict"},
       {{"--eval", "train"}, 2, "--eval"},
       {{"--layers", "0"}, 2, "--layers"},
       // Integers in decimal only ("010" is ten: CLI11 alone would read eight).

@@ -336,11 +336,29 @@ void Flags::check_batches(int world_size) const {
     }
     const double lr =
         optim::scale_lr(c_.lr, batch.batch, c_.base_batch, optim::parse_lr_scaling(c_.lr_scaling));
-    if (!std::isfinite(lr) || !(lr > 0)) {
+    // The optimizer applies the rate in float32: outside its normal range it is inf or 0.
+    if (!std::isfinite(lr) || !(lr >= std::numeric_limits<float>::min()) ||
+        lr > std::numeric_limits<float>::max()) {
       throw ValueError(str_cat("--lr ", c_.lr, " scaled (", c_.lr_scaling, ") from --base-batch ",
                                c_.base_batch, " to batch ", batch.batch, " gives ", lr,
-                               ", not a usable learning rate"));
+                               ", not a usable learning rate (float32's normal range: [",
+                               std::numeric_limits<float>::min(), ", ",
+                               std::numeric_limits<float>::max(), "])"));
     }
+  }
+}
+
+// A flag given for a setting this run does not have would change nothing: a mistake, not a no-op.
+void Flags::check_each_flag_takes_effect() const {
+  const auto given = [&](const char* flag) { return app_.count(flag) > 0; };
+  if (given("--momentum") && c_.optimizer != "sgd") {
+    throw ValueError("--momentum applies to --optimizer sgd; this run uses " + c_.optimizer);
+  }
+  if (given("--checkpoint-every") && c_.checkpoint.empty()) {
+    throw ValueError("--checkpoint-every needs --checkpoint DIR");
+  }
+  if (given("--pipeline-schedule") && c_.pipeline <= 1) {
+    throw ValueError("--pipeline-schedule needs --pipeline 2 or more");
   }
 }
 
@@ -384,6 +402,7 @@ void Flags::check() {
         "--offload-optimizer keeps the whole optimizer state on the host; it does not combine "
         "with --zero 1 (sharded optimizer state)");
   }
+  check_each_flag_takes_effect();
   if (launch.rank == 0) check_outputs();  // rank 0 alone writes them
   check_inputs();
 }

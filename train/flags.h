@@ -31,6 +31,7 @@ class Flags {
 
  private:
   void check_no_empty_values() const;
+  void check_each_flag_takes_effect() const;
   void check_batches(int world_size) const;
   void check_outputs();
   void check_inputs() const;

@@ -541,6 +541,15 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
       }
       if (w.empty()) throw ValueError("--predict: an empty word");
     }
+    // Predicting trains nothing: the model's sizes come from --init, and nothing is written.
+    if (!c.predict.empty()) {
+      for (const CLI::Option* option : app.get_options()) {
+        const std::string name = option->get_name();
+        if (option->count() > 0 && name != "--predict" && name != "--init" && name != "--help") {
+          throw ValueError(name + " has no effect with --predict, which only reads --init");
+        }
+      }
+    }
   });
 }
 

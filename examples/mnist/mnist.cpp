@@ -143,6 +143,9 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
     if (c.model != "cnn" && c.norm != "none") {
       throw ValueError("--norm " + c.norm + " applies to --model cnn");
     }
+    if (c.model == "cnn" && app.count("--hidden") > 0) {
+      throw ValueError("--hidden " + hidden + " sizes the MLP; --model cnn has fixed layers");
+    }
     if (c.model == "cnn" && c.precision != "fp32" && c.precision != "fp64") {
       throw ValueError(
           "--model cnn runs in fp32 or fp64 (its convolution and normalisation kernels have no "
