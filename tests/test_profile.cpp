@@ -171,11 +171,17 @@ class SimulatedMarks final : public DeviceMarks {
   SimulatedDevice& d_;
 };
 
+// A profiling backend over the CPU's, timed by a simulated device on the trace's row `timeline`,
+// the profile cleared.
+std::unique_ptr<Backend> simulated_backend(SimulatedDevice& device, int timeline) {
+  clear_profile();
+  return make_profiling_backend(backend_for(Device::cpu()),
+                                std::make_unique<SimulatedMarks>(device), timeline);
+}
+
 TEST(Profile, DeviceMarkedCallsAreReadOnceTheDeviceHasPassedThem) {
   SimulatedDevice device;
-  clear_profile();
-  auto backend = make_profiling_backend(backend_for(Device::cpu()),
-                                        std::make_unique<SimulatedMarks>(device), 1007);
+  auto backend = simulated_backend(device, 1007);
   Tensor t = Tensor::zeros({64}, DType::kFloat32);
   {
     const ProfileScope scope("layer");  // gone before the calls are read
@@ -221,9 +227,7 @@ TEST(Profile, DeviceMarkedCallsAreReadOnceTheDeviceHasPassedThem) {
 
 TEST(Profile, TheDeviceQueueIsBounded) {
   SimulatedDevice device;
-  clear_profile();
-  auto backend = make_profiling_backend(backend_for(Device::cpu()),
-                                        std::make_unique<SimulatedMarks>(device), 1000);
+  auto backend = simulated_backend(device, 1000);
   Tensor t = Tensor::zeros({1}, DType::kFloat32);
   for (int i = 0; i < 5000; ++i) backend->fill(t, 1.0);  // the device never catches up by itself
   // Past 4096 queued calls each new call waits for the oldest one.
@@ -237,9 +241,7 @@ TEST(Profile, TheDeviceQueueIsBounded) {
 
 TEST(Profile, ACallThatThrowsGivesItsMarkBack) {
   SimulatedDevice device;
-  clear_profile();
-  auto backend = make_profiling_backend(backend_for(Device::cpu()),
-                                        std::make_unique<SimulatedMarks>(device), 1000);
+  auto backend = simulated_backend(device, 1000);
   Tensor labels = Tensor::zeros({4}, DType::kInt32), out = Tensor::zeros({1}, DType::kInt32);
   EXPECT_THROW(backend->sum_all(labels, out), DTypeError);  // a sum of integers
   EXPECT_EQ(device.in_use, std::set<int64_t>{0});           // only the first mark
@@ -250,9 +252,7 @@ TEST(Profile, ACallThatThrowsGivesItsMarkBack) {
 
 TEST(Profile, CallsOfADeviceThatCannotBeReadAreCountedAsMissing) {
   SimulatedDevice device;
-  clear_profile();
-  auto backend = make_profiling_backend(backend_for(Device::cpu()),
-                                        std::make_unique<SimulatedMarks>(device), 1000);
+  auto backend = simulated_backend(device, 1000);
   Tensor t = Tensor::zeros({1}, DType::kFloat32);
   backend->fill(t, 1.0);
   backend->fill(t, 2.0);

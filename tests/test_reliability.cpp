@@ -382,12 +382,19 @@ TEST(Reliability, ResumeFoldersAreCheckedAgainstEachOther) {
 
 // Every field of a checkpoint's JSON is checked: exit 1 naming the file and the field, and the
 // older intact checkpoint.
+// A run of 10 steps checkpointed at steps 5 and 10 in data / "ckpt"; its folder.
+fs::path checkpointed_run(const fs::path& data) {
+  const fs::path ckpt = data / "ckpt";
+  const CliResult r =
+      run(data, {"--checkpoint", ckpt.string(), "--checkpoint-every", "5", "--max-steps", "10"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  return ckpt;
+}
+
 TEST(Reliability, EditedCheckpointDescriptionsAreRefused) {
   const fs::path data = make_dataset("ckpt-json", 512, 64);
-  const fs::path ckpt = data / "ckpt";
-  CliResult r =
-      run(data, {"--checkpoint", ckpt.string(), "--checkpoint-every", "5", "--max-steps", "10"});
-  ASSERT_EQ(r.status, 0) << r.err;
+  const fs::path ckpt = checkpointed_run(data);
+  CliResult r;
   const fs::path json = ckpt / "step-0000000010.json";
   const std::string good = slurp(json);
   struct Row {
@@ -449,10 +456,8 @@ TEST(Reliability, EditedCheckpointDescriptionsAreRefused) {
 // older intact checkpoint where the file itself is at fault.
 TEST(Reliability, EditedCheckpointTensorsAreRefused) {
   const fs::path data = make_dataset("ckpt-tensors", 512, 64);
-  const fs::path ckpt = data / "ckpt";
-  CliResult r =
-      run(data, {"--checkpoint", ckpt.string(), "--checkpoint-every", "5", "--max-steps", "10"});
-  ASSERT_EQ(r.status, 0) << r.err;
+  const fs::path ckpt = checkpointed_run(data);
+  CliResult r;
   const fs::path json = ckpt / "step-0000000010.json",
                  tensors = ckpt / "step-0000000010.safetensors";
   const std::string good_json = slurp(json), good_tensors = slurp(tensors);
