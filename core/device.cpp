@@ -11,15 +11,11 @@ namespace accrue {
 Device Device::parse(const std::string& text) {
   if (text == "cpu") return cpu();
   if (text == "cuda") return cuda(0);
-  if (text.rfind("cuda:", 0) == 0 && text.size() > 5) {
-    size_t used = 0;
-    int index = -1;
-    try {
-      index = std::stoi(text.substr(5), &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == text.size() - 5 && index >= 0) return cuda(index);
+  // cuda:N with N in decimal digits only (no sign, space or hex), at most 4 of them
+  const std::string digits = text.rfind("cuda:", 0) == 0 ? text.substr(5) : "";
+  if (!digits.empty() && digits.size() <= 4 &&
+      digits.find_first_not_of("0123456789") == std::string::npos) {
+    return cuda(std::stoi(digits));
   }
   throw std::invalid_argument("[device] cannot parse '" + text + "': expected cpu, cuda or cuda:N");
 }

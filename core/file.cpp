@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <new>
 
 #include "core/error.h"
 
@@ -57,7 +58,20 @@ std::vector<uint8_t> RegularFile::read(uint64_t offset, uint64_t n) const {
     throw FileError(str_cat(path_, ": bytes [", offset, ", ", offset, " + ", n,
                             ") lie past its end (", size_, " bytes)"));
   }
-  std::vector<uint8_t> bytes(static_cast<size_t>(n));
+  // The caller compared n with what the file's header promises; a file may still promise more
+  // than this machine holds.
+  const uint64_t memory = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
+                          static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  if (memory > 0 && n > memory) {
+    throw FileError(str_cat(path_, ": reading its ", n, " bytes from offset ", offset,
+                            " would take more than this machine's ", memory, " bytes of memory"));
+  }
+  std::vector<uint8_t> bytes;
+  try {
+    bytes.resize(static_cast<size_t>(n));
+  } catch (const std::bad_alloc&) {
+    throw FileError(str_cat(path_, ": cannot allocate ", n, " bytes to read it"));
+  }
   size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t got =

@@ -1,12 +1,15 @@
 // JSON as accrue reads it from files (a safetensors header, a checkpoint's description): parsed
 // with nlohmann::json, refusing what that library would take silently or could not take safely.
-// A key given twice in one object is an error (the library keeps the last), and nesting deeper
+// A key given twice in one object is an error (the library keeps the last), so is a NUL byte
+// (the library would stop reading there), and nesting deeper
 // than kMaxJsonDepth is one (copying, comparing or printing a value recurses once per level, so
 // a file of a few hundred KiB of brackets would overflow the stack). Values quoted in errors are
 // cut short (brief_json). Read next: optim/safetensors.h.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -41,6 +44,13 @@ nlohmann::json parse_strict_json(Iterator first, Iterator last) {
     }
     return true;
   };
+  // nlohmann::json stops at a NUL byte as at the end of the text, so what follows one would go
+  // unread; JSON text never holds one (a string escapes it as \u0000).
+  const Iterator nul = std::find(first, last, '\0');
+  if (nul != last) {
+    throw std::invalid_argument("a NUL byte at offset " +
+                                std::to_string(std::distance(first, nul)));
+  }
   try {
     return nlohmann::json::parse(first, last, check);
   } catch (const nlohmann::json::exception& e) {

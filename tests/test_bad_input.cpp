@@ -10,6 +10,7 @@
 
 #include "mnist_fixture.h"
 #include "train/checkpoint.h"
+#include "train/run.h"
 
 namespace accrue::testing {
 namespace {
@@ -94,6 +95,13 @@ TEST(BadInput, IdxFilesAreRejectedNamingFileAndFault) {
   expect_error<FileError>([&] { mnist::read_idx_images(sparse); },
                           {sparse, "declares [2, 3, 3]", "(trailing bytes)"});
   fs::remove(sparse);
+  // A header that agrees with its 105 GB (sparse) file, more than any test machine's memory:
+  // refused naming the file, not a std::bad_alloc.
+  const std::string huge = (dir / "huge").string();
+  write_bytes(huge, big_endian({0x803, 1u << 27, 28, 28}));
+  fs::resize_file(huge, 16 + (uint64_t{1} << 27) * 28 * 28);
+  expect_error<FileError>([&] { mnist::read_idx_images(huge); }, {huge, "bytes of memory"});
+  fs::remove(huge);
   // A folder, and a missing file, with the OS's reason.
   expect_error<FileError>([&] { mnist::read_idx_images(dir.string()); },
                           {dir.string(), "is a directory"});
@@ -213,6 +221,12 @@ TEST(BadInput, SafetensorsFilesAreRejectedNamingFileTensorAndFault) {
       {"hole",
        one(R"({"dtype":"F32","shape":[1],"data_offsets":[4,8]})"),
        {"bytes [0, 4) of the data belong to no tensor", "'w' starts at 4"}},
+      // nlohmann::json stops at a NUL as at the end: what follows would go unread.
+      {"nul_then_garbage",
+       safetensors(std::string(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})") +
+                       std::string("\0{{{ not json", 13),
+                   f32x2),
+       {"not valid JSON", "a NUL byte at offset 54"}},
       {"huge_value_cut_short",
        one(R"({"dtype":"F32","shape":[")" + std::string(100000, 'A') +
            R"("],"data_offsets":[0,8]})"),
@@ -443,6 +457,13 @@ TEST(BadInput, CommandLineMistakesExitTwoBeforeReadingData) {
       {{"--memory-budget", "0x10MiB"}, {"--memory-budget 0x10MiB"}},
       {{"--memory-budget", " 64MiB"}, {"--memory-budget  64MiB"}},
       {{"--memory-budget", "0x4p20"}, {"--memory-budget 0x4p20"}},
+      // A value too small for a double is not 0, the "off" of these flags.
+      {{"--clip", "1e-400"}, {"--clip", "'1e-400'", "too small"}},
+      {{"--comm-timeout", "1e-400"}, {"--comm-timeout", "'1e-400'"}},
+      {{"--device", "cuda:+0"}, {"cannot parse 'cuda:+0'"}},
+      {{"--device", "cuda: 0"}, {"cannot parse 'cuda: 0'"}},
+      {{"--device", "cuda:-0"}, {"cannot parse 'cuda:-0'"}},
+      {{"--base-batch", "64"}, {"--base-batch", "--lr-scaling"}},
       // The optimizer applies the rate in float32: 1e308 is inf there, 1e-320 is 0.
       {{"--lr", "1e308"}, {"--lr 1e+308", "not a usable learning rate", "float32"}},
       {{"--lr", "1e-320"}, {"--lr", "not a usable learning rate", "float32"}},
@@ -470,6 +491,28 @@ TEST(BadInput, CommandLineMistakesExitTwoBeforeReadingData) {
       EXPECT_NE(r.err.find(w), std::string::npos) << "'" << w << "' not in " << r.err;
     }
   }
+}
+
+// A file's names may be a megabyte long or hold line breaks: the error is still one line, its
+// start and end kept (the file's name, what is wrong), control characters escaped.
+TEST(BadInput, ErrorsQuotingAFilesNamesStayOneShortLine) {
+  const fs::path data = make_dataset("long-names", 256, 32);
+  // "\\n" in the JSON text: a line break in the name
+  const std::string name = "line1\\nline2" + std::string(100000, 'n');
+  const std::string init = (data / "names.safetensors").string();
+  write_bytes(init,
+              safetensors(R"({")" + name + R"(":{"dtype":"F8","shape":[1],"data_offsets":[0,1]}})",
+                          std::string(1, '\0')));
+  const CliResult r = cli({"--data", data.string(), "--init", init, "--quiet"});
+  EXPECT_EQ(r.status, 1) << r.err.substr(0, 300);
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err.substr(0, 300);
+  EXPECT_LT(r.err.size(), 700u) << r.err.substr(0, 300);
+  for (const std::string& w : {init, std::string("line1\\nline2"), std::string("characters cut"),
+                               std::string("unsupported dtype")}) {
+    EXPECT_NE(r.err.find(w), std::string::npos) << w << " not in " << r.err.substr(0, 700);
+  }
+  EXPECT_EQ(train::printable_line("a\tb\x01"), "a\\tb\\x01");
+  fs::remove_all(data);
 }
 
 // Weights that overflow the first layer make every gradient non-finite: every step is skipped,

@@ -87,6 +87,12 @@ TEST(G2PData, CorruptDictionariesAreRejectedNamingTheLine) {
   }
   expect_error<FileError>([&] { g2p::read_cmudict((dir / "missing.txt").string()); },
                           {"missing.txt", "cannot open"});
+  // The limit is on the word, not on its alternate's suffix.
+  const std::string longest = std::string(64, 'A');
+  EXPECT_EQ(
+      g2p::read_cmudict(write(dir, "longest.txt", longest + "  AH0\n" + longest + "(1)  AH1\n"))
+          .entries,
+      2);
   // Not a file: refused at once (a FIFO would wait for a writer, /dev/zero never ends a line).
   expect_error<FileError>([&] { g2p::read_cmudict(dir.string()); }, {"is a directory"});
   const std::string fifo = (dir / "fifo").string();
@@ -190,6 +196,9 @@ TEST(G2PFlags, PredictChecksTheMetadataAgainstTheTensors) {
       {"n_layer", "1048576", {"n_layer 1048576 but the file has 1 blocks"}},
       {"n_embd", "1048576", {"transformer.wte.weight", "[", "1048576]", "float32[", ", 8]"}},
       {"block_size", "1048576", {"transformer.wpe.weight", "[1048576, 8]"}},
+      {"n_layer", "+1", {"accrue.g2p.n_layer = '+1' is not a size"}},
+      {"n_layer", " 1", {"accrue.g2p.n_layer = ' 1' is not a size"}},
+      {"n_head", "3", {"does not describe a model", "n_head 3"}},
   };
   for (const auto& row : rows) {
     g2p::Config c;

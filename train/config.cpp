@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -53,7 +54,14 @@ size_t decimal_prefix(const std::string& text) {
 
 std::optional<double> decimal_number(const std::string& text) {
   if (text.empty() || decimal_prefix(text) != text.size()) return std::nullopt;
-  return std::strtod(text.c_str(), nullptr);
+  const double v = std::strtod(text.c_str(), nullptr);
+  // A value that is not zero but too small for a double ("1e-400") would read as 0: the "off"
+  // of --clip and --comm-timeout.
+  const size_t mantissa_end = std::min(text.find_first_of("eE"), text.size());
+  if (v == 0 && text.substr(0, mantissa_end).find_first_of("123456789") != std::string::npos) {
+    return std::nullopt;
+  }
+  return v;
 }
 
 LossScaleChoice resolve_loss_scale(const std::string& loss_scale, const std::string& precision) {

@@ -88,7 +88,8 @@ DType master_dtype(const std::string& precision);
 // with an optional fraction and exponent, an optional minus ("1", "-0.5", ".5", "3e-4", "1E+9");
 // never hex ("0x10", "0x1p-4"), a '+' sign, spaces, "inf" or "nan". 0 when none.
 size_t decimal_prefix(const std::string& text);
-// text as a number when all of it is one in plain decimal notation.
+// text as a number when all of it is one in plain decimal notation, and not a non-zero value
+// that a double would round to 0.
 std::optional<double> decimal_number(const std::string& text);
 
 // What --loss-scale resolves to for a precision: off, fixed at `initial`, or dynamic from

@@ -610,20 +610,25 @@ void Run::resume() {
                             ": it holds the checkpoints of pipeline "
                             "stages (written with --pipeline); this run has --pipeline 1"));
   }
-  const Checkpoint saved =
-      read_latest_checkpoint(resume_dir_, [&](const Checkpoint& c) { validate_position(c); });
-  check_compatible(saved.config, run_config_, saved.path);
-  if (!saved.run_id.empty()) run_id_ = saved.run_id;
   auto state = arena_->named_masters();
   for (auto& b : model_->named_buffers()) state.push_back(b);
-  for (const auto& [name, t] : saved.model) {
-    const bool known = std::any_of(state.begin(), state.end(),
-                                   [&](const nn::NamedTensor& s) { return s.first == name; });
-    if (!known) {
-      throw FileError(str_cat(saved.path, ": the checkpoint has '", name, "' (", t.describe(),
-                              "), which the model does not"));
+  // A checkpoint with a model tensor this model lacks is at fault itself: the older one is tried.
+  const auto only_known_tensors = [&](const Checkpoint& c) {
+    for (const auto& [name, t] : c.model) {
+      const bool known = std::any_of(state.begin(), state.end(),
+                                     [&](const nn::NamedTensor& s) { return s.first == name; });
+      if (!known) {
+        throw FileError(str_cat(c.path, ": the checkpoint has '", name, "' (", t.describe(),
+                                "), which the model does not"));
+      }
     }
-  }
+  };
+  const Checkpoint saved = read_latest_checkpoint(resume_dir_, [&](const Checkpoint& c) {
+    validate_position(c);
+    only_known_tensors(c);
+  });
+  check_compatible(saved.config, run_config_, saved.path);
+  if (!saved.run_id.empty()) run_id_ = saved.run_id;
   for (auto& [name, t] : state) {
     // The dtype as saved, or a narrower integer one (an int32 BatchNorm counter, widened).
     const auto it = saved.model.find(name);

@@ -16,6 +16,7 @@
 #include "optim/schedule.h"
 #include "train/budget.h"
 #include "train/checkpoint.h"
+#include "train/run.h"
 
 namespace accrue::train {
 
@@ -42,7 +43,9 @@ CLI::Validator finite_in(double low, double high, Open open = Open::kNeither) {
           return "'" + text + "' is not a finite number";
         }
         const std::optional<double> number = decimal_number(text);
-        if (!number) return "'" + text + "' is not a number in decimal notation";
+        if (!number) {
+          return "'" + text + "' is not a number in decimal notation (or too small to tell from 0)";
+        }
         const double v = *number;
         if (!std::isfinite(v)) return "'" + text + "' is not a finite number";
         const bool above = open == Open::kLow ? v > low : v >= low;
@@ -360,6 +363,9 @@ void Flags::check_each_flag_takes_effect() const {
   if (given("--pipeline-schedule") && c_.pipeline <= 1) {
     throw ValueError("--pipeline-schedule needs --pipeline 2 or more");
   }
+  if (given("--base-batch") && c_.lr_scaling == "none") {
+    throw ValueError("--base-batch applies to --lr-scaling linear or sqrt; this run's is none");
+  }
 }
 
 // --resume names a folder and excludes --init, which names a file.
@@ -438,16 +444,17 @@ int parse_command_line(CLI::App& app, int argc, const char* const* argv, const s
   } catch (const CLI::ParseError& e) {  // each line in one write: ranks' lines stay whole
     std::string what = e.what();
     what = what.substr(0, what.find('\n'));
-    err << str_cat(program, ": ", what, " (see --help)\n");
+    err << str_cat(program, ": ", printable_line(what), " (see --help)\n");
     return 2;
   } catch (const std::invalid_argument& e) {
-    err << str_cat(program, ": ", e.what(), "\n");
+    err << str_cat(program, ": ", printable_line(e.what()), "\n");
     return 2;
   } catch (const FileError& e) {
-    err << str_cat(program, ": ", e.what(), "\n");
+    err << str_cat(program, ": ", printable_line(e.what()), "\n");
     return 2;
   } catch (const std::filesystem::filesystem_error& e) {
-    err << str_cat(program, ": ", e.path1().string(), ": ", e.code().message(), "\n");
+    err << str_cat(program, ": ", printable_line(e.path1().string() + ": " + e.code().message()),
+                   "\n");
     return 2;
   }
   return -1;

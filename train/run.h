@@ -20,6 +20,11 @@
 
 namespace accrue::train {
 
+// A message as the programs print it: one line (control characters written as \n, \t, \xNN)
+// of at most about 500 characters; a longer one keeps its start and its end, which name the file
+// and what to do, around a note of how much was cut. Files may hold names a megabyte long.
+std::string printable_line(const std::string& message);
+
 // Runs body; returns 0, or prints "program: [rank R: ]message" (plus hint(e) for a FileError
 // when it says something) to err and returns 1, aborting the job when several ranks run; or,
 // for a Stopped run, prints its message (rank 0) and returns kExitStopped.

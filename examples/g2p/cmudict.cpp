@@ -79,10 +79,10 @@ Lexicon read_cmudict(const std::string& path) {
     if (sep == std::string::npos) fail("no two-space separator between word and phonemes");
     const std::string raw = line.substr(0, sep);
     if (raw.empty() || raw.find(' ') != std::string::npos) fail("empty or spaced word");
-    if (raw.size() > kMaxEntryLength) {
-      fail(str_cat("a word of ", raw.size(), " characters (", kMaxEntryLength, " at most)"));
-    }
     const std::string word = strip_alternate(raw, fail);
+    if (word.size() > kMaxEntryLength) {
+      fail(str_cat("a word of ", word.size(), " characters (", kMaxEntryLength, " at most)"));
+    }
     Pronunciation phonemes;
     size_t at = sep + 2;
     while (at <= line.size()) {

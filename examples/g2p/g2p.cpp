@@ -436,9 +436,11 @@ int64_t metadata_size(const std::map<std::string, std::string>& m, const std::st
     throw FileError(str_cat(path, ": no accrue.g2p.", key,
                             " in its metadata (not a model saved by accrue-g2p --save)"));
   }
-  char* end = nullptr;
-  const long long v = std::strtoll(it->second.c_str(), &end, 10);
-  if (it->second.empty() || *end != '\0' || v <= 0 || v > (1 << 20)) {
+  const std::string& text = it->second;
+  const bool digits = !text.empty() && text.size() <= 7 &&
+                      text.find_first_not_of("0123456789") == std::string::npos;
+  const long long v = digits ? std::stoll(text) : 0;
+  if (v <= 0 || v > (1 << 20)) {
     throw FileError(
         str_cat(path, ": metadata accrue.g2p.", key, " = '", it->second, "' is not a size"));
   }
@@ -486,7 +488,13 @@ void predict(const Config& c, std::ostream& out) {
     throw FileError(str_cat(c.init, ": its vocabulary is not this program's"));
   }
   check_sizes_match_tensors(g, tensors, c.init);
-  nn::GPT model(g, DType::kFloat32);
+  std::unique_ptr<nn::GPT> built;
+  try {
+    built = std::make_unique<nn::GPT>(g, DType::kFloat32);
+  } catch (const ValueError& e) {
+    throw FileError(str_cat(c.init, ": its metadata does not describe a model: ", e.what()));
+  }
+  nn::GPT& model = *built;
   optim::load_parameters(model, c.init);
   model.eval();
   std::vector<std::string> words;
