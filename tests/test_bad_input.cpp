@@ -416,7 +416,10 @@ TEST(BadInput, CommandLineMistakesExitTwoBeforeReadingData) {
         (dir / "w.safetensors").string()},
        {"--save", "--save-init", "name the same file"}},
       {{"--metrics", (dir / "missing/m.jsonl").string()}, {"--metrics", "No such file"}},
-      {{"--init", (dir / "none.safetensors").string()}, {"--init", "none.safetensors"}},
+      {{"--init", (dir / "none.safetensors").string()},
+       {"--init", "none.safetensors", "no such file"}},
+      {{"--init", dir.string()}, {"--init", "is a directory"}},
+      {{"--init", "/dev/zero"}, {"--init /dev/zero", "not a regular file"}},
       // A symbolic link loop is a clear error, not an uncaught filesystem_error (exit 134).
       {{"--resume", (dir / "loop-a").string()}, {"--resume", "loop-a", "symbolic links"}},
       {{"--init", (dir / "loop-a").string()}, {"--init", "loop-a", "symbolic links"}},

@@ -377,8 +377,17 @@ void Flags::check_inputs() const {
   if (!c_.resume.empty() && !c_.init.empty()) {
     throw ValueError("--resume continues a run; it excludes --init");
   }
-  if (!c_.init.empty() && input_kind("--init", c_.init) != std::filesystem::file_type::regular) {
-    throw ValueError("--init " + c_.init + ": no such file");
+  if (!c_.init.empty()) {
+    const std::filesystem::file_type kind = input_kind("--init", c_.init);
+    if (kind == std::filesystem::file_type::not_found) {
+      throw ValueError("--init " + c_.init + ": no such file");
+    }
+    if (kind != std::filesystem::file_type::regular) {
+      throw ValueError("--init " + c_.init +
+                       (kind == std::filesystem::file_type::directory
+                            ? ": is a directory, not a weights file"
+                            : ": is not a regular file (a device, a FIFO or a socket)"));
+    }
   }
 }
 
