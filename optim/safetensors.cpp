@@ -114,14 +114,14 @@ Entry parse_entry(const std::string& name, const nlohmann::json& e, uint64_t dat
 
 }  // namespace
 
-int64_t first_nonfinite(const Tensor& t) {
-  if (!is_floating(t.dtype())) return -1;
+std::optional<NonFinite> first_nonfinite(const Tensor& t) {
+  if (!is_floating(t.dtype())) return std::nullopt;
   const Tensor host = to_dtype(t.to(Device::cpu()), DType::kFloat64);
   const double* v = host.data<double>();
   for (int64_t i = 0; i < host.numel(); ++i) {
-    if (!std::isfinite(v[i])) return i;
+    if (!std::isfinite(v[i])) return NonFinite{i, v[i]};
   }
-  return -1;
+  return std::nullopt;
 }
 
 void save_safetensors(const std::string& path, const std::vector<nn::NamedTensor>& tensors,
@@ -149,8 +149,70 @@ void save_safetensors(const std::string& path, const std::vector<nn::NamedTensor
   out.commit();
 }
 
+namespace {
+
 // The largest header read: the format's own reference reader refuses headers over 100 MB.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+
+// The header of an open safetensors file, checked against the file's size before it is read;
+// header_size its length in bytes.
+template <typename Fail>
+nlohmann::json read_header(const RegularFile& file, uint64_t& header_size, const Fail& fail) {
+  const uint64_t file_size = file.size();
+  if (file_size < 8) throw fail(str_cat("truncated: ", file_size, " bytes, no header length"));
+  const std::vector<uint8_t> length = file.read(0, 8);
+  header_size = 0;
+  for (int i = 0; i < 8; ++i) header_size |= uint64_t(length[i]) << (8 * i);
+  if (header_size > file_size - 8) {
+    throw fail(
+        str_cat("header length ", header_size, " exceeds the ", file_size - 8, " bytes after it"));
+  }
+  if (header_size > kMaxHeaderBytes) {
+    throw fail(str_cat("header length ", header_size, " is over the format's limit of ",
+                       kMaxHeaderBytes, " bytes"));
+  }
+  const std::vector<uint8_t> text = file.read(8, header_size);
+  nlohmann::json header;
+  try {
+    header = parse_strict_json(text.begin(), text.end());
+  } catch (const std::invalid_argument& e) {
+    throw fail(std::string("the header is not valid JSON: ") + e.what());
+  }
+  if (!header.is_object()) throw fail("the header is not a JSON object");
+  return header;
+}
+
+// The tensors cover the data exactly: in offset order, each starts where the last ended (no
+// overlaps, no holes), and the last ends at the data's end (no trailing bytes).
+template <typename Fail>
+void check_covers_data(const std::vector<Entry>& entries, uint64_t data_size, const Fail& fail) {
+  std::vector<const Entry*> by_offset;
+  for (const Entry& e : entries) {
+    if (e.end > e.begin) by_offset.push_back(&e);
+  }
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](const Entry* a, const Entry* b) { return a->begin < b->begin; });
+  uint64_t covered = 0;
+  for (size_t i = 0; i < by_offset.size(); ++i) {
+    const Entry& e = *by_offset[i];
+    if (e.begin < covered) {
+      const Entry& last = *by_offset[i - 1];
+      throw fail(str_cat("tensors '", last.name, "' [", last.begin, ", ", last.end, ") and '",
+                         e.name, "' [", e.begin, ", ", e.end, ") overlap"));
+    }
+    if (e.begin > covered) {
+      throw fail(str_cat("bytes [", covered, ", ", e.begin, ") of the data belong to no tensor ('",
+                         e.name, "' starts at ", e.begin, ")"));
+    }
+    covered = e.end;
+  }
+  if (covered != data_size) {
+    throw fail(str_cat(data_size - covered, " bytes after the last tensor's end (", covered, " of ",
+                       data_size, " bytes of data): trailing bytes"));
+  }
+}
+
+}  // namespace
 
 std::map<std::string, Tensor> read_safetensors(const std::string& path,
                                                std::map<std::string, std::string>* metadata) {
@@ -159,28 +221,9 @@ std::map<std::string, Tensor> read_safetensors(const std::string& path,
   };
   try {
     const RegularFile file(path);
-    const uint64_t file_size = file.size();
-    if (file_size < 8) throw fail(str_cat("truncated: ", file_size, " bytes, no header length"));
-    const std::vector<uint8_t> length = file.read(0, 8);
     uint64_t header_size = 0;
-    for (int i = 0; i < 8; ++i) header_size |= uint64_t(length[i]) << (8 * i);
-    if (header_size > file_size - 8) {
-      throw fail(str_cat("header length ", header_size, " exceeds the ", file_size - 8,
-                         " bytes after it"));
-    }
-    if (header_size > kMaxHeaderBytes) {
-      throw fail(str_cat("header length ", header_size, " is over the format's limit of ",
-                         kMaxHeaderBytes, " bytes"));
-    }
-    const std::vector<uint8_t> text = file.read(8, header_size);
-    nlohmann::json header;
-    try {
-      header = parse_strict_json(text.begin(), text.end());
-    } catch (const std::invalid_argument& e) {
-      throw fail(std::string("the header is not valid JSON: ") + e.what());
-    }
-    if (!header.is_object()) throw fail("the header is not a JSON object");
-    const uint64_t data_size = file_size - 8 - header_size;
+    const nlohmann::json header = read_header(file, header_size, fail);
+    const uint64_t data_size = file.size() - 8 - header_size;
     std::vector<Entry> entries;
     for (auto it = header.begin(); it != header.end(); ++it) {
       if (it.key() == "__metadata__") {
@@ -193,32 +236,7 @@ std::map<std::string, Tensor> read_safetensors(const std::string& path,
       }
       entries.push_back(parse_entry(it.key(), it.value(), data_size, fail));
     }
-    // The tensors cover the data exactly: in offset order, each starts where the last ended.
-    std::vector<const Entry*> by_offset;
-    for (const Entry& e : entries) {
-      if (e.end > e.begin) by_offset.push_back(&e);
-    }
-    std::sort(by_offset.begin(), by_offset.end(),
-              [](const Entry* a, const Entry* b) { return a->begin < b->begin; });
-    uint64_t covered = 0;
-    for (size_t i = 0; i < by_offset.size(); ++i) {
-      const Entry& e = *by_offset[i];
-      if (e.begin < covered) {
-        const Entry& last = *by_offset[i - 1];
-        throw fail(str_cat("tensors '", last.name, "' [", last.begin, ", ", last.end, ") and '",
-                           e.name, "' [", e.begin, ", ", e.end, ") overlap"));
-      }
-      if (e.begin > covered) {
-        throw fail(str_cat("bytes [", covered, ", ", e.begin,
-                           ") of the data belong to no tensor ('", e.name, "' starts at ", e.begin,
-                           ")"));
-      }
-      covered = e.end;
-    }
-    if (covered != data_size) {
-      throw fail(str_cat(data_size - covered, " bytes after the last tensor's end (", covered,
-                         " of ", data_size, " bytes of data): trailing bytes"));
-    }
+    check_covers_data(entries, data_size, fail);
     const std::vector<uint8_t> data = file.read(8 + header_size, data_size);
     std::map<std::string, Tensor> out;
     for (const Entry& e : entries) {
@@ -227,7 +245,7 @@ std::map<std::string, Tensor> read_safetensors(const std::string& path,
       out.emplace(e.name, t);
     }
     return out;
-  } catch (const FileError& e) {
+  } catch (const FileError& e) {  // the file's own errors (RegularFile's) named as the format's
     const std::string what = e.what();
     if (what.rfind("[safetensors]", 0) == 0) throw;
     throw FileError("[safetensors] " + what);
@@ -263,11 +281,9 @@ void load_parameters(nn::Module& module, const std::string& path) {
                               " but the model expects ", dtype_name(param.dtype()),
                               shape_str(param.shape())));
     }
-    const int64_t bad = is_floating(param.dtype()) ? first_nonfinite(it->second) : -1;
-    if (bad >= 0) {
-      throw FileError(str_cat("[load] ", path, ": tensor '", name, "' holds ",
-                              to_dtype(it->second, DType::kFloat64).data<double>()[bad],
-                              " at element ", bad, "; parameters must be finite"));
+    if (const auto bad = is_floating(param.dtype()) ? first_nonfinite(it->second) : std::nullopt) {
+      throw FileError(str_cat("[load] ", path, ": tensor '", name, "' holds ", bad->value,
+                              " at element ", bad->index, "; parameters must be finite"));
     }
   }
   // Every check passed: only now is any parameter written.

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,8 +28,12 @@ std::map<std::string, Tensor> read_safetensors(
 // (an I32 num_batches_tracked, as older accrue files hold it, into the int64 buffer).
 void load_parameters(nn::Module& module, const std::string& path);
 
-// The index of the first non-finite value of a floating tensor (copied to the host), or -1 (also
-// for an integer tensor).
-int64_t first_nonfinite(const Tensor& t);
+// The first non-finite value of a floating tensor (copied to the host) and its index; none for a
+// finite or an integer tensor.
+struct NonFinite {
+  int64_t index;
+  double value;
+};
+std::optional<NonFinite> first_nonfinite(const Tensor& t);
 
 }  // namespace accrue::optim

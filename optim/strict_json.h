@@ -1,10 +1,10 @@
 // JSON as accrue reads it from files (a safetensors header, a checkpoint's description): parsed
 // with nlohmann::json, refusing what that library would take silently or could not take safely.
-// A key given twice in one object is an error (the library keeps the last), so is a NUL byte
-// (the library would stop reading there), and nesting deeper
-// than kMaxJsonDepth is one (copying, comparing or printing a value recurses once per level, so
-// a file of a few hundred KiB of brackets would overflow the stack). Values quoted in errors are
-// cut short (brief_json). Read next: optim/safetensors.h.
+// A key given twice in one object is an error (the library keeps the last); so is a NUL byte (the
+// library would stop reading there), and nesting deeper than kMaxJsonDepth (copying, comparing or
+// printing a value recurses once per level, so a file of a few hundred KiB of brackets would
+// overflow the stack). Values quoted in errors are cut short (brief_json). Read next:
+// optim/safetensors.h.
 #pragma once
 
 #include <algorithm>
@@ -22,6 +22,15 @@ namespace accrue::optim {
 // Far deeper than any file accrue writes (a checkpoint's description nests 3 levels).
 constexpr int kMaxJsonDepth = 64;
 
+// A value as an error message quotes it: its JSON text, cut after 64 characters (a file's value
+// may be a megabyte long; the message stays one short line).
+inline std::string brief_json(const nlohmann::json& value) {
+  std::string text = value.dump();
+  if (text.size() > 64)
+    text = text.substr(0, 64) + "... (" + std::to_string(text.size()) + " characters)";
+  return text;
+}
+
 // The JSON text [first, last); throws std::invalid_argument saying what is wrong (a syntax error
 // as nlohmann::json words it, a repeated key, nesting too deep). The caller names the file.
 template <typename Iterator>
@@ -38,9 +47,7 @@ nlohmann::json parse_strict_json(Iterator first, Iterator last) {
     } else if (event == Event::object_end) {
       keys.pop_back();
     } else if (event == Event::key && !keys.back().insert(parsed.get<std::string>()).second) {
-      std::string key = parsed.get<std::string>();
-      if (key.size() > 64) key = key.substr(0, 64) + "...";
-      throw std::invalid_argument("the key \"" + key + "\" appears twice in one object");
+      throw std::invalid_argument("the key " + brief_json(parsed) + " appears twice in one object");
     }
     return true;
   };
@@ -56,15 +63,6 @@ nlohmann::json parse_strict_json(Iterator first, Iterator last) {
   } catch (const nlohmann::json::exception& e) {
     throw std::invalid_argument(e.what());
   }
-}
-
-// A value as an error message quotes it: its JSON text, cut after 64 characters (a file's value
-// may be a megabyte long; the message stays one short line).
-inline std::string brief_json(const nlohmann::json& value) {
-  std::string text = value.dump();
-  if (text.size() > 64)
-    text = text.substr(0, 64) + "... (" + std::to_string(text.size()) + " characters)";
-  return text;
 }
 
 }  // namespace accrue::optim

@@ -105,10 +105,9 @@ std::string run_id_of(const std::string& json_path) {
 // with a non-finite gradient is skipped) and whose second moments are sums of squares: a value
 // outside that was not written by a run, and would spoil the next one.
 void check_saved_values(const std::string& name, const Tensor& t, const std::string& path) {
-  const int64_t bad = optim::first_nonfinite(t);
-  if (bad >= 0) {
-    throw FileError(str_cat(path, ": tensor '", name, "' holds ",
-                            to_dtype(t, DType::kFloat64).data<double>()[bad], " at element ", bad));
+  if (const auto bad = optim::first_nonfinite(t)) {
+    throw FileError(
+        str_cat(path, ": tensor '", name, "' holds ", bad->value, " at element ", bad->index));
   }
   if (name.find("exp_avg_sq") != std::string::npos && is_floating(t.dtype())) {
     const Tensor values = to_dtype(t, DType::kFloat64);

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -31,6 +32,17 @@ DType compute_dtype(const std::string& precision) {
 
 DType master_dtype(const std::string& precision) {
   return precision == "fp64" ? DType::kFloat64 : DType::kFloat32;
+}
+
+std::optional<int64_t> decimal_integer(const std::string& text) {
+  const size_t digits = !text.empty() && text[0] == '-' ? 1 : 0;
+  if (text.size() == digits || text.find_first_not_of("0123456789", digits) != std::string::npos) {
+    return std::nullopt;
+  }
+  errno = 0;
+  const long long v = std::strtoll(text.c_str(), nullptr, 10);
+  if (errno == ERANGE) return std::nullopt;
+  return static_cast<int64_t>(v);
 }
 
 size_t decimal_prefix(const std::string& text) {

@@ -84,6 +84,10 @@ void check_pipeline(const Config& config, int world_size);
 DType compute_dtype(const std::string& precision);
 DType master_dtype(const std::string& precision);
 
+// text as a whole decimal integer (an optional minus, then digits: no '+', hex, octal or
+// spaces), or nothing when it is not one or does not fit in int64.
+std::optional<int64_t> decimal_integer(const std::string& text);
+
 // The length of the longest prefix of text that is a number in plain decimal notation: digits
 // with an optional fraction and exponent, an optional minus ("1", "-0.5", ".5", "3e-4", "1E+9");
 // never hex ("0x10", "0x1p-4"), a '+' sign, spaces, "inf" or "nan". 0 when none.

@@ -61,19 +61,6 @@ CLI::Validator finite_in(double low, double high, Open open = Open::kNeither) {
       "");
 }
 
-// A whole decimal integer (an optional minus, then digits: no '+', no hex or octal, no spaces),
-// or nothing when it is not one or does not fit.
-std::optional<int64_t> decimal_integer(const std::string& text) {
-  const size_t digits = !text.empty() && text[0] == '-' ? 1 : 0;
-  if (text.size() == digits || text.find_first_not_of("0123456789", digits) != std::string::npos) {
-    return std::nullopt;
-  }
-  errno = 0;
-  const long long v = std::strtoll(text.c_str(), nullptr, 10);
-  if (errno == ERANGE) return std::nullopt;
-  return static_cast<int64_t>(v);
-}
-
 // A CLI11 check: a decimal integer in [0, 2^64 - 1] (a seed: never wrapped).
 CLI::Validator unsigned_64() {
   return CLI::Validator(

@@ -436,10 +436,7 @@ int64_t metadata_size(const std::map<std::string, std::string>& m, const std::st
     throw FileError(str_cat(path, ": no accrue.g2p.", key,
                             " in its metadata (not a model saved by accrue-g2p --save)"));
   }
-  const std::string& text = it->second;
-  const bool digits = !text.empty() && text.size() <= 7 &&
-                      text.find_first_not_of("0123456789") == std::string::npos;
-  const long long v = digits ? std::stoll(text) : 0;
+  const int64_t v = train::decimal_integer(it->second).value_or(0);
   if (v <= 0 || v > (1 << 20)) {
     throw FileError(
         str_cat(path, ": metadata accrue.g2p.", key, " = '", it->second, "' is not a size"));
