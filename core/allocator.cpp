@@ -18,22 +18,31 @@ CachingAllocator::CachingAllocator(Device device, SystemMemory system)
 CachingAllocator::~CachingAllocator() {
   // Live blocks still referenced at exit belong to static tensors; leave them to the OS.
   for (auto& [size, ptr] : pool_) system_.release(ptr, device_.index);
+  for (auto& [size, ptr] : graph_free_) system_.release(ptr, device_.index);
+}
+
+void* CachingAllocator::take_from(std::multimap<size_t, void*>& pool, size_t size, size_t& block) {
+  auto it = pool.lower_bound(size);
+  if (it == pool.end() || it->first >= 2 * size) return nullptr;
+  block = it->first;
+  void* ptr = it->second;
+  pool.erase(it);
+  return ptr;
 }
 
 void* CachingAllocator::allocate(size_t nbytes) {
   if (nbytes == 0) return nullptr;
   const size_t size = round_size(nbytes);
   std::lock_guard<std::mutex> lock(mutex_);
-  void* ptr = nullptr;
   size_t block = size;
-  auto it = pool_.lower_bound(size);
-  if (it != pool_.end() && it->first < 2 * size) {
-    block = it->first;
-    ptr = it->second;
-    pool_.erase(it);
+  void* ptr = capturing_ ? take_from(graph_free_, size, block) : nullptr;
+  if (ptr != nullptr) {
+    ++stats_.pool_hits;
+  } else if ((ptr = take_from(pool_, size, block)) != nullptr) {
     stats_.cached_bytes -= block;
     ++stats_.pool_hits;
   } else {
+    block = size;
     ptr = system_.allocate(size, device_.index);
     if (ptr == nullptr && !pool_.empty()) {
       // Out of memory with blocks cached: give them back and try once more.
@@ -49,6 +58,7 @@ void* CachingAllocator::allocate(size_t nbytes) {
     ++stats_.system_allocs;
     stats_.reserved_bytes += size;
   }
+  if (capturing_ && graph_blocks_.emplace(ptr, block).second) stats_.graph_bytes += block;
   live_.emplace(ptr, LiveBlock{block, size});
   ++stats_.allocs;
   stats_.live_bytes += size;
@@ -67,8 +77,25 @@ void CachingAllocator::deallocate(void* ptr) {
   const size_t block = it->second.block;
   stats_.live_bytes -= it->second.size;
   live_.erase(it);
+  // A block freed during a capture may be read by every replay of the graph: it joins the pool.
+  if (capturing_ && graph_blocks_.emplace(ptr, block).second) stats_.graph_bytes += block;
+  if (graph_blocks_.count(ptr)) {
+    graph_free_.emplace(block, ptr);
+    return;
+  }
   stats_.cached_bytes += block;
   pool_.emplace(block, ptr);
+}
+
+void CachingAllocator::begin_graph_capture() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (capturing_) throw std::logic_error("[allocator] a graph capture is already under way");
+  capturing_ = true;
+}
+
+void CachingAllocator::end_graph_capture() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  capturing_ = false;
 }
 
 void CachingAllocator::empty_cache() {

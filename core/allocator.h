@@ -28,6 +28,9 @@ struct AllocatorStats {
   int64_t system_frees = 0;   // blocks ever returned to the system
   int64_t allocs = 0;         // allocate() calls served
   int64_t pool_hits = 0;      // allocate() calls served from the pool
+  // Bytes owned by the graph pool (begin_graph_capture below), live or free: part of
+  // reserved_bytes, never of cached_bytes.
+  size_t graph_bytes = 0;
 };
 
 // Where a caching allocator gets its blocks: malloc for the host, cudaMalloc for a GPU.
@@ -59,6 +62,16 @@ class CachingAllocator {
   void empty_cache();
   void reset_peak();
   AllocatorStats stats() const;
+
+  // CUDA graphs (core/graph.h). A replay writes the very addresses its capture was given, so from
+  // begin_graph_capture() every block handed out, and every block freed, belongs to the graph
+  // pool for good: later requests outside a capture never get one of them, and empty_cache()
+  // keeps them. Captures take their blocks from that pool first (then from the general pool,
+  // then the system). Every graph of a device shares the pool: their replays run one after
+  // another on the device's stream and none keeps a tensor from one replay to the next, so the
+  // pool holds what the largest graph needs, not the sum.
+  void begin_graph_capture();
+  void end_graph_capture();
   Device device() const { return device_; }
 
   static size_t round_size(size_t nbytes) { return (nbytes + kGranule - 1) / kGranule * kGranule; }
@@ -66,6 +79,8 @@ class CachingAllocator {
  private:
   // Returns every pooled block to the system; the caller holds mutex_.
   void release_pool_locked();
+  // A free block of at least size from `pool` (less than twice size), or nullptr.
+  static void* take_from(std::multimap<size_t, void*>& pool, size_t size, size_t& block);
 
   Device device_;
   SystemMemory system_;
@@ -77,6 +92,9 @@ class CachingAllocator {
   };
   std::unordered_map<void*, LiveBlock> live_;  // handed-out blocks
   AllocatorStats stats_;
+  bool capturing_ = false;
+  std::unordered_map<void*, size_t> graph_blocks_;  // the graph pool's blocks and their sizes
+  std::multimap<size_t, void*> graph_free_;         // of which free
 };
 
 // The allocator of a device, created on first use and alive until exit.

@@ -26,6 +26,27 @@ void cuda_copy_bytes(void* dst, Device dst_device, const void* src, Device src_d
 // Zeroes nbytes of device memory, enqueued on the device's stream.
 void cuda_zero_bytes(void* dst, Device device, size_t nbytes);
 
+// Host-to-device copies that nobody waits for (core/staging.h): queues the copy of nbytes from
+// pinned host memory on the device's copy stream, after the work queued so far on its compute
+// stream, and returns the copy's completion (an event; nullptr for nbytes == 0).
+void* cuda_copy_to_device_async(void* dst, Device device, const void* pinned_src, size_t nbytes);
+// The compute stream waits for the copy before its later work; the completion is released.
+void cuda_wait_copy(void* copied, Device device);
+// Releases a completion nobody will wait for.
+void cuda_release_copy(void* copied);
+
+// Stream capture for CUDA graphs (core/graph.h), on the device's stream, in relaxed mode: the
+// caching allocator may still call cudaMalloc for a block the capture needs.
+void cuda_begin_capture(Device device);
+// Ends the capture and instantiates the graph (returned: a cudaGraphExec_t) with its node count.
+// Throws GraphCaptureError when the runtime invalidated the capture.
+void* cuda_end_capture(Device device, size_t& nodes);
+// Ends a capture that failed and discards it; never throws.
+void cuda_abort_capture(Device device);
+void cuda_launch_graph(void* graph, Device device);
+void cuda_destroy_graph(void* graph);
+bool cuda_capturing(Device device);
+
 // The CPU model from /proc/cpuinfo (core/device.cpp), for device_name().
 std::string cpu_model_name();
 

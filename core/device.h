@@ -3,6 +3,7 @@
 // kernels/backend.h). Read next: error.h.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 namespace accrue {
@@ -36,5 +37,11 @@ std::string cuda_unavailable_reason();
 void synchronize(Device device);
 // The device's name: the CPU model from /proc/cpuinfo, or the GPU's from the driver.
 std::string device_name(Device device);
+// What the driver says of a GPU's memory (cudaMemGetInfo): bytes in use by every process and
+// context on it, and its total; {0, 0} for the CPU.
+struct DeviceMemory {
+  size_t used = 0, total = 0;
+};
+DeviceMemory device_memory(Device device);
 
 }  // namespace accrue

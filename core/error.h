@@ -36,6 +36,10 @@ struct BackendError : std::runtime_error {
 struct OutOfMemoryError : BackendError {
   using BackendError::BackendError;
 };
+// A CUDA graph could not be captured (core/graph.h): the reason, from the call that refused.
+struct GraphCaptureError : BackendError {
+  using BackendError::BackendError;
+};
 // A data or checkpoint file that is missing, truncated or corrupt.
 struct FileError : std::runtime_error {
   using std::runtime_error::runtime_error;

@@ -24,6 +24,10 @@ std::string device_name(Device device) {
   if (device.is_cuda()) throw DeviceError("[device_name] " + cuda_unavailable_reason());
   return cpu_model_name();
 }
+DeviceMemory device_memory(Device device) {
+  if (device.is_cuda()) throw DeviceError("[device_memory] " + cuda_unavailable_reason());
+  return {};
+}
 SystemMemory cuda_system_memory() {
   throw DeviceError("[cuda] " + cuda_unavailable_reason());
 }
@@ -36,6 +40,28 @@ SystemMemory cuda_pinned_host_memory() {
 }
 void cuda_zero_bytes(void*, Device, size_t) {
   throw DeviceError("[zero_] " + cuda_unavailable_reason());
+}
+
+void* cuda_copy_to_device_async(void*, Device, const void*, size_t) {
+  throw DeviceError("[stage] " + cuda_unavailable_reason());
+}
+void cuda_wait_copy(void*, Device) {
+  throw DeviceError("[stage] " + cuda_unavailable_reason());
+}
+void cuda_release_copy(void*) {}
+void cuda_begin_capture(Device) {
+  throw DeviceError("[graph] " + cuda_unavailable_reason());
+}
+void* cuda_end_capture(Device, size_t&) {
+  throw DeviceError("[graph] " + cuda_unavailable_reason());
+}
+void cuda_abort_capture(Device) {}
+void cuda_launch_graph(void*, Device) {
+  throw DeviceError("[graph] " + cuda_unavailable_reason());
+}
+void cuda_destroy_graph(void*) {}
+bool cuda_capturing(Device) {
+  return false;
 }
 
 }  // namespace accrue

@@ -7,6 +7,7 @@
 
 #include "core/allocator.h"
 #include "core/cuda_seam.h"
+#include "core/host_waits.h"
 
 namespace accrue {
 
@@ -67,9 +68,13 @@ Tensor empty_from(const Shape& shape, DType dtype, Device device, CachingAllocat
 }  // namespace
 
 Tensor Tensor::zeros_pinned(const Shape& shape, DType dtype) {
-  Tensor t = empty_from(shape, dtype, Device::cpu(), pinned_host_allocator(), "zeros_pinned");
+  Tensor t = empty_pinned(shape, dtype);
   t.zero_();
   return t;
+}
+
+Tensor Tensor::empty_pinned(const Shape& shape, DType dtype) {
+  return empty_from(shape, dtype, Device::cpu(), pinned_host_allocator(), "empty_pinned");
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
@@ -99,6 +104,7 @@ std::vector<T> Tensor::to_vector() const {
     throw DTypeError(str_cat("[to_vector] tensor is ", dtype_name(dtype()), ", asked for ",
                              dtype_name(dtype_of<T>())));
   }
+  count_host_wait(HostWait::kRead);
   Tensor host = device().is_cpu() ? *this : to(Device::cpu());
   std::vector<T> out(static_cast<size_t>(numel()));
   if (!out.empty()) std::memcpy(out.data(), host.raw(), out.size() * sizeof(T));

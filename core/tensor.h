@@ -81,6 +81,8 @@ class Tensor {
   // Zeros in page-locked host memory (pinned_host_allocator(), core/allocator.h): a CPU tensor
   // that a GPU copies to and from asynchronously. The offloaded optimizer keeps its state here.
   static Tensor zeros_pinned(const Shape& shape, DType dtype = DType::kFloat32);
+  // The same, uninitialised (core/staging.h writes micro-batches there).
+  static Tensor empty_pinned(const Shape& shape, DType dtype = DType::kFloat32);
   // Copies host values in; values.size() must equal the shape's element count.
   template <typename T>
   static Tensor from_vector(const Shape& shape, const std::vector<T>& values,

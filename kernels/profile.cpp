@@ -20,6 +20,7 @@
 
 #include "core/device.h"
 #include "core/file.h"
+#include "core/graph.h"
 #include "kernels/cuda_seam.h"
 
 namespace accrue {
@@ -305,8 +306,13 @@ double flops_of(const char* name, const Tensor& dy, const Tensor&, const Conv2dG
 class ProfilingBackend final : public Backend {
  public:
   explicit ProfilingBackend(Backend& inner) : inner_(inner) {}
-  ProfilingBackend(Backend& inner, std::unique_ptr<DeviceMarks> marks, int timeline)
-      : inner_(inner), marked_(std::make_unique<MarkedCalls>(std::move(marks), timeline)) {}
+  ProfilingBackend(Backend& inner, std::unique_ptr<DeviceMarks> marks, int timeline, Device device)
+      : inner_(inner),
+        marked_(std::make_unique<MarkedCalls>(std::move(marks), timeline)),
+        device_(device) {}
+
+  // Work that is not a primitive (a CUDA graph's replay), timed as one call.
+  void time_work(const char* name, const std::function<void()>& work) { timed(name, 0, 0, work); }
 
 #define ACCRUE_PROFILE_OVERRIDE(name, params, args)                                \
   void name params override {                                                      \
@@ -325,6 +331,8 @@ class ProfilingBackend final : public Backend {
   }
   template <typename Call>
   void timed(const char* name, double bytes, double flops, Call call) {
+    // Inside a CUDA graph's capture nothing runs: the replay is timed instead.
+    if (marked_ && graph_capturing(device_)) return call();
     if (marked_) {
       const DeviceMarks::Mark start = marked_->begin();
       try {
@@ -343,6 +351,7 @@ class ProfilingBackend final : public Backend {
   }
   Backend& inner_;
   std::unique_ptr<MarkedCalls> marked_;  // null on the CPU
+  Device device_ = Device::cpu();        // a GPU's: its captures are not timed
 };
 
 void print_rows(std::ostream& out, const char* what, const std::vector<ProfileRow>& rows,
@@ -442,8 +451,8 @@ constexpr int kDeviceTimelines = 1000;
 
 std::unique_ptr<Backend> make_profiling_backend(Backend& inner, Device device) {
   if (device.is_cpu()) return std::make_unique<ProfilingBackend>(inner);
-  auto backend =
-      make_profiling_backend(inner, make_cuda_marks(device.index), kDeviceTimelines + device.index);
+  auto backend = std::make_unique<ProfilingBackend>(inner, make_cuda_marks(device.index),
+                                                    kDeviceTimelines + device.index, device);
   // Exit handlers run in the reverse order of their registration. This one is registered after
   // the CUDA runtime started, so it reads the queues before any teardown the runtime registered
   // then, and before the decorators holding the profiling backends are destroyed.
@@ -455,7 +464,14 @@ std::unique_ptr<Backend> make_profiling_backend(Backend& inner, Device device) {
 
 std::unique_ptr<Backend> make_profiling_backend(Backend& inner, std::unique_ptr<DeviceMarks> marks,
                                                 int timeline) {
-  return std::make_unique<ProfilingBackend>(inner, std::move(marks), timeline);
+  return std::make_unique<ProfilingBackend>(inner, std::move(marks), timeline, Device::cpu());
+}
+
+void profile_device_work(Device device, const char* name, const std::function<void()>& work) {
+  if (!profile_enabled()) return work();
+  auto* profiled = dynamic_cast<ProfilingBackend*>(&backend_for(device));
+  if (profiled == nullptr) return work();
+  profiled->time_work(name, work);
 }
 
 ProfileScope::ProfileScope(const char* name) : previous_(current_scope) {

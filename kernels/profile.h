@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <memory>
 #include <string>
@@ -70,6 +71,11 @@ std::unique_ptr<Backend> make_profiling_backend(Backend& inner, Device device);
 // The same, timing each call by `marks`, its calls drawn on the Chrome trace's row `timeline`.
 std::unique_ptr<Backend> make_profiling_backend(Backend& inner, std::unique_ptr<DeviceMarks> marks,
                                                 int timeline);
+
+// Times work that is no primitive, such as the replay of a CUDA graph (core/graph.h), as one call
+// named `name` when profiling (without: runs it). The primitives a graph holds are not timed one
+// by one: a capture queues nothing, and a replay is one launch.
+void profile_device_work(Device device, const char* name, const std::function<void()>& work);
 
 // The primitives issued on this thread while it lives belong to `name` in the per-scope table
 // (scopes nest; the innermost wins; a null name keeps the enclosing scope). The autograd engine

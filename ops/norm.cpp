@@ -8,6 +8,7 @@
 // (kernels/functors.h) from the key and each row's sample index. Read next: nn/conv.h.
 #include <memory>
 
+#include "core/graph.h"
 #include "kernels/backend.h"
 #include "ops/autograd.h"
 #include "ops/check.h"
@@ -299,6 +300,12 @@ Tensor dropout(const Tensor& x, const DropoutKey& key, const Tensor& samples) {
   }
   check::same_device("dropout", x, samples);
   if (key.p == 0) return x;
+  if (graph_capturing(x.device())) {
+    // The mask's key (the optimizer step) is an argument of the kernel: a replay would repeat it.
+    throw ValueError(
+        "[dropout] cannot be captured in a CUDA graph: its mask is keyed by the step, which a "
+        "replay would freeze (--cuda-graphs off runs it eagerly)");
+  }
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
   backend_for(x.device()).dropout(x, key, samples, out);
   if (should_record({&x})) {

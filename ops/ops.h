@@ -60,6 +60,8 @@ Tensor causal_softmax(const Tensor& scores, double scale);
 Tensor argmax(const Tensor& x);
 // Number of equal entries of two int32 [N] tensors, as an int64 on the host.
 int64_t count_equal(const Tensor& a, const Tensor& b);
+// The same as an int32 0-d tensor on their device (no host read).
+Tensor equal_count(const Tensor& a, const Tensor& b);
 
 // Convolution and pooling, NCHW (ops/conv.cpp). conv2d: x [N, C, H, W], weight [O, C, KH,
 // KW], bias [O] or undefined -> [N, O, OH, OW] (groups = 1). Pooling regions never cross planes;

@@ -142,16 +142,20 @@ Tensor argmax(const Tensor& x) {
 }
 
 int64_t count_equal(const Tensor& a, const Tensor& b) {
-  check::defined("count_equal", "first input", a);
-  check::defined("count_equal", "second input", b);
-  check::same_device("count_equal", a, b);
+  return static_cast<int64_t>(equal_count(a, b).item());
+}
+
+Tensor equal_count(const Tensor& a, const Tensor& b) {
+  check::defined("equal_count", "first input", a);
+  check::defined("equal_count", "second input", b);
+  check::same_device("equal_count", a, b);
   if (a.dtype() != DType::kInt32 || b.dtype() != DType::kInt32 || a.shape() != b.shape()) {
-    throw ShapeError(str_cat("[count_equal] needs two int32 tensors of one shape, got ",
+    throw ShapeError(str_cat("[equal_count] needs two int32 tensors of one shape, got ",
                              a.describe(), " and ", b.describe()));
   }
   Tensor out = Tensor::empty({}, DType::kInt32, a.device());
   backend_for(a.device()).count_equal(a, b, out);
-  return static_cast<int64_t>(out.item());
+  return out;
 }
 
 }  // namespace accrue

@@ -4,19 +4,41 @@
 #include <cmath>
 
 #include "core/allocator.h"
+#include "core/graph.h"
 #include "kernels/backend.h"
 #include "kernels/factories.h"
+#include "kernels/profile.h"
 #include "ops/autograd.h"
 
 namespace accrue::optim {
 
+// The captured boundary step and the host arguments it was captured with; `last` is the previous
+// boundary's arguments, so a graph is captured only once they repeat.
+struct Accumulator::BoundaryGraph {
+  struct Key {
+    double lr, max_norm;
+    bool counted;
+    bool operator==(const Key& o) const {
+      return lr == o.lr && max_norm == o.max_norm && counted == o.counted;
+    }
+  };
+  DeviceGraph graph;
+  Key key{}, last{-1, 0, false};
+};
+
 Accumulator::Accumulator(Optimizer& optimizer, AccumulatorOptions options)
     : optimizer_(optimizer),
       options_(options),
-      boundary_sums_(Tensor::zeros({3}, optimizer.arena().dtype(), optimizer.arena().device())),
-      loss_sum_(boundary_sums_.narrow(0, 1).view({})),
-      count_sum_(boundary_sums_.narrow(1, 1).view({})),
-      stop_votes_(boundary_sums_.narrow(2, 1).view({})) {
+      readback_(Tensor::zeros({7}, optimizer.arena().dtype(), optimizer.arena().device())),
+      sums_(readback_.narrow(0, 3)),
+      scalars_(readback_.narrow(3, 4)),
+      loss_sum_(readback_.narrow(0, 1).view({})),
+      count_sum_(readback_.narrow(1, 1).view({})),
+      stop_votes_(readback_.narrow(2, 1).view({})),
+      seed_(Tensor::zeros({}, optimizer.arena().dtype(), optimizer.arena().device())),
+      planned_(Tensor::zeros({}, optimizer.arena().dtype(), optimizer.arena().device())),
+      count_error_(Tensor::zeros({}, optimizer.arena().dtype(), optimizer.arena().device())),
+      veto_(Tensor::zeros({}, optimizer.arena().dtype(), optimizer.arena().device())) {
   if (std::isnan(options.max_norm)) throw ValueError("[accumulator] max_norm is NaN");
   if (options_.bucket_bytes > 0 && options_.gradients != nullptr) plan_buckets();
 }
@@ -100,6 +122,15 @@ void Accumulator::begin_window(int64_t items, int64_t local_items) {
   window_items_ = items;
   local_items_ = local_items;
   window_open_ = true;
+  // The seed and the plan go to the device once, before the first micro-step.
+  const double inv_n = 1.0 / static_cast<double>(items);
+  if (optimizer_.loss_scaled()) {
+    backend_for(seed_.device())
+        .expand_scalar(to_dtype(optimizer_.loss_scale(), seed_.dtype()), inv_n, seed_);
+  } else {
+    fill_(seed_, inv_n);
+  }
+  fill_(planned_, static_cast<double>(items));
 }
 
 void Accumulator::micro_step(int64_t items, const std::function<Tensor()>& forward) {
@@ -143,7 +174,7 @@ void Accumulator::pipelined_window(const std::function<nn::LossSum(const Tensor&
   alloc.reset_peak();
   counted_ = true;
   try {
-    const nn::LossSum sums = run(window_seed(loss_sum_));
+    const nn::LossSum sums = run(seed_);
     if (!sums.sum.defined() || sums.sum.numel() != 1) {
       throw ValueError(
           str_cat("[accumulator] a pipelined window's loss sum must be one element, "
@@ -162,12 +193,7 @@ void Accumulator::pipelined_window(const std::function<nn::LossSum(const Tensor&
 }
 
 Tensor Accumulator::window_seed(const Tensor& loss) const {
-  const double inv_n = 1.0 / static_cast<double>(window_items_);
-  if (!optimizer_.loss_scaled()) return full(loss.shape(), inv_n, loss.dtype(), loss.device());
-  Tensor seed = Tensor::empty(loss.shape(), loss.dtype(), loss.device());
-  backend_for(loss.device())
-      .expand_scalar(to_dtype(optimizer_.loss_scale(), loss.dtype()), inv_n, seed);
-  return seed;
+  return to_dtype(seed_, loss.dtype()).view(loss.shape());
 }
 
 void Accumulator::record_memory(CachingAllocator& alloc, size_t before) {
@@ -179,11 +205,10 @@ void Accumulator::record_memory(CachingAllocator& alloc, size_t before) {
   memory_.system_allocs = s.system_allocs;
 }
 
-void Accumulator::check_counted_items() {
+void Accumulator::check_counted_items(double counted) const {
   if (!counted_ && options_.loss_reducer == nullptr) return;
   // A rank without micro-steps in this window sees the other ranks' counts, or none at all
   // when no rank counted (micro-steps that return a bare loss).
-  const double counted = count_sum_.item();
   if (!counted_ && counted == 0) return;
   if (counted != static_cast<double>(window_items_)) {
     throw ValueError(str_cat("[accumulator] the losses of step ", step_clock_ + 1, " counted ",
@@ -229,6 +254,28 @@ void Accumulator::run_micro_step(int64_t items, const std::function<Tensor()>& f
   record_memory(alloc, before);
 }
 
+void Accumulator::replayed_micro_step(int64_t items, const std::function<void()>& launch) {
+  if (!window_open_) throw ValueError("[accumulator] micro_step() before begin_window()");
+  if (seen_items_ > 0 && !counted_) {
+    throw ValueError("[accumulator] a window's micro-steps all return counts (LossSum) or none");
+  }
+  if (items <= 0 || seen_items_ + items > local_items_) {
+    throw ValueError(str_cat("[accumulator] micro-batch of ", items, " items overflows the ",
+                             "window: ", seen_items_, " of ", local_items_, " already seen"));
+  }
+  if (hands_over_in(items)) {
+    throw ValueError("[accumulator] the window's last micro-step hands buckets over: not replayed");
+  }
+  try {
+    launch();
+  } catch (...) {
+    abandon_window();
+    throw;
+  }
+  counted_ = true;
+  seen_items_ += items;
+}
+
 StepResult Accumulator::step() {
   if (!window_open_ || seen_items_ != local_items_) {
     throw ValueError(str_cat("[accumulator] step() after ", seen_items_, " of ", local_items_,
@@ -238,6 +285,7 @@ StepResult Accumulator::step() {
   r.lr = current_lr();
   r.items = window_items_;
   StepReport report;
+  std::vector<double> values;
   try {
     if (!buckets_.empty()) {
       // Buckets no backward finished (a rank with no samples in a short window, a parameter
@@ -254,30 +302,86 @@ StepResult Accumulator::step() {
     if (options_.loss_reducer != nullptr) {
       // Every rank sums them, whether or not it ran a micro-step in this window (a short last
       // window may leave a rank none): the collectives stay matched.
-      options_.loss_reducer->sum(boundary_sums_);
+      options_.loss_reducer->sum(sums_);
     }
-    check_counted_items();
     optimizer_.set_lr(r.lr);
-    optimizer_.step(options_.max_norm);
-    // Reading the report waits for the device, after the whole step has been enqueued; it is
-    // also where a fault a kernel recorded during the window is reported.
-    report = optimizer_.report();
+    run_boundary();
+    // The window's one wait for the device, after the whole step has been queued; it is also
+    // where a fault a kernel recorded during the window is reported.
+    values = read_boundary();
+    check_counted_items(values[1]);
   } catch (...) {
     abandon_window();
     throw;
   }
+  report = Optimizer::report_of(values.data() + 3);
   ++step_clock_;
   r.step = step_clock_;
   r.grad_norm = report.grad_norm;
   r.skipped = report.skipped;
   r.loss_scale = report.loss_scale;
   if (r.skipped) ++skipped_;
-  const Tensor sums = boundary_sums_.to(Device::cpu());
-  r.loss = sums.narrow(0, 1).item() / static_cast<double>(window_items_);
-  r.stop = sums.narrow(2, 1).item() > 0;
+  r.loss = values[0] / static_cast<double>(window_items_);
+  r.stop = values[2] > 0;
   stop_vote_ = false;
   close_window();
   return r;
+}
+
+void Accumulator::set_graph_boundary(bool on) {
+  options_.graph_boundary = on;
+  if (!on) boundary_graph_.reset();
+}
+
+void Accumulator::run_boundary() {
+  Backend& be = backend_for(readback_.device());
+  const bool same_device = optimizer_.boundary_scalars().device() == readback_.device();
+  const auto queue = [&] {
+    if (counted_) {
+      // (counted - planned)^2: the device skips the update when the losses miscounted, and the
+      // host throws at the read below, so a wrong count never reaches the weights.
+      be.binary(BinaryOp::kSub, count_sum_, planned_, count_error_);
+      be.binary(BinaryOp::kMul, count_error_, count_error_, veto_);
+    }
+    optimizer_.queue_step(options_.max_norm, counted_ ? veto_ : Tensor());
+    if (same_device) scalars_.copy_(optimizer_.boundary_scalars());
+  };
+  const bool graphable = options_.graph_boundary && readback_.device().is_cuda() && same_device &&
+                         options_.gradients == nullptr && options_.loss_reducer == nullptr &&
+                         !optimizer_.has_seams();
+  if (!graphable) {
+    queue();
+  } else {
+    if (!boundary_graph_) boundary_graph_ = std::make_unique<BoundaryGraph>();
+    BoundaryGraph& g = *boundary_graph_;
+    const BoundaryGraph::Key key{optimizer_.lr(), options_.max_norm, counted_};
+    const auto replay = [&] {
+      profile_device_work(readback_.device(), "graph: boundary", [&] { g.graph.replay(); });
+    };
+    if (g.graph.defined() && g.key == key) {
+      replay();
+      ++boundaries_replayed_;
+    } else if (g.last == key) {
+      g.graph = DeviceGraph::capture(readback_.device(), queue);
+      g.key = key;
+      replay();
+    } else {
+      queue();
+    }
+    g.last = key;
+  }
+  optimizer_.finish_step();
+}
+
+std::vector<double> Accumulator::read_boundary() {
+  std::vector<double> values = to_dtype(readback_, DType::kFloat64).to_vector<double>();
+  if (optimizer_.boundary_scalars().device() != readback_.device()) {
+    // The offloaded optimizer's scalars are on the host: a second read, of host memory.
+    const std::vector<double> s =
+        to_dtype(optimizer_.boundary_scalars(), DType::kFloat64).to_vector<double>();
+    std::copy(s.begin(), s.end(), values.begin() + 3);
+  }
+  return values;
 }
 
 Accumulator::~Accumulator() {
@@ -301,7 +405,7 @@ void Accumulator::abandon_window() {
 }
 
 void Accumulator::close_window() {
-  boundary_sums_.zero_();
+  readback_.zero_();
   counted_ = false;
   window_items_ = local_items_ = 0;
   window_open_ = false;

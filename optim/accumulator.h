@@ -21,6 +21,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <unordered_map>
 #include <vector>
 
@@ -45,6 +46,10 @@ struct AccumulatorOptions {
   // arena is cut into buckets of about this many bytes in reverse layer order, and each bucket
   // goes to the consumer as soon as backward has finished its gradients. 0: all at the boundary.
   size_t bucket_bytes = 0;
+  // On a GPU, capture the boundary step's device work as a CUDA graph (core/graph.h) when it
+  // repeats with the same host arguments (learning rate, clip), and replay it. Only a boundary
+  // without seams (no consumer, reducer or parameter sync: one process) can be captured.
+  bool graph_boundary = false;
 };
 
 // What one optimizer step did (read back from the device after the step).
@@ -99,6 +104,19 @@ class Accumulator {
   // every rank.
   void request_stop() { stop_vote_ = true; }
 
+  // CUDA graphs of micro-steps (train/step_graphs.h): a micro-step of `items` loss items whose
+  // device work launch() queues (a graph captured from an earlier micro_step() with a LossSum);
+  // the window's bookkeeping is that micro_step()'s.
+  void replayed_micro_step(int64_t items, const std::function<void()>& launch);
+  // Whether the micro-step of `items` items that comes next hands buckets to the consumer during
+  // its backward (host work that a graph cannot hold).
+  bool hands_over_in(int64_t items) const {
+    return !buckets_.empty() && seen_items_ + items == local_items_;
+  }
+  // Boundary steps replayed from a graph so far (graph_boundary), and turning that off.
+  int64_t boundaries_replayed() const { return boundaries_replayed_; }
+  void set_graph_boundary(bool on);
+
   // Convenience: one whole window of the plan whose items are its samples (one loss item per
   // sample, as in classification), with forward(micro) per micro-batch.
   StepResult run_window(const Window& window,
@@ -126,23 +144,38 @@ class Accumulator {
   int64_t local_items_ = 0;   // of which this rank's
   bool window_open_ = false;
   int64_t seen_items_ = 0;
-  // [3] on the arena's device, summed over the ranks in one collective at the boundary: the
-  // window's loss sum, the items its losses counted (LossSum micro-steps), the stop votes.
-  Tensor boundary_sums_;
+  // [7] on the arena's device, read by the host once per window, at the boundary: the window's
+  // loss sum, the items its losses counted (LossSum micro-steps) and the stop votes, which are
+  // summed over the ranks in one collective (`sums_`), then the optimizer's boundary scalars
+  // {norm, clip coefficient, skip, loss scale}, copied there after the step.
+  Tensor readback_;
+  Tensor sums_, scalars_;                     // [3] and [4] views of it
   Tensor loss_sum_, count_sum_, stop_votes_;  // 0-d views of its elements
+  // 0-d, written at begin_window: the backward seed 1 / N (or S / N), and N itself, so that no
+  // kernel of a micro-step or of the boundary takes either as an argument (a graph replays them).
+  Tensor seed_, planned_;
+  Tensor count_error_, veto_;  // 0-d scratch: counted - planned, and its square
   bool stop_vote_ = false;
   bool counted_ = false;  // the open window's micro-steps returned counts
   // The micro-step without its bookkeeping of counts.
   void run_micro_step(int64_t items, const std::function<Tensor()>& forward);
-  // The backward seed of the open window for a loss like `loss`: 1 / N, or S / N.
+  // The backward seed of the open window for a loss like `loss` (its dtype and shape).
   Tensor window_seed(const Tensor& loss) const;
+  // The boundary's device work: the count veto, the optimizer's step and the copy of its scalars
+  // into readback_, eager or from the boundary graph.
+  void run_boundary();
+  // The one host read of the window: readback_ as float64.
+  std::vector<double> read_boundary();
+  struct BoundaryGraph;
+  std::unique_ptr<BoundaryGraph> boundary_graph_;
+  int64_t boundaries_replayed_ = 0;
   // count_sum_ += count (a LossSum's, one element).
   void add_count(const Tensor& count);
   // The memory statistics of a micro-step (or a pipelined window) that began at `before` live
   // bytes, with the allocator's peak reset then.
   void record_memory(CachingAllocator& alloc, size_t before);
-  // Throws unless the counted items equal the window's (reads the device).
-  void check_counted_items();
+  // Throws unless the items the losses counted (read at the boundary) equal the window's.
+  void check_counted_items(double counted) const;
   // Zeroes the window's sums and closes it.
   void close_window();
   MemoryStats memory_;

@@ -86,16 +86,29 @@ void require_finite_at_least(const char* op, const char* name, double value, dou
   }
 }
 
-void Optimizer::step(double max_norm) {
+void Optimizer::step(double max_norm, const Tensor& veto) {
+  queue_step(max_norm, veto);
+  finish_step();
+}
+
+void Optimizer::queue_step(double max_norm, const Tensor& veto) {
   Backend& be = backend_for(state_device());
-  stepped_ = true;
   be.norm_sq(grads_, norm_sq_);
+  if (veto.defined()) {
+    // Before the reducer: a rank's veto reaches every rank's decision.
+    Tensor nonfinite = norm_sq_.narrow(1, 1);
+    be.axpy(1.0, to_dtype(veto, norm_sq_.dtype()).view({1}).to(state_device()), nonfinite);
+  }
   if (reducer_ != nullptr) reducer_->sum(norm_sq_);  // every process decides clip and skip alike
   const ScalerArgs scaler{scaling_.dynamic, scaling_.growth, scaling_.backoff,
                           scaling_.growth_interval};
   be.boundary(norm_sq_, 1.0, max_norm, scaler, scaler_, boundary_, applied_steps_);
   update();
   if (sync_ != nullptr) sync_->after_update();
+}
+
+void Optimizer::finish_step() {
+  stepped_ = true;
   arena_.params().mark_modified();  // a forward's saved weights are stale now
   arena_.grads().mark_modified();
   if (arena_.working().defined()) arena_.working().mark_modified();
@@ -150,8 +163,11 @@ void Optimizer::load_state(const std::map<std::string, Tensor>& state) {
 }
 
 StepReport Optimizer::report() const {
-  const Tensor host = to_dtype(boundary_.to(Device::cpu()), DType::kFloat64);
-  const double* s = host.data<double>();
+  const std::vector<double> s = to_dtype(boundary_, DType::kFloat64).to_vector<double>();
+  return report_of(s.data());
+}
+
+StepReport Optimizer::report_of(const double* s) {
   return {s[0], s[1], s[2] != 0.0, s[3]};
 }
 

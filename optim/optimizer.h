@@ -56,10 +56,24 @@ class Optimizer {
   virtual ~Optimizer();
 
   // One boundary step over a gradient already normalised (backward seeded with 1 / N, as
-  // optim::Accumulator does); max_norm <= 0 disables clipping.
-  void step(double max_norm = 0.0);
+  // optim::Accumulator does); max_norm <= 0 disables clipping. A `veto` (one element on the
+  // arena's device, undefined: none) that is not zero skips the step like a non-finite gradient:
+  // the accumulator's check that the losses counted the planned items, decided on the device.
+  // The step is queue_step() then finish_step().
+  void step(double max_norm = 0.0, const Tensor& veto = Tensor());
+  // The step's device work alone (what a CUDA graph of the boundary captures), and the host's
+  // bookkeeping that must follow it, replayed or not.
+  void queue_step(double max_norm, const Tensor& veto);
+  void finish_step();
+  // Whether the step runs with any seam (a reducer, a parameter sync): work outside the device's
+  // stream, which a graph cannot hold.
+  bool has_seams() const { return reducer_ != nullptr || sync_ != nullptr; }
   // The boundary scalars of the last step() (reads the device).
   StepReport report() const;
+  // The same, from values already read: {norm, coef, skip, scale}.
+  static StepReport report_of(const double* scalars);
+  // [4] {norm, clip coefficient, skip, loss scale} of the last step, beside the masters.
+  const Tensor& boundary_scalars() const { return boundary_; }
   // Updates applied so far (skipped steps do not count; reads the device).
   int64_t applied_steps() const;
 

@@ -476,6 +476,8 @@ TEST(BadInput, CommandLineMistakesExitTwoBeforeReadingData) {
       {{"--momentum", "0.5"}, {"--momentum", "sgd"}},
       {{"--checkpoint-every", "7"}, {"--checkpoint-every", "--checkpoint DIR"}},
       {{"--pipeline-schedule", "gpipe"}, {"--pipeline-schedule", "--pipeline 2"}},
+      {{"--cuda-graphs", "maybe"}, {"--cuda-graphs", "maybe"}},
+      {{"--cuda-graphs", "on", "--device", "cpu"}, {"--cuda-graphs on", "needs a GPU", "cpu"}},
   };
   // Data behind a symbolic link loop: exit 1 naming the file, not an abort.
   const CliResult loop = cli({"--data", (dir / "loop-a").string(), "--quiet"});

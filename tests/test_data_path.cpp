@@ -34,8 +34,9 @@ std::vector<std::string> quoted_block(const std::string& path) {
   return block;
 }
 
-// The first micro-step (its first gather_rows up to the next micro-step's) and the boundary
-// (norm_sq up to the read of the boundary scalars, cast(float32[4] ...)).
+// The window's start and its first micro-step (the seed's fill up to the next micro-step's
+// gather_rows), and the boundary (the count check's binary(sub ...) up to the one read,
+// cast(float32[7] ...)).
 std::vector<std::string> micro_step_and_boundary(const std::vector<std::string>& trace) {
   const auto find = [&](size_t from, const std::string& prefix) {
     for (size_t i = from; i < trace.size(); ++i) {
@@ -44,12 +45,13 @@ std::vector<std::string> micro_step_and_boundary(const std::vector<std::string>&
     ADD_FAILURE() << "no trace line starts with " << prefix << " after line " << from;
     return trace.size();
   };
-  const size_t first = find(0, "gather_rows(");
-  const size_t second = find(find(first, "cross_entropy_backward("), "gather_rows(");
-  const size_t norm = find(0, "norm_sq(");
-  const size_t report = find(norm, "cast(float32[4]");
-  std::vector<std::string> out(trace.begin() + first, trace.begin() + second);
-  out.insert(out.end(), trace.begin() + norm, trace.begin() + std::min(report + 1, trace.size()));
+  const size_t start = find(0, "fill(float32[] on cpu, 0.0078125)");
+  const size_t second = find(find(start, "cross_entropy_backward("), "gather_rows(");
+  const size_t boundary = find(second, "binary(sub");
+  const size_t report = find(boundary, "cast(float32[7]");
+  std::vector<std::string> out(trace.begin() + start, trace.begin() + second);
+  out.insert(out.end(), trace.begin() + boundary,
+             trace.begin() + std::min(report + 1, trace.size()));
   return out;
 }
 

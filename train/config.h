@@ -15,8 +15,13 @@
 
 namespace accrue::train {
 
+// --cuda-graphs: capture each micro-step shape and the boundary step as CUDA graphs and replay
+// them (train/step_graphs.h). auto: on a GPU, off on the CPU; on: a GPU is required.
+enum class CudaGraphs { kAuto, kOn, kOff };
+
 struct Config {
   Device device = Device::cpu();
+  CudaGraphs cuda_graphs = CudaGraphs::kAuto;
   // fp32; fp64 (model, data and optimizer in float64); bf16 or fp16: mixed precision, with
   // float32 master weights, gradients and optimizer state and 16-bit activations and weights
   // in the GEMMs (optim::ParameterArena::use_working_copy).

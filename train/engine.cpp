@@ -13,6 +13,8 @@
 #include <unordered_set>
 
 #include "core/allocator.h"
+#include "core/host_waits.h"
+#include "core/staging.h"
 #include "core/threads.h"
 #include "distributed/data_parallel.h"
 #include "distributed/pipeline.h"
@@ -34,10 +36,15 @@
 #include "train/report.h"
 #include "train/sample_order.h"
 #include "train/signals.h"
+#include "train/step_graphs.h"
 
 namespace accrue::train {
 
 namespace {
+
+// Micro-step graphs held at most: G2P's shapes (micro-batch rows x sequence length) number a few
+// dozen; past this a new shape runs eagerly.
+constexpr int64_t kMaxStepGraphs = 64;
 
 // The parameters a pipeline layer owns: those of its modules.
 std::vector<Tensor> layer_parameters(const Layer& layer) {
@@ -115,9 +122,16 @@ class Run {
                  bool final);
   optim::StepResult run_window(const optim::Window& w, const Tensor& order,
                                const std::vector<int32_t>& order_host);
+  optim::StepResult run_window_once(const optim::Window& w, const Tensor& order,
+                                    const std::vector<int32_t>& order_host);
+  void run_micro_steps(const optim::Window& w, const Tensor& order,
+                       const std::vector<int32_t>& order_host,
+                       const std::function<int64_t(int64_t, int64_t)>& items_of);
+  void setup_device_path();
   Evaluation evaluate(bool final);
   void finish();
   void report_summary();
+  std::string device_path_line() const;
 
   Config c_;
   Task& task_;
@@ -158,6 +172,11 @@ class Run {
   std::unique_ptr<optim::HostOffload> offload_;
   std::unique_ptr<optim::ConsumerChain> all_reduce_then_offload_;
   std::unique_ptr<optim::Accumulator> acc_;
+  // The device path: host-built micro-batches staged one ahead (Task::host_batch), and the
+  // micro-steps' CUDA graphs (--cuda-graphs).
+  std::unique_ptr<HostToDevice> stager_;
+  std::unique_ptr<StepGraphs> graphs_;
+  GraphCounts graph_counts_;  // of graphs that were given up
   int64_t total_steps_ = 0;
   nlohmann::json run_config_;
   TrainPosition start_, position_;
@@ -554,7 +573,17 @@ void Run::build_accumulator() {
                                  ? c_.bucket_kib
                                  : (c_.offload_optimizer && comm_->world_size() == 1 ? 1024 : 0);
   options.bucket_bytes = static_cast<size_t>(bucket_kib) * 1024;
+  options.graph_boundary = graphs_ != nullptr;
   acc_ = std::make_unique<optim::Accumulator>(*optimizer_, options);
+}
+
+// Host-built micro-batches are staged (Task::host_batch); micro-steps and the boundary are
+// replayed from CUDA graphs on a GPU unless --cuda-graphs off (pipeline stages run eagerly).
+void Run::setup_device_path() {
+  if (task_.host_batch) stager_ = std::make_unique<HostToDevice>(c_.device);
+  if (c_.device.is_cuda() && c_.cuda_graphs != CudaGraphs::kOff && !stage_) {
+    graphs_ = std::make_unique<StepGraphs>(c_.device, kMaxStepGraphs);
+  }
 }
 
 // The recipe's settings as given: precision, optimizer, learning rate and schedule, clipping,
@@ -766,9 +795,25 @@ int64_t Run::tokens_of(const optim::Window& w, const std::vector<int32_t>& order
 
 // One window: each micro-batch's samples, their loss and its count, through the accumulator.
 // The window's items (its normaliser) come from the plan: the dataset's per-sample counts over
-// every rank's share, summed without a collective.
+// every rank's share, summed without a collective. A CUDA graph that cannot be captured (a
+// dropout, a call that waits for the device) turns graphs off, under --cuda-graphs auto, and
+// the window runs again eagerly from its start (the failed capture abandoned it).
 optim::StepResult Run::run_window(const optim::Window& w, const Tensor& order,
                                   const std::vector<int32_t>& order_host) {
+  try {
+    return run_window_once(w, order, order_host);
+  } catch (const GraphCaptureError& e) {
+    if (c_.cuda_graphs == CudaGraphs::kOn) throw;
+    log(str_cat("CUDA graphs off for the rest of the run: ", e.what()));
+    if (graphs_) graph_counts_ = graphs_->counts();
+    graphs_.reset();
+    acc_->set_graph_boundary(false);
+    return run_window_once(w, order, order_host);
+  }
+}
+
+optim::StepResult Run::run_window_once(const optim::Window& w, const Tensor& order,
+                                       const std::vector<int32_t>& order_host) {
   const auto items_of = [&](int64_t start, int64_t count) {
     if (!task_.items) return count;
     int64_t n = 0;
@@ -783,19 +828,56 @@ optim::StepResult Run::run_window(const optim::Window& w, const Tensor& order,
   if (stage_) {
     acc_->pipelined_window([&](const Tensor& seed) { return run_stages(w, order, seed); });
   } else {
-    for (const optim::MicroBatch& mb : w.micro) {
-      acc_->micro_step(items_of(mb.start, mb.count), [&] {
-        const Tensor index = order.narrow(mb.start, mb.count);
-        // Dropout's masks are keyed by the samples and the optimizer step, not the split.
-        const nn::SampleKeys keys(c_.seed, acc_->steps(), index);
-        return task_.loss(*model_, task_.batch(index), master_);
-      });
-    }
+    run_micro_steps(w, order, order_host, items_of);
   }
   if (stop_requested() != 0) acc_->request_stop();
   const optim::StepResult r = acc_->step();
+  // The step read the device, after every copy staged for this window.
+  if (stager_) stager_->release_waited();
   broadcast_buffers();
   return r;
+}
+
+// The window's micro-steps. A micro-step's inputs are its samples' positions in the training
+// set (Task::batch gathers them on the device), or its samples assembled on the host
+// (Task::host_batch), staged one micro-batch ahead so the copy of the next runs while this one
+// computes; either way through the micro-step graphs when there are.
+void Run::run_micro_steps(const optim::Window& w, const Tensor& order,
+                          const std::vector<int32_t>& order_host,
+                          const std::function<int64_t(int64_t, int64_t)>& items_of) {
+  struct Staged {
+    HostToDevice::Pending input, target;
+  };
+  const auto stage = [&](const optim::MicroBatch& mb) {
+    const std::vector<int32_t> rows(order_host.begin() + mb.start,
+                                    order_host.begin() + mb.start + mb.count);
+    const Batch host = task_.host_batch(Tensor::from_vector<int32_t>({mb.count}, rows));
+    return Staged{stager_->stage(host.input), stager_->stage(host.target)};
+  };
+  std::optional<Staged> next;
+  if (stager_ && !w.micro.empty()) next = stage(w.micro.front());
+  for (size_t m = 0; m < w.micro.size(); ++m) {
+    const optim::MicroBatch& mb = w.micro[m];
+    const Tensor index = order.narrow(mb.start, mb.count);
+    std::vector<Tensor> inputs{index};
+    if (stager_) {
+      Staged current = std::move(*next);
+      if (m + 1 < w.micro.size()) next = stage(w.micro[m + 1]);
+      inputs = {stager_->ready(current.input), stager_->ready(current.target)};
+    }
+    const auto loss = [&](const std::vector<Tensor>& in) {
+      // Dropout's masks are keyed by the samples and the optimizer step, not the split.
+      const nn::SampleKeys keys(c_.seed, acc_->steps(), index);
+      const Batch batch = stager_ ? Batch{in[0], in[1]} : task_.batch(in[0]);
+      return task_.loss(*model_, batch, master_);
+    };
+    const int64_t items = items_of(mb.start, mb.count);
+    if (graphs_) {
+      graphs_->micro_step(*acc_, items, inputs, loss);
+    } else {
+      acc_->micro_step(items, [&] { return loss(inputs); });
+    }
+  }
 }
 
 // This stage's part of a window: its micro-batches through the stage's layers under the
@@ -969,7 +1051,12 @@ void Run::run_epoch(int64_t epoch) {
     const optim::Window& w = plan.windows[wi];
     if (tuner_) set_cpu_threads(tuner_->next());
     const auto window_start = Clock::now();
+    const HostWaits waits_before = host_waits();
     const optim::StepResult r = run_window(w, order, order_host);
+    if (r.step > start_.step + 1) {
+      summary_.window_waits = summary_.window_waits + (host_waits() - waits_before);
+      ++summary_.windows_measured;
+    }
     if (tuner_) tuner_->record(seconds_since(window_start) / static_cast<double>(w.samples));
     samples_seen_ += w.samples;
     const int64_t tokens = tokens_of(w, order_host);
@@ -1052,6 +1139,10 @@ void Run::report_stages() {
 void Run::report_summary() {
   summary_.steps = acc_->steps();
   summary_.skipped_steps = acc_->skipped_steps();
+  summary_.graphs = graphs_ ? graphs_->counts() : graph_counts_;
+  summary_.graphs.boundaries_replayed = acc_->boundaries_replayed();
+  summary_.device_reserved_bytes = allocator_for(c_.device).stats().reserved_bytes;
+  summary_.device_used_bytes = device_memory(c_.device).used;
   summary_.final_loss_scale = optimizer_->scaler_state().first;
   const optim::MemoryStats& mem = acc_->memory();
   summary_.peak_activation_bytes = mem.peak_activation_bytes;
@@ -1096,7 +1187,8 @@ void Run::report_summary() {
        << (world_->world_size() > 1 ? " per rank" : "") << offload_line << " | " << c_.precision
        << (scaling_.on ? str_cat(", loss scale ", optimizer_->scaler_state().first) : "")
        << " | skipped steps " << acc_->skipped_steps() << " | "
-       << (tuner_ ? tuner_->describe() : std::to_string(c_.threads) + " threads (fixed)");
+       << (tuner_ ? tuner_->describe() : std::to_string(c_.threads) + " threads (fixed)")
+       << device_path_line();
   log(line.str());
   nlohmann::json record = {{"event", "summary"},
                            {e.key, e.value},
@@ -1122,11 +1214,40 @@ void Run::report_summary() {
                            {"precision", c_.precision},
                            {"loss_scale", summary_.final_loss_scale},
                            {"threads", cpu_threads()},
-                           {"thread_switches", tuner_ ? tuner_->switches() : 0}};
+                           {"thread_switches", tuner_ ? tuner_->switches() : 0},
+                           {"windows_measured", summary_.windows_measured},
+                           {"window_host_reads", summary_.window_waits.reads},
+                           {"window_device_waits", summary_.window_waits.device_waits()},
+                           {"graphs", summary_.graphs.graphs},
+                           {"graph_replays", summary_.graphs.replayed},
+                           {"graph_captures", summary_.graphs.captured},
+                           {"eager_micro_steps", summary_.graphs.eager},
+                           {"boundary_replays", summary_.graphs.boundaries_replayed},
+                           {"device_reserved_bytes", summary_.device_reserved_bytes},
+                           {"device_used_bytes", summary_.device_used_bytes}};
   for (auto it = task_.reported.begin(); it != task_.reported.end(); ++it) {
     record[it.key()] = *it;
   }
   metrics_->emit(record);
+}
+
+// The summary's words on the device path: how often a window waited for the device, the CUDA
+// graphs, and the device's memory as its driver sees it.
+std::string Run::device_path_line() const {
+  const int64_t n = std::max<int64_t>(summary_.windows_measured, 1);
+  const HostWaits& w = summary_.window_waits;
+  std::ostringstream line;
+  line << std::fixed << std::setprecision(2)
+       << " | a window waits: " << static_cast<double>(w.reads) / static_cast<double>(n)
+       << " reads, " << static_cast<double>(w.device_waits()) / static_cast<double>(n)
+       << " device waits";
+  if (!c_.device.is_cuda()) return line.str();
+  const GraphCounts& g = summary_.graphs;
+  line << " | CUDA graphs: " << g.graphs << " held, " << g.replayed << " micro-steps replayed, "
+       << g.eager << " eager, " << g.boundaries_replayed << " boundaries replayed | device "
+       << mib(summary_.device_reserved_bytes) << " reserved, " << mib(summary_.device_used_bytes)
+       << " in use";
+  return line.str();
 }
 
 // The end of the run: its last checkpoint, the summary, the metrics file, and --save.
@@ -1175,6 +1296,7 @@ Summary Run::train() {
   check_ranks_agree_before_training();
   fit_memory_budget();
   build_optimizer();
+  setup_device_path();
   build_accumulator();
   run_config_ = run_config();
   resume();

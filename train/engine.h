@@ -16,8 +16,10 @@
 #include <string>
 #include <vector>
 
+#include "core/host_waits.h"
 #include "optim/offload.h"
 #include "train/config.h"
+#include "train/step_graphs.h"
 #include "train/task.h"
 
 namespace accrue::train {
@@ -92,6 +94,16 @@ struct Summary {
   // --pipeline: every stage's copy of a parameter tied across stages equaled its owner's, bit
   // for bit, at every evaluation and at the end (true without ties).
   bool tied_copies_identical = true;
+  // What the host waited for (core/host_waits.h) in the training windows after the run's first
+  // (which fills the pools, plans and graphs): summed, and how many windows. Evaluation and
+  // checkpoints are outside the windows. On a GPU a window waits once: the boundary's read.
+  HostWaits window_waits;
+  int64_t windows_measured = 0;
+  GraphCounts graphs;  // --cuda-graphs
+  // The device at the end: bytes its caching allocator holds from the system (the graph pool
+  // included), and what the driver says is in use on it (cudaMemGetInfo; 0 on the CPU).
+  size_t device_reserved_bytes = 0;
+  size_t device_used_bytes = 0;
 };
 
 // Trains and evaluates; prints progress and the summary to out (rank 0 only). Metrics

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <optional>
 #include <ostream>
 #include <sstream>
@@ -111,6 +112,11 @@ Flags::Flags(CLI::App& app, Config& config) : app_(app), c_(config) {
   app_.option_defaults()->always_capture_default();
   device_ = cuda_device_count() > 0 ? "cuda" : "cpu";
   app_.add_option("--device", device_, "cpu or cuda[:N] (default: cuda when present)");
+  app_.add_option("--cuda-graphs", c_.cuda_graphs,
+                  "Capture each micro-step shape and the boundary step as CUDA graphs and replay "
+                  "them: auto (on a GPU), on, off")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, CudaGraphs>{
+          {"auto", CudaGraphs::kAuto}, {"on", CudaGraphs::kOn}, {"off", CudaGraphs::kOff}}));
   app_.add_option("--precision", c_.precision,
                   "fp32; fp64 (everything in float64, for exactness studies); bf16 or fp16 (mixed: "
                   "16-bit activations, float32 master weights, gradients and optimizer state)")
@@ -403,6 +409,12 @@ void Flags::check() {
     throw ValueError(
         "--offload-optimizer keeps the whole optimizer state on the host; it does not combine "
         "with --zero 1 (sharded optimizer state)");
+  }
+  if (c_.cuda_graphs == CudaGraphs::kOn && !c_.device.is_cuda()) {
+    throw ValueError("--cuda-graphs on needs a GPU; this run's device is " + c_.device.str());
+  }
+  if (c_.cuda_graphs == CudaGraphs::kOn && c_.pipeline > 1) {
+    throw ValueError("--cuda-graphs on: pipeline stages (--pipeline) run eagerly");
   }
   check_each_flag_takes_effect();
   if (launch.rank == 0) check_outputs();  // rank 0 alone writes them

@@ -73,6 +73,11 @@ struct Task {
   std::function<int64_t(int64_t sample)> length;
   // The samples of `index` (int32 [b], positions in the training set, on the device).
   std::function<Batch(const Tensor& index)> batch;
+  // For data assembled on the host (sequences padded per micro-batch): the same samples as host
+  // tensors, `index` being on the host too; null: training micro-batches come from `batch`. The
+  // engine writes each one into pinned memory and copies it to the device on a copy stream one
+  // micro-batch ahead (core/staging.h), so neither the host nor the device waits for the other.
+  std::function<Batch(const Tensor& index)> host_batch;
   // The same samples as the largest they could be (sequences padded to the longest of the
   // dataset), for --memory-budget's probes; null: batch.
   std::function<Batch(const Tensor& index)> largest_batch;

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/host_waits.h"
 
 namespace accrue::cuda {
 
@@ -21,6 +22,7 @@ namespace accrue::cuda {
 // not yet (cudaErrorNotReady, which is not a failure: it is cleared from the runtime's last error,
 // so that the next launch check does not report it); any other status throws.
 inline bool query_done(cudaError_t status, const char* call, const char* file, int line) {
+  count_host_wait(HostWait::kPoll);
   if (status == cudaSuccess) return true;
   if (status != cudaErrorNotReady) throw_cuda(status, call, file, line);
   const cudaError_t last = cudaGetLastError();
@@ -38,6 +40,14 @@ inline bool query_done(cudaError_t status, const char* call, const char* file, i
     if (accrue_status_ != cudaSuccess) {                                     \
       ::accrue::cuda::throw_cuda(accrue_status_, #call, __FILE__, __LINE__); \
     }                                                                        \
+  } while (0)
+
+// A call that makes the host wait for the device (cudaStreamSynchronize, cudaEventSynchronize,
+// cudaDeviceSynchronize): checked like any other, and counted (core/host_waits.h).
+#define ACCRUE_CUDA_WAIT(call)                                       \
+  do {                                                               \
+    ::accrue::count_host_wait(::accrue::HostWait::kSynchronization); \
+    ACCRUE_CUDA_CHECK(call);                                         \
   } while (0)
 
 // After a kernel launch: reports launch errors (bad configuration, no device) at once.

@@ -12,6 +12,7 @@
 #include "core/cuda/runtime.h"
 #include "core/cuda_seam.h"
 #include "core/device.h"
+#include "core/host_waits.h"
 
 namespace accrue {
 
@@ -54,6 +55,7 @@ const Discovery& discovery() {
 void* device_allocate(size_t nbytes, int device) {
   ACCRUE_CUDA_CHECK(cudaSetDevice(device));
   void* ptr = nullptr;
+  count_host_wait(HostWait::kSystemMemory);
   const cudaError_t status = cudaMalloc(&ptr, nbytes);
   if (status == cudaErrorMemoryAllocation) {
     cudaGetLastError();  // not sticky: clear it
@@ -97,6 +99,7 @@ void enqueue_fault_readback(cuda::DeviceRuntime& ctx) {
 // (cudaHostAllocPortable); nullptr when the host is out of page-locked memory.
 void* pinned_allocate(size_t nbytes, int) {
   void* ptr = nullptr;
+  count_host_wait(HostWait::kSystemMemory);
   const cudaError_t status = cudaHostAlloc(&ptr, nbytes, cudaHostAllocPortable);
   if (status == cudaErrorMemoryAllocation) {
     cudaGetLastError();
@@ -121,6 +124,7 @@ void pinned_release(void* ptr, int) {
     if ((used >> d & 1u) == 0) continue;
     idle = idle && cudaSetDevice(d) == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess;
   }
+  count_host_wait(HostWait::kSystemMemory);
   if (idle) cudaFreeHost(ptr);
   cudaSetDevice(current);  // the caller's device stays current
   cudaGetLastError();
@@ -132,6 +136,7 @@ std::string pinned_describe(int) {
 // Never throws: it may run while the runtime unloads. A failure here leaks the block. The
 // device is synchronised first: kernels still queued may be using the block.
 void device_release(void* ptr, int device) {
+  count_host_wait(HostWait::kSystemMemory);
   if (cudaSetDevice(device) == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess) {
     cudaFree(ptr);
   }
@@ -160,7 +165,7 @@ void synchronize(Device device) {
   if (!device.is_cuda()) return;
   cuda::DeviceRuntime& ctx = cuda::runtime(device.index);
   enqueue_fault_readback(ctx);
-  ACCRUE_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
+  ACCRUE_CUDA_WAIT(cudaStreamSynchronize(ctx.stream));
   check_faults(ctx);
 }
 
@@ -170,6 +175,14 @@ std::string device_name(Device device) {
   cudaDeviceProp prop{};
   ACCRUE_CUDA_CHECK(cudaGetDeviceProperties(&prop, device.index));
   return prop.name;
+}
+
+DeviceMemory device_memory(Device device) {
+  if (device.is_cpu()) return {};
+  cuda::runtime(device.index);
+  size_t free_bytes = 0, total_bytes = 0;
+  ACCRUE_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return {total_bytes - free_bytes, total_bytes};
 }
 
 void cuda_copy_bytes(void* dst, Device dst_device, const void* src, Device src_device,
@@ -204,6 +217,7 @@ void cuda_copy_bytes(void* dst, Device dst_device, const void* src, Device src_d
   // Host memory on either side may be reused as soon as we return; a host read also reports
   // what the kernels before it found wrong.
   enqueue_fault_readback(ctx);
+  count_host_wait(HostWait::kBlockingCopy);
   ACCRUE_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
   check_faults(ctx);
 }
@@ -219,6 +233,7 @@ namespace cuda {
 void* runtime_malloc(int device, size_t nbytes, const char* what) {
   ACCRUE_CUDA_CHECK(cudaSetDevice(device));
   void* ptr = nullptr;
+  count_host_wait(HostWait::kSystemMemory);
   cudaError_t status = cudaMalloc(&ptr, nbytes);
   if (status == cudaErrorMemoryAllocation) {
     cudaGetLastError();

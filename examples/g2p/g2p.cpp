@@ -294,13 +294,15 @@ nn::GPTConfig model_config(const Config& c, const Data& d) {
   return g;
 }
 
-// The loss in the loss dtype over the target tokens that are not padding, and their count (a
-// small host read of the targets).
+// The loss in the loss dtype over the target tokens that are not padding, and their count,
+// counted on the device (the targets less the padding), so nothing waits for a host read.
 nn::LossSum loss_of_logits(const Tensor& logits, const train::Batch& b, DType loss_dtype) {
-  int64_t targets = 0;
-  for (int32_t t : b.target.to(Device::cpu()).to_vector<int32_t>()) targets += t != kIgnoreLabel;
-  return nn::LossSum{cross_entropy(cast(logits, loss_dtype), b.target),
-                     scalar(static_cast<double>(targets), loss_dtype, b.target.device())};
+  const Device device = b.target.device();
+  const Tensor padding =
+      equal_count(b.target, full(b.target.shape(), kIgnoreLabel, DType::kInt32, device));
+  const Tensor targets = sub(scalar(static_cast<double>(b.target.numel()), loss_dtype, device),
+                             cast(padding, loss_dtype));
+  return nn::LossSum{cross_entropy(cast(logits, loss_dtype), b.target), targets};
 }
 
 }  // namespace
@@ -341,19 +343,27 @@ train::Task make_task(const Config& c) {
   task.length = [state](int64_t i) {  // the input tokens: the sequence less its last token
     return static_cast<int64_t>(state->data.train[static_cast<size_t>(i)].size()) - 1;
   };
-  // The training sequences of `index` (a host copy of it: a few bytes).
+  // The training sequences of `index`, an int32 tensor on the host.
   const auto sequences = [state](const Tensor& index) {
     std::vector<const std::vector<int32_t>*> seqs;
-    for (int32_t r : index.to(Device::cpu()).to_vector<int32_t>()) {
-      seqs.push_back(&state->data.train[static_cast<size_t>(r)]);
+    const int32_t* rows = index.data<int32_t>();
+    for (int64_t i = 0; i < index.numel(); ++i) {
+      seqs.push_back(&state->data.train[static_cast<size_t>(rows[i])]);
     }
     return seqs;
   };
+  // Training micro-batches are padded on the host; the engine stages them to the device.
+  task.host_batch = [sequences](const Tensor& index) {
+    return make_batch(sequences(index), 0, Device::cpu());
+  };
+  // Outside the training loop (pipeline stages, the memory budget's probes) the index is on the
+  // device: a host copy of it, a few bytes.
   task.batch = [state, sequences](const Tensor& index) {
-    return make_batch(sequences(index), 0, state->setup.device);
+    return make_batch(sequences(index.to(Device::cpu())), 0, state->setup.device);
   };
   task.largest_batch = [state, sequences](const Tensor& index) {
-    return make_batch(sequences(index), state->data.context, state->setup.device);
+    return make_batch(sequences(index.to(Device::cpu())), state->data.context,
+                      state->setup.device);
   };
   task.model = [state, c](DType master) -> std::unique_ptr<nn::Module> {
     return std::make_unique<nn::GPT>(model_config(c, state->data), master);

@@ -45,7 +45,8 @@ void* row_scratch(DeviceContext& ctx, size_t nbytes) {
     const size_t grown = std::max(nbytes, 2 * ctx.row_scratch_bytes);
     ACCRUE_CUDA_CHECK(cudaSetDevice(ctx.device));
     if (ctx.row_scratch) {
-      ACCRUE_CUDA_CHECK(cudaStreamSynchronize(ctx.stream));  // its last user may still run
+      ACCRUE_CUDA_WAIT(cudaStreamSynchronize(ctx.stream));  // its last user may still run
+      count_host_wait(HostWait::kSystemMemory);
       ACCRUE_CUDA_CHECK(cudaFree(ctx.row_scratch));
     }
     ctx.row_scratch = nullptr;

@@ -44,7 +44,7 @@ class CudaMarks final : public DeviceMarks {
   }
 
   double seconds_between(Mark start, Mark stop) override {
-    ACCRUE_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(stop)));
+    ACCRUE_CUDA_WAIT(cudaEventSynchronize(static_cast<cudaEvent_t>(stop)));
     float ms = 0;
     ACCRUE_CUDA_CHECK(
         cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(stop)));

@@ -51,9 +51,9 @@ void copy_to_host_async(void* dst, const void* src, Device src_device, size_t nb
 
 void wait_copies_to_host(Device device, bool report_faults) {
   CopyStream& s = copy_stream(device.index);
-  ACCRUE_CUDA_CHECK(cudaStreamSynchronize(s.copy));
+  ACCRUE_CUDA_WAIT(cudaStreamSynchronize(s.copy));
   if (!report_faults) {
-    ACCRUE_CUDA_CHECK(cudaStreamSynchronize(s.compute));
+    ACCRUE_CUDA_WAIT(cudaStreamSynchronize(s.compute));
     return;
   }
   // The host reads the gradient now: the kernels that made it report their faults first.
