@@ -40,6 +40,11 @@ struct OutOfMemoryError : BackendError {
 struct GraphCaptureError : BackendError {
   using BackendError::BackendError;
 };
+// An op that cannot be captured in a CUDA graph (its kernel takes a value the host changes from
+// call to call), refusing during a capture before it has changed anything.
+struct NotCapturable : ValueError {
+  using ValueError::ValueError;
+};
 // A data or checkpoint file that is missing, truncated or corrupt.
 struct FileError : std::runtime_error {
   using std::runtime_error::runtime_error;

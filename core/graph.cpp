@@ -44,6 +44,10 @@ DeviceGraph DeviceGraph::capture(Device device, const std::function<void()>& fn)
   }
   try {
     fn();
+  } catch (const NotCapturable&) {
+    alloc.end_graph_capture();
+    cuda_abort_capture(device);
+    throw;
   } catch (const std::exception& e) {
     alloc.end_graph_capture();
     cuda_abort_capture(device);

@@ -28,7 +28,8 @@ class DeviceGraph {
 
   // Captures what fn queues on the stream of `device` (a GPU): fn runs on the host once, and
   // nothing it queues runs until replay(). If fn throws, or the runtime refuses a call inside
-  // the capture, the capture is discarded and GraphCaptureError is thrown with the reason.
+  // the capture, the capture is discarded and GraphCaptureError is thrown with the reason; an op
+  // that refused to be captured (NotCapturable, core/error.h) is rethrown as it is.
   static DeviceGraph capture(Device device, const std::function<void()>& fn);
   // Queues the captured work on the device's stream.
   void replay() const;

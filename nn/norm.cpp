@@ -1,6 +1,8 @@
 // Normalisation and dropout modules (see norm.h).
 #include "nn/norm.h"
 
+#include "core/graph.h"
+
 #include "kernels/profile.h"
 #include "ops/ops.h"
 
@@ -48,6 +50,12 @@ Tensor BatchNorm2d::forward(const Tensor& x) {
                              shape_str(x.shape())));
   }
   if (is_training()) {
+    if (graph_capturing(x.device())) {
+      // The counter is written from the host's count: a replay would write the captured value.
+      throw NotCapturable(
+          "[BatchNorm2d] cannot be captured in a CUDA graph in training: num_batches_tracked is "
+          "counted on the host (--cuda-graphs off runs it eagerly)");
+    }
     if (num_batches_tracked_.impl()->storage->version() != tracked_version_) {
       tracked_ = num_batches_tracked_.to_vector<int64_t>()[0];  // loaded since: read once
     }

@@ -302,7 +302,7 @@ Tensor dropout(const Tensor& x, const DropoutKey& key, const Tensor& samples) {
   if (key.p == 0) return x;
   if (graph_capturing(x.device())) {
     // The mask's key (the optimizer step) is an argument of the kernel: a replay would repeat it.
-    throw ValueError(
+    throw NotCapturable(
         "[dropout] cannot be captured in a CUDA graph: its mask is keyed by the step, which a "
         "replay would freeze (--cuda-graphs off runs it eagerly)");
   }

@@ -246,6 +246,11 @@ void Accumulator::run_micro_step(int64_t items, const std::function<Tensor()>& f
     } else {
       backward(loss, seed);
     }
+  } catch (const NotCapturable&) {
+    // An op refused a CUDA graph's capture before changing anything: the window stays whole, and
+    // the caller runs this micro-step again eagerly. Only the forward's tape goes.
+    clear_tape();
+    throw;
   } catch (...) {
     abandon_window();
     throw;

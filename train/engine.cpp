@@ -582,7 +582,8 @@ void Run::build_accumulator() {
 void Run::setup_device_path() {
   if (task_.host_batch) stager_ = std::make_unique<HostToDevice>(c_.device);
   if (c_.device.is_cuda() && c_.cuda_graphs != CudaGraphs::kOff && !stage_) {
-    graphs_ = std::make_unique<StepGraphs>(c_.device, kMaxStepGraphs);
+    graphs_ = std::make_unique<StepGraphs>(c_.device, kMaxStepGraphs,
+                                           [this](const std::string& line) { log(line); });
   }
 }
 

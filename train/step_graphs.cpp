@@ -17,7 +17,7 @@ void StepGraphs::micro_step(optim::Accumulator& acc, int64_t items,
     ++counts_.eager;
     acc.micro_step(items, [&] { return loss(inputs); });
   };
-  if (acc.hands_over_in(items)) return eager();
+  if (refused_ || acc.hands_over_in(items)) return eager();
   Entry& e = entries_[key_of(inputs)];
   ++e.seen;
   if (e.graph.defined()) {
@@ -34,6 +34,13 @@ void StepGraphs::micro_step(optim::Accumulator& acc, int64_t items,
   try {
     e.graph = DeviceGraph::capture(device_,
                                    [&] { acc.micro_step(items, [&] { return loss(e.inputs); }); });
+  } catch (const NotCapturable& refusal) {
+    // Nothing ran and the window is whole: this micro-step and the rest run eagerly.
+    refused_ = true;
+    entries_.clear();
+    counts_.graphs = 0;
+    if (log_) log_(str_cat("CUDA graphs: micro-steps run eagerly: ", refusal.what()));
+    return eager();
   } catch (const GraphCaptureError&) {
     // The capture recorded the window's clean-up too, and discarded it: run it for real.
     acc.abandon_window();

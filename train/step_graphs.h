@@ -33,13 +33,17 @@ struct GraphCounts {
 
 class StepGraphs {
  public:
-  StepGraphs(Device device, int64_t max_graphs) : device_(device), max_graphs_(max_graphs) {}
+  StepGraphs(Device device, int64_t max_graphs, std::function<void(const std::string&)> log)
+      : device_(device), max_graphs_(max_graphs), log_(std::move(log)) {}
 
   // The micro-step's loss from its inputs (the tensors given to micro_step, or during capture
   // and replays the graph's own copies of them).
   using Loss = std::function<nn::LossSum(const std::vector<Tensor>& inputs)>;
   // One micro-step of `items` loss items through acc: eager, captured then replayed, or
-  // replayed. Throws GraphCaptureError (the accumulator's window abandoned) when a capture fails.
+  // replayed. When an op of the model refuses to be captured (NotCapturable: a dropout, a
+  // BatchNorm in training) the micro-step runs eagerly and so does every later one, said once
+  // through `log`. Throws GraphCaptureError (the accumulator's window abandoned) when a capture
+  // fails otherwise.
   void micro_step(optim::Accumulator& acc, int64_t items, const std::vector<Tensor>& inputs,
                   const Loss& loss);
   const GraphCounts& counts() const { return counts_; }
@@ -54,6 +58,8 @@ class StepGraphs {
 
   Device device_;
   int64_t max_graphs_;
+  std::function<void(const std::string&)> log_;
+  bool refused_ = false;  // an op of the model cannot be captured
   std::map<std::string, Entry> entries_;
   GraphCounts counts_;
 };

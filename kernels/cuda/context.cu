@@ -33,7 +33,12 @@ DeviceContext& context(int device) {
     ctx->reduce_partials =
         runtime_malloc(device, DeviceContext::kReducePartialBytes, "reduction partials");
     ctx->lt_workspace =
-        runtime_malloc(device, DeviceContext::kLtWorkspaceBytes, "cuBLASLt workspace");
+        runtime_malloc(device, DeviceContext::kLtWorkspaceBytes, "cuBLAS workspace");
+    // cuBLAS too works in it (after cublasSetStream, which would reset it): one stream uses it one
+    // call at a time, and a CUDA graph's capture finds it ready instead of cuBLAS allocating a
+    // workspace of its own per capture.
+    ACCRUE_CUBLAS_CHECK(
+        cublasSetWorkspace(ctx->cublas, ctx->lt_workspace, DeviceContext::kLtWorkspaceBytes));
     slot = std::move(ctx);
   }
   return *slot;

@@ -49,7 +49,7 @@ struct DeviceContext {
   cublasHandle_t cublas = nullptr;
   cublasLtHandle_t cublas_lt = nullptr;
   void* reduce_partials = nullptr;  // kReducePartialBytes
-  void* lt_workspace = nullptr;     // kLtWorkspaceBytes
+  void* lt_workspace = nullptr;     // kLtWorkspaceBytes, cuBLAS's and cuBLASLt's
   DeviceFault* fault = nullptr;     // the runtime's fault record
 
   std::mutex mutex;             // guards the members below

@@ -186,6 +186,9 @@ void linear_bias(CudaBackend& be, const Tensor& x, const Tensor& w, const Tensor
   const uint64_t out = static_cast<uint64_t>(w.size(0));
   if (rows == 0) return;
   if (bias.defined() && is_half(y.dtype())) return gemm_then_bias(be, x, w, bias, y);
+  // cuBLASLt's bias epilogue reads the bias with 16-byte loads: a view of the arena or a narrow()
+  // may start at any element.
+  if (bias.defined() && alignment_of(bias.raw()) < 16) return gemm_then_bias(be, x, w, bias, y);
   // float32 compute and scale for float32 and the 16-bit types, float64 for float64.
   const bool f32 = x.dtype() != DType::kFloat64;
   const cudaDataType_t type = cuda_type(x.dtype());

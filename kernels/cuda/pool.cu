@@ -95,6 +95,7 @@ void avg_pool_backward(const T* dy, int64_t planes, int64_t h, int64_t w, int64_
 template <typename T>
 void max_pool_backward(const T* dy, const int32_t* at, int64_t planes, int64_t area,
                        int64_t outputs, T* dx, cudaStream_t stream) {
+  if (planes * area == 0) return;  // an empty dx has no memory to zero (its pointer is null)
   ACCRUE_CUDA_CHECK(cudaMemsetAsync(dx, 0, size_t(planes * area) * sizeof(T), stream));
   for_each(planes, stream, [=] __device__(int64_t p) {
     T* plane = dx + p * area;
