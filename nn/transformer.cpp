@@ -121,11 +121,19 @@ Tensor GPT::embed(const Tensor& idx) {
     throw ShapeError(str_cat("[GPT] expects int32 token indices [B, T] with 1 <= T <= ",
                              config_.block_size, ", got ", idx.describe()));
   }
-  const int64_t b = idx.size(0), t = idx.size(1);
-  std::vector<int32_t> positions(static_cast<size_t>(b * t));
-  for (size_t i = 0; i < positions.size(); ++i) positions[i] = static_cast<int32_t>(i % t);
-  const Tensor pos = Tensor::from_vector<int32_t>({b, t}, positions, idx.device());
-  return add((*wte_)(idx), (*wpe_)(pos));  // [B, T, C]
+  return add((*wte_)(idx), (*wpe_)(positions(idx.size(0), idx.size(1), idx.device())));
+}
+
+const Tensor& GPT::positions(int64_t b, int64_t t, Device device) {
+  // Copied from the host once per shape and device: a copy per forward would make the host wait
+  // for the device at every micro-step, and could not be captured in a CUDA graph.
+  Tensor& pos = positions_[{b, t, device.is_cpu() ? -1 : device.index}];
+  if (!pos.defined()) {
+    std::vector<int32_t> values(static_cast<size_t>(b * t));
+    for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<int32_t>(i % t);
+    pos = Tensor::from_vector<int32_t>({b, t}, values, device);
+  }
+  return pos;
 }
 
 Tensor GPT::block(size_t i, const Tensor& x) {

@@ -8,7 +8,9 @@
 // examples/g2p/g2p.h.
 #pragma once
 
+#include <map>
 #include <memory>
+#include <tuple>
 #include <vector>
 
 #include "nn/linear.h"
@@ -79,6 +81,9 @@ class GPT : public Module {
  private:
   GPTConfig config_;
   std::shared_ptr<Embedding> wte_, wpe_;
+  // int32 [B, T]: each row 0, 1, ..., T - 1, by (B, T, device: -1 for the CPU).
+  const Tensor& positions(int64_t b, int64_t t, Device device);
+  std::map<std::tuple<int64_t, int64_t, int>, Tensor> positions_;
   std::vector<std::shared_ptr<Block>> blocks_;
   std::shared_ptr<LayerNorm> ln_f_;
 };

@@ -5,6 +5,13 @@
 # It unpacks the bundled packages into a private prefix, finds cuDNN and NCCL (beside the toolkit,
 # else in the image's Python wheels), builds with CUDA for the GPU present, and then, in order of
 # worth, each step only while the deadline (GPU_CHECK_SECONDS, default 540) leaves time for it:
+#   train     trains on the device (data from .gpu-deps/data, packed by gpu-bundle.sh): the MNIST
+#             MLP's default recipe for one epoch eagerly and with CUDA graphs (their weights
+#             compared with cmp), in bf16, at 32 x 1 and 32 x 8 (peak bytes against k); G2P for
+#             300 steps eagerly, with graphs (cmp) and in bf16; the GroupNorm CNN for one epoch
+#             eagerly and with graphs (cmp); then PyTorch eager's MLP and G2P on the same GPU
+#             (bench/peers/torch_cuda.py) when the image has PyTorch with CUDA. Writes train.md
+#             and train.json (scripts/lib/train-report.py) and every log in train-logs.tar.gz
 #   tests     the whole suite through CTest
 #   memcheck  every test binary under compute-sanitizer memcheck, several at once (accesses only,
 #             no --leak-check: the caching allocators, each device's fault record and scratch,
@@ -21,11 +28,11 @@
 # nothing, when any test or sanitizer reports an error, and when a step was left out for time.
 # Logs go to $OUT (or gpu-check/), at most 8 files so the device tool brings them all back; the
 # build stays in build-gpu/ between calls. On an H200 (2026-11-26) the whole run took 491 s: build
-# 159, CTest 156, memcheck 28, the other three tools 48, benchmarks 100.
+# 159, CTest 156, memcheck 28, the other three tools 48, benchmarks 100 (before train existed).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 modes=("$@")
-[ "${#modes[@]}" -eq 0 ] && modes=(tests memcheck sanitize bench)
+[ "${#modes[@]}" -eq 0 ] && modes=(train tests memcheck sanitize bench)
 deadline=${GPU_CHECK_SECONDS:-540}
 end=$(($(date +%s) + deadline))
 out=${OUT:-gpu-check}
@@ -59,8 +66,7 @@ export LD_LIBRARY_PATH="$lib/openblas-openmp:$lib:${LD_LIBRARY_PATH:-}"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 
 # A GPU the CUDA 13 runtime can use, or stop here.
-if ! nvidia-smi > "$out/nvidia-smi.txt" 2>&1; then
-  cat "$out/nvidia-smi.txt"
+if ! nvidia-smi >> "$summary" 2>&1; then
   fail "nvidia-smi failed: no usable GPU"
   exit 1
 fi
@@ -151,6 +157,83 @@ sanitize() {  # tool seconds-per-binary log gtest-filter binaries...
   rm -rf "$logs"
 }
 
+# One training run: NAME SECONDS PROGRAM ARGS...; its log, metrics and wall time go to $work.
+train_run() {
+  local name=$1 seconds=$2 start rc
+  shift 2
+  [ "$(left "$seconds")" -ge 10 ] || { fail "train $name left out: no time"; return 1; }
+  start=$(date +%s.%N)
+  timeout "$(left "$seconds")" "$@" --metrics "$work/$name.jsonl" > "$work/$name.log" 2>&1
+  rc=$?
+  awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f\n", b - a }' > "$work/$name.seconds"
+  if [ "$rc" -ne 0 ]; then
+    tail -5 "$work/$name.log" | tee -a "$summary"
+    fail "train $name: exit $rc (124: out of time)"
+    return 1
+  fi
+  note "train $name: $(grep '^done:' "$work/$name.log" | cut -c1-160)"
+}
+
+# Two runs' saved weights, byte for byte: a line of checks.txt either way.
+same_weights() {  # what a.safetensors b.safetensors
+  if cmp -s "$2" "$3"; then
+    echo "$1: the weights are identical (cmp)" >> "$work/checks.txt"
+  else
+    echo "$1: the weights DIFFER (cmp $(basename "$2") $(basename "$3"))" >> "$work/checks.txt"
+    fail "$1: the weights differ"
+  fi
+}
+
+train_on_device() {
+  work=$(mktemp -d)
+  : > "$work/checks.txt"
+  mkdir -p data
+  [ -f data/mnist/train-images-idx3-ubyte ] && [ -f data/cmudict/dict.txt ] ||
+    tar -xzf .gpu-deps/data/datasets.tar.gz -C data ||
+    { fail "no datasets: run scripts/gpu-bundle.sh here first"; return; }
+  scripts/fetch-mnist.sh data/mnist >> "$summary" 2>&1 && scripts/fetch-cmudict.sh data/cmudict \
+    >> "$summary" 2>&1 || { fail "the datasets do not verify"; return; }
+  local mnist=(build-gpu/examples/accrue-mnist --data data/mnist --device cuda)
+  local g2p=(build-gpu/examples/accrue-g2p --data data/cmudict/dict.txt --device cuda
+    --max-steps 300 --eval-limit 1000)
+  train_run mlp-eager 60 "${mnist[@]}" --epochs 1 --cuda-graphs off --save "$work/mlp-eager.st"
+  train_run mlp-graphs 60 "${mnist[@]}" --epochs 1 --cuda-graphs on --save "$work/mlp-graphs.st" &&
+    same_weights "MNIST MLP, one epoch, --cuda-graphs on against off" "$work/mlp-eager.st" \
+      "$work/mlp-graphs.st"
+  train_run mlp-bf16 60 "${mnist[@]}" --epochs 1 --precision bf16
+  train_run mlp-32x1 40 "${mnist[@]}" --micro-batch 32 --accum-steps 1 --max-steps 200
+  train_run mlp-32x8 40 "${mnist[@]}" --micro-batch 32 --accum-steps 8 --max-steps 200
+  train_run g2p-eager 90 "${g2p[@]}" --cuda-graphs off --save "$work/g2p-eager.st"
+  train_run g2p-graphs 90 "${g2p[@]}" --cuda-graphs on --save "$work/g2p-graphs.st" &&
+    same_weights "G2P, 300 steps, --cuda-graphs on against off" "$work/g2p-eager.st" \
+      "$work/g2p-graphs.st"
+  train_run g2p-bf16 90 "${g2p[@]}" --precision bf16
+  train_run cnn-eager 90 "${mnist[@]}" --model cnn --norm group --epochs 1 --cuda-graphs off \
+    --save "$work/cnn-eager.st"
+  train_run cnn-graphs 90 "${mnist[@]}" --model cnn --norm group --epochs 1 --cuda-graphs on \
+    --save "$work/cnn-graphs.st" &&
+    same_weights "GroupNorm CNN, one epoch, --cuda-graphs on against off" "$work/cnn-eager.st" \
+      "$work/cnn-graphs.st"
+  if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' \
+    > /dev/null 2>&1; then
+    for peer in mnist g2p; do
+      [ "$(left 60)" -ge 20 ] || { fail "PyTorch $peer left out: no time"; continue; }
+      timeout "$(left 60)" python3 bench/peers/torch_cuda.py "$peer" > "$work/torch-$peer.txt" \
+        2>&1 || { tail -5 "$work/torch-$peer.txt" >> "$summary"; fail "PyTorch $peer failed"; }
+      note "PyTorch $peer: $(grep train_seconds "$work/torch-$peer.txt")"
+    done
+  else
+    echo "PyTorch with CUDA: not in this image (python3 -c 'import torch' failed or no GPU)" \
+      >> "$work/checks.txt"
+  fi
+  python3 scripts/lib/train-report.py "$work" "$(nvidia-smi --query-gpu=name --format=csv,noheader \
+    | head -1)" "${GPU_CHECK_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" ||
+    fail "train-report.py failed"
+  cp "$work/train.md" "$work/train.json" "$out/" 2>/dev/null
+  tar -czf "$out/train-logs.tar.gz" -C "$work" --exclude='*.st' .
+  cat "$work/checks.txt" >> "$summary"
+}
+
 build
 require_device
 # The MPI tests need mpirun and run through CTest alone.
@@ -187,8 +270,12 @@ for mode in "${modes[@]}"; do
         note "$tool done"
       done
       ;;
+    train)
+      fits 120 "training on the device" || continue
+      train_on_device
+      ;;
     bench)
-      fits 60 "the CUDA benchmarks" || continue
+      fits 110 "the CUDA benchmarks" || continue
       timeout "$(left 150)" build-gpu/bench/accrue-bench --benchmark_filter=/cuda \
         --benchmark_min_time=0.1 --benchmark_out="$out/bench-cuda.json" \
         --benchmark_out_format=json > /tmp/bench-cuda.txt 2>&1 ||
@@ -198,7 +285,7 @@ for mode in "${modes[@]}"; do
       note "bench done"
       ;;
     *)
-      echo "gpu-check: unknown mode '$mode' (tests, memcheck, sanitize, bench)"
+      echo "gpu-check: unknown mode '$mode' (train, tests, memcheck, sanitize, bench)"
       exit 2
       ;;
   esac
