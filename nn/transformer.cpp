@@ -125,13 +125,23 @@ Tensor GPT::embed(const Tensor& idx) {
 }
 
 const Tensor& GPT::positions(int64_t b, int64_t t, Device device) {
-  // Copied from the host once per shape and device: a copy per forward would make the host wait
-  // for the device at every micro-step, and could not be captured in a CUDA graph.
+  // Made once per shape and device, and staged to a GPU through pinned memory: a copy per
+  // forward would make the host wait for the device at every micro-step, and could not be
+  // captured in a CUDA graph. The stager keeps the pinned sources as long as the model lives.
   Tensor& pos = positions_[{b, t, device.is_cpu() ? -1 : device.index}];
   if (!pos.defined()) {
     std::vector<int32_t> values(static_cast<size_t>(b * t));
     for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<int32_t>(i % t);
-    pos = Tensor::from_vector<int32_t>({b, t}, values, device);
+    const Tensor host = Tensor::from_vector<int32_t>({b, t}, values);
+    if (device.is_cpu()) {
+      pos = host;
+    } else {
+      if (!position_stager_ || position_stager_->device() != device) {
+        position_stager_ = std::make_shared<HostToDevice>(device);
+      }
+      HostToDevice::Pending staged = position_stager_->stage(host);
+      pos = position_stager_->ready(staged);
+    }
   }
   return pos;
 }

@@ -13,6 +13,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/staging.h"
 #include "nn/linear.h"
 #include "nn/norm.h"
 
@@ -84,6 +85,7 @@ class GPT : public Module {
   // int32 [B, T]: each row 0, 1, ..., T - 1, by (B, T, device: -1 for the CPU).
   const Tensor& positions(int64_t b, int64_t t, Device device);
   std::map<std::tuple<int64_t, int64_t, int>, Tensor> positions_;
+  std::shared_ptr<HostToDevice> position_stager_;
   std::vector<std::shared_ptr<Block>> blocks_;
   std::shared_ptr<LayerNorm> ln_f_;
 };

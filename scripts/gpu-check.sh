@@ -201,6 +201,10 @@ train_on_device() {
     same_weights "MNIST MLP, one epoch, --cuda-graphs on against off" "$work/mlp-eager.st" \
       "$work/mlp-graphs.st"
   train_run mlp-bf16 60 "${mnist[@]}" --epochs 1 --precision bf16
+  # The profiler times each replay as one call; its table lands in the log.
+  train_run mlp-profile 40 "${mnist[@]}" --max-steps 200 --profile &&
+    grep -E "^(graph: |boundary |adam_step|linear_forward)" "$work/mlp-profile.log" | head -8 |
+    sed 's/^/profile, MNIST MLP with graphs, 200 steps: /' >> "$work/checks.txt"
   train_run mlp-32x1 40 "${mnist[@]}" --micro-batch 32 --accum-steps 1 --max-steps 200
   train_run mlp-32x8 40 "${mnist[@]}" --micro-batch 32 --accum-steps 8 --max-steps 200
   train_run g2p-eager 90 "${g2p[@]}" --cuda-graphs off --save "$work/g2p-eager.st"
