@@ -44,7 +44,8 @@ void* CachingAllocator::allocate(size_t nbytes) {
   } else {
     block = size;
     ptr = system_.allocate(size, device_.index);
-    if (ptr == nullptr && !pool_.empty()) {
+    // Giving the pool back waits for the device, which a capture under way forbids.
+    if (ptr == nullptr && !pool_.empty() && !capturing_) {
       // Out of memory with blocks cached: give them back and try once more.
       release_pool_locked();
       ptr = system_.allocate(size, device_.index);
@@ -58,7 +59,10 @@ void* CachingAllocator::allocate(size_t nbytes) {
     ++stats_.system_allocs;
     stats_.reserved_bytes += size;
   }
-  if (capturing_ && graph_blocks_.emplace(ptr, block).second) stats_.graph_bytes += block;
+  if (capturing_) {
+    if (graph_blocks_.emplace(ptr, block).second) stats_.graph_bytes += block;
+    captured_[ptr] = true;
+  }
   live_.emplace(ptr, LiveBlock{block, size});
   ++stats_.allocs;
   stats_.live_bytes += size;
@@ -77,6 +81,7 @@ void CachingAllocator::deallocate(void* ptr) {
   const size_t block = it->second.block;
   stats_.live_bytes -= it->second.size;
   live_.erase(it);
+  captured_.erase(ptr);
   // A block freed during a capture may be read by every replay of the graph: it joins the pool.
   if (capturing_ && graph_blocks_.emplace(ptr, block).second) stats_.graph_bytes += block;
   if (graph_blocks_.count(ptr)) {
@@ -93,9 +98,12 @@ void CachingAllocator::begin_graph_capture() {
   capturing_ = true;
 }
 
-void CachingAllocator::end_graph_capture() {
+size_t CachingAllocator::end_graph_capture() {
   std::lock_guard<std::mutex> lock(mutex_);
   capturing_ = false;
+  const size_t survivors = captured_.size();
+  captured_.clear();
+  return survivors;
 }
 
 void CachingAllocator::empty_cache() {

@@ -70,8 +70,10 @@ class CachingAllocator {
   // then the system). Every graph of a device shares the pool: their replays run one after
   // another on the device's stream and none keeps a tensor from one replay to the next, so the
   // pool holds what the largest graph needs, not the sum.
+  // end_graph_capture() returns how many blocks the capture was given that are still live: a
+  // tensor made during a capture must not outlive it (other graphs' replays would write it).
   void begin_graph_capture();
-  void end_graph_capture();
+  size_t end_graph_capture();
   Device device() const { return device_; }
 
   static size_t round_size(size_t nbytes) { return (nbytes + kGranule - 1) / kGranule * kGranule; }
@@ -95,6 +97,7 @@ class CachingAllocator {
   bool capturing_ = false;
   std::unordered_map<void*, size_t> graph_blocks_;  // the graph pool's blocks and their sizes
   std::multimap<size_t, void*> graph_free_;         // of which free
+  std::unordered_map<void*, bool> captured_;        // given during the capture under way
 };
 
 // The allocator of a device, created on first use and alive until exit.

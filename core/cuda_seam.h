@@ -34,6 +34,8 @@ void* cuda_copy_to_device_async(void* dst, Device device, const void* pinned_src
 void cuda_wait_copy(void* copied, Device device);
 // Releases a completion nobody will wait for.
 void cuda_release_copy(void* copied);
+// Waits for every copy queued on the device's copy stream (a host wait).
+void cuda_wait_copies(Device device);
 
 // Stream capture for CUDA graphs (core/graph.h), on the device's stream, in relaxed mode: the
 // caching allocator may still call cudaMalloc for a block the capture needs.

@@ -52,9 +52,18 @@ DeviceGraph DeviceGraph::capture(Device device, const std::function<void()>& fn)
     alloc.end_graph_capture();
     cuda_abort_capture(device);
     throw GraphCaptureError(str_cat("[graph] capture on ", device.str(), " failed: ", e.what()));
+  } catch (...) {
+    alloc.end_graph_capture();
+    cuda_abort_capture(device);
+    throw;
   }
-  alloc.end_graph_capture();
+  const size_t survivors = alloc.end_graph_capture();
   g.exec_ = cuda_end_capture(device, g.nodes_);
+  if (survivors > 0) {
+    // Every other graph's replays would write them: the graph is not kept.
+    throw GraphCaptureError(str_cat("[graph] ", survivors, " tensor(s) made during the capture on ",
+                                    device.str(), " outlive it"));
+  }
   return g;
 }
 

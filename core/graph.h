@@ -7,7 +7,9 @@
 //   - values that change between replays must live on the device (the backward seed, the
 //     window's planned items: optim/accumulator.h), never in a kernel's arguments,
 //   - the memory the capture allocates comes from the allocator's graph pool (allocator.h).
-// Nothing inside a capture may wait for the device or read it back. Read next: staging.h.
+// Nothing inside a capture may wait for the device or read it back, no tensor made during a
+// capture may outlive it (a failed capture otherwise), and a tensor made before the capture that
+// the graph reads must outlive the graph. Read next: staging.h.
 #pragma once
 
 #include <cstddef>

@@ -49,6 +49,7 @@ void cuda_wait_copy(void*, Device) {
   throw DeviceError("[stage] " + cuda_unavailable_reason());
 }
 void cuda_release_copy(void*) {}
+void cuda_wait_copies(Device) {}
 void cuda_begin_capture(Device) {
   throw DeviceError("[graph] " + cuda_unavailable_reason());
 }

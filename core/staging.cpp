@@ -11,9 +11,19 @@
 namespace accrue {
 
 HostToDevice::~HostToDevice() {
-  // Copies staged and never waited for: their events go back, and their pinned sources are held
-  // until the device has passed them (the pinned allocator's release waits for the devices).
-  for (void* e : pending_events_) cuda_release_copy(e);
+  try {
+    discard_pending();
+    // The pinned pool hands a block to the next writer at once: the copies reading them finish
+    // first.
+    if (!staged_.empty()) cuda_wait_copies(device_);
+  } catch (...) {
+    // A failed device: the pinned blocks are still freed below; nothing else can be done here.
+  }
+}
+
+void HostToDevice::discard_pending() {
+  for (void* e : pending_events_) cuda_wait_copy(e, device_);
+  pending_events_.clear();
 }
 
 HostToDevice::Pending HostToDevice::stage(const Tensor& host) {
@@ -33,9 +43,11 @@ HostToDevice::Pending HostToDevice::stage(const Tensor& host) {
 
 Tensor HostToDevice::ready(Pending& pending) {
   if (pending.copied != nullptr) {
-    cuda_wait_copy(pending.copied, device_);
-    pending_events_.erase(
-        std::find(pending_events_.begin(), pending_events_.end(), pending.copied));
+    const auto it = std::find(pending_events_.begin(), pending_events_.end(), pending.copied);
+    if (it != pending_events_.end()) {  // else discard_pending() made the stream wait already
+      cuda_wait_copy(pending.copied, device_);
+      pending_events_.erase(it);
+    }
     pending.copied = nullptr;
     // Every copy staged before this one was queued earlier on the same copy stream.
     waited_ = std::max(waited_, pending.order);

@@ -18,7 +18,7 @@ namespace accrue {
 class HostToDevice {
  public:
   explicit HostToDevice(Device device) : device_(device) {}
-  ~HostToDevice();
+  ~HostToDevice();  // waits for the copies in flight: their pinned sources go back to the pool
   HostToDevice(const HostToDevice&) = delete;
   HostToDevice& operator=(const HostToDevice&) = delete;
 
@@ -35,6 +35,10 @@ class HostToDevice {
   // Gives back the pinned memory of the copies ready() waited for; call after the host has read
   // something the compute stream wrote after them.
   void release_waited();
+  // Copies staged and never made ready (an exception unwound past them): the compute stream
+  // waits for them, so their device tensors, back in the caching allocator, are not handed to
+  // work that would run alongside the copy.
+  void discard_pending();
   Device device() const { return device_; }
 
  private:

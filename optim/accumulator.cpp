@@ -17,13 +17,13 @@ namespace accrue::optim {
 struct Accumulator::BoundaryGraph {
   struct Key {
     double lr, max_norm;
-    bool counted;
+    bool counted, scaled;
     bool operator==(const Key& o) const {
-      return lr == o.lr && max_norm == o.max_norm && counted == o.counted;
+      return lr == o.lr && max_norm == o.max_norm && counted == o.counted && scaled == o.scaled;
     }
   };
   DeviceGraph graph;
-  Key key{}, last{-1, 0, false};
+  Key key{}, last{-1, 0, false, false};
 };
 
 Accumulator::Accumulator(Optimizer& optimizer, AccumulatorOptions options)
@@ -359,7 +359,8 @@ void Accumulator::run_boundary() {
   } else {
     if (!boundary_graph_) boundary_graph_ = std::make_unique<BoundaryGraph>();
     BoundaryGraph& g = *boundary_graph_;
-    const BoundaryGraph::Key key{optimizer_.lr(), options_.max_norm, counted_};
+    const BoundaryGraph::Key key{optimizer_.lr(), options_.max_norm, counted_,
+                                 optimizer_.loss_scaled()};
     const auto replay = [&] {
       profile_device_work(readback_.device(), "graph: boundary", [&] { g.graph.replay(); });
     };

@@ -247,7 +247,7 @@ TEST(GraphPool, BlocksOfACaptureStayWithTheGraphs) {
   alloc.deallocate(inside);
   alloc.deallocate(before);
   EXPECT_EQ(alloc.stats().graph_bytes, 2 * 4096u);
-  alloc.end_graph_capture();
+  EXPECT_EQ(alloc.end_graph_capture(), 0u);
   // Outside a capture neither block comes back.
   void* outside = alloc.allocate(4096);
   EXPECT_NE(outside, inside);
@@ -261,8 +261,13 @@ TEST(GraphPool, BlocksOfACaptureStayWithTheGraphs) {
   void* again = alloc.allocate(4000);
   EXPECT_TRUE(again == inside || again == before);
   alloc.deallocate(again);
-  alloc.end_graph_capture();
+  EXPECT_EQ(alloc.end_graph_capture(), 0u);
   EXPECT_EQ(alloc.stats().graph_bytes, 2 * 4096u);
+  // A block given during a capture and still live at its end is counted: the capture fails.
+  alloc.begin_graph_capture();
+  void* kept = alloc.allocate(1024);
+  EXPECT_EQ(alloc.end_graph_capture(), 1u);
+  alloc.deallocate(kept);
   expect_error<std::logic_error>(
       [&] {
         alloc.begin_graph_capture();

@@ -4,6 +4,7 @@
 //   and its pieces -> accumulator -> resume -> epochs (windows, evaluation) -> summary and save.
 #include "train/engine.h"
 
+#include <exception>
 #include <filesystem>
 #include <iomanip>
 #include <map>
@@ -855,6 +856,18 @@ void Run::run_micro_steps(const optim::Window& w, const Tensor& order,
     const Batch host = task_.host_batch(Tensor::from_vector<int32_t>({mb.count}, rows));
     return Staged{stager_->stage(host.input), stager_->stage(host.target)};
   };
+  // An exception leaves copies staged and never waited for: the stream waits for them before
+  // their blocks go to other work (a window run again after a failed graph capture).
+  struct DiscardOnUnwind {
+    HostToDevice* stager;
+    ~DiscardOnUnwind() {
+      if (stager == nullptr || std::uncaught_exceptions() == 0) return;
+      try {
+        stager->discard_pending();
+      } catch (...) {  // the exception in flight says what went wrong
+      }
+    }
+  } discard{stager_.get()};
   std::optional<Staged> next;
   if (stager_ && !w.micro.empty()) next = stage(w.micro.front());
   for (size_t m = 0; m < w.micro.size(); ++m) {

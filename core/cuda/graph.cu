@@ -30,9 +30,14 @@ void* cuda_end_capture(Device device, size_t& nodes) {
   cudaError_t status = cudaGraphGetNodes(graph, nullptr, &nodes);
   if (status == cudaSuccess) status = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);  // the executable graph keeps what it needs
-  ACCRUE_CUDA_CHECK(status);
   // Uploading now keeps the first replay from paying for it inside a window.
-  ACCRUE_CUDA_CHECK(cudaGraphUpload(exec, s));
+  if (status == cudaSuccess) status = cudaGraphUpload(exec, s);
+  if (status != cudaSuccess) {
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
+    cudaGetLastError();
+    throw GraphCaptureError(str_cat("[graph] the graph captured on cuda:", device.index,
+                                    " could not be instantiated: ", cudaGetErrorString(status)));
+  }
   return exec;
 }
 

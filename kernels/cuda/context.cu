@@ -49,11 +49,9 @@ void* row_scratch(DeviceContext& ctx, size_t nbytes) {
   if (nbytes > ctx.row_scratch_bytes) {
     const size_t grown = std::max(nbytes, 2 * ctx.row_scratch_bytes);
     ACCRUE_CUDA_CHECK(cudaSetDevice(ctx.device));
-    if (ctx.row_scratch) {
-      ACCRUE_CUDA_WAIT(cudaStreamSynchronize(ctx.stream));  // its last user may still run
-      count_host_wait(HostWait::kSystemMemory);
-      ACCRUE_CUDA_CHECK(cudaFree(ctx.row_scratch));
-    }
+    // The old buffer is kept, not freed: a CUDA graph captured with it writes it at every replay
+    // (core/graph.h), and freeing it would wait for the device. Doubling bounds what is kept.
+    if (ctx.row_scratch) ctx.retired_scratch.push_back(ctx.row_scratch);
     ctx.row_scratch = nullptr;
     ctx.row_scratch_bytes = 0;
     ctx.row_scratch = runtime_malloc(ctx.device, grown, "row scratch");

@@ -20,6 +20,7 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <vector>
 
 #include "core/cuda/runtime.h"
 
@@ -55,6 +56,7 @@ struct DeviceContext {
   std::mutex mutex;             // guards the members below
   void* row_scratch = nullptr;  // row_scratch_bytes, grown on demand
   size_t row_scratch_bytes = 0;
+  std::vector<void*> retired_scratch;  // outgrown row scratch, which captured graphs may hold
   std::map<LtKey, LtPlan> lt_plans;
 };
 
@@ -62,8 +64,8 @@ struct DeviceContext {
 DeviceContext& context(int device);
 
 // Device memory of at least nbytes for one kernel's per-row results, valid until the next call
-// on the same device (stream order keeps consecutive users apart). Growing it frees the old
-// block, which waits for the device.
+// on the same device (stream order keeps consecutive users apart). Growing it keeps the old block
+// for the process's life (a captured graph may write it).
 void* row_scratch(DeviceContext& ctx, size_t nbytes);
 
 }  // namespace accrue::cuda
