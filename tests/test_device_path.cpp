@@ -121,8 +121,11 @@ TEST_P(DevicePath, AWindowWaitsForTheDeviceOnceMlpCnnAndG2P) {
     expect_one_wait_per_window(w, device, 2, model);
   }
   const fs::path dir = g2p_scratch("device-path");
-  // Sequences of one length: after two windows every shape has been run and captured.
-  const g2p::Config fixed = g2p_config(write_g2p_fixture(dir, 300, 1, true), device);
+  // Sequences of one length, 256 of them: every micro-batch is [32, T], so after two windows
+  // every shape has been run and captured.
+  g2p::Config fixed = g2p_config(write_g2p_fixture(dir, 300, 1, true), device);
+  fixed.train_limit = 256;
+  fixed.epochs = 3;
   std::ostringstream out;
   const WindowWaits w = count_waits(
       [&](const train::Callbacks& callbacks) { return g2p::train(fixed, out, callbacks); });
