@@ -68,22 +68,23 @@ def main():
            "driver's cudaMemGetInfo at the end (every context and library workspace)." % commit,
            "",
            "| run | train s | wall s | samples/s | tokens/s | metric | peak MiB | activations MiB "
-           "| reserved MiB | in use MiB | reads / window | device waits / window | graphs | "
-           "replayed | eager | boundary replays |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| reserved MiB | in use MiB | reads / window | device waits / window | of which "
+           "cudaMalloc etc. | graphs | replayed | eager | boundary replays |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in runs:
         n = max(s.get("windows_measured", 0), 1)
         metric = s.get("test_accuracy", s.get("test_per"))
         metric_text = "" if metric is None else (
             "acc %.2f%%" % (100 * metric) if "test_accuracy" in s else "PER %.2f%%" % (100 * metric))
-        out.append("| %s | %.3f | %s | %.0f | %s | %s | %s | %s | %s | %s | %.2f | %.2f | %d | %d | %d | %d |" % (
+        memory = s.get("window_system_memory")
+        out.append("| %s | %.3f | %s | %.0f | %s | %s | %s | %s | %s | %s | %.2f | %.2f | %s | %d | %d | %d | %d |" % (
             s["run"], s["train_seconds"], "%.1f" % s["wall_seconds"] if "wall_seconds" in s else "",
             s["samples_per_second"],
             "%.0f" % s["tokens_per_second"] if s.get("tokens_per_second") else "",
             metric_text, mib(s["peak_bytes"]), mib(s["peak_activation_bytes"]),
             mib(s.get("device_reserved_bytes", 0)), mib(s.get("device_used_bytes", 0)),
             s.get("window_host_reads", 0) / n, s.get("window_device_waits", 0) / n,
-            s.get("graphs", 0), s.get("graph_replays", 0), s.get("eager_micro_steps", 0),
+            "" if memory is None else "%.2f" % (memory / n), s.get("graphs", 0), s.get("graph_replays", 0), s.get("eager_micro_steps", 0),
             s.get("boundary_replays", 0)))
     if peers:
         out += ["", "PyTorch eager on the same GPU (bench/peers/torch_cuda.py):", "",
