@@ -62,6 +62,10 @@ class Communicator {
   // untouched until wait_all() returns. (The overlap of the boundary all-reduce with backward.)
   virtual void start_all_reduce_sum(Tensor& t) { all_reduce_sum(t); }
   virtual void wait_all() {}
+  // Returns once the collectives queued so far have completed, under the watchdog: before the
+  // host reads what they produced (the boundary's sums), a plain read would wait forever for a
+  // stopped peer. A no-op where collectives complete before they return (MPI, one process).
+  virtual void settle() {}
   // Point-to-point without waiting (pipeline stages): starts sending t to rank `peer`, or
   // receiving into t (its shape and dtype agreed beforehand) from `peer`. The messages from one
   // rank to another with one tag arrive in the order they were sent; every rank posts its

@@ -26,6 +26,7 @@ class GradientAllReduce : public optim::GradientConsumer, public optim::PartialS
   void finish() override;
   bool abandon() override;
   void sum(Tensor& partials) override { comm_.all_reduce_sum(partials); }
+  void settle() override { comm_.settle(); }
 
  private:
   optim::ParameterArena& arena_;
@@ -39,6 +40,7 @@ class GroupSum : public optim::PartialSumReducer {
  public:
   explicit GroupSum(Communicator& comm) : comm_(comm) {}
   void sum(Tensor& partials) override { comm_.all_reduce_sum(partials); }
+  void settle() override { comm_.settle(); }
 
  private:
   Communicator& comm_;

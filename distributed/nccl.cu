@@ -7,6 +7,13 @@
 // faster path still to write); CPU tensors handed to it (small host-side sums and statistics)
 // go through its MPI twin, and a group made by split() is bootstrapped over its own MPI twin as
 // the world's is. Errors throw with ncclGetErrorString and file:line; abort() is MPI_Abort.
+//
+// No NCCL wait is without a limit (the watchdog, --comm-timeout). The communicator is made
+// nonblocking (NCCL 2.14+: ncclCommInitRankConfig with blocking = 0), so its setup, and any call
+// that answers ncclInProgress, is polled through ncclCommGetAsyncError; past the limit the
+// communicator is aborted locally (ncclCommAbort) and the call throws. Waits for the device after
+// collectives (barrier(), settle(): the boundary's read) poll both streams and NCCL's
+// asynchronous error, sleeping between polls.
 // A communicator is never destroyed: ncclCommDestroy is collective (a rank leaving alone would
 // hang in it) and at exit the CUDA runtime may already be gone; the process's end frees it.
 #include <nccl.h>
@@ -15,6 +22,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "core/cuda/check.h"
 #include "core/error.h"
@@ -34,6 +42,11 @@
 
 namespace accrue::distributed {
 namespace {
+
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 14, 0)
+// Older headers lack it; their blocking communicators never return it.
+constexpr ncclResult_t ncclInProgress = static_cast<ncclResult_t>(7);
+#endif
 
 ncclDataType_t nccl_type(const Tensor& t, const char* op) {
   if (!t.device().is_cuda()) {
@@ -95,6 +108,22 @@ void require_one_gpu_per_rank(Communicator& bootstrap, int device) {
   }
 }
 
+// Polls `done` until it returns true, sleeping between polls (20 us doubling up to 1 ms, so a
+// short wait is short and a long one does not spin a core); calls `limit_error` (which throws)
+// once `seconds` (> 0) have passed.
+template <typename Done, typename LimitError>
+void poll_until(Done done, double seconds, LimitError limit_error) {
+  const auto start = std::chrono::steady_clock::now();
+  auto pause = std::chrono::microseconds(20);
+  while (!done()) {
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (seconds > 0 && waited > seconds) limit_error();
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(1000));
+  }
+}
+
 class Nccl final : public Communicator {
  public:
   Nccl(Communicator& bootstrap, int device) : mpi_(&bootstrap), device_(device) {
@@ -106,22 +135,39 @@ class Nccl final : public Communicator {
     std::memcpy(bytes.raw(), &id, sizeof(id));
     mpi_->broadcast(bytes, 0);
     std::memcpy(&id, bytes.raw(), sizeof(id));
-    cuda::context(device_);  // makes the device current
+    cuda::context(device_);      // makes the device current
+    timeout_ = mpi_->timeout();  // the bootstrap's limit, until the caller sets one
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0)
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    complete(ncclCommInitRankConfig(&comm_, mpi_->world_size(), id, mpi_->rank(), &config),
+             "ncclCommInitRankConfig (setting up the communicator)");
+#else
     ACCRUE_NCCL_CHECK(ncclCommInitRank(&comm_, mpi_->world_size(), id, mpi_->rank()));
+#endif
     ACCRUE_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
     ACCRUE_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     ACCRUE_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
   }
-  int rank() const override { return mpi_->rank(); }
-  int world_size() const override { return mpi_->world_size(); }
-  int local_rank() const override { return mpi_->local_rank(); }
-  const char* backend() const override { return "nccl"; }
+  int rank() const override {
+    return mpi_->rank();
+  }
+  int world_size() const override {
+    return mpi_->world_size();
+  }
+  int local_rank() const override {
+    return mpi_->local_rank();
+  }
+  const char* backend() const override {
+    return "nccl";
+  }
 
   // CPU tensors (a run's small host-side sums, hashes and statistics) go through the MPI twin.
   void all_reduce_sum(Tensor& t) override {
     if (t.device().is_cpu()) return mpi_->all_reduce_sum(t);
-    ACCRUE_NCCL_CHECK(ncclAllReduce(t.raw(), t.raw(), size_t(t.numel()),
-                                    nccl_type(t, "all_reduce_sum"), ncclSum, comm_, stream(t)));
+    complete(ncclAllReduce(t.raw(), t.raw(), size_t(t.numel()), nccl_type(t, "all_reduce_sum"),
+                           ncclSum, comm_, stream(t)),
+             "ncclAllReduce");
   }
   void broadcast(Tensor& t, int root) override {
     if (t.device().is_cpu()) return mpi_->broadcast(t, root);
@@ -129,22 +175,24 @@ class Nccl final : public Communicator {
       throw ValueError(
           str_cat("[broadcast] root ", root, " in a world of ", world_size(), " ranks"));
     }
-    ACCRUE_NCCL_CHECK(ncclBroadcast(t.raw(), t.raw(), size_t(t.numel()), nccl_type(t, "broadcast"),
-                                    root, comm_, stream(t)));
+    complete(ncclBroadcast(t.raw(), t.raw(), size_t(t.numel()), nccl_type(t, "broadcast"), root,
+                           comm_, stream(t)),
+             "ncclBroadcast");
   }
   void all_gather(const Tensor& in, Tensor& out) override {
     if (in.device().is_cpu() && out.device().is_cpu()) return mpi_->all_gather(in, out);
     // In place when in is this rank's slice of out: NCCL's own in-place layout.
     check_gather("all_gather", in, out, world_size(), rank());
-    ACCRUE_NCCL_CHECK(ncclAllGather(in.raw(), out.raw(), size_t(in.numel()),
-                                    nccl_type(in, "all_gather"), comm_, stream(in)));
+    complete(ncclAllGather(in.raw(), out.raw(), size_t(in.numel()), nccl_type(in, "all_gather"),
+                           comm_, stream(in)),
+             "ncclAllGather");
   }
   void reduce_scatter(const Tensor& in, Tensor& out) override {
     if (in.device().is_cpu() && out.device().is_cpu()) return mpi_->reduce_scatter(in, out);
     check_gather("reduce_scatter", out, in, world_size());
-    ACCRUE_NCCL_CHECK(ncclReduceScatter(in.raw(), out.raw(), size_t(out.numel()),
-                                        nccl_type(in, "reduce_scatter"), ncclSum, comm_,
-                                        stream(in)));
+    complete(ncclReduceScatter(in.raw(), out.raw(), size_t(out.numel()),
+                               nccl_type(in, "reduce_scatter"), ncclSum, comm_, stream(in)),
+             "ncclReduceScatter");
   }
   // On a side stream, after what the main stream has enqueued so far (the gradients of this
   // bucket), so the reduction runs while the main stream goes on with backward; wait_all()
@@ -153,8 +201,9 @@ class Nccl final : public Communicator {
     const cudaStream_t main = stream(t);
     ACCRUE_CUDA_CHECK(cudaEventRecord(ready_, main));
     ACCRUE_CUDA_CHECK(cudaStreamWaitEvent(side_, ready_, 0));
-    ACCRUE_NCCL_CHECK(ncclAllReduce(t.raw(), t.raw(), size_t(t.numel()),
-                                    nccl_type(t, "all_reduce_sum"), ncclSum, comm_, side_));
+    complete(ncclAllReduce(t.raw(), t.raw(), size_t(t.numel()), nccl_type(t, "all_reduce_sum"),
+                           ncclSum, comm_, side_),
+             "ncclAllReduce (overlapped)");
   }
   void wait_all() override {
     ACCRUE_CUDA_CHECK(cudaEventRecord(done_, side_));
@@ -162,29 +211,29 @@ class Nccl final : public Communicator {
   }
 
   void barrier() override {
-    // Waits for the stream while watching for an asynchronous NCCL error (a peer or the network
-    // failing), which a plain cudaStreamSynchronize would wait on forever.
-    // Past the watchdog's limit it throws, as the MPI waits do.
-    const cudaStream_t s = cuda::context(device_).stream;
-    const auto start = std::chrono::steady_clock::now();
-    for (;;) {
-      if (ACCRUE_CUDA_QUERY(cudaStreamQuery(s))) break;
-      ncclResult_t async = ncclSuccess;
-      ACCRUE_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
-      ACCRUE_NCCL_CHECK(async);
-      const double waited =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (timeout() > 0 && waited > timeout()) {
-        throw BackendError(str_cat("[watchdog] rank ", rank(),
-                                   ": the NCCL collectives before a "
-                                   "barrier did not complete within ",
-                                   timeout(),
-                                   " s: another rank is stopped, hung or much slower "
-                                   "(--comm-timeout sets the limit)"));
-      }
-    }
+    settle();
     mpi_->set_timeout(timeout());
     mpi_->barrier();
+  }
+  // Both streams drained, watching NCCL's asynchronous error (a peer or the network failing),
+  // which a plain cudaStreamSynchronize would wait on forever; past the watchdog's limit it
+  // throws, as the MPI waits do.
+  void settle() override {
+    const cudaStream_t main = cuda::context(device_).stream;
+    poll_until(
+        [&] {
+          check_async_error("a collective");
+          return ACCRUE_CUDA_QUERY(cudaStreamQuery(side_)) &&
+                 ACCRUE_CUDA_QUERY(cudaStreamQuery(main));
+        },
+        timeout(),
+        [&] {
+          throw BackendError(str_cat("[watchdog] rank ", rank(),
+                                     ": the NCCL collectives queued did not complete within ",
+                                     timeout(),
+                                     " s: another rank is stopped, hung or much slower "
+                                     "(--comm-timeout sets the limit)"));
+        });
   }
   // Staged: a device tensor copied to host (after the stream's work), sent over MPI; CPU
   // tensors (the activations' shape headers) go as they are.
@@ -244,6 +293,40 @@ class Nccl final : public Communicator {
     std::unique_ptr<Transfer> inner;
     bool copied = false;
   };
+
+  // NCCL's asynchronous error of this communicator, thrown naming `what`; ncclInProgress (a
+  // nonblocking call still under way) is returned, not thrown.
+  ncclResult_t check_async_error(const char* what) {
+    ncclResult_t state = ncclSuccess;
+    ACCRUE_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
+    if (state != ncclSuccess && state != ncclInProgress) {
+      throw BackendError(str_cat("NCCL error ", static_cast<int>(state), " (",
+                                 ncclGetErrorString(state), ") in ", what, " on rank ", rank()));
+    }
+    return state;
+  }
+  // A call's result: on a nonblocking communicator ncclInProgress is polled until the call has
+  // finished (the setup, a connection), under the watchdog; past the limit the communicator is
+  // aborted on this rank (its resources freed: nothing of it can be used after) and the call
+  // throws. Any other failure throws with NCCL's string.
+  void complete(ncclResult_t result, const char* call) {
+    if (result == ncclInProgress) {
+      poll_until([&] { return check_async_error(call) != ncclInProgress; }, timeout(),
+                 [&] {
+                   ncclCommAbort(comm_);
+                   comm_ = nullptr;
+                   throw BackendError(str_cat("[watchdog] rank ", rank(), ": ", call,
+                                              " did not complete within ", timeout(),
+                                              " s: another rank is stopped, hung or much slower "
+                                              "(--comm-timeout sets the limit)"));
+                 });
+      return;
+    }
+    if (result != ncclSuccess) {
+      throw BackendError(str_cat("NCCL error ", static_cast<int>(result), " (",
+                                 ncclGetErrorString(result), ") in ", call, " on rank ", rank()));
+    }
+  }
 
   std::unique_ptr<Communicator> owned_mpi_;  // a split group's MPI twin
   Communicator* mpi_;

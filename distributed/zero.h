@@ -29,6 +29,7 @@ class ZeroOptimizerState : public optim::GradientConsumer,
   void finish() override;
   bool abandon() override { return true; }
   void sum(Tensor& partials) override { comm_.all_reduce_sum(partials); }
+  void settle() override { comm_.settle(); }
   void after_update() override;
   void gather(const Tensor& slice, Tensor& full) override { comm_.all_gather(slice, full); }
 

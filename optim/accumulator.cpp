@@ -311,6 +311,8 @@ StepResult Accumulator::step() {
     }
     optimizer_.set_lr(r.lr);
     run_boundary();
+    // With collectives in the step, wait for them under the watchdog first.
+    if (options_.loss_reducer != nullptr) options_.loss_reducer->settle();
     // The window's one wait for the device, after the whole step has been queued; it is also
     // where a fault a kernel recorded during the window is reported.
     values = read_boundary();

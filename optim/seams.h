@@ -37,6 +37,9 @@ class PartialSumReducer {
   virtual ~PartialSumReducer() = default;
   // partials <- their sum over every process, in place.
   virtual void sum(Tensor& partials) = 0;
+  // Before the host reads the sums: waits for the collectives to complete under the
+  // communicator's watchdog (distributed/communicator.h, Communicator::settle).
+  virtual void settle() {}
 };
 
 class ParameterSync {

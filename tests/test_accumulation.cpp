@@ -6,6 +6,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "core/host_waits.h"
 #include "test_util.h"
 
 namespace accrue::testing {
@@ -154,6 +155,34 @@ TEST(Accumulation, PartialLastWindowIsNormalisedByItsOwnSize) {
   Rig split = make_setup(DType::kFloat64, Device::cpu(), 70);
   const Tensor reference = accumulated_gradient(full, {6}, range(64, 70));
   EXPECT_LE(rel_error(accumulated_gradient(split, {4, 2}, range(64, 70)), reference), 1e-14);
+}
+
+// The boundary reads the device once, after the reducer's collectives have settled (the NCCL
+// communicator polls them under the watchdog there: a plain read would wait forever for a
+// stopped peer); and a window's micro-steps read nothing.
+TEST(Accumulation, TheBoundaryReadsOnceAfterTheReducerSettles) {
+  struct Recording : optim::PartialSumReducer {
+    int64_t sums = 0, settles = 0, reads_at_settle = -1;
+    void sum(Tensor&) override { ++sums; }
+    void settle() override {
+      ++settles;
+      reads_at_settle = host_waits().reads;
+    }
+  } reducer;
+  AccumulatorOptions options;
+  options.loss_reducer = &reducer;
+  Rig s = make_setup(DType::kFloat64, Device::cpu(), 64, options);
+  const HostWaits before = host_waits();
+  s.acc->begin_window(64);
+  for (int64_t start : {0, 32}) {
+    s.acc->micro_step(32, [&] { return loss_of(s, range(start, start + 32)); });
+  }
+  EXPECT_EQ(host_waits().reads, before.reads);
+  s.acc->step();
+  EXPECT_EQ(reducer.sums, 1);
+  EXPECT_EQ(reducer.settles, 1);
+  EXPECT_EQ(reducer.reads_at_settle, before.reads);  // nothing read before it
+  EXPECT_EQ(host_waits().reads, before.reads + 1);   // then the one read
 }
 
 TEST(Accumulation, ReportedLossAndNormDoNotDependOnTheSplit) {
