@@ -362,8 +362,7 @@ train::Task make_task(const Config& c) {
     return make_batch(sequences(index.to(Device::cpu())), 0, state->setup.device);
   };
   task.largest_batch = [state, sequences](const Tensor& index) {
-    return make_batch(sequences(index.to(Device::cpu())), state->data.context,
-                      state->setup.device);
+    return make_batch(sequences(index.to(Device::cpu())), state->data.context, state->setup.device);
   };
   task.model = [state, c](DType master) -> std::unique_ptr<nn::Module> {
     return std::make_unique<nn::GPT>(model_config(c, state->data), master);
