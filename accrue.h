@@ -25,6 +25,7 @@
 #include "optim/accumulator.h"
 #include "optim/adam.h"
 #include "optim/arena.h"
+#include "optim/registry.h"
 #include "optim/schedule.h"
 #include "optim/seams.h"
 #include "optim/safetensors.h"

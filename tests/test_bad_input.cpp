@@ -477,6 +477,7 @@ TEST(BadInput, CommandLineMistakesExitTwoBeforeReadingData) {
       {{"--checkpoint-every", "7"}, {"--checkpoint-every", "--checkpoint DIR"}},
       {{"--pipeline-schedule", "gpipe"}, {"--pipeline-schedule", "--pipeline 2"}},
       {{"--cuda-graphs", "maybe"}, {"--cuda-graphs", "maybe"}},
+      {{"--cuda-graphs", "1"}, {"--cuda-graphs", "1"}},
       {{"--cuda-graphs", "on", "--device", "cpu"}, {"--cuda-graphs on", "needs a GPU", "cpu"}},
   };
   // Data behind a symbolic link loop: exit 1 naming the file, not an abort.

@@ -9,8 +9,11 @@
 #include <fstream>
 #include <iterator>
 
+#include "kernels/backend.h"
+#include "optim/registry.h"
 #include "test_util.h"
 #include "toy_task.h"
+#include "train/flags.h"
 #include "train/sample_order.h"
 
 namespace accrue::testing {
@@ -114,6 +117,8 @@ TEST(Engine, ACheckpointedRunResumesBitForBit) {
   train::Config rest = whole;
   rest.resume = first.checkpoint;
   rest.save = (dir / "resumed.safetensors").string();
+  // How the steps run on a device is not part of the run's settings: a resume may change it.
+  rest.cuda_graphs = train::CudaGraphs::kOff;
   const ToyRun resumed = run_toy(rest);
   ASSERT_EQ(resumed.steps.size(), all.steps.size() - 4);
   for (size_t i = 0; i < resumed.steps.size(); ++i) {
@@ -123,6 +128,82 @@ TEST(Engine, ACheckpointedRunResumesBitForBit) {
   EXPECT_EQ(bytes_of(rest.save), bytes_of(whole.save));
   EXPECT_EQ(resumed.summary.parameter_hash, all.summary.parameter_hash);
   fs::remove_all(dir);
+}
+
+// An optimizer of the test's own, through the registry alone: plain gradient descent, written with
+// the SGD pass at momentum 0 (its one state tensor is the pass's buffer). The engine, the flags
+// and the configuration learn it from the registry: it trains, --momentum is refused for it, and
+// its steps equal sgd's at momentum 0.
+class PlainDescent final : public optim::Optimizer {
+ public:
+  PlainDescent(optim::ParameterArena& arena, double lr)
+      : Optimizer(arena, lr), buffer_(state_zeros({arena.size()}, arena.dtype())) {}
+  size_t state_bytes() const override { return buffer_.nbytes(); }
+
+ protected:
+  void update() override {
+    backend_for(state_device())
+        .sgd_step(SgdArgs{lr_, 0, 0, 0, false}, boundary_, applied_steps_, params_, grads_, buffer_,
+                  working_);
+  }
+  void resize_state(int64_t elements) override {
+    buffer_ = state_zeros({elements}, arena_.dtype());
+  }
+  std::vector<nn::NamedTensor> element_state() override { return {{"buffer", buffer_}}; }
+
+ private:
+  Tensor buffer_;
+};
+
+TEST(Engine, AnOptimizerRegisteredOnceTrainsThroughTheFlagsAndTheEngine) {
+  static const bool registered = [] {
+    optim::register_optimizer({"plain-descent", "gradient descent, no momentum", 1, false, 0.0,
+                               [](optim::ParameterArena& arena, const optim::OptimizerSettings& s) {
+                                 return std::make_unique<PlainDescent>(arena, s.lr);
+                               }});
+    return true;
+  }();
+  ASSERT_TRUE(registered);
+  expect_error<ValueError>(
+      [] {
+        optim::register_optimizer(
+            {"adam", "again", 2, false, 0.0, optim::optimizer_kind("adam").make});
+      },
+      {"'adam'", "registered already"});
+  expect_error<ValueError>([] { optim::optimizer_kind("lion"); }, {"lion", "plain-descent"});
+  // The flags take its name, and refuse --momentum for it, naming the one that takes it.
+  const auto parse = [](std::vector<std::string> args) {
+    CLI::App app;
+    train::Config c;
+    train::Flags flags(app, c);
+    args.insert(args.begin(), "accrue-test");
+    std::vector<const char*> argv;
+    for (const std::string& a : args) argv.push_back(a.c_str());
+    std::ostringstream out, err;
+    const int status = train::parse_command_line(app, static_cast<int>(argv.size()), argv.data(),
+                                                 "accrue-test", out, err, [&] { flags.check(); });
+    return std::make_pair(status, err.str());
+  };
+  EXPECT_EQ(parse({"--optimizer", "plain-descent", "--device", "cpu"}).first, -1);
+  const auto momentum = parse({"--optimizer", "plain-descent", "--momentum", "0.5"});
+  EXPECT_EQ(momentum.first, 2);
+  EXPECT_NE(momentum.second.find("--momentum applies to --optimizer sgd"), std::string::npos)
+      << momentum.second;
+  const auto unknown = parse({"--optimizer", "lion"});
+  EXPECT_EQ(unknown.first, 2);
+  EXPECT_NE(unknown.second.find("plain-descent"), std::string::npos) << unknown.second;
+  // It trains, and takes the steps sgd takes without momentum.
+  train::Config c = toy_config(4, 2);
+  c.optimizer = "plain-descent";
+  const ToyRun plain = run_toy(c);
+  c.optimizer = "sgd";
+  c.momentum = 0;
+  const ToyRun sgd = run_toy(c);
+  ASSERT_EQ(plain.steps.size(), sgd.steps.size());
+  for (size_t i = 0; i < plain.steps.size(); ++i) {
+    EXPECT_EQ(plain.steps[i].loss, sgd.steps[i].loss) << i;
+  }
+  EXPECT_EQ(plain.summary.parameter_hash, sgd.summary.parameter_hash);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "optim/registry.h"
 #include "optim/schedule.h"
 
 namespace accrue::train {
@@ -104,7 +105,7 @@ LossScaleChoice resolve_loss_scale(const std::string& loss_scale, const std::str
 
 void check_model_fits(const std::string& what, int64_t parameters, const Config& config) {
   const double master = static_cast<double>(dtype_size(master_dtype(config.precision)));
-  const double moments = config.optimizer == "sgd" ? 1 : 2;
+  const double moments = optim::optimizer_kind(config.optimizer).state_per_parameter;
   const double working = compute_dtype(config.precision) == master_dtype(config.precision) ? 0 : 2;
   const double bytes = static_cast<double>(parameters) * (master * (2 + moments) + working);
   const double memory =

@@ -26,11 +26,10 @@
 #include "nn/norm.h"
 #include "ops/autograd.h"
 #include "optim/accumulator.h"
-#include "optim/adam.h"
 #include "optim/offload.h"
+#include "optim/registry.h"
 #include "optim/safetensors.h"
 #include "optim/schedule.h"
-#include "optim/sgd.h"
 #include "train/agreement.h"
 #include "train/budget.h"
 #include "train/checkpoint.h"
@@ -58,18 +57,11 @@ std::vector<Tensor> layer_parameters(const Layer& layer) {
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const Config& c, optim::ParameterArena& arena,
                                                  double lr) {
-  if (c.optimizer == "sgd") {
-    optim::SgdOptions o;
-    o.lr = lr;
-    o.momentum = c.momentum;
-    o.weight_decay = c.weight_decay < 0 ? 0.0 : c.weight_decay;
-    return std::make_unique<optim::SGD>(arena, o);
-  }
-  optim::AdamOptions o = c.optimizer == "adamw" ? optim::AdamW::defaults() : optim::AdamOptions{};
-  o.lr = lr;
-  if (c.weight_decay >= 0) o.weight_decay = c.weight_decay;
-  if (c.optimizer == "adamw") return std::make_unique<optim::AdamW>(arena, o);
-  return std::make_unique<optim::Adam>(arena, o);
+  optim::OptimizerSettings s;
+  s.lr = lr;
+  if (c.weight_decay >= 0) s.weight_decay = c.weight_decay;
+  s.momentum = c.momentum;
+  return optim::optimizer_kind(c.optimizer).make(arena, s);
 }
 
 // An epoch's batch: its resolved sizes, its windows and its learning rate (before the schedule).

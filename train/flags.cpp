@@ -7,13 +7,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
-#include <map>
 #include <optional>
 #include <ostream>
 #include <sstream>
 
 #include "core/error.h"
 #include "core/file.h"
+#include "optim/registry.h"
 #include "optim/schedule.h"
 #include "train/budget.h"
 #include "train/checkpoint.h"
@@ -95,6 +95,19 @@ std::filesystem::file_type input_kind(const char* flag, const std::string& path)
 
 }  // namespace
 
+namespace {
+
+// "adam, adamw, sgd": the registered optimizers' names.
+std::string names_of_optimizers() {
+  std::string names;
+  for (const std::string& name : optim::optimizer_names()) {
+    names += (names.empty() ? "" : ", ") + name;
+  }
+  return names;
+}
+
+}  // namespace
+
 CLI::Validator int_in(int64_t low, int64_t high) {
   return CLI::Validator(
       [=](std::string& text) -> std::string {
@@ -112,11 +125,10 @@ Flags::Flags(CLI::App& app, Config& config) : app_(app), c_(config) {
   app_.option_defaults()->always_capture_default();
   device_ = cuda_device_count() > 0 ? "cuda" : "cpu";
   app_.add_option("--device", device_, "cpu or cuda[:N] (default: cuda when present)");
-  app_.add_option("--cuda-graphs", c_.cuda_graphs,
+  app_.add_option("--cuda-graphs", cuda_graphs_,
                   "Capture each micro-step shape and the boundary step as CUDA graphs and replay "
                   "them: auto (on a GPU), on, off")
-      ->transform(CLI::CheckedTransformer(std::map<std::string, CudaGraphs>{
-          {"auto", CudaGraphs::kAuto}, {"on", CudaGraphs::kOn}, {"off", CudaGraphs::kOff}}));
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   app_.add_option("--precision", c_.precision,
                   "fp32; fp64 (everything in float64, for exactness studies); bf16 or fp16 (mixed: "
                   "16-bit activations, float32 master weights, gradients and optimizer state)")
@@ -155,10 +167,23 @@ Flags::Flags(CLI::App& app, Config& config) : app_(app), c_(config) {
       ->transform(int_in(0, INT32_MAX));
   app_.add_option("--clip", c_.clip, "Clip the gradient norm to this (0: off)")
       ->check(finite_in(0, kHuge));
-  app_.add_option("--optimizer", c_.optimizer, "adam, adamw or sgd")
-      ->check(CLI::IsMember({"adam", "adamw", "sgd"}));
-  app_.add_option("--weight-decay", c_.weight_decay,
-                  "Weight decay (default: 0 for adam and sgd, 0.01 for adamw)")
+  // The registered optimizers (optim/registry.h), named where they are described.
+  std::string optimizers, decays;
+  for (const std::string& name : optim::optimizer_names()) {
+    const optim::OptimizerKind& kind = optim::optimizer_kind(name);
+    optimizers += str_cat(optimizers.empty() ? "" : "; ", name, ": ", kind.help);
+    decays += str_cat(decays.empty() ? "" : ", ", kind.default_weight_decay, " for ", name);
+  }
+  app_.add_option("--optimizer", c_.optimizer, optimizers)
+      ->check(CLI::Validator(
+          [](std::string& name) -> std::string {
+            for (const std::string& known : optim::optimizer_names()) {
+              if (name == known) return "";
+            }
+            return str_cat("'", name, "' is not one of ", names_of_optimizers());
+          },
+          ""));
+  app_.add_option("--weight-decay", c_.weight_decay, "Weight decay (default: " + decays + ")")
       ->check(finite_in(0, kHuge));
   app_.add_option("--momentum", c_.momentum, "SGD momentum")->check(finite_in(0, 1, Open::kHigh));
   app_.add_option("--seed", c_.seed, "Seed for initialisation and shuffling")
@@ -347,8 +372,14 @@ void Flags::check_batches(int world_size) const {
 // A flag given for a setting this run does not have would change nothing: a mistake, not a no-op.
 void Flags::check_each_flag_takes_effect() const {
   const auto given = [&](const char* flag) { return app_.count(flag) > 0; };
-  if (given("--momentum") && c_.optimizer != "sgd") {
-    throw ValueError("--momentum applies to --optimizer sgd; this run uses " + c_.optimizer);
+  if (given("--momentum") && !optim::optimizer_kind(c_.optimizer).takes_momentum) {
+    std::string takers;
+    for (const std::string& name : optim::optimizer_names()) {
+      if (optim::optimizer_kind(name).takes_momentum)
+        takers += (takers.empty() ? "" : " or ") + name;
+    }
+    throw ValueError("--momentum applies to --optimizer " + takers + "; this run uses " +
+                     c_.optimizer);
   }
   if (given("--checkpoint-every") && c_.checkpoint.empty()) {
     throw ValueError("--checkpoint-every needs --checkpoint DIR");
@@ -387,6 +418,9 @@ void Flags::check_inputs() const {
 void Flags::check() {
   check_no_empty_values();
   c_.device = Device::parse(device_);
+  c_.cuda_graphs = cuda_graphs_ == "on"    ? CudaGraphs::kOn
+                   : cuda_graphs_ == "off" ? CudaGraphs::kOff
+                                           : CudaGraphs::kAuto;
   if (c_.device.is_cuda() && c_.device.index >= cuda_device_count()) {
     throw ValueError("--device " + device_ + ": no such GPU (" +
                      (cuda_unavailable_reason().empty()

@@ -37,7 +37,7 @@ class Flags {
   void check_inputs() const;
   CLI::App& app_;
   Config& c_;
-  std::string device_;
+  std::string device_, cuda_graphs_ = "auto";
   bool no_shuffle_ = false;
 };
 
