@@ -71,6 +71,7 @@ class ParameterArena {
   // [size()] what the model computes with when it is not params(): the 16-bit copy, or the
   // device copy of offloaded masters; undefined otherwise.
   Tensor& working() { return working_; }
+  const Tensor& working() const { return working_; }
   // The master values under the parameters' names: what is saved and hashed.
   std::vector<nn::NamedTensor> named_masters() const;
   const std::vector<Entry>& entries() const { return entries_; }

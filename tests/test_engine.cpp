@@ -8,13 +8,16 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 
 #include "kernels/backend.h"
 #include "optim/registry.h"
 #include "test_util.h"
 #include "toy_task.h"
 #include "train/flags.h"
+#include "train/report.h"
 #include "train/sample_order.h"
+#include "train/strategy.h"
 
 namespace accrue::testing {
 namespace {
@@ -204,6 +207,45 @@ TEST(Engine, AnOptimizerRegisteredOnceTrainsThroughTheFlagsAndTheEngine) {
     EXPECT_EQ(plain.steps[i].loss, sgd.steps[i].loss) << i;
   }
   EXPECT_EQ(plain.summary.parameter_hash, sgd.summary.parameter_hash);
+}
+
+// A strategy of the test's own, through the interface alone: it counts the engine's calls of its
+// hooks and changes nothing, so the run equals one without it, bit for bit.
+class CountingStrategy final : public train::Strategy {
+ public:
+  mutable std::map<std::string, int> calls;  // check_plan is const
+  std::string name() const override { return "counting"; }
+  distributed::Communicator& place(distributed::Communicator& ranks) override {
+    ++calls["place"];
+    return ranks;
+  }
+  void place_parameters(nn::Module&, optim::ParameterArena&) override {
+    ++calls["place_parameters"];
+  }
+  void attach(optim::Optimizer&) override { ++calls["attach"]; }
+  void check_plan(const optim::ResolvedBatch&, int64_t) const override { ++calls["check_plan"]; }
+  void gather_model(nn::Module&) override { ++calls["gather_model"]; }
+  void describe(nlohmann::json& run_config) const override { run_config["counting"] = true; }
+  void report(train::Summary&, train::MetricsLog&) override { ++calls["report"]; }
+};
+
+TEST(Engine, AStrategyOfTheCallersOwnJoinsThroughTheInterface) {
+  train::Config c = toy_config(4, 2);
+  const ToyRun plain = run_toy(c);
+  auto counting = std::make_shared<CountingStrategy>();
+  c.strategies.push_back(counting);
+  const ToyRun counted = run_toy(c);
+  EXPECT_EQ(counting->calls["place"], 1);
+  EXPECT_EQ(counting->calls["place_parameters"], 1);
+  EXPECT_EQ(counting->calls["attach"], 1);
+  EXPECT_GE(counting->calls["check_plan"], 1);
+  EXPECT_EQ(counting->calls["gather_model"], c.epochs + 1);  // each evaluation, and the end
+  EXPECT_EQ(counting->calls["report"], 1);
+  EXPECT_EQ(counted.summary.parameter_hash, plain.summary.parameter_hash);
+  ASSERT_EQ(counted.steps.size(), plain.steps.size());
+  for (size_t i = 0; i < counted.steps.size(); ++i) {
+    EXPECT_EQ(counted.steps[i].loss, plain.steps[i].loss) << i;
+  }
 }
 
 }  // namespace

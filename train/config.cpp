@@ -146,13 +146,6 @@ namespace {
 void check_pipeline(const Config& c, int world_size) {
   if (c.pipeline < 1) throw ValueError(str_cat("--pipeline ", c.pipeline, ": at least 1"));
   if (c.pipeline == 1) return;
-  const std::pair<bool, const char*> excluded[] = {{c.zero == 1, "--zero 1"},
-                                                   {c.offload_optimizer, "--offload-optimizer"},
-                                                   {!c.memory_budget.empty(), "--memory-budget"},
-                                                   {c.bucket_kib > 0, "--bucket-kib"}};
-  for (const auto& [given, flag] : excluded) {
-    if (given) throw ValueError(str_cat("--pipeline does not combine with ", flag));
-  }
   if (world_size % c.pipeline != 0) {
     throw ValueError(str_cat("--pipeline ", c.pipeline, " needs a multiple of ", c.pipeline,
                              " ranks, the launcher started ", world_size));

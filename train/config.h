@@ -5,8 +5,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/device.h"
 #include "core/dtype.h"
@@ -14,6 +16,8 @@
 #include "optim/window.h"
 
 namespace accrue::train {
+
+class Strategy;
 
 // --cuda-graphs: capture each micro-step shape and the boundary step as CUDA graphs and replay
 // them (train/step_graphs.h). auto: on a GPU, off on the CPU; on: a GPU is required.
@@ -77,11 +81,12 @@ struct Config {
   // The data-parallel ranks; null: distributed::world_for(device), from the launcher's
   // environment.
   distributed::Communicator* comm = nullptr;
+  // Strategies of the caller's own (strategy.h), composed after the built-in ones.
+  std::vector<std::shared_ptr<Strategy>> strategies;
 };
 
-// --pipeline P: the ranks must split into groups of P, and the stages do not (yet) combine with
-// ZeRO, the offloaded optimizer, the memory budget or overlapped buckets; throws ValueError
-// naming the flag. world_size: every rank of the job.
+// --pipeline P: the ranks must split into groups of P; throws ValueError naming the flag.
+// world_size: every rank of the job. (What the stages combine with: strategies.h.)
 void check_pipeline(const Config& config, int world_size);
 
 // The dtype of the activations and of the weights the GEMMs read, and of the master weights,

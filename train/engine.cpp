@@ -17,16 +17,12 @@
 #include "core/host_waits.h"
 #include "core/staging.h"
 #include "core/threads.h"
-#include "distributed/data_parallel.h"
-#include "distributed/pipeline.h"
-#include "distributed/zero.h"
 #include "kernels/factories.h"
 #include "kernels/profile.h"
 #include "nn/init.h"
 #include "nn/norm.h"
 #include "ops/autograd.h"
 #include "optim/accumulator.h"
-#include "optim/offload.h"
 #include "optim/registry.h"
 #include "optim/safetensors.h"
 #include "optim/schedule.h"
@@ -37,6 +33,7 @@
 #include "train/sample_order.h"
 #include "train/signals.h"
 #include "train/step_graphs.h"
+#include "train/strategies.h"
 
 namespace accrue::train {
 
@@ -45,15 +42,6 @@ namespace {
 // Micro-step graphs held at most: G2P's shapes (micro-batch rows x sequence length) number a few
 // dozen; past this a new shape runs eagerly.
 constexpr int64_t kMaxStepGraphs = 64;
-
-// The parameters a pipeline layer owns: those of its modules.
-std::vector<Tensor> layer_parameters(const Layer& layer) {
-  std::vector<Tensor> out;
-  for (nn::Module* m : layer.modules) {
-    for (const Tensor& p : m->parameters()) out.push_back(p);
-  }
-  return out;
-}
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const Config& c, optim::ParameterArena& arena,
                                                  double lr) {
@@ -82,15 +70,7 @@ class Run {
     if (!c_.quiet) out_ << line << "\n";
   }
   void setup_ranks_and_threads();
-  void setup_pipeline_groups();
   void build_model();
-  std::vector<nn::NamedTensor> assign_stage();
-  void check_layers_own_each_parameter_once() const;
-  void hold_other_stages_in_compute_dtype();
-  std::vector<nn::NamedTensor> gathered_masters();
-  nn::LossSum run_stages(const optim::Window& w, const Tensor& order, const Tensor& seed);
-  void sync_stages();
-  void report_stages();
   void check_ranks_agree_before_training();
   void fit_memory_budget();
   const EpochPlan& plan_for(int64_t epoch);
@@ -100,7 +80,6 @@ class Run {
   nlohmann::json run_config();
   void resume();
   void validate_position(const Checkpoint& saved);
-  void check_stages_resume_alike(int64_t step);
   void save_weights(const std::string& path, const std::vector<nn::NamedTensor>& masters);
   void write_checkpoint(const TrainPosition& position);
   void broadcast_buffers();
@@ -137,18 +116,9 @@ class Run {
   // and whether it writes them (the first data-parallel rank of its stage).
   std::string checkpoint_dir_, resume_dir_;
   bool writes_checkpoints_ = true;
-  // --pipeline: this rank's stage, its group of stages and its layers; the sums over the stages
-  // (the norm's partials) and over every rank (the boundary's loss sums); per-stage statistics.
-  std::unique_ptr<distributed::Communicator> pipeline_group_, data_group_;
-  std::optional<distributed::PipelineStage> stage_;
-  std::vector<Layer> stage_layers_;
-  std::vector<Layer> all_layers_;
-  std::vector<int> layer_stage_;                // the stage of each of all_layers_
-  std::map<std::string, int> parameter_stage_;  // the stage owning each named parameter
-  std::unique_ptr<distributed::GroupSum> stage_norm_sum_, world_sum_;
-  std::unique_ptr<distributed::TiedParameters> tied_;  // parameters shared by two stages
-  std::unique_ptr<optim::ConsumerChain> tied_then_all_reduce_;
-  distributed::StageWindowStats stage_totals_;  // summed over windows (max for in flight/peak)
+  // How training is spread over the ranks (strategies.h): everything of data parallelism,
+  // ZeRO, offloading and pipeline stages lives there.
+  std::unique_ptr<Strategies> strategies_;
   std::optional<ThreadTuner> tuner_;
   DType compute_ = DType::kFloat32, master_ = DType::kFloat32;
   LossScaleChoice scaling_;
@@ -160,10 +130,6 @@ class Run {
   std::optional<BudgetDecision> budget_;
   std::optional<optim::AccumSchedule> k_schedule_;
   std::map<int64_t, EpochPlan> plans_;  // by k
-  std::unique_ptr<distributed::ZeroOptimizerState> zero_;
-  std::unique_ptr<distributed::GradientAllReduce> all_reduce_;
-  std::unique_ptr<optim::HostOffload> offload_;
-  std::unique_ptr<optim::ConsumerChain> all_reduce_then_offload_;
   std::unique_ptr<optim::Accumulator> acc_;
   // The device path: host-built micro-batches staged one ahead (Task::host_batch), and the
   // micro-steps' CUDA graphs (--cuda-graphs).
@@ -196,16 +162,20 @@ void Run::setup_ranks_and_threads() {
     }
     c_.device = Device::cuda(visible == 1 ? 0 : launch.local_rank);
   }
-  comm_ = c_.comm != nullptr ? c_.comm : &distributed::world_for(c_.device);
-  comm_->set_timeout(c_.comm_timeout);
-  world_ = comm_;
-  if (c_.pipeline > 1) setup_pipeline_groups();
+  compute_ = compute_dtype(c_.precision);
+  master_ = master_dtype(c_.precision);
+  world_ = c_.comm != nullptr ? c_.comm : &distributed::world_for(c_.device);
+  world_->set_timeout(c_.comm_timeout);
+  // The strategies take their ranks: comm_ is those that share one copy of the parameters.
+  strategies_ = std::make_unique<Strategies>(
+      StrategyContext{c_, task_, compute_, master_, [this](const std::string& l) { log(l); }});
+  comm_ = &strategies_->place(*world_);
   lead_ = world_->rank() == 0;
   if (!lead_) c_.quiet = true;
   writes_checkpoints_ = comm_->rank() == 0;
-  const std::string stage_folder = stage_ ? str_cat("/stage-", stage_->stage()) : "";
-  checkpoint_dir_ = c_.checkpoint.empty() ? "" : c_.checkpoint + stage_folder;
-  resume_dir_ = c_.resume.empty() ? "" : c_.resume + stage_folder;
+  const std::string subfolder = strategies_->checkpoint_subfolder();
+  checkpoint_dir_ = c_.checkpoint.empty() ? "" : c_.checkpoint + subfolder;
+  resume_dir_ = c_.resume.empty() ? "" : c_.resume + subfolder;
   // --threads N fixes the team; 0 lets the tuner pick among 1, 2, 4, ..., every core by timing
   // windows as they run (core/threads.h). Either way the weights are the same to the bit.
   if (c_.threads > 0) {
@@ -213,112 +183,7 @@ void Run::setup_ranks_and_threads() {
   } else {
     tuner_.emplace(ThreadTuner::default_candidates(cpu_cores()));
   }
-  compute_ = compute_dtype(c_.precision);
-  master_ = master_dtype(c_.precision);
   scaling_ = resolve_loss_scale(c_.loss_scale, c_.precision);
-}
-
-// --pipeline P: world rank r is stage r % P of the pipeline group r / P; the ranks of one stage
-// form its data-parallel group (comm_ from here on).
-void Run::setup_pipeline_groups() {
-  check_pipeline(c_, world_->world_size());
-  const int stage = world_->rank() % c_.pipeline, replica = world_->rank() / c_.pipeline;
-  pipeline_group_ = world_->split(replica, stage);
-  data_group_ = world_->split(stage, replica);
-  comm_ = data_group_.get();
-  stage_.emplace(*pipeline_group_, compute_dtype(c_.precision), c_.device);
-  stage_norm_sum_ = std::make_unique<distributed::GroupSum>(*pipeline_group_);
-  world_sum_ = std::make_unique<distributed::GroupSum>(*world_);
-}
-
-// The stages' layers: contiguous runs of Task::layers, cut where the running parameter count
-// passes each stage's equal share (every stage keeps at least one layer). Returns this stage's
-// parameters, by their names in the model; the plan is printed.
-std::vector<nn::NamedTensor> Run::assign_stage() {
-  if (!task_.layers || !task_.loss_of_output) {
-    throw ValueError(task_.program +
-                     ": --pipeline needs a model cut into layers, and this "
-                     "model's task gives none (Task::layers, Task::loss_of_output)");
-  }
-  all_layers_ = task_.layers(*model_);
-  const int stages = c_.pipeline, layers = static_cast<int>(all_layers_.size());
-  std::vector<int64_t> sizes;
-  for (const Layer& l : all_layers_) {
-    int64_t n = 0;
-    for (nn::Module* m : l.modules) n += m->num_parameters();
-    sizes.push_back(n);
-  }
-  layer_stage_ = distributed::balance_stages(sizes, stages);
-  std::vector<std::string> plan(stages);
-  std::vector<int64_t> counts(stages, 0);
-  for (int i = 0; i < layers; ++i) {
-    const int s = layer_stage_[i];
-    plan[s] += (plan[s].empty() ? "" : ", ") + all_layers_[i].name;
-    counts[s] += sizes[i];
-  }
-  std::string line = str_cat("pipeline: ", stages, " stages, ", c_.pipeline_schedule, " schedule");
-  for (int s = 0; s < stages; ++s) {
-    line += str_cat(" | stage ", s, ": ", plan[s], " (", counts[s], " parameters)");
-  }
-  log(line);
-  for (int s = 0; s < stages; ++s) {
-    if (counts[s] == 0) {
-      throw ValueError(str_cat("--pipeline ", stages, ": stage ", s, " (", plan[s],
-                               ") would hold "
-                               "no parameters; use fewer stages"));
-    }
-  }
-  check_layers_own_each_parameter_once();
-  std::unordered_set<const TensorImpl*> mine;
-  std::unordered_map<const TensorImpl*, int> owner;  // parameter -> its layer's stage
-  for (int i = 0; i < layers; ++i) {
-    for (const Tensor& p : layer_parameters(all_layers_[i])) {
-      owner[p.impl().get()] = layer_stage_[i];
-      if (layer_stage_[i] == stage_->stage()) mine.insert(p.impl().get());
-    }
-    if (layer_stage_[i] == stage_->stage()) stage_layers_.push_back(all_layers_[i]);
-  }
-  // Borrowed parameters used on another stage than their owner's: tied across stages.
-  std::vector<distributed::TiedParameters::Tie> ties;
-  for (int i = 0; i < layers; ++i) {
-    for (const Tensor& p : all_layers_[i].borrowed) {
-      const auto it = owner.find(p.impl().get());
-      if (it == owner.end()) {
-        throw ValueError(str_cat(task_.program, ": layer ", all_layers_[i].name,
-                                 " borrows a parameter no layer owns"));
-      }
-      if (it->second != layer_stage_[i]) ties.push_back({p, it->second, layer_stage_[i], master_});
-    }
-  }
-  if (!ties.empty()) {
-    log(str_cat("pipeline: ", ties.size(),
-                " parameter(s) tied across stages: the gradient of "
-                "each copy summed into the owner's at the boundary, the update sent back"));
-    tied_ = std::make_unique<distributed::TiedParameters>(*pipeline_group_, std::move(ties));
-  }
-  std::vector<nn::NamedTensor> own;
-  for (const auto& named : model_->named_parameters()) {
-    parameter_stage_[named.first] = owner.at(named.second.impl().get());
-    if (mine.count(named.second.impl().get())) own.push_back(named);
-  }
-  return own;
-}
-
-// Every parameter of the model belongs to exactly one pipeline layer: one no layer owns would
-// never be trained, one owned twice would sit in two stages' arenas.
-void Run::check_layers_own_each_parameter_once() const {
-  std::unordered_map<const TensorImpl*, int> owners;
-  for (const Layer& l : all_layers_) {
-    for (const Tensor& p : layer_parameters(l)) ++owners[p.impl().get()];
-  }
-  for (const auto& [name, p] : model_->named_parameters()) {
-    const auto it = owners.find(p.impl().get());
-    const int n = it == owners.end() ? 0 : it->second;
-    if (n != 1) {
-      throw ValueError(str_cat(task_.program, ": --pipeline: parameter ", name, " belongs to ", n,
-                               " of the task's layers (Task::layers), not one"));
-    }
-  }
 }
 
 void Run::build_model() {
@@ -334,52 +199,11 @@ void Run::build_model() {
   model_ = task_.model(master_);
   if (!c_.init.empty()) optim::load_parameters(*model_, c_.init);
   model_->to(c_.device);
-  // --zero 1 pads the arena to equal shards and keeps this rank's shard of the state only; a
-  // pipeline stage's arena holds its own layers' parameters.
-  if (stage_) {
-    arena_ = std::make_unique<optim::ParameterArena>(assign_stage());
-  } else {
-    arena_ = std::make_unique<optim::ParameterArena>(*model_, c_.zero ? comm_->world_size() : 1);
-  }
+  // The arena of the parameters this rank updates (a stage's own, padded to ZeRO's shards), its
+  // 16-bit working copy, then where the strategies keep masters and other parameters.
+  arena_ = strategies_->make_arena(*model_);
   if (compute_ != master_) arena_->use_working_copy(compute_);
-  if (c_.offload_optimizer) arena_->offload_masters();
-  if (stage_) hold_other_stages_in_compute_dtype();
-}
-
-// With a 16-bit working copy, a stage's own parameters are 16-bit views of its arena; the other
-// stages' layers it holds (for evaluation, and a tied copy it computes with) take the same dtype,
-// so the whole model reads as one process's does. A tied copy's gradient stays in the master
-// dtype, as an arena's does, for the exchange with its owner.
-void Run::hold_other_stages_in_compute_dtype() {
-  if (compute_ == master_) return;
-  std::unordered_set<const TensorImpl*> own;
-  for (const auto& entry : arena_->entries()) own.insert(entry.param.impl().get());
-  for (auto& [name, p] : model_->named_parameters()) {
-    if (own.count(p.impl().get())) continue;
-    const Tensor working = to_dtype(p, compute_);
-    TensorImpl& impl = *p.impl();
-    impl.storage = working.impl()->storage;
-    impl.offset = working.impl()->offset;
-    impl.dtype = compute_;
-    if (tied_ && tied_->uses(p)) impl.grad = Tensor::zeros(p.shape(), master_, p.device()).impl();
-  }
-}
-
-// The master parameters of every stage, in the model's order, on every rank of the pipeline
-// group (each broadcast by its stage): what --save writes and the summary hashes, as one
-// process's arena would give them. Collective over the pipeline group.
-std::vector<nn::NamedTensor> Run::gathered_masters() {
-  std::map<std::string, Tensor> own;
-  for (const auto& [name, t] : arena_->named_masters()) own.emplace(name, t);
-  std::vector<nn::NamedTensor> out;
-  for (const auto& [name, p] : model_->named_parameters()) {
-    const int owner = parameter_stage_.at(name);
-    Tensor t =
-        owner == stage_->stage() ? own.at(name) : Tensor::empty(p.shape(), master_, p.device());
-    pipeline_group_->broadcast(t, owner);
-    out.emplace_back(name, t);
-  }
-  return out;
+  strategies_->place_parameters(*model_, *arena_);
 }
 
 // Before any other collective: every rank must train the same model on the same data with the
@@ -481,12 +305,7 @@ const EpochPlan& Run::plan_for(int64_t epoch) {
     ce.batch = 0;
   }
   const optim::ResolvedBatch b = resolve_config_batch(ce, comm_->world_size());
-  if (stage_ && b.accum_steps < c_.pipeline) {
-    throw ValueError(str_cat("--pipeline ", c_.pipeline,
-                             " needs at least as many micro-batches "
-                             "per window: k is ",
-                             b.accum_steps, " in epoch ", epoch + 1));
-  }
+  strategies_->check_plan(b, epoch);
   auto it = plans_.find(b.accum_steps);
   if (it == plans_.end()) {
     const optim::LrScaling rule = optim::parse_lr_scaling(c_.lr_scaling);
@@ -498,30 +317,14 @@ const EpochPlan& Run::plan_for(int64_t epoch) {
   return it->second;
 }
 
-// The optimizer and the pieces around it: ZeRO-1 shards it, several replicated ranks all-reduce
-// the gradient, an offloaded optimizer copies it to the host (after the all-reduce).
+// The optimizer and the strategies' pieces around it (their seams: a sharded state, a partial-sum
+// reducer, a parameter sync), then the loss scale, which those pieces may have to pass on.
 void Run::build_optimizer() {
   if (!c_.accum_schedule.empty()) {
     k_schedule_ = optim::AccumSchedule::parse(c_.accum_schedule, INT32_MAX);
   }
   if (!optimizer_) optimizer_ = make_optimizer(c_, *arena_, plan_for(0).lr);
-  if (c_.zero) {
-    zero_ = std::make_unique<distributed::ZeroOptimizerState>(*optimizer_, *comm_);
-  } else if (comm_->world_size() > 1) {
-    all_reduce_ = std::make_unique<distributed::GradientAllReduce>(*arena_, *comm_);
-  }
-  if (arena_->offloaded()) offload_ = std::make_unique<optim::HostOffload>(*optimizer_);
-  if (all_reduce_ && offload_) {
-    all_reduce_then_offload_ = std::make_unique<optim::ConsumerChain>(*all_reduce_, *offload_);
-  }
-  // The stages' gradient norm is one: the sum of their partial sums of squares.
-  if (stage_) optimizer_->set_partial_sum_reducer(stage_norm_sum_.get());
-  if (tied_) {
-    optimizer_->set_parameter_sync(tied_.get());
-    if (all_reduce_) {
-      tied_then_all_reduce_ = std::make_unique<optim::ConsumerChain>(*tied_, *all_reduce_);
-    }
-  }
+  strategies_->attach(*optimizer_);
   if (scaling_.on) {
     optim::LossScaling ls;
     ls.dynamic = scaling_.dynamic;
@@ -544,27 +347,9 @@ void Run::build_accumulator() {
   options.max_norm = c_.clip;
   options.base_lr = plan_for(0).lr;
   options.schedule = {optim::Schedule::parse(c_.schedule), c_.warmup, total_steps_, 0.0};
-  if (zero_) {
-    options.gradients = zero_.get();
-    options.loss_reducer = zero_.get();
-  } else if (all_reduce_) {
-    options.gradients = all_reduce_then_offload_
-                            ? all_reduce_then_offload_.get()
-                            : static_cast<optim::GradientConsumer*>(all_reduce_.get());
-    options.loss_reducer = all_reduce_.get();
-  } else {
-    options.gradients = offload_.get();  // null unless offloaded
-  }
-  // The loss is the last stage's: the boundary sums it (and the stop votes) over every rank.
-  if (stage_) options.loss_reducer = world_sum_.get();
-  // Tied parameters: the user stage's gradient into the owner's, then the replicas' sum.
-  if (tied_) {
-    options.gradients = tied_then_all_reduce_ ? tied_then_all_reduce_.get()
-                                              : static_cast<optim::GradientConsumer*>(tied_.get());
-  }
-  const int64_t bucket_kib = c_.bucket_kib >= 0
-                                 ? c_.bucket_kib
-                                 : (c_.offload_optimizer && comm_->world_size() == 1 ? 1024 : 0);
+  options.gradients = strategies_->gradients();
+  options.loss_reducer = strategies_->loss_reducer();
+  const int64_t bucket_kib = c_.bucket_kib >= 0 ? c_.bucket_kib : strategies_->default_bucket_kib();
   options.bucket_bytes = static_cast<size_t>(bucket_kib) * 1024;
   options.graph_boundary = graphs_ != nullptr;
   acc_ = std::make_unique<optim::Accumulator>(*optimizer_, options);
@@ -574,7 +359,8 @@ void Run::build_accumulator() {
 // replayed from CUDA graphs on a GPU unless --cuda-graphs off (pipeline stages run eagerly).
 void Run::setup_device_path() {
   if (task_.host_batch) stager_ = std::make_unique<HostToDevice>(c_.device);
-  if (c_.device.is_cuda() && c_.cuda_graphs != CudaGraphs::kOff && !stage_) {
+  if (c_.device.is_cuda() && c_.cuda_graphs != CudaGraphs::kOff &&
+      strategies_->window_runner() == nullptr) {
     graphs_ = std::make_unique<StepGraphs>(c_.device, kMaxStepGraphs,
                                            [this](const std::string& line) { log(line); });
   }
@@ -611,7 +397,7 @@ nlohmann::json Run::run_config() {
             {"ranks", comm_->world_size()},
             {"train_samples", train_samples_}});
   for (auto it = task_.settings.begin(); it != task_.settings.end(); ++it) j[it.key()] = *it;
-  if (stage_) j.update({{"pipeline", c_.pipeline}, {"pipeline_stage", stage_->stage()}});
+  strategies_->describe(j);
   return j;
 }
 
@@ -619,20 +405,7 @@ nlohmann::json Run::run_config() {
 // is), the optimizer's state and the step clock.
 void Run::resume() {
   if (c_.resume.empty()) return;
-  // A stage reads its own subfolder: checkpoints of another --pipeline setting are refused here
-  // by name when the folders do not match, and by check_compatible when they do.
-  if (stage_ && !std::filesystem::is_directory(resume_dir_)) {
-    throw FileError(str_cat("--resume ", c_.resume, ": no checkpoint of pipeline stage ",
-                            stage_->stage(), " (", resume_dir_,
-                            "): it was written with another "
-                            "--pipeline setting or without one; this run has --pipeline ",
-                            c_.pipeline));
-  }
-  if (!stage_ && std::filesystem::is_directory(c_.resume + "/stage-0")) {
-    throw FileError(str_cat("--resume ", c_.resume,
-                            ": it holds the checkpoints of pipeline "
-                            "stages (written with --pipeline); this run has --pipeline 1"));
-  }
+  strategies_->check_resume_folder(c_.resume);
   auto state = arena_->named_masters();
   for (auto& b : model_->named_buffers()) state.push_back(b);
   // A checkpoint with a model tensor this model lacks is at fault itself: the older one is tried.
@@ -672,8 +445,7 @@ void Run::resume() {
     throw FileError(str_cat(saved.path, ": its optimizer state does not fit this run: ", e.what()));
   }
   acc_->restore_clock(saved.position.step, saved.position.skipped);
-  if (tied_) tied_->after_update();  // the copies of tied parameters: the owner's values
-  if (stage_) check_stages_resume_alike(saved.position.step);
+  strategies_->after_resume(saved.position.step);
   start_ = saved.position;
   last_checkpoint_ = start_.step;  // already on disk
   // The samples seen before the position: whole epochs, then the windows of its epoch.
@@ -683,27 +455,6 @@ void Run::resume() {
     samples_seen_ += windows[static_cast<size_t>(w)].samples;
   log(str_cat("resumed from ", saved.path, ": step ", start_.step, ", epoch ", start_.epoch + 1,
               ", window ", start_.window + 1));
-}
-
-// The stages resume from the same step: each read its newest complete checkpoint, and a stage
-// stopped while writing may have one fewer.
-void Run::check_stages_resume_alike(int64_t step) {
-  Tensor mine = Tensor::from_vector<int64_t>({1}, {step});
-  Tensor all = Tensor::zeros({world_->world_size()}, DType::kInt64);
-  world_->all_gather(mine, all);
-  const std::vector<int64_t> steps = all.to_vector<int64_t>();
-  for (size_t r = 0; r < steps.size(); ++r) {
-    if (steps[r] != step) {
-      throw FileError(str_cat("--resume ", c_.resume,
-                              ": the pipeline stages' newest complete "
-                              "checkpoints are at different steps (rank ",
-                              world_->rank(), ": ", step, ", rank ", r, ": ", steps[r],
-                              "); a stage stopped while "
-                              "writing: remove the newer step-",
-                              std::max(step, steps[r]),
-                              " files to resume from the step every stage has"));
-    }
-  }
 }
 
 // A checkpoint's position must be one this run's plan reaches: the windows of the epochs before
@@ -819,8 +570,10 @@ optim::StepResult Run::run_window_once(const optim::Window& w, const Tensor& ord
     for (const optim::MicroBatch& mb : w.micro) n += items_of(mb.start, mb.count);
     return n;
   }());
-  if (stage_) {
-    acc_->pipelined_window([&](const Tensor& seed) { return run_stages(w, order, seed); });
+  if (Strategy* runner = strategies_->window_runner()) {
+    acc_->pipelined_window([&](const Tensor& seed) {
+      return runner->run_window(*model_, WindowRun{w, order, seed, acc_->steps()});
+    });
   } else {
     run_micro_steps(w, order, order_host, items_of);
   }
@@ -886,64 +639,6 @@ void Run::run_micro_steps(const optim::Window& w, const Tensor& order,
   }
 }
 
-// This stage's part of a window: its micro-batches through the stage's layers under the
-// schedule; the last stage computes each loss (Task::loss_of_output) and returns their sum and
-// count, the other stages zeros.
-nn::LossSum Run::run_stages(const optim::Window& w, const Tensor& order, const Tensor& seed) {
-  nn::LossSum sums{Tensor::zeros({}, master_, c_.device), Tensor::zeros({}, master_, c_.device)};
-  const int k = static_cast<int>(w.micro.size());
-  if (k == 0) return sums;  // this data-parallel rank has no share of a short window
-  std::vector<std::optional<Batch>> batches(k);
-  const auto batch_of = [&](int m) -> const Batch& {
-    if (!batches[m]) {
-      const optim::MicroBatch& mb = w.micro[static_cast<size_t>(m)];
-      batches[m] = task_.batch(order.narrow(mb.start, mb.count));
-    }
-    return *batches[m];
-  };
-  distributed::PipelineStage::Functions f;
-  f.input = [&](int m) { return batch_of(m).input; };
-  f.forward = [&](const Tensor& x, int m) {
-    const optim::MicroBatch& mb = w.micro[static_cast<size_t>(m)];
-    const nn::SampleKeys keys(c_.seed, acc_->steps(), order.narrow(mb.start, mb.count));
-    Tensor h = x;
-    for (const Layer& layer : stage_layers_) h = layer.forward(h);
-    return h;
-  };
-  f.loss = [&](const Tensor& y, int m) {
-    const nn::LossSum loss = task_.loss_of_output(y, batch_of(m), master_);
-    const NoGradGuard no_grad;
-    backend_for(c_.device).axpy(1.0, to_dtype(loss.sum, master_), sums.sum);
-    backend_for(c_.device).axpy(1.0, to_dtype(loss.count, master_), sums.count);
-    batches[m].reset();  // its activations stay on the tape; its data can go
-    return loss.sum;
-  };
-  const distributed::StageWindowStats stats =
-      stage_->run_window(distributed::parse_pipeline_schedule(c_.pipeline_schedule), k, seed, f);
-  stage_totals_.max_in_flight = std::max(stage_totals_.max_in_flight, stats.max_in_flight);
-  stage_totals_.peak_activation_bytes =
-      std::max(stage_totals_.peak_activation_bytes, stats.peak_activation_bytes);
-  stage_totals_.busy_seconds += stats.busy_seconds;
-  stage_totals_.wait_seconds += stats.wait_seconds;
-  stage_totals_.seconds += stats.seconds;
-  return sums;
-}
-
-// Every rank's model made whole: each stage broadcasts its layers' parameters and buffers over
-// its pipeline group, so evaluation, saving and the summary's hash see the trained model.
-void Run::sync_stages() {
-  if (!stage_) return;
-  // Before the broadcast below makes them so: the copies kept by the steps themselves.
-  if (tied_ && !tied_->copies_identical()) summary_.tied_copies_identical = false;
-  for (size_t i = 0; i < all_layers_.size(); ++i) {
-    for (Tensor t : layer_parameters(all_layers_[i]))
-      pipeline_group_->broadcast(t, layer_stage_[i]);
-    for (nn::Module* m : all_layers_[i].modules) {
-      for (auto& [name, t] : m->named_buffers()) pipeline_group_->broadcast(t, layer_stage_[i]);
-    }
-  }
-}
-
 // Buffers (BatchNorm's running statistics) are rank 0's on every rank, as with PyTorch's DDP:
 // each rank updates its own from its own samples, training-mode BatchNorm never reads them, and
 // after every boundary rank 0's overwrite the rest -- so evaluation, saving and checkpoints see
@@ -954,7 +649,7 @@ void Run::broadcast_buffers() {
 }
 
 Evaluation Run::evaluate(bool final) {
-  sync_stages();
+  strategies_->gather_model(*model_);
   NoGradGuard no_grad;
   model_->eval();  // BatchNorm: running statistics; Dropout: off
   struct BackToTraining {
@@ -1105,42 +800,6 @@ void Run::stop(const optim::StepResult& last) {
                         c_.metrics.empty() ? "" : " (metrics written to " + c_.metrics + ")"));
 }
 
-// --pipeline: every rank's stage statistics gathered; rank 0 prints its pipeline group's, one
-// line per stage, and puts them in the metrics and the summary.
-void Run::report_stages() {
-  if (!stage_) return;
-  Tensor mine = Tensor::from_vector<double>(
-      {6}, {double(stage_->stage()), double(stage_totals_.max_in_flight),
-            double(stage_totals_.peak_activation_bytes), stage_totals_.busy_seconds,
-            stage_totals_.wait_seconds, stage_totals_.seconds});
-  Tensor all = Tensor::zeros({6 * world_->world_size()}, DType::kFloat64);
-  world_->all_gather(mine, all);
-  const std::vector<double> v = all.to_vector<double>();
-  nlohmann::json records = nlohmann::json::array();
-  for (int s = 0; s < c_.pipeline; ++s) {  // world ranks 0 .. P - 1: rank 0's group
-    const double* r = v.data() + 6 * s;
-    StageSummary st{static_cast<int>(r[0]),
-                    static_cast<int>(r[1]),
-                    static_cast<size_t>(r[2]),
-                    r[3],
-                    r[4],
-                    r[5]};
-    log(str_cat("pipeline stage ", st.stage, ": micro-batches in flight at most ", st.max_in_flight,
-                ", peak activations ", mib(st.peak_activation_bytes), ", idle ",
-                std::llround(1000 * st.idle_fraction()) / 10.0, "% of ",
-                std::llround(1000 * st.seconds) / 1000.0, " s"));
-    records.push_back({{"stage", st.stage},
-                       {"max_in_flight", st.max_in_flight},
-                       {"peak_activation_bytes", st.peak_activation_bytes},
-                       {"busy_seconds", st.busy_seconds},
-                       {"wait_seconds", st.wait_seconds},
-                       {"seconds", st.seconds},
-                       {"idle_fraction", st.idle_fraction()}});
-    summary_.stages.push_back(st);
-  }
-  metrics_->emit({{"event", "pipeline"}, {"schedule", c_.pipeline_schedule}, {"stages", records}});
-}
-
 // The summary: counters, memory, the offloaded optimizer's traffic, one line and one record.
 void Run::report_summary() {
   summary_.steps = acc_->steps();
@@ -1164,19 +823,7 @@ void Run::report_summary() {
       static_cast<double>(samples_seen_) / std::max(summary_.train_seconds, 1e-9);
   summary_.tokens_per_second =
       static_cast<double>(tokens_trained_) / std::max(summary_.train_seconds, 1e-9);
-  std::string offload_line;
-  if (offload_) {
-    summary_.offload = offload_->traffic();
-    const auto per_step = [&](size_t bytes) {
-      return mib(bytes / static_cast<size_t>(std::max<int64_t>(summary_.offload.steps, 1)));
-    };
-    offload_line = str_cat(
-        " | offloaded: training state ", mib(summary_.device_state_bytes), " on ", c_.device.str(),
-        ", ", mib(summary_.host_state_bytes), " pinned on the host; per step ",
-        per_step(summary_.offload.to_host_bytes), " to the host (", summary_.offload.prefetched,
-        " copies during backward, ", summary_.offload.fetched_at_step, " at the boundary), ",
-        per_step(summary_.offload.from_host_bytes), " back");
-  }
+  summary_.footprint = strategies_->footprint(*arena_, *optimizer_);
   const Evaluation& e = summary_.evaluation;
   std::ostringstream line;
   line << "done: " << e.label << " " << std::fixed << std::setprecision(2)
@@ -1190,7 +837,8 @@ void Run::report_summary() {
                        : batch.str())
        << " | device " << c_.device.str() << " | peak " << mib(mem.peak_bytes) << ", activations "
        << mib(mem.peak_activation_bytes) << ", optimizer state " << mib(optimizer_->state_bytes())
-       << (world_->world_size() > 1 ? " per rank" : "") << offload_line << " | " << c_.precision
+       << (world_->world_size() > 1 ? " per rank" : "") << strategies_->summary_part(summary_)
+       << " | " << c_.precision
        << (scaling_.on ? str_cat(", loss scale ", optimizer_->scaler_state().first) : "")
        << " | skipped steps " << acc_->skipped_steps() << " | "
        << (tuner_ ? tuner_->describe() : std::to_string(c_.threads) + " threads (fixed)")
@@ -1263,8 +911,8 @@ std::string Run::device_path_line() const {
 // The end of the run: its last checkpoint, the summary, the metrics file, and --save.
 void Run::finish() {
   write_checkpoint(position_);  // unless that step was just written
-  sync_stages();
-  report_stages();
+  strategies_->gather_model(*model_);
+  strategies_->report(summary_, *metrics_);
   report_summary();
   metrics_->commit();
   if (summary_.steps > 0 && summary_.skipped_steps == summary_.steps) {
@@ -1272,8 +920,7 @@ void Run::finish() {
                                      " steps were skipped (non-finite gradients)",
                                      c_.save.empty() ? "" : "; nothing saved"));
   }
-  const std::vector<nn::NamedTensor> masters =
-      stage_ ? gathered_masters() : arena_->named_masters();
+  const std::vector<nn::NamedTensor> masters = strategies_->whole_masters(*arena_, *model_);
   summary_.parameter_hash = tensor_hash(masters);
   summary_.buffer_hash = tensor_hash(model_->named_buffers());
   summary_.buckets_overlapped = acc_->buckets_overlapped();
@@ -1311,8 +958,8 @@ Summary Run::train() {
   run_config_ = run_config();
   resume();
   if (!c_.save_init.empty()) {
-    sync_stages();  // the buffers of a resumed pipeline's other stages
-    save_weights(c_.save_init, stage_ ? gathered_masters() : arena_->named_masters());
+    strategies_->gather_model(*model_);  // the buffers of a resumed pipeline's other stages
+    save_weights(c_.save_init, strategies_->whole_masters(*arena_, *model_));
   }
   metrics_ = std::make_unique<MetricsLog>(lead_ ? c_.metrics : std::string());
   if (!c_.resume.empty()) metrics_->continue_from(start_.step, start_.epoch);

@@ -20,6 +20,7 @@
 #include "optim/offload.h"
 #include "train/config.h"
 #include "train/step_graphs.h"
+#include "train/strategy.h"
 #include "train/task.h"
 
 namespace accrue::train {
@@ -104,6 +105,8 @@ struct Summary {
   // included), and what the driver says is in use on it (cudaMemGetInfo; 0 on the CPU).
   size_t device_reserved_bytes = 0;
   size_t device_used_bytes = 0;
+  // What this rank held for training and what a window moved, by the strategies' reckoning.
+  Footprint footprint;
 };
 
 // Trains and evaluates; prints progress and the summary to out (rank 0 only). Metrics

@@ -18,6 +18,7 @@
 #include "train/budget.h"
 #include "train/checkpoint.h"
 #include "train/run.h"
+#include "train/strategies.h"
 
 namespace accrue::train {
 
@@ -432,23 +433,11 @@ void Flags::check() {
   c_.shuffle = !no_shuffle_;
   // The world size comes from the launcher's environment: no MPI call before the data is read.
   const distributed::LaunchInfo launch = distributed::launch_info();
+  check_strategies(c_);
   train::check_pipeline(c_, launch.world_size);
   check_batches(launch.world_size / c_.pipeline);
-  if (c_.zero == 1 && c_.bucket_kib > 0) {
-    throw ValueError(
-        "--zero 1 reduce-scatters the gradient at the boundary; it does not "
-        "combine with --bucket-kib (overlapped all-reduce)");
-  }
-  if (c_.offload_optimizer && c_.zero == 1) {
-    throw ValueError(
-        "--offload-optimizer keeps the whole optimizer state on the host; it does not combine "
-        "with --zero 1 (sharded optimizer state)");
-  }
   if (c_.cuda_graphs == CudaGraphs::kOn && !c_.device.is_cuda()) {
     throw ValueError("--cuda-graphs on needs a GPU; this run's device is " + c_.device.str());
-  }
-  if (c_.cuda_graphs == CudaGraphs::kOn && c_.pipeline > 1) {
-    throw ValueError("--cuda-graphs on: pipeline stages (--pipeline) run eagerly");
   }
   check_each_flag_takes_effect();
   if (launch.rank == 0) check_outputs();  // rank 0 alone writes them

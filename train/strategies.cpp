@@ -1,0 +1,330 @@
+// The built-in strategies around one process's training (data parallel, ZeRO-1, the offloaded
+// optimizer), the table of what combines, and their composition (strategies.h). Pipeline stages
+// are pipeline_strategy.cpp's.
+#include "train/strategies.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "distributed/data_parallel.h"
+#include "distributed/zero.h"
+#include "train/engine.h"
+#include "train/pipeline_strategy.h"
+#include "train/report.h"
+
+namespace accrue::train {
+
+namespace {
+
+// Bytes a ring moves per rank to sum (or gather) `bytes` over `ranks`: 2 (P - 1) / P of them for
+// an all-reduce, half of that for a reduce-scatter or an all-gather.
+size_t ring_bytes(size_t bytes, int ranks, double passes) {
+  return ranks <= 1
+             ? 0
+             : static_cast<size_t>(passes * static_cast<double>(bytes) * (ranks - 1) / ranks);
+}
+
+// The bytes of the arena's master copy, and of its 16-bit working copy (0 without one).
+size_t master_bytes(const optim::ParameterArena& arena) {
+  return static_cast<size_t>(arena.size()) * dtype_size(arena.dtype());
+}
+size_t working_bytes(const optim::ParameterArena& arena) {
+  return arena.working().defined() ? arena.working().nbytes() : 0;
+}
+
+// Several ranks replicate the model and sum the window's gradient once: whole at the boundary,
+// or bucket by bucket during the last backward (--bucket-kib).
+class DataParallel final : public Strategy {
+ public:
+  std::string name() const override {
+    return str_cat("data parallel: all-reduce over ", ranks_->world_size(), " ranks");
+  }
+  distributed::Communicator& place(distributed::Communicator& ranks) override {
+    ranks_ = &ranks;
+    return ranks;
+  }
+  void attach(optim::Optimizer& optimizer) override {
+    all_reduce_ = std::make_unique<distributed::GradientAllReduce>(optimizer.arena(), *ranks_);
+  }
+  optim::GradientConsumer* gradients() override { return all_reduce_.get(); }
+  optim::PartialSumReducer* loss_reducer() override { return all_reduce_.get(); }
+  Footprint footprint(const optim::ParameterArena& arena, const optim::Optimizer&) const override {
+    return {0, 0, 0, ring_bytes(master_bytes(arena), ranks_->world_size(), 2)};
+  }
+
+ private:
+  distributed::Communicator* ranks_ = nullptr;
+  std::unique_ptr<distributed::GradientAllReduce> all_reduce_;
+};
+
+// ZeRO stage 1: the arena padded to equal shards, each rank keeping the optimizer state of its
+// own; the gradient reduce-scattered, the updated shards all-gathered.
+class ZeroStageOne final : public Strategy {
+ public:
+  std::string name() const override {
+    return str_cat("ZeRO-1: optimizer state in ", ranks_->world_size(), " shards");
+  }
+  distributed::Communicator& place(distributed::Communicator& ranks) override {
+    ranks_ = &ranks;
+    return ranks;
+  }
+  std::unique_ptr<optim::ParameterArena> make_arena(nn::Module& model) override {
+    return std::make_unique<optim::ParameterArena>(model, ranks_->world_size());
+  }
+  void attach(optim::Optimizer& optimizer) override {
+    zero_ = std::make_unique<distributed::ZeroOptimizerState>(optimizer, *ranks_);
+  }
+  optim::GradientConsumer* gradients() override { return zero_.get(); }
+  optim::PartialSumReducer* loss_reducer() override { return zero_.get(); }
+  Footprint footprint(const optim::ParameterArena& arena, const optim::Optimizer&) const override {
+    const size_t elements = static_cast<size_t>(arena.size());
+    const size_t grads = elements * dtype_size(arena.dtype());
+    const size_t weights =
+        grads + (arena.working().defined() ? elements * dtype_size(arena.working().dtype()) : 0);
+    return {
+        0, 0, 0,
+        ring_bytes(grads, ranks_->world_size(), 1) + ring_bytes(weights, ranks_->world_size(), 1)};
+  }
+
+ private:
+  distributed::Communicator* ranks_ = nullptr;
+  std::unique_ptr<distributed::ZeroOptimizerState> zero_;
+};
+
+// The offloaded optimizer: masters and state in pinned host memory, the gradient copied there
+// (by buckets during the last backward, 1 MiB by default on one rank), the step on the CPU, the
+// weights copied back.
+class Offload final : public Strategy {
+ public:
+  explicit Offload(Device device) : device_(device) {}
+  std::string name() const override { return "offloaded optimizer: masters and state on the host"; }
+  distributed::Communicator& place(distributed::Communicator& ranks) override {
+    ranks_ = &ranks;
+    return ranks;
+  }
+  void place_parameters(nn::Module&, optim::ParameterArena& arena) override {
+    arena.offload_masters();
+  }
+  void attach(optim::Optimizer& optimizer) override {
+    offload_ = std::make_unique<optim::HostOffload>(optimizer);
+  }
+  optim::GradientConsumer* gradients() override { return offload_.get(); }
+  int64_t default_bucket_kib() const override { return ranks_->world_size() == 1 ? 1024 : 0; }
+  void report(Summary& summary, MetricsLog&) override { summary.offload = offload_->traffic(); }
+  std::string summary_part(const Summary& s) const override {
+    const auto per_step = [&](size_t bytes) {
+      return mib(bytes / static_cast<size_t>(std::max<int64_t>(s.offload.steps, 1)));
+    };
+    return str_cat(" | offloaded: training state ", mib(s.device_state_bytes), " on ",
+                   device_.str(), ", ", mib(s.host_state_bytes), " pinned on the host; per step ",
+                   per_step(s.offload.to_host_bytes), " to the host (", s.offload.prefetched,
+                   " copies during backward, ", s.offload.fetched_at_step, " at the boundary), ",
+                   per_step(s.offload.from_host_bytes), " back");
+  }
+  Footprint footprint(const optim::ParameterArena& arena, const optim::Optimizer&) const override {
+    // The gradient to the host, the 16-bit working copy (or the masters) back.
+    const size_t back = arena.working().defined() ? working_bytes(arena) : master_bytes(arena);
+    return {0, 0, 0, master_bytes(arena) + back};
+  }
+
+ private:
+  Device device_;
+  distributed::Communicator* ranks_ = nullptr;
+  std::unique_ptr<optim::HostOffload> offload_;
+};
+
+// Consumers in turn (strategies.h): the buckets go to the first, and each finishes in order.
+class Consumers final : public optim::GradientConsumer {
+ public:
+  explicit Consumers(std::vector<optim::GradientConsumer*> list) : list_(std::move(list)) {}
+  void ready(int64_t begin, int64_t end) override { list_.front()->ready(begin, end); }
+  void finish() override {
+    for (optim::GradientConsumer* c : list_) c->finish();
+  }
+  bool abandon() override {
+    bool all = true;
+    for (optim::GradientConsumer* c : list_) all = c->abandon() && all;
+    return all;
+  }
+
+ private:
+  std::vector<optim::GradientConsumer*> list_;
+};
+
+// What does not combine: both flags, and why.
+struct Exclusion {
+  const char* first;
+  const char* second;
+  bool (*both)(const Config&);
+  const char* why;
+};
+
+const Exclusion kExclusions[] = {
+    {"--zero 1", "--bucket-kib", [](const Config& c) { return c.zero == 1 && c.bucket_kib > 0; },
+     "ZeRO-1 reduce-scatters the gradient at the boundary, it overlaps no all-reduce"},
+    {"--offload-optimizer", "--zero 1",
+     [](const Config& c) { return c.offload_optimizer && c.zero == 1; },
+     "the offloaded optimizer keeps the whole optimizer state on the host, not a shard"},
+    {"--pipeline", "--zero 1", [](const Config& c) { return c.pipeline > 1 && c.zero == 1; },
+     "a stage's arena is its own layers'"},
+    {"--pipeline", "--offload-optimizer",
+     [](const Config& c) { return c.pipeline > 1 && c.offload_optimizer; },
+     "a stage's optimizer stays on its device"},
+    {"--pipeline", "--memory-budget",
+     [](const Config& c) { return c.pipeline > 1 && !c.memory_budget.empty(); },
+     "the probes run one process's micro-step"},
+    {"--pipeline", "--bucket-kib",
+     [](const Config& c) { return c.pipeline > 1 && c.bucket_kib > 0; },
+     "stages send their gradients at the boundary"},
+    {"--pipeline", "--cuda-graphs on",
+     [](const Config& c) { return c.pipeline > 1 && c.cuda_graphs == CudaGraphs::kOn; },
+     "pipeline stages run eagerly"},
+};
+
+}  // namespace
+
+void check_strategies(const Config& config) {
+  for (const Exclusion& e : kExclusions) {
+    if (e.both(config)) {
+      throw ValueError(str_cat(e.first, " does not combine with ", e.second, " (", e.why, ")"));
+    }
+  }
+}
+
+Strategies::Strategies(const StrategyContext& ctx) : ctx_(ctx) {}
+Strategies::~Strategies() = default;
+
+distributed::Communicator& Strategies::place(distributed::Communicator& world) {
+  const Config& c = ctx_.config;
+  check_strategies(c);
+  distributed::Communicator* ranks = &world;
+  const auto add = [&](std::shared_ptr<Strategy> s) {
+    ranks = &s->place(*ranks);
+    list_.push_back(std::move(s));
+  };
+  if (c.pipeline > 1) add(std::make_shared<PipelineStages>(ctx_));
+  // Whether the parameters are replicated is known once the stages have taken their ranks.
+  if (c.zero == 1) {
+    add(std::make_shared<ZeroStageOne>());
+  } else if (ranks->world_size() > 1) {
+    add(std::make_shared<DataParallel>());
+  }
+  if (c.offload_optimizer) add(std::make_shared<Offload>(c.device));
+  for (const std::shared_ptr<Strategy>& s : c.strategies) add(s);
+  return *ranks;
+}
+
+std::string Strategies::names() const {
+  std::string out;
+  for (const auto& s : list_) out += (out.empty() ? "" : "; ") + s->name();
+  return out.empty() ? "one process" : out;
+}
+
+std::string Strategies::checkpoint_subfolder() const {
+  std::string out;
+  for (const auto& s : list_) out += s->checkpoint_subfolder();
+  return out;
+}
+
+void Strategies::check_resume_folder(const std::string& resume) const {
+  if (checkpoint_subfolder().empty() && std::filesystem::is_directory(resume + "/stage-0")) {
+    throw FileError(str_cat("--resume ", resume,
+                            ": it holds the checkpoints of pipeline "
+                            "stages (written with --pipeline); this run has --pipeline 1"));
+  }
+  for (const auto& s : list_) s->check_resume_folder(resume);
+}
+
+std::unique_ptr<optim::ParameterArena> Strategies::make_arena(nn::Module& model) {
+  for (const auto& s : list_) {
+    if (auto arena = s->make_arena(model)) return arena;
+  }
+  return std::make_unique<optim::ParameterArena>(model, 1);
+}
+
+void Strategies::place_parameters(nn::Module& model, optim::ParameterArena& arena) {
+  for (const auto& s : list_) s->place_parameters(model, arena);
+}
+
+void Strategies::attach(optim::Optimizer& optimizer) {
+  for (const auto& s : list_) s->attach(optimizer);
+  std::vector<optim::GradientConsumer*> consumers;
+  for (const auto& s : list_) {
+    if (optim::GradientConsumer* g = s->gradients()) consumers.push_back(g);
+  }
+  if (consumers.size() == 1) gradients_ = consumers.front();
+  if (consumers.size() > 1) {
+    chains_.push_back(std::make_unique<Consumers>(consumers));
+    gradients_ = chains_.back().get();
+  }
+}
+
+optim::PartialSumReducer* Strategies::loss_reducer() {
+  for (const auto& s : list_) {
+    if (optim::PartialSumReducer* r = s->loss_reducer()) return r;
+  }
+  return nullptr;
+}
+
+int64_t Strategies::default_bucket_kib() const {
+  int64_t kib = 0;
+  for (const auto& s : list_) kib = std::max(kib, s->default_bucket_kib());
+  return kib;
+}
+
+Strategy* Strategies::window_runner() const {
+  for (const auto& s : list_) {
+    if (s->runs_windows()) return s.get();
+  }
+  return nullptr;
+}
+
+void Strategies::check_plan(const optim::ResolvedBatch& batch, int64_t epoch) const {
+  for (const auto& s : list_) s->check_plan(batch, epoch);
+}
+
+void Strategies::gather_model(nn::Module& model) {
+  for (const auto& s : list_) s->gather_model(model);
+}
+
+std::vector<nn::NamedTensor> Strategies::whole_masters(optim::ParameterArena& arena,
+                                                       nn::Module& model) {
+  for (const auto& s : list_) {
+    if (auto masters = s->whole_masters(arena, model)) return *masters;
+  }
+  return arena.named_masters();
+}
+
+void Strategies::after_resume(int64_t step) {
+  for (const auto& s : list_) s->after_resume(step);
+}
+
+void Strategies::describe(nlohmann::json& run_config) const {
+  for (const auto& s : list_) s->describe(run_config);
+}
+
+void Strategies::report(Summary& summary, MetricsLog& metrics) {
+  for (const auto& s : list_) s->report(summary, metrics);
+}
+
+std::string Strategies::summary_part(const Summary& summary) const {
+  std::string out;
+  for (const auto& s : list_) out += s->summary_part(summary);
+  return out;
+}
+
+Footprint Strategies::footprint(const optim::ParameterArena& arena,
+                                const optim::Optimizer& optimizer) const {
+  Footprint f;
+  f.parameters = master_bytes(arena) + working_bytes(arena);
+  f.gradients = master_bytes(arena);
+  f.optimizer_state = optimizer.state_bytes();
+  for (const auto& s : list_) f.moved_per_window += s->footprint(arena, optimizer).moved_per_window;
+  return f;
+}
+
+nn::LossSum Strategy::run_window(nn::Module&, const WindowRun&) {
+  throw std::logic_error("[strategy] " + name() + " does not run windows");
+}
+
+}  // namespace accrue::train
