@@ -19,18 +19,19 @@ base_and_data() {
     { echo "$name: no MNIST in $data (scripts/fetch-mnist.sh $data)" >&2; exit 2; }
 }
 
-# two_builds BASE DIR NAME: builds accrue-mnist twice on this machine with the same options, once
-# from BASE (a commit, checked out in a git worktree) and once from the current tree, and sets
-# base_build and head_build to the two build folders. The worktree and both builds go under DIR;
-# NAME prefixes the messages. BASE_BUILD / HEAD_BUILD reuse existing CPU Release build folders
-# instead.
+# two_builds BASE DIR NAME: builds accrue-mnist (and the targets in build_targets, when the
+# caller sets it) twice on this machine with the same options, once from BASE (a commit, checked
+# out in a git worktree) and once from the current tree, and sets base_build and head_build to the
+# two build folders. The worktree and both builds go under DIR; NAME prefixes the messages.
+# BASE_BUILD / HEAD_BUILD reuse existing CPU Release build folders instead.
 two_builds() {
   local base=$1 dir=$2 name=$3 src
+  [ -n "${build_targets+set}" ] || build_targets=()
   local options=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DACCRUE_CUDA=OFF -DACCRUE_BUILD_TESTS=OFF
                  -DACCRUE_BUILD_BENCH=OFF)
   build_mnist() {  # build_mnist SRC BUILD_DIR
     cmake -S "$1" -B "$2" "${options[@]}" >/dev/null
-    cmake --build "$2" -j"$(nproc)" --target accrue-mnist >/dev/null
+    cmake --build "$2" -j"$(nproc)" --target accrue-mnist "${build_targets[@]}" >/dev/null
   }
   base_build=${BASE_BUILD:-$dir/base-build}
   head_build=${HEAD_BUILD:-$dir/head-build}

@@ -1,0 +1,202 @@
+// The run's recipe and configuration (what ranks must agree on and a resume must match),
+// the resume, and the checkpoints (engine_run.h).
+#include "train/engine_run.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "kernels/factories.h"
+#include "optim/safetensors.h"
+#include "train/agreement.h"
+
+namespace accrue::train::engine {
+
+// The recipe's settings as given: precision, optimizer, learning rate and schedule, clipping,
+// the k schedule, sharding and the seed.
+nlohmann::ordered_json Run::recipe() const {
+  return {{"precision", c_.precision},
+          {"loss_scale", c_.loss_scale},
+          {"optimizer", c_.optimizer},
+          {"weight_decay", c_.weight_decay},
+          {"momentum", c_.momentum},
+          {"lr", c_.lr},
+          {"lr_scaling", c_.lr_scaling},
+          {"base_batch", c_.base_batch},
+          {"schedule", c_.schedule},
+          {"warmup", c_.warmup},
+          {"clip", c_.clip},
+          {"accum_schedule", c_.accum_schedule},
+          {"zero", c_.zero},
+          {"seed", c_.seed},
+          {"shuffle", c_.shuffle}};
+}
+
+// What a resume must match to continue this run bit for bit: the recipe, the resolved batch,
+// the ranks, the data's size and the task's settings.
+nlohmann::json Run::run_config() {
+  const optim::ResolvedBatch batch = plan_for(0).batch;
+  nlohmann::json j = recipe();
+  j.update({{"batch", batch.batch},
+            {"micro_batch", batch.micro_batch},
+            {"accum_steps", k_schedule_ ? 0 : batch.accum_steps},
+            {"ranks", comm_->world_size()},
+            {"train_samples", train_samples_}});
+  for (auto it = task_.settings.begin(); it != task_.settings.end(); ++it) j[it.key()] = *it;
+  strategies_->describe(j);
+  return j;
+}
+
+// Before any other collective: every rank must train the same model on the same data with the
+// same recipe (agreement.h). Left out: what may differ per rank (threads, outputs, quiet, which
+// GPU).
+void Run::check_ranks_agree_before_training() {
+  if (world_->world_size() == 1) return;
+  nlohmann::ordered_json settings = {{"program", task_.program},
+                                     {"device_type", c_.device.is_cuda() ? "cuda" : "cpu"},
+                                     {"micro_batch", c_.micro_batch},
+                                     {"accum_steps", c_.accum_steps},
+                                     {"batch", c_.batch},
+                                     {"memory_budget", c_.memory_budget},
+                                     {"epochs", c_.epochs},
+                                     {"max_steps", c_.max_steps},
+                                     {"train_limit", c_.train_limit},
+                                     {"pipeline", c_.pipeline},
+                                     {"pipeline_schedule", c_.pipeline_schedule}};
+  settings.update(recipe());
+  settings.update(nlohmann::ordered_json{{"bucket_kib", c_.bucket_kib},
+                                         {"offload_optimizer", c_.offload_optimizer},
+                                         {"checkpoint", !c_.checkpoint.empty()},
+                                         {"checkpoint_every", c_.checkpoint_every},
+                                         {"resume", !c_.resume.empty()},
+                                         {"init", !c_.init.empty()}});
+  for (auto it = task_.settings.begin(); it != task_.settings.end(); ++it) {
+    settings["task." + it.key()] = *it;
+  }
+  // Last, what follows from the above: a different flag is named rather than its consequence.
+  settings["train_samples"] = train_samples_;
+  nlohmann::json layout = nlohmann::json::array();
+  const auto add = [&](const std::vector<nn::NamedTensor>& tensors) {
+    for (const auto& [name, t] : tensors) {
+      layout.push_back(str_cat(name, " ", dtype_name(t.dtype()), shape_str(t.shape())));
+    }
+  };
+  add(model_->named_parameters());
+  add(model_->named_buffers());
+  settings["parameter_layout"] = layout;
+  settings["initial_parameters"] = tensor_hash(model_->named_parameters());
+  check_ranks_agree(*world_, settings);
+}
+
+// --resume: the masters and buffers, then the working copy from the masters (what it always
+// is), the optimizer's state and the step clock.
+void Run::resume() {
+  if (c_.resume.empty()) return;
+  strategies_->check_resume_folder(c_.resume);
+  auto state = arena_->named_masters();
+  for (auto& b : model_->named_buffers()) state.push_back(b);
+  // A checkpoint with a model tensor this model lacks is at fault itself: the older one is tried.
+  const auto only_known_tensors = [&](const Checkpoint& c) {
+    for (const auto& [name, t] : c.model) {
+      const bool known = std::any_of(state.begin(), state.end(),
+                                     [&](const nn::NamedTensor& s) { return s.first == name; });
+      if (!known) {
+        throw FileError(str_cat(c.path, ": the checkpoint has '", name, "' (", t.describe(),
+                                "), which the model does not"));
+      }
+    }
+  };
+  const Checkpoint saved = read_latest_checkpoint(resume_dir_, [&](const Checkpoint& c) {
+    validate_position(c);
+    only_known_tensors(c);
+  });
+  check_compatible(saved.config, run_config_, saved.path);
+  if (!saved.run_id.empty()) run_id_ = saved.run_id;
+  for (auto& [name, t] : state) {
+    // The dtype as saved, or a narrower integer one (an int32 BatchNorm counter, widened).
+    const auto it = saved.model.find(name);
+    if (it == saved.model.end() || it->second.shape() != t.shape() ||
+        (it->second.dtype() != t.dtype() && !integer_widens(it->second.dtype(), t.dtype()))) {
+      throw FileError(str_cat(saved.path, ": the checkpoint's '", name, "' is ",
+                              it == saved.model.end() ? "missing" : it->second.describe(),
+                              ", the model's is ", t.describe()));
+    }
+    t.copy_(to_dtype(it->second, t.dtype()).to(t.device()));
+  }
+  if (arena_->working().defined()) {
+    arena_->working().copy_(to_dtype(arena_->params(), arena_->working().dtype()));
+  }
+  try {
+    optimizer_->load_state(saved.optimizer);
+  } catch (const std::invalid_argument& e) {
+    throw FileError(str_cat(saved.path, ": its optimizer state does not fit this run: ", e.what()));
+  }
+  acc_->restore_clock(saved.position.step, saved.position.skipped);
+  strategies_->after_resume(saved.position.step);
+  start_ = saved.position;
+  last_checkpoint_ = start_.step;  // already on disk
+  // The samples seen before the position: whole epochs, then the windows of its epoch.
+  samples_seen_ = start_.epoch * train_samples_;
+  const auto& windows = plan_for(start_.epoch).windows;
+  for (int64_t w = 0; w < start_.window; ++w)
+    samples_seen_ += windows[static_cast<size_t>(w)].samples;
+  log(str_cat("resumed from ", saved.path, ": step ", start_.step, ", epoch ", start_.epoch + 1,
+              ", window ", start_.window + 1));
+}
+
+// A checkpoint's position must be one this run's plan reaches: the windows of the epochs before
+// it plus its window are its step, and the window exists in its epoch. An edited step, epoch or
+// window would otherwise silently move the run to other samples or another schedule point.
+void Run::validate_position(const Checkpoint& saved) {
+  const TrainPosition& p = saved.position;
+  constexpr int64_t kMaxEpochs = 1000000;  // the --epochs flag's limit
+  if (p.epoch > kMaxEpochs) {
+    throw FileError(str_cat(saved.path, ": epoch ", p.epoch, " is beyond any run (", kMaxEpochs,
+                            " epochs at most)"));
+  }
+  int64_t steps = 0;
+  for (int64_t e = 0; e < p.epoch && steps <= p.step; ++e) {
+    steps += static_cast<int64_t>(plan_for(e).windows.size());
+  }
+  const int64_t windows = static_cast<int64_t>(plan_for(p.epoch).windows.size());
+  if (p.window >= windows || steps + p.window != p.step) {
+    throw FileError(str_cat(saved.path, ": position step ", p.step, ", epoch ", p.epoch,
+                            ", window ", p.window, " is not one this run reaches (epoch ", p.epoch,
+                            " starts at step ", steps, " and has ", windows, " windows)"));
+  }
+}
+
+// What --save and a checkpoint's model part hold: the master parameters, then the buffers.
+std::vector<nn::NamedTensor> saved_state(optim::ParameterArena& arena, const nn::Module& model) {
+  std::vector<nn::NamedTensor> state = arena.named_masters();
+  for (auto& b : model.named_buffers()) state.push_back(b);
+  return state;
+}
+
+// A checkpoint of the state after position.step windows (every rank takes part: a sharded
+// optimizer gathers its state; rank 0 writes).
+void Run::write_checkpoint(const TrainPosition& position) {
+  if (c_.checkpoint.empty() || position.step == last_checkpoint_) return;
+  const auto optimizer_state = optimizer_->save_state();
+  const auto model_state = saved_state(*arena_, *model_);
+  // The metrics first: killed between the two, the resume starts from the previous checkpoint
+  // and drops the records past it; the other way round, records would be lost.
+  if (lead_) metrics_->publish();
+  if (writes_checkpoints_) {
+    train::write_checkpoint(checkpoint_dir_, run_id_, run_config_, position, model_state,
+                            optimizer_state);
+  }
+  if (world_->world_size() > 1) {
+    // No rank reads it before it is complete. The others wait here while rank 0 writes: the
+    // watchdog allows that at a slow disk's 1 MiB/s.
+    size_t bytes = 0;
+    for (const auto& state : {&optimizer_state, &model_state}) {
+      for (const auto& [name, t] : *state) bytes += t.nbytes();
+    }
+    const distributed::LongWaitAllowance allowance(*world_, static_cast<double>(bytes) / (1 << 20));
+    world_->barrier();
+  }
+  last_checkpoint_ = position.step;
+  if (callbacks_.on_checkpoint) callbacks_.on_checkpoint({position.step, c_.checkpoint});
+}
+
+}  // namespace accrue::train::engine

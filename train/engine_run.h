@@ -1,0 +1,126 @@
+// The training engine's run (engine.h's train()), one object holding a run's state, its member
+// functions split over files by concern: engine.cpp the flow (ranks, data, model, optimizer,
+// epochs, the end), engine_checkpoint.cpp what a resume must match and the checkpoints,
+// engine_window.cpp a window's micro-steps on the device path, engine_report.cpp the step and
+// epoch records and the summary. Internal to train/: include engine.h. Read next: engine.cpp.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "core/staging.h"
+#include "core/threads.h"
+#include "optim/accumulator.h"
+#include "optim/schedule.h"
+#include "train/budget.h"
+#include "train/checkpoint.h"
+#include "train/engine.h"
+#include "train/report.h"
+#include "train/step_graphs.h"
+#include "train/strategies.h"
+
+namespace accrue::train::engine {
+
+// An epoch's batch: its resolved sizes, its windows and its learning rate (before the schedule).
+struct EpochPlan {
+  optim::ResolvedBatch batch;
+  std::vector<optim::Window> windows;
+  double lr;
+};
+
+class Run {
+ public:
+  Run(const Config& config, Task& task, std::ostream& out, const Callbacks& callbacks)
+      : c_(config), task_(task), out_(out), callbacks_(callbacks) {}
+  Summary train();
+
+ private:
+  void log(const std::string& line) const {
+    if (!c_.quiet) out_ << line << "\n";
+  }
+  void setup_ranks_and_threads();
+  void build_model();
+  void check_ranks_agree_before_training();
+  void fit_memory_budget();
+  const EpochPlan& plan_for(int64_t epoch);
+  void build_optimizer();
+  void build_accumulator();
+  nlohmann::ordered_json recipe() const;
+  nlohmann::json run_config();
+  void resume();
+  void validate_position(const Checkpoint& saved);
+  void save_weights(const std::string& path, const std::vector<nn::NamedTensor>& masters);
+  void write_checkpoint(const TrainPosition& position);
+  void broadcast_buffers();
+  void run_epoch(int64_t epoch);
+  [[noreturn]] void stop(const optim::StepResult& last);
+  void report_step(const optim::StepResult& r, const EpochPlan& plan, int64_t epoch,
+                   int64_t samples, int64_t tokens);
+  void order_shares_by_length(const EpochPlan& plan, std::vector<int32_t>& order) const;
+  int64_t tokens_of(const optim::Window& w, const std::vector<int32_t>& order) const;
+  // final: the run's last epoch (Task::evaluate_final).
+  void end_epoch(int64_t epoch, double epoch_loss, int64_t epoch_items, double epoch_seconds,
+                 bool final);
+  optim::StepResult run_window(const optim::Window& w, const Tensor& order,
+                               const std::vector<int32_t>& order_host);
+  optim::StepResult run_window_once(const optim::Window& w, const Tensor& order,
+                                    const std::vector<int32_t>& order_host);
+  void run_micro_steps(const optim::Window& w, const Tensor& order,
+                       const std::vector<int32_t>& order_host,
+                       const std::function<int64_t(int64_t, int64_t)>& items_of);
+  void setup_device_path();
+  Evaluation evaluate(bool final);
+  void finish();
+  void report_summary();
+  std::string device_path_line() const;
+
+  Config c_;
+  Task& task_;
+  std::ostream& out_;
+  const Callbacks& callbacks_;
+  distributed::Communicator* comm_ = nullptr;   // the data-parallel ranks (of this stage)
+  distributed::Communicator* world_ = nullptr;  // every rank of the job
+  bool lead_ = true;
+  // Checkpoints: where this rank's are written and read (a stage's subfolder with --pipeline),
+  // and whether it writes them (the first data-parallel rank of its stage).
+  std::string checkpoint_dir_, resume_dir_;
+  bool writes_checkpoints_ = true;
+  // How training is spread over the ranks (strategies.h): everything of data parallelism,
+  // ZeRO, offloading and pipeline stages lives there.
+  std::unique_ptr<Strategies> strategies_;
+  std::optional<ThreadTuner> tuner_;
+  DType compute_ = DType::kFloat32, master_ = DType::kFloat32;
+  LossScaleChoice scaling_;
+  int64_t train_samples_ = 0;
+  size_t device_bytes_before_ = 0, host_bytes_before_ = 0;
+  std::unique_ptr<nn::Module> model_;
+  std::unique_ptr<optim::ParameterArena> arena_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  std::optional<BudgetDecision> budget_;
+  std::optional<optim::AccumSchedule> k_schedule_;
+  std::map<int64_t, EpochPlan> plans_;  // by k
+  std::unique_ptr<optim::Accumulator> acc_;
+  // The device path: host-built micro-batches staged one ahead (Task::host_batch), and the
+  // micro-steps' CUDA graphs (--cuda-graphs).
+  std::unique_ptr<HostToDevice> stager_;
+  std::unique_ptr<StepGraphs> graphs_;
+  GraphCounts graph_counts_;  // of graphs that were given up
+  int64_t total_steps_ = 0;
+  nlohmann::json run_config_;
+  TrainPosition start_, position_;
+  int64_t last_checkpoint_ = -1;
+  std::optional<CheckpointLock> checkpoint_lock_;  // rank 0 with --checkpoint
+  std::string run_id_;
+  std::unique_ptr<MetricsLog> metrics_;
+  std::unique_ptr<Progress> progress_;
+  Summary summary_;
+  int64_t samples_seen_ = 0;
+  int64_t tokens_trained_ = 0;  // by this process's run (not before a resume), every rank
+};
+
+}  // namespace accrue::train::engine
