@@ -7,7 +7,8 @@
 // Callbacks. A micro-step is the recipe of the whole library:
 //   index = order[micro-batch]; batch = task.batch(index); loss = task.loss(model, batch)
 //   -> optim::Accumulator (backward seeded with 1 / items of the window) -> boundary step.
-// Read next: engine.cpp, then run.h for exit statuses, then examples/mnist/mnist.h.
+// Read next: strategy.h (how a run spreads over ranks), engine.cpp, then run.h for exit
+// statuses, then examples/mnist/mnist.h.
 #pragma once
 
 #include <cstdint>
