@@ -80,8 +80,15 @@ void Run::end_epoch(int64_t epoch, double epoch_loss, int64_t epoch_items, doubl
   if (callbacks_.on_epoch) callbacks_.on_epoch(event);
 }
 
-// The summary: counters, memory, the offloaded optimizer's traffic, one line and one record.
+// The summary: its fields, one line and one record.
 void Run::report_summary() {
+  fill_summary();
+  log(summary_line());
+  metrics_->emit(summary_record());
+}
+
+// The summary's fields: counters, memory, speeds, the device path, the strategies' footprint.
+void Run::fill_summary() {
   summary_.steps = acc_->steps();
   summary_.skipped_steps = acc_->skipped_steps();
   summary_.graphs = graphs_ ? graphs_->counts() : graph_counts_;
@@ -104,6 +111,12 @@ void Run::report_summary() {
   summary_.tokens_per_second =
       static_cast<double>(tokens_trained_) / std::max(summary_.train_seconds, 1e-9);
   summary_.footprint = strategies_->footprint(*arena_, *optimizer_);
+}
+
+// "done: test accuracy 97.77% after 2345 steps | train ..."
+std::string Run::summary_line() {
+  const optim::MemoryStats& mem = acc_->memory();
+  const optim::ResolvedBatch batch = plan_for(0).batch;
   const Evaluation& e = summary_.evaluation;
   std::ostringstream line;
   line << "done: " << e.label << " " << std::fixed << std::setprecision(2)
@@ -123,7 +136,14 @@ void Run::report_summary() {
        << " | skipped steps " << acc_->skipped_steps() << " | "
        << (tuner_ ? tuner_->describe() : std::to_string(c_.threads) + " threads (fixed)")
        << device_path_line();
-  log(line.str());
+  return line.str();
+}
+
+// The summary's metrics record, with the task's own fields.
+nlohmann::json Run::summary_record() {
+  const Evaluation& e = summary_.evaluation;
+  const optim::MemoryStats& mem = acc_->memory();
+  const optim::ResolvedBatch batch = plan_for(0).batch;
   nlohmann::json record = {{"event", "summary"},
                            {e.key, e.value},
                            {"train_seconds", summary_.train_seconds},
@@ -166,7 +186,7 @@ void Run::report_summary() {
   for (auto it = task_.reported.begin(); it != task_.reported.end(); ++it) {
     record[it.key()] = *it;
   }
-  metrics_->emit(record);
+  return record;
 }
 
 // The summary's words on the device path: how often a window waited for the device, the CUDA

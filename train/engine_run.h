@@ -77,6 +77,9 @@ class Run {
   Evaluation evaluate(bool final);
   void finish();
   void report_summary();
+  void fill_summary();
+  std::string summary_line();
+  nlohmann::json summary_record();
   std::string device_path_line() const;
 
   Config c_;

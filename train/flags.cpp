@@ -124,6 +124,15 @@ CLI::Validator int_in(int64_t low, int64_t high) {
 
 Flags::Flags(CLI::App& app, Config& config) : app_(app), c_(config) {
   app_.option_defaults()->always_capture_default();
+  add_device_flags();
+  add_batch_flags();
+  add_optimizer_flags();
+  add_parallel_flags();
+  add_output_flags();
+}
+
+// Where the run computes and in which precision.
+void Flags::add_device_flags() {
   device_ = cuda_device_count() > 0 ? "cuda" : "cpu";
   app_.add_option("--device", device_, "cpu or cuda[:N] (default: cuda when present)");
   app_.add_option("--cuda-graphs", cuda_graphs_,
@@ -136,6 +145,10 @@ Flags::Flags(CLI::App& app, Config& config) : app_(app), c_(config) {
       ->check(CLI::IsMember({"fp32", "fp64", "bf16", "fp16"}));
   app_.add_option("--loss-scale", c_.loss_scale,
                   "auto (dynamic for fp16, none otherwise), none, dynamic, or a fixed scale");
+}
+
+// The batch, its accumulation, the epochs and the learning rate's schedule.
+void Flags::add_batch_flags() {
   app_.add_option("--micro-batch", c_.micro_batch, "Samples per micro-step b (default 32)")
       ->transform(int_in(0, kMaxBatch));
   app_.add_option("--accum-steps", c_.accum_steps, "Micro-steps per optimizer step k (default 4)")
@@ -168,6 +181,10 @@ Flags::Flags(CLI::App& app, Config& config) : app_(app), c_(config) {
       ->transform(int_in(0, INT32_MAX));
   app_.add_option("--clip", c_.clip, "Clip the gradient norm to this (0: off)")
       ->check(finite_in(0, kHuge));
+}
+
+// The optimizer (from the registry), the seed and the sample order, the CPU threads.
+void Flags::add_optimizer_flags() {
   // The registered optimizers (optim/registry.h), named where they are described.
   std::string optimizers, decays;
   for (const std::string& name : optim::optimizer_names()) {
@@ -193,6 +210,10 @@ Flags::Flags(CLI::App& app, Config& config) : app_(app), c_(config) {
   app_.add_option("--threads", c_.threads,
                   "CPU threads (0: tuned while training among 1, 2, 4, ..., every core)")
       ->transform(int_in(0, 4096));
+}
+
+// How the run spreads over ranks and devices (strategies.h).
+void Flags::add_parallel_flags() {
   app_.add_option("--zero", c_.zero,
                   "1: shard the optimizer state over the data-parallel ranks (ZeRO stage 1)")
       ->transform(int_in(0, 1));
@@ -213,6 +234,10 @@ Flags::Flags(CLI::App& app, Config& config) : app_(app), c_(config) {
   app_.add_flag("--offload-optimizer", c_.offload_optimizer,
                 "Keep the float master weights and the optimizer state in pinned host memory and "
                 "run the optimizer step on the CPU (ZeRO-Offload)");
+}
+
+// What the run writes and reads, and how it reports.
+void Flags::add_output_flags() {
   app_.add_option("--metrics", c_.metrics, "Write JSON Lines metrics to this file");
   app_.add_option("--save", c_.save, "Save the final weights (safetensors)");
   app_.add_option("--init", c_.init, "Start from these weights (safetensors)");

@@ -30,6 +30,11 @@ class Flags {
   void check();
 
  private:
+  void add_device_flags();
+  void add_batch_flags();
+  void add_optimizer_flags();
+  void add_parallel_flags();
+  void add_output_flags();
   void check_no_empty_values() const;
   void check_each_flag_takes_effect() const;
   void check_batches(int world_size) const;

@@ -317,12 +317,63 @@ Config::Config() {
   clip = 1.0;
 }
 
+namespace {
+
+// What the task's functions share: the dictionary's splits and the run's setup.
+struct TaskState {
+  Data data;
+  train::Setup setup;
+};
+
+// --pipeline: the embeddings, each block, and the final LayerNorm with the head, which borrows
+// the token embedding (tied) from the first layer.
+std::vector<train::Layer> gpt_layers(nn::Module& model) {
+  auto& gpt = dynamic_cast<nn::GPT&>(model);
+  std::vector<train::Layer> layers;
+  layers.push_back({"embeddings",
+                    {&gpt.wte(), &gpt.wpe()},
+                    [&gpt](const Tensor& idx) { return gpt.embed(idx); },
+                    {}});
+  for (size_t i = 0; i < gpt.n_blocks(); ++i) {
+    layers.push_back({str_cat("h.", i),
+                      {&gpt.block_module(i)},
+                      [&gpt, i](const Tensor& x) { return gpt.block(i, x); },
+                      {}});
+  }
+  layers.push_back({"ln_f + head",
+                    {&gpt.ln_f()},
+                    [&gpt](const Tensor& x) { return gpt.head(x); },
+                    {gpt.wte().weight()}});
+  return layers;
+}
+
+// The PER, the WER and the loss of the splits named (validation, test or both), the last named
+// the headline.
+train::Evaluation evaluate_splits(const TaskState& state, const Config& c, nn::Module& model,
+                                  const std::string& splits) {
+  auto& gpt = dynamic_cast<nn::GPT&>(model);
+  train::Evaluation e{"test_per", "test PER", 0, true};
+  for (const std::string split : {"validation", "test"}) {
+    if (splits != "both" && splits != split) continue;
+    const SplitResult r =
+        evaluate_split(gpt, state.data, split == "test" ? state.data.test : state.data.validation,
+                       c.eval_limit, state.setup);
+    const std::string k = split == "test" ? "test" : "val";
+    e.details[k + "_loss"] = ratio(r.loss, r.tokens);
+    e.details[k + "_per"] = ratio(r.errors.edits, r.errors.reference);
+    e.details[k + "_per_no_stress"] = ratio(r.errors.edits_no_stress, r.errors.reference_no_stress);
+    e.details[k + "_wer"] = 1.0 - ratio(r.errors.correct, r.errors.words);
+    e.key = k + "_per";
+    e.label = (split == "test" ? "test" : "validation") + std::string(" PER");
+    e.value = ratio(r.errors.edits, r.errors.reference);
+  }
+  return e;
+}
+
+}  // namespace
+
 train::Task make_task(const Config& c) {
-  struct State {
-    Data data;
-    train::Setup setup;
-  };
-  auto state = std::make_shared<State>();
+  auto state = std::make_shared<TaskState>();
   train::Task task;
   task.program = "accrue-g2p";
   task.prepare = [state, c](const train::Setup& setup) {
@@ -370,51 +421,15 @@ train::Task make_task(const Config& c) {
   task.loss = [](nn::Module& model, const train::Batch& b, DType loss_dtype) {
     return loss_of_logits(model(b.input), b, loss_dtype);
   };
-  // --pipeline: the embeddings, each block, and the final LayerNorm with the head, which
-  // borrows the token embedding (tied) from the first layer.
-  task.layers = [](nn::Module& model) {
-    auto& gpt = dynamic_cast<nn::GPT&>(model);
-    std::vector<train::Layer> layers;
-    layers.push_back({"embeddings",
-                      {&gpt.wte(), &gpt.wpe()},
-                      [&gpt](const Tensor& idx) { return gpt.embed(idx); },
-                      {}});
-    for (size_t i = 0; i < gpt.n_blocks(); ++i) {
-      layers.push_back({str_cat("h.", i),
-                        {&gpt.block_module(i)},
-                        [&gpt, i](const Tensor& x) { return gpt.block(i, x); },
-                        {}});
-    }
-    layers.push_back({"ln_f + head",
-                      {&gpt.ln_f()},
-                      [&gpt](const Tensor& x) { return gpt.head(x); },
-                      {gpt.wte().weight()}});
-    return layers;
-  };
+  task.layers = gpt_layers;
   task.loss_of_output = loss_of_logits;
   // After each epoch the validation split; after the last, the splits of --eval.
-  const auto evaluate = [state, c](nn::Module& model, const std::string& splits) {
-    auto& gpt = dynamic_cast<nn::GPT&>(model);
-    train::Evaluation e{"test_per", "test PER", 0, true};
-    for (const std::string split : {"validation", "test"}) {
-      if (splits != "both" && splits != split) continue;
-      const SplitResult r = evaluate_split(
-          gpt, state->data, split == "test" ? state->data.test : state->data.validation,
-          c.eval_limit, state->setup);
-      const std::string k = split == "test" ? "test" : "val";
-      e.details[k + "_loss"] = ratio(r.loss, r.tokens);
-      e.details[k + "_per"] = ratio(r.errors.edits, r.errors.reference);
-      e.details[k + "_per_no_stress"] =
-          ratio(r.errors.edits_no_stress, r.errors.reference_no_stress);
-      e.details[k + "_wer"] = 1.0 - ratio(r.errors.correct, r.errors.words);
-      e.key = k + "_per";
-      e.label = (split == "test" ? "test" : "validation") + std::string(" PER");
-      e.value = ratio(r.errors.edits, r.errors.reference);
-    }
-    return e;
+  task.evaluate = [state, c](nn::Module& model) {
+    return evaluate_splits(*state, c, model, "validation");
   };
-  task.evaluate = [evaluate](nn::Module& model) { return evaluate(model, "validation"); };
-  task.evaluate_final = [evaluate, c](nn::Module& model) { return evaluate(model, c.eval); };
+  task.evaluate_final = [state, c](nn::Module& model) {
+    return evaluate_splits(*state, c, model, c.eval);
+  };
   task.metadata = [state, c] {
     std::string vocab;
     for (const std::string& s : state->data.vocab.symbols) vocab += (vocab.empty() ? "" : " ") + s;
