@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "core/allocator.h"
+#include "core/clock.h"
 #include "core/error.h"
 #include "distributed/stage_ops.h"
 #include "ops/autograd.h"
@@ -22,10 +23,6 @@ void check_layout(const char* op, int stages, int stage, int micro_batches) {
                              " micro-batches: needs 0 <= stage < stages and at "
                              "least one micro-batch"));
   }
-}
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 }  // namespace

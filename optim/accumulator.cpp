@@ -147,11 +147,7 @@ void Accumulator::micro_step(int64_t items, const std::function<nn::LossSum()>& 
   counted_ = true;
   run_micro_step(items, [&] {
     const nn::LossSum loss = forward();
-    if (!loss.count.defined() || loss.count.numel() != 1) {
-      throw ValueError(str_cat("[accumulator] a LossSum's count must be one element, got ",
-                               loss.count.describe()));
-    }
-    add_count(loss.count);
+    add_count(loss.count);  // checks it is one element
     return loss.sum;
   });
 }

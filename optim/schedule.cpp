@@ -23,6 +23,22 @@ ScheduleKind Schedule::parse(const std::string& name) {
                    "': expected constant or cosine (a warmup applies to either)");
 }
 
+const char* schedule_name(ScheduleKind kind) {
+  return kind == ScheduleKind::kCosine ? "cosine" : "constant";
+}
+
+const char* lr_scaling_name(LrScaling rule) {
+  switch (rule) {
+    case LrScaling::kLinear:
+      return "linear";
+    case LrScaling::kSqrt:
+      return "sqrt";
+    case LrScaling::kNone:
+      break;
+  }
+  return "none";
+}
+
 LrScaling parse_lr_scaling(const std::string& name) {
   if (name == "none") return LrScaling::kNone;
   if (name == "linear") return LrScaling::kLinear;

@@ -22,9 +22,11 @@ struct Schedule {
   double factor(int64_t step) const;
   static ScheduleKind parse(const std::string& name);  // constant | cosine
 };
+const char* schedule_name(ScheduleKind kind);  // what Schedule::parse reads
 
 enum class LrScaling { kNone, kLinear, kSqrt };
 LrScaling parse_lr_scaling(const std::string& name);  // none | linear | sqrt
+const char* lr_scaling_name(LrScaling rule);          // what parse_lr_scaling reads
 
 // A schedule for the accumulation steps k by epoch, "epoch:k,epoch:k,..." with 1-based epochs
 // in increasing order starting at 1: "1:1,2:2,3:4,5:8" runs epoch 1 at k = 1, epoch 2 at 2,

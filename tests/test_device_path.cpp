@@ -182,7 +182,7 @@ TEST(DevicePathGraphs, ReplayedRunsAreTheEagerRunBitForBit) {
   runs.push_back(
       {"g2p", [&](train::CudaGraphs g, const std::string& save, std::vector<double>& losses) {
          g2p::Config c = g2p_config(dict, gpu);
-         c.precision = "fp32";
+         c.precision = train::Precision::kFp32;
          c.cuda_graphs = g;
          c.save = save;
          std::ostringstream out;

@@ -390,7 +390,7 @@ mnist::Config dp_config(const std::filesystem::path& data, const std::string& pr
   c.seed = 5;
   c.epochs = 2;
   c.threads = 1;
-  c.precision = precision;
+  c.precision = train::parse_precision(precision);
   c.micro_batch = 32;
   return c;
 }
@@ -414,7 +414,7 @@ TEST(Dist, PipelinedEngineEqualsOneProcessInFloat64) {
     SCOPED_TRACE(schedule);
     mnist::Config p = c;
     p.pipeline = 2;
-    p.pipeline_schedule = schedule;
+    p.pipeline_schedule = distributed::parse_pipeline_schedule(schedule);
     p.save = (data / ("pipeline-" + schedule + ".safetensors")).string();
     const Recorded r = train_recorded(p, std::cout);
     EXPECT_EQ(tape_size(), 0u);
@@ -693,7 +693,8 @@ TEST(Dist, PipelineStagesResumeBitForBit) {
   const Recorded resumed = checkpoint_and_resume(c, dir, [&](mnist::Config& r) {
     EXPECT_TRUE(std::filesystem::exists(dir / "stage-0" / "step-0000000005.json"));
     EXPECT_TRUE(std::filesystem::exists(dir / "stage-1" / "step-0000000005.json"));
-    r.pipeline_schedule = "gpipe";  // the same sums in the same order: allowed, and bitwise
+    r.pipeline_schedule = distributed::PipelineSchedule::kGPipe;  // the same sums in the same
+                                                                  // order: allowed, and bitwise
   });
   EXPECT_EQ(resumed.parameter_hash, whole.parameter_hash);
   expect_same_on_every_rank(resumed.parameter_hash);
@@ -794,7 +795,8 @@ std::filesystem::path shared_g2p_fixture(const std::string& name) {
 g2p::Config small_g2p(const std::filesystem::path& dir, const std::string& precision, int layers) {
   g2p::Config c;
   c.data = (dir / "dict.txt").string();
-  c.layers = layers, c.heads = 2, c.width = 8, c.precision = precision, c.quiet = true;
+  c.layers = layers, c.heads = 2, c.width = 8, c.quiet = true;
+  c.precision = train::parse_precision(precision);
   c.epochs = 1, c.warmup = 0, c.threads = 1;
   return c;
 }
@@ -821,7 +823,8 @@ TEST(Dist, G2PPipelineStagesEqualOneProcessWithTheTiedMatrix) {
   const auto run = [&](const std::string& tag, distributed::Communicator* comm, int pipeline,
                        const std::string& schedule, std::vector<train::StepEvent>& steps) {
     g2p::Config r = c;
-    r.comm = comm, r.pipeline = pipeline, r.pipeline_schedule = schedule;
+    r.comm = comm, r.pipeline = pipeline,
+    r.pipeline_schedule = distributed::parse_pipeline_schedule(schedule);
     return train_g2p(r, dir, tag, steps);
   };
   const auto single = distributed::make_single_process();

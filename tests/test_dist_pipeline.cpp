@@ -43,7 +43,7 @@ mnist::Config base() {
   c.seed = 13;
   c.epochs = 2;
   c.threads = 1;
-  c.precision = "fp64";
+  c.precision = train::Precision::kFp64;
   c.micro_batch = 32;
   return c;
 }
@@ -59,7 +59,7 @@ TEST(DistPipeline, TwoReplicasOfTwoStagesEqualOneProcess) {
   mnist::Config p = base(), one = base();
   p.hidden = one.hidden = {40, 24};
   p.pipeline = 2;
-  p.pipeline_schedule = "1f1b";
+  p.pipeline_schedule = distributed::PipelineSchedule::kOneFOneB;
   p.accum_steps = 4;
   one.accum_steps = 8;
   expect_same_training(p, one, "2x2");

@@ -224,7 +224,7 @@ g2p::Config tiny_config(const std::string& data) {
   c.layers = 1;
   c.heads = 2;
   c.width = 8;
-  c.precision = "fp64";
+  c.precision = train::Precision::kFp64;
   c.quiet = true;
   c.epochs = 1;
   c.warmup = 0;
@@ -289,12 +289,12 @@ TEST(G2PTraining, AccumulationIsExactWithVariableLengths) {
 TEST(G2PTraining, SixteenBitTrainingFollowsFloat32) {
   const fs::path dir = g2p_scratch("half");
   g2p::Config c = tiny_config(write_g2p_fixture(dir, 200));
-  c.precision = "fp32";
+  c.precision = train::Precision::kFp32;
   c.micro_batch = 32;
   c.accum_steps = 4;
   const Recorded reference = run(c, dir, "fp32");
   for (const std::string precision : {"bf16", "fp16"}) {
-    c.precision = precision;
+    c.precision = train::parse_precision(precision);
     const Recorded r = run(c, dir, precision);
     ASSERT_EQ(r.steps.size(), reference.steps.size());
     for (size_t i = 0; i < r.steps.size(); ++i) {
@@ -404,7 +404,7 @@ TEST(G2PTraining, PeakActivationBytesAreFlatInK) {
 TEST(G2PTraining, ATinyModelLearnsItsTrainingWordsAndPredictsThem) {
   const fs::path dir = g2p_scratch("learn");
   g2p::Config c = tiny_config(write_g2p_fixture(dir, 24, 5));
-  c.precision = "fp32";
+  c.precision = train::Precision::kFp32;
   c.layers = 2;
   c.width = 32;
   c.heads = 4;
@@ -412,7 +412,7 @@ TEST(G2PTraining, ATinyModelLearnsItsTrainingWordsAndPredictsThem) {
   c.accum_steps = 1;
   c.epochs = 150;
   c.lr = 3e-3;
-  c.schedule = "constant";
+  c.schedule = optim::ScheduleKind::kConstant;
   c.weight_decay = 0;
   c.eval = "validation";
   const Recorded r = run(c, dir, "tiny");

@@ -60,7 +60,7 @@ TEST(Cli, ABatchTheRanksDoNotDivideNamesTheNearestValidOnes) {
   c.micro_batch = 10;
   c.lr = 1e-3;
   c.base_batch = 2400;
-  c.lr_scaling = "linear";
+  c.lr_scaling = optim::LrScaling::kLinear;
   try {
     train::resolve_config_batch(c, 240);
     FAIL() << "no throw";
@@ -285,7 +285,7 @@ TEST(Trainer, SplitsOfOneWindowGiveTheSameLosses) {
 TEST(Trainer, Float64SplitsAgreeToTenDigitsIncludingTheShortLastWindow) {
   const fs::path data = make_dataset("fp64-splits", 1000, 64);
   mnist::Config c = small_config(data);
-  c.precision = "fp64";
+  c.precision = train::Precision::kFp64;
   c.epochs = 1;
   c.train_limit = 1000;
   c.batch = 128;
@@ -349,7 +349,7 @@ TEST(Trainer, MixedPrecisionTrainsAndHalvesTheActivations) {
   c.epochs = 3;
   const Recorded fp32 = train_recorded(c, std::cout);
   for (const char* precision : {"bf16", "fp16"}) {
-    c.precision = precision;
+    c.precision = train::parse_precision(precision);
     c.metrics = (data / (std::string(precision) + ".jsonl")).string();
     c.save = (data / (std::string(precision) + ".safetensors")).string();
     const Recorded s = train_recorded(c, std::cout);
@@ -417,11 +417,11 @@ TEST(Trainer, CnnTrainsWithEachNormAndSavesBatchNormBuffers) {
 TEST(Trainer, AccumulationScheduleSetsTheBatchOfEveryStep) {
   const fs::path data = make_dataset("k-schedule", 256, 64);
   mnist::Config c = small_config(data);
-  c.precision = "fp64";
+  c.precision = train::Precision::kFp64;
   c.epochs = 4;
   c.micro_batch = 8;
-  c.accum_schedule = "1:1,2:2,3:4";
-  c.lr_scaling = "linear";
+  c.accum_schedule = optim::AccumSchedule::parse("1:1,2:2,3:4", train::kMaxBatch);
+  c.lr_scaling = optim::LrScaling::kLinear;
   c.base_batch = 8;
   c.metrics = (data / "k.jsonl").string();
   const Recorded coarse = train_recorded(c, std::cout);
@@ -445,7 +445,7 @@ TEST(Trainer, AccumulationScheduleSetsTheBatchOfEveryStep) {
   EXPECT_EQ(step, static_cast<int64_t>(expect.size()));
   // The same effective batches as 4 x 2, 4 x 4, 4 x 8.
   c.micro_batch = 4;
-  c.accum_schedule = "1:2,2:4,3:8";
+  c.accum_schedule = optim::AccumSchedule::parse("1:2,2:4,3:8", train::kMaxBatch);
   c.metrics.clear();
   const Recorded fine = train_recorded(c, std::cout);
   ASSERT_EQ(fine.step_losses.size(), coarse.step_losses.size());
@@ -466,7 +466,7 @@ TEST(Trainer, MemoryBudgetPicksTheMicroBatchThatFits) {
   c.hidden = {256, 256};
   c.batch = 256;
   c.max_steps = 2;
-  c.memory_budget = "1GiB";
+  c.memory_budget = int64_t{1} << 30;
   const Recorded roomy = train_recorded(c, std::cout);
   EXPECT_EQ(roomy.micro_batch, 256);
   ASSERT_GT(roomy.activation_bytes_per_sample, 0);
@@ -475,13 +475,13 @@ TEST(Trainer, MemoryBudgetPicksTheMicroBatchThatFits) {
   std::vector<int64_t> chosen;
   for (double samples : {96.0, 48.0}) {  // room for 96 and for 48 samples
     const int64_t budget = static_cast<int64_t>(base + samples * roomy.activation_bytes_per_sample);
-    c.memory_budget = std::to_string(budget);
+    c.memory_budget = static_cast<int64_t>(budget);
     const Recorded s = train_recorded(c, std::cout);
     EXPECT_LE(s.peak_bytes, static_cast<size_t>(budget)) << "budget " << budget;
     chosen.push_back(s.micro_batch);
   }
   EXPECT_EQ(chosen, (std::vector<int64_t>{64, 32}));
-  c.memory_budget = std::to_string(roomy.memory_baseline_bytes / 2);
+  c.memory_budget = static_cast<int64_t>(roomy.memory_baseline_bytes / 2);
   try {
     train_recorded(c, std::cout);
     ADD_FAILURE() << "a budget below the baseline was accepted";
@@ -495,6 +495,43 @@ TEST(Trainer, MemoryBudgetPicksTheMicroBatchThatFits) {
 // byte, for Adam, AdamW and SGD, in fp32 and bf16 (the working copy is re-derived from the
 // masters), with a k schedule whose change falls after the resume; the checkpoint lands
 // mid-epoch, so the sample order's position is restored too.
+// A checkpoint written at a7c3aef, before the configuration became typed (tests/data: its
+// description holds the settings as text and -1 for an unset weight decay), still resumes: its
+// weights load exactly (a resume with nothing left to train saves them as they were), and the
+// run continues from its step.
+TEST(Trainer, ACheckpointOfAnEarlierVersionResumes) {
+  const fs::path data = make_dataset("old-checkpoint", 512, 64);
+  const fs::path dir = temp_dir("old-checkpoint-run");
+  fs::copy(fs::path(ACCRUE_SOURCE_DIR) / "tests/data/checkpoint-a7c3aef", dir / "ckpt");
+  mnist::Config c;
+  c.data = data.string();
+  c.hidden = {4};
+  c.seed = 2;
+  c.train_limit = 256;
+  c.threads = 1;
+  c.quiet = true;
+  c.resume = (dir / "ckpt").string();
+  c.max_steps = 2;  // where the checkpoint is: nothing to train, its weights saved
+  c.save = (dir / "as-loaded.safetensors").string();
+  std::ostringstream out;
+  const train::Summary loaded = mnist::train(c, out);
+  EXPECT_EQ(loaded.steps, 2);
+  const auto saved = optim::read_safetensors(c.save);
+  const auto checkpoint =
+      optim::read_safetensors((dir / "ckpt" / "step-0000000002.safetensors").string());
+  for (const auto& [name, t] : saved) {
+    const auto it = checkpoint.find("model/" + name);
+    ASSERT_NE(it, checkpoint.end()) << name;
+    EXPECT_EQ(t.to_vector<float>(), it->second.to_vector<float>()) << name;
+  }
+  c.max_steps = 4;
+  c.save.clear();
+  const train::Summary continued = mnist::train(c, out);
+  EXPECT_EQ(continued.steps, 4);
+  fs::remove_all(dir);
+  fs::remove_all(data);
+}
+
 TEST(Trainer, ResumeContinuesBitForBit) {
   const fs::path data = make_dataset("resume", 512, 64);
   struct Case {
@@ -507,10 +544,11 @@ TEST(Trainer, ResumeContinuesBitForBit) {
         Case{"adam", "bf16", ""}, Case{"adam", "fp16", ""}, Case{"adam", "fp32", "1:1,2:2"}}) {
     mnist::Config c = small_config(data);
     c.optimizer = k.optimizer;
-    c.precision = k.precision;
+    c.precision = train::parse_precision(k.precision);
     c.micro_batch = 16;
     if (*k.schedule) {
-      c.accum_schedule = k.schedule;  // epoch 1: 32 windows of 16, epoch 2: windows of 32
+      c.accum_schedule = optim::AccumSchedule::parse(
+          k.schedule, train::kMaxBatch);  // epoch 1: 32 windows of 16, epoch 2: windows of 32
     } else {
       c.accum_steps = 2;  // 16 windows an epoch: the resume at 20 is mid-epoch 2
     }
@@ -597,7 +635,7 @@ TEST(Trainer, OffloadedOptimizerWritesTheSameWeights) {
                         Case{"adam", "fp16", 12}, Case{"adam", "fp64", 16}}) {
     mnist::Config c = small_config(data);
     c.optimizer = k.optimizer;
-    c.precision = k.precision;
+    c.precision = train::parse_precision(k.precision);
     c.epochs = 2;
     c.micro_batch = 16;
     c.accum_steps = 2;

@@ -14,8 +14,7 @@ TEST(Tensor, FactoriesAndMetadata) {
   EXPECT_EQ(z.device(), Device::cpu());
   EXPECT_EQ(z.nbytes(), 24u);
   EXPECT_EQ(z.describe(), "float32[2, 3] on cpu");
-  EXPECT_EQ(full({2}, 1.5, DType::kFloat64).to_vector<double>(),
-            (std::vector<double>{1.5, 1.5}));
+  EXPECT_EQ(full({2}, 1.5, DType::kFloat64).to_vector<double>(), (std::vector<double>{1.5, 1.5}));
   EXPECT_EQ(scalar(4.0).dim(), 0);
   EXPECT_DOUBLE_EQ(scalar(4.0).item(), 4.0);
 }
@@ -37,7 +36,8 @@ TEST(Tensor, ViewsShareStorage) {
 
 TEST(Tensor, CastsBetweenDtypes) {
   Tensor t = Tensor::from_vector<float>({3}, {1.5f, -2.0f, 3.25f});
-  EXPECT_EQ(to_dtype(t, DType::kFloat64).to_vector<double>(), (std::vector<double>{1.5, -2.0, 3.25}));
+  EXPECT_EQ(to_dtype(t, DType::kFloat64).to_vector<double>(),
+            (std::vector<double>{1.5, -2.0, 3.25}));
   EXPECT_EQ(to_dtype(t, DType::kInt32).to_vector<int32_t>(), (std::vector<int32_t>{1, -2, 3}));
 }
 

@@ -95,7 +95,7 @@ inline ToyRun run_toy(const train::Config& config, int64_t items_off_by = 0) {
 
 inline train::Config toy_config(int64_t micro_batch, int64_t accum_steps) {
   train::Config c;
-  c.precision = "fp64";
+  c.precision = train::Precision::kFp64;
   c.micro_batch = micro_batch;
   c.accum_steps = accum_steps;
   c.epochs = 2;

@@ -7,7 +7,9 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <iomanip>
 #include <limits>
+#include <sstream>
 #include <utility>
 
 #include "core/error.h"
@@ -16,23 +18,46 @@
 
 namespace accrue::train {
 
-namespace {
-
 // Sample positions are int32: an effective batch beyond that cannot be indexed.
-constexpr int64_t kMaxBatch = INT32_MAX;
+static_assert(kMaxBatch == INT32_MAX, "kMaxBatch is the largest int32");
 
-}  // namespace
-
-DType compute_dtype(const std::string& precision) {
-  if (precision == "fp32") return DType::kFloat32;
-  if (precision == "fp64") return DType::kFloat64;
-  if (precision == "bf16") return DType::kBFloat16;
-  if (precision == "fp16") return DType::kFloat16;
-  throw ValueError("--precision " + precision + ": expected fp32, fp64, bf16 or fp16");
+const char* precision_name(Precision p) {
+  switch (p) {
+    case Precision::kFp32:
+      return "fp32";
+    case Precision::kFp64:
+      return "fp64";
+    case Precision::kBf16:
+      return "bf16";
+    case Precision::kFp16:
+      return "fp16";
+  }
+  return "fp32";
 }
 
-DType master_dtype(const std::string& precision) {
-  return precision == "fp64" ? DType::kFloat64 : DType::kFloat32;
+Precision parse_precision(const std::string& text) {
+  for (Precision p : {Precision::kFp32, Precision::kFp64, Precision::kBf16, Precision::kFp16}) {
+    if (text == precision_name(p)) return p;
+  }
+  throw ValueError("--precision " + text + ": expected fp32, fp64, bf16 or fp16");
+}
+
+DType compute_dtype(Precision precision) {
+  switch (precision) {
+    case Precision::kFp64:
+      return DType::kFloat64;
+    case Precision::kBf16:
+      return DType::kBFloat16;
+    case Precision::kFp16:
+      return DType::kFloat16;
+    case Precision::kFp32:
+      break;
+  }
+  return DType::kFloat32;
+}
+
+DType master_dtype(Precision precision) {
+  return precision == Precision::kFp64 ? DType::kFloat64 : DType::kFloat32;
 }
 
 std::optional<int64_t> decimal_integer(const std::string& text) {
@@ -77,30 +102,66 @@ std::optional<double> decimal_number(const std::string& text) {
   return v;
 }
 
-LossScaleChoice resolve_loss_scale(const std::string& loss_scale, const std::string& precision) {
-  LossScaleChoice out;
-  if (loss_scale == "none" || (loss_scale == "auto" && precision != "fp16")) return out;
-  out.on = true;
-  if (loss_scale == "dynamic" || loss_scale == "auto") {
-    out.dynamic = true;
-    out.initial = 65536.0;  // 2^16, as torch.amp.GradScaler
-    return out;
+LossScaleSetting LossScaleSetting::parse(const std::string& text) {
+  LossScaleSetting s;
+  if (text == "auto") return s;
+  if (text == "none" || text == "dynamic") {
+    s.kind = text == "none" ? Kind::kNone : Kind::kDynamic;
+    return s;
   }
-  const std::optional<double> scale = decimal_number(loss_scale);
-  out.initial = scale.value_or(0);
-  if (!scale || !std::isfinite(out.initial) || !(out.initial > 0)) {
-    throw ValueError("--loss-scale " + loss_scale +
+  const std::optional<double> scale = decimal_number(text);
+  s.kind = Kind::kFixed;
+  s.fixed = scale.value_or(0);
+  if (!scale || !std::isfinite(s.fixed) || !(s.fixed > 0)) {
+    throw ValueError("--loss-scale " + text +
                      ": expected auto, none, dynamic or a positive number");
   }
   // The scale multiplies a float32 loss and divides float32 gradients: beyond float32's normal
   // range it overflows to inf (every step skipped) or flushes to 0.
-  if (out.initial > std::numeric_limits<float>::max() ||
-      out.initial < std::numeric_limits<float>::min()) {
-    throw ValueError(str_cat("--loss-scale ", loss_scale, ": outside float32's normal range [",
+  if (s.fixed > std::numeric_limits<float>::max() || s.fixed < std::numeric_limits<float>::min()) {
+    throw ValueError(str_cat("--loss-scale ", text, ": outside float32's normal range [",
                              std::numeric_limits<float>::min(), ", ",
                              std::numeric_limits<float>::max(), "]"));
   }
+  return s;
+}
+
+std::string LossScaleSetting::str() const {
+  switch (kind) {
+    case Kind::kNone:
+      return "none";
+    case Kind::kDynamic:
+      return "dynamic";
+    case Kind::kFixed: {
+      std::ostringstream out;
+      out << std::setprecision(17) << fixed;
+      return out.str();
+    }
+    case Kind::kAuto:
+      break;
+  }
+  return "auto";
+}
+
+LossScaleChoice resolve_loss_scale(const LossScaleSetting& loss_scale, Precision precision) {
+  using Kind = LossScaleSetting::Kind;
+  LossScaleChoice out;
+  if (loss_scale.kind == Kind::kNone ||
+      (loss_scale.kind == Kind::kAuto && precision != Precision::kFp16)) {
+    return out;
+  }
+  out.on = true;
+  if (loss_scale.kind == Kind::kFixed) {
+    out.initial = loss_scale.fixed;
+    return out;
+  }
+  out.dynamic = true;
+  out.initial = 65536.0;  // 2^16, as torch.amp.GradScaler
   return out;
+}
+
+double run_lr(const Config& c, int64_t batch) {
+  return optim::scale_lr(c.lr, batch, c.base_batch, c.lr_scaling);
 }
 
 void check_model_fits(const std::string& what, int64_t parameters, const Config& config) {
@@ -127,8 +188,7 @@ namespace {
   const int64_t fixed = k_derived ? b.micro_batch : b.accum_steps;
   const int64_t unit = fixed * b.world_size;  // both checked to be small before
   const auto option = [&](int64_t batch) {
-    const double lr =
-        optim::scale_lr(c.lr, batch, c.base_batch, optim::parse_lr_scaling(c.lr_scaling));
+    const double lr = run_lr(c, batch);
     return str_cat(batch, " (", k_derived ? "k = " : "micro-batch ", batch / unit, ", lr ", lr,
                    ")");
   };
@@ -138,7 +198,7 @@ namespace {
       b.world_size == 1 ? "" : "s", " x ", k_derived ? "micro-batch " : "accumulation steps ",
       fixed, " = ", unit,
       "; nearest valid effective batches: ", below > 0 ? option(below) + " and " : std::string(),
-      option(above), " with --lr-scaling ", c.lr_scaling));
+      option(above), " with --lr-scaling ", optim::lr_scaling_name(c.lr_scaling)));
 }
 
 }  // namespace
@@ -149,6 +209,21 @@ void check_pipeline(const Config& c, int world_size) {
   if (world_size % c.pipeline != 0) {
     throw ValueError(str_cat("--pipeline ", c.pipeline, " needs a multiple of ", c.pipeline,
                              " ranks, the launcher started ", world_size));
+  }
+}
+
+void check_pipeline_depth(int pipeline, int64_t k, const std::string& which_k) {
+  if (k < pipeline) {
+    throw ValueError(str_cat("--pipeline ", pipeline,
+                             " needs at least as many micro-batches per window: ", which_k));
+  }
+}
+
+void check_batch_splits(int64_t batch, int64_t ranks) {
+  if (batch % ranks != 0) {
+    throw ValueError(str_cat("--memory-budget: --batch ", batch, " does not split over ", ranks,
+                             " ranks; nearest: --batch ", batch / ranks * ranks, " or --batch ",
+                             (batch / ranks + 1) * ranks));
   }
 }
 

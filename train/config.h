@@ -1,7 +1,8 @@
 // The training engine's settings: everything that turns a model and a dataset into a training
 // run (device and ranks, precision, the batch and its accumulation, the learning rate and its
 // schedule, the optimizer, ZeRO, offloading, checkpoints, outputs), shared by every example and
-// declared once as command-line flags (flags.h). Read next: task.h.
+// declared once as command-line flags (flags.h), which parse each one once into its type here.
+// Each default and limit is written once, below. Read next: task.h.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +14,8 @@
 #include "core/device.h"
 #include "core/dtype.h"
 #include "distributed/communicator.h"
+#include "distributed/pipeline.h"
+#include "optim/schedule.h"
 #include "optim/window.h"
 
 namespace accrue::train {
@@ -23,34 +26,54 @@ class Strategy;
 // them (train/step_graphs.h). auto: on a GPU, off on the CPU; on: a GPU is required.
 enum class CudaGraphs { kAuto, kOn, kOff };
 
+// fp32; fp64 (model, data and optimizer in float64); bf16 or fp16: mixed precision, with float32
+// master weights, gradients and optimizer state and 16-bit activations and weights in the GEMMs
+// (optim::ParameterArena::use_working_copy).
+enum class Precision { kFp32, kFp64, kBf16, kFp16 };
+const char* precision_name(Precision precision);  // "fp32", ...
+// Throws ValueError naming the text and the choices.
+Precision parse_precision(const std::string& text);
+
+// --loss-scale: auto (dynamic for fp16, none otherwise), none, dynamic, or a fixed scale.
+struct LossScaleSetting {
+  enum class Kind { kAuto, kNone, kDynamic, kFixed };
+  Kind kind = Kind::kAuto;
+  double fixed = 1;  // kFixed's scale
+  // Throws ValueError naming the text: not a kind nor a usable float32 scale.
+  static LossScaleSetting parse(const std::string& text);
+  std::string str() const;  // what parse() reads back
+};
+
+// The limits of the flags, each written once.
+constexpr int64_t kMaxBatch = 2147483647;  // effective batch, micro-batch, k
+constexpr int64_t kMaxEpochs = 1000000;
+constexpr int64_t kDefaultBatch = 128;  // the effective batch when only a memory budget is given
+
 struct Config {
   Device device = Device::cpu();
   CudaGraphs cuda_graphs = CudaGraphs::kAuto;
-  // fp32; fp64 (model, data and optimizer in float64); bf16 or fp16: mixed precision, with
-  // float32 master weights, gradients and optimizer state and 16-bit activations and weights
-  // in the GEMMs (optim::ParameterArena::use_working_copy).
-  std::string precision = "fp32";
-  // auto (dynamic for fp16, none otherwise), none, dynamic, or a fixed scale.
-  std::string loss_scale = "auto";
-  int64_t micro_batch = 0, accum_steps = 0, batch = 0;  // any two; defaults 32 x 4
-  // "epoch:k,..." (optim::AccumSchedule): k follows the epoch; excludes --accum-steps and
-  // --batch (the micro-batch stays, the effective batch moves with k).
-  std::string accum_schedule;
-  // "64MiB" (budget.h): the micro-batch is the largest that fits, measured by probe micro-steps;
-  // k follows from --batch (default 128). Excludes --micro-batch, --accum-steps, --accum-schedule.
-  std::string memory_budget;
+  Precision precision = Precision::kFp32;
+  LossScaleSetting loss_scale;
+  int64_t micro_batch = 0, accum_steps = 0, batch = 0;  // any two; defaults 32 x 4; 0: not given
+  // k by epoch (optim::AccumSchedule, "1:1,2:4"): excludes --accum-steps and --batch (the
+  // micro-batch stays, the effective batch moves with k).
+  std::optional<optim::AccumSchedule> accum_schedule;
+  // Device bytes (budget.h, "64MiB"): the micro-batch is the largest that fits, measured by probe
+  // micro-steps; k follows from --batch (default kDefaultBatch). Excludes --micro-batch,
+  // --accum-steps, --accum-schedule.
+  std::optional<int64_t> memory_budget;
   int64_t epochs = 5;
   int64_t max_steps = 0;    // 0: no limit
   int64_t train_limit = 0;  // 0: all samples; else the first N of the training set
   double lr = 1e-3;
-  std::string lr_scaling = "none";
+  optim::LrScaling lr_scaling = optim::LrScaling::kNone;
   int64_t base_batch = 128;  // the batch lr was tuned for, for --lr-scaling
-  std::string schedule = "constant";
+  optim::ScheduleKind schedule = optim::ScheduleKind::kConstant;
   int64_t warmup = 0;
   double clip = 1.0;
-  std::string optimizer = "adam";
-  double weight_decay = -1;  // < 0: the optimizer's default
-  double momentum = 0.9;     // sgd
+  std::string optimizer = "adam";      // a registered name (optim/registry.h)
+  std::optional<double> weight_decay;  // unset: the optimizer's default
+  double momentum = 0.9;               // sgd
   uint64_t seed = 0;
   bool shuffle = true;
   int zero = 0;  // 1: shard the optimizer state over the ranks (ZeRO stage 1)
@@ -58,11 +81,11 @@ struct Config {
   // window's micro-batches scheduled through them (distributed/pipeline.h); the ranks are
   // data-parallel groups of `pipeline` consecutive ranks. Needs k >= pipeline.
   int pipeline = 1;
-  std::string pipeline_schedule = "1f1b";  // or "gpipe"
+  distributed::PipelineSchedule pipeline_schedule = distributed::PipelineSchedule::kOneFOneB;
   // > 0: overlap the boundary's all-reduce (several ranks) or copy to the host (offloaded, one
-  // rank) with the last backward, in buckets of this size; 0: at the boundary; < 0: 0, or 1024
-  // for an offloaded optimizer on one rank.
-  int64_t bucket_kib = -1;
+  // rank) with the last backward, in buckets of this size; 0: at the boundary; unset: the
+  // strategies' default (0, or 1024 for an offloaded optimizer on one rank).
+  std::optional<int64_t> bucket_kib;
   // The float masters and the optimizer state in pinned host memory, the step on the CPU
   // (optim/offload.h); excludes zero = 1.
   bool offload_optimizer = false;
@@ -89,10 +112,15 @@ struct Config {
 // world_size: every rank of the job. (What the stages combine with: strategies.h.)
 void check_pipeline(const Config& config, int world_size);
 
+// --pipeline P needs at least P micro-batches in each window; `k` says which (the flag, the epoch).
+void check_pipeline_depth(int pipeline, int64_t k, const std::string& which_k);
+// --memory-budget fixes the effective batch first: it must split over the data-parallel ranks.
+void check_batch_splits(int64_t batch, int64_t ranks);
+
 // The dtype of the activations and of the weights the GEMMs read, and of the master weights,
-// the gradients and the optimizer state, for a --precision value.
-DType compute_dtype(const std::string& precision);
-DType master_dtype(const std::string& precision);
+// the gradients and the optimizer state.
+DType compute_dtype(Precision precision);
+DType master_dtype(Precision precision);
 
 // text as a whole decimal integer (an optional minus, then digits: no '+', hex, octal or
 // spaces), or nothing when it is not one or does not fit in int64.
@@ -112,7 +140,11 @@ struct LossScaleChoice {
   bool on = false, dynamic = false;
   double initial = 1;
 };
-LossScaleChoice resolve_loss_scale(const std::string& loss_scale, const std::string& precision);
+LossScaleChoice resolve_loss_scale(const LossScaleSetting& loss_scale, Precision precision);
+
+// The learning rate of an effective batch: --lr moved from --base-batch by --lr-scaling. The one
+// place a run's rate is computed.
+double run_lr(const Config& config, int64_t batch);
 
 // Before any data is read: throws ValueError naming `what` (the flag that sized the model) when
 // the training state of `parameters` parameters -- master weights, gradients, the optimizer's

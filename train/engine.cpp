@@ -26,7 +26,7 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const Config& c, optim::Paramet
                                                  double lr) {
   optim::OptimizerSettings s;
   s.lr = lr;
-  if (c.weight_decay >= 0) s.weight_decay = c.weight_decay;
+  s.weight_decay = c.weight_decay;
   s.momentum = c.momentum;
   return optim::optimizer_kind(c.optimizer).make(arena, s);
 }
@@ -95,15 +95,10 @@ void Run::build_model() {
 // A probe's gradients are zeroed and the model's buffers restored, so training starts as
 // without it.
 void Run::fit_memory_budget() {
-  if (c_.memory_budget.empty()) return;
-  const int64_t batch_size = c_.batch > 0 ? c_.batch : 128;
-  optimizer_ = make_optimizer(
-      c_, *arena_,
-      optim::scale_lr(c_.lr, batch_size, c_.base_batch, optim::parse_lr_scaling(c_.lr_scaling)));
-  if (batch_size % comm_->world_size() != 0) {
-    throw ValueError(
-        str_cat("--batch ", batch_size, " does not split over ", comm_->world_size(), " ranks"));
-  }
+  if (!c_.memory_budget) return;
+  const int64_t batch_size = c_.batch > 0 ? c_.batch : kDefaultBatch;
+  optimizer_ = make_optimizer(c_, *arena_, run_lr(c_, batch_size));
+  check_batch_splits(batch_size, comm_->world_size());
   const auto probe = [&](int64_t b) -> size_t {
     b = std::min<int64_t>(b, train_samples_);
     std::vector<Tensor> buffers;
@@ -130,7 +125,7 @@ void Run::fit_memory_budget() {
     for (auto& [name, t] : model_->named_buffers()) t.copy_(buffers[i++]);
     return peak;
   };
-  const int64_t budget = parse_bytes(c_.memory_budget);
+  const int64_t budget = *c_.memory_budget;
   budget_ = fit_micro_batch(budget, batch_size / comm_->world_size(),
                             allocator_for(c_.device).stats().live_bytes, probe);
   c_.batch = batch_size;
@@ -151,10 +146,9 @@ const EpochPlan& Run::plan_for(int64_t epoch) {
   strategies_->check_plan(b, epoch);
   auto it = plans_.find(b.accum_steps);
   if (it == plans_.end()) {
-    const optim::LrScaling rule = optim::parse_lr_scaling(c_.lr_scaling);
     EpochPlan plan{b,
                    optim::plan_windows(train_samples_, b, optim::LastWindow::kFlush, comm_->rank()),
-                   optim::scale_lr(c_.lr, b.batch, c_.base_batch, rule)};
+                   run_lr(c_, b.batch)};
     it = plans_.emplace(b.accum_steps, std::move(plan)).first;
   }
   return it->second;
@@ -163,9 +157,7 @@ const EpochPlan& Run::plan_for(int64_t epoch) {
 // The optimizer and the strategies' pieces around it (their seams: a sharded state, a partial-sum
 // reducer, a parameter sync), then the loss scale, which those pieces may have to pass on.
 void Run::build_optimizer() {
-  if (!c_.accum_schedule.empty()) {
-    k_schedule_ = optim::AccumSchedule::parse(c_.accum_schedule, INT32_MAX);
-  }
+  k_schedule_ = c_.accum_schedule;
   if (!optimizer_) optimizer_ = make_optimizer(c_, *arena_, plan_for(0).lr);
   strategies_->attach(*optimizer_);
   if (scaling_.on) {
@@ -189,10 +181,10 @@ void Run::build_accumulator() {
   optim::AccumulatorOptions options;
   options.max_norm = c_.clip;
   options.base_lr = plan_for(0).lr;
-  options.schedule = {optim::Schedule::parse(c_.schedule), c_.warmup, total_steps_, 0.0};
+  options.schedule = {c_.schedule, c_.warmup, total_steps_, 0.0};
   options.gradients = strategies_->gradients();
   options.loss_reducer = strategies_->loss_reducer();
-  const int64_t bucket_kib = c_.bucket_kib >= 0 ? c_.bucket_kib : strategies_->default_bucket_kib();
+  const int64_t bucket_kib = c_.bucket_kib.value_or(strategies_->default_bucket_kib());
   options.bucket_bytes = static_cast<size_t>(bucket_kib) * 1024;
   options.graph_boundary = graphs_ != nullptr;
   acc_ = std::make_unique<optim::Accumulator>(*optimizer_, options);
@@ -315,9 +307,7 @@ void Run::save_weights(const std::string& path, const std::vector<nn::NamedTenso
   if (task_.metadata) {
     for (auto& [key, value] : task_.metadata()) metadata[key] = value;
   }
-  std::vector<nn::NamedTensor> state = masters;
-  for (auto& b : model_->named_buffers()) state.push_back(b);
-  optim::save_safetensors(path, state, metadata);
+  optim::save_safetensors(path, with_buffers(masters, *model_), metadata);
   log("saved weights to " + path);
 }
 
@@ -345,7 +335,7 @@ Summary Run::train() {
   if (!c_.resume.empty()) metrics_->continue_from(start_.step, start_.epoch);
   const EpochPlan& first = plan_for(0);
   log(task_.program + ": " + first.batch.str() + ", lr " + std::to_string(first.lr) + " (" +
-      c_.lr_scaling + " scaling)" +
+      optim::lr_scaling_name(c_.lr_scaling) + " scaling)" +
       (k_schedule_ ? ", accumulation schedule " + k_schedule_->str() : "") + ", " +
       std::to_string(model_->num_parameters()) + " parameters, device " + c_.device.str() + ", " +
       std::to_string(train_samples_) + " training samples");

@@ -14,18 +14,20 @@ namespace accrue::train::engine {
 // The recipe's settings as given: precision, optimizer, learning rate and schedule, clipping,
 // the k schedule, sharding and the seed.
 nlohmann::ordered_json Run::recipe() const {
-  return {{"precision", c_.precision},
-          {"loss_scale", c_.loss_scale},
+  // The values as checkpoints have always held them (an unset weight decay is -1, no k schedule
+  // ""), so that older checkpoints resume.
+  return {{"precision", precision_name(c_.precision)},
+          {"loss_scale", c_.loss_scale.str()},
           {"optimizer", c_.optimizer},
-          {"weight_decay", c_.weight_decay},
+          {"weight_decay", c_.weight_decay.value_or(-1.0)},
           {"momentum", c_.momentum},
           {"lr", c_.lr},
-          {"lr_scaling", c_.lr_scaling},
+          {"lr_scaling", optim::lr_scaling_name(c_.lr_scaling)},
           {"base_batch", c_.base_batch},
-          {"schedule", c_.schedule},
+          {"schedule", optim::schedule_name(c_.schedule)},
           {"warmup", c_.warmup},
           {"clip", c_.clip},
-          {"accum_schedule", c_.accum_schedule},
+          {"accum_schedule", c_.accum_schedule ? c_.accum_schedule->str() : std::string()},
           {"zero", c_.zero},
           {"seed", c_.seed},
           {"shuffle", c_.shuffle}};
@@ -51,19 +53,20 @@ nlohmann::json Run::run_config() {
 // GPU).
 void Run::check_ranks_agree_before_training() {
   if (world_->world_size() == 1) return;
-  nlohmann::ordered_json settings = {{"program", task_.program},
-                                     {"device_type", c_.device.is_cuda() ? "cuda" : "cpu"},
-                                     {"micro_batch", c_.micro_batch},
-                                     {"accum_steps", c_.accum_steps},
-                                     {"batch", c_.batch},
-                                     {"memory_budget", c_.memory_budget},
-                                     {"epochs", c_.epochs},
-                                     {"max_steps", c_.max_steps},
-                                     {"train_limit", c_.train_limit},
-                                     {"pipeline", c_.pipeline},
-                                     {"pipeline_schedule", c_.pipeline_schedule}};
+  nlohmann::ordered_json settings = {
+      {"program", task_.program},
+      {"device_type", c_.device.is_cuda() ? "cuda" : "cpu"},
+      {"micro_batch", c_.micro_batch},
+      {"accum_steps", c_.accum_steps},
+      {"batch", c_.batch},
+      {"memory_budget", c_.memory_budget.value_or(0)},
+      {"epochs", c_.epochs},
+      {"max_steps", c_.max_steps},
+      {"train_limit", c_.train_limit},
+      {"pipeline", c_.pipeline},
+      {"pipeline_schedule", distributed::schedule_name(c_.pipeline_schedule)}};
   settings.update(recipe());
-  settings.update(nlohmann::ordered_json{{"bucket_kib", c_.bucket_kib},
+  settings.update(nlohmann::ordered_json{{"bucket_kib", c_.bucket_kib.value_or(-1)},
                                          {"offload_optimizer", c_.offload_optimizer},
                                          {"checkpoint", !c_.checkpoint.empty()},
                                          {"checkpoint_every", c_.checkpoint_every},
@@ -92,8 +95,7 @@ void Run::check_ranks_agree_before_training() {
 void Run::resume() {
   if (c_.resume.empty()) return;
   strategies_->check_resume_folder(c_.resume);
-  auto state = arena_->named_masters();
-  for (auto& b : model_->named_buffers()) state.push_back(b);
+  auto state = with_buffers(arena_->named_masters(), *model_);
   // A checkpoint with a model tensor this model lacks is at fault itself: the older one is tried.
   const auto only_known_tensors = [&](const Checkpoint& c) {
     for (const auto& [name, t] : c.model) {
@@ -148,7 +150,6 @@ void Run::resume() {
 // window would otherwise silently move the run to other samples or another schedule point.
 void Run::validate_position(const Checkpoint& saved) {
   const TrainPosition& p = saved.position;
-  constexpr int64_t kMaxEpochs = 1000000;  // the --epochs flag's limit
   if (p.epoch > kMaxEpochs) {
     throw FileError(str_cat(saved.path, ": epoch ", p.epoch, " is beyond any run (", kMaxEpochs,
                             " epochs at most)"));
@@ -165,19 +166,12 @@ void Run::validate_position(const Checkpoint& saved) {
   }
 }
 
-// What --save and a checkpoint's model part hold: the master parameters, then the buffers.
-std::vector<nn::NamedTensor> saved_state(optim::ParameterArena& arena, const nn::Module& model) {
-  std::vector<nn::NamedTensor> state = arena.named_masters();
-  for (auto& b : model.named_buffers()) state.push_back(b);
-  return state;
-}
-
 // A checkpoint of the state after position.step windows (every rank takes part: a sharded
 // optimizer gathers its state; rank 0 writes).
 void Run::write_checkpoint(const TrainPosition& position) {
   if (c_.checkpoint.empty() || position.step == last_checkpoint_) return;
   const auto optimizer_state = optimizer_->save_state();
-  const auto model_state = saved_state(*arena_, *model_);
+  const auto model_state = with_buffers(arena_->named_masters(), *model_);
   // The metrics first: killed between the two, the resume starts from the previous checkpoint
   // and drops the records past it; the other way round, records would be lost.
   if (lead_) metrics_->publish();

@@ -131,7 +131,7 @@ std::string Run::summary_line() {
        << " | device " << c_.device.str() << " | peak " << mib(mem.peak_bytes) << ", activations "
        << mib(mem.peak_activation_bytes) << ", optimizer state " << mib(optimizer_->state_bytes())
        << (world_->world_size() > 1 ? " per rank" : "") << strategies_->summary_part(summary_)
-       << " | " << c_.precision
+       << " | " << precision_name(c_.precision)
        << (scaling_.on ? str_cat(", loss scale ", optimizer_->scaler_state().first) : "")
        << " | skipped steps " << acc_->skipped_steps() << " | "
        << (tuner_ ? tuner_->describe() : std::to_string(c_.threads) + " threads (fixed)")
@@ -165,7 +165,7 @@ nlohmann::json Run::summary_record() {
                            {"micro_batch", batch.micro_batch},
                            {"accum_steps", batch.accum_steps},
                            {"device", c_.device.str()},
-                           {"precision", c_.precision},
+                           {"precision", precision_name(c_.precision)},
                            {"loss_scale", summary_.final_loss_scale},
                            {"threads", cpu_threads()},
                            {"thread_switches", tuner_ ? tuner_->switches() : 0},

@@ -26,6 +26,14 @@
 
 namespace accrue::train::engine {
 
+// What --save, --resume and a checkpoint's model part hold: the master parameters, then the
+// model's buffers.
+inline std::vector<nn::NamedTensor> with_buffers(std::vector<nn::NamedTensor> masters,
+                                                 const nn::Module& model) {
+  for (auto& b : model.named_buffers()) masters.push_back(b);
+  return masters;
+}
+
 // An epoch's batch: its resolved sizes, its windows and its learning rate (before the schedule).
 struct EpochPlan {
   optim::ResolvedBatch batch;

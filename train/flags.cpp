@@ -24,15 +24,6 @@ namespace accrue::train {
 
 namespace {
 
-// Upper limits of the integer flags: sample positions are int32, and products of these stay far
-// inside int64 (steps per epoch x epochs, batch x hidden width).
-constexpr int64_t kMaxBatch = INT32_MAX;
-constexpr int64_t kMaxEpochs = 1000000;
-
-}  // namespace
-
-namespace {
-
 // Which ends of a finite_in interval are excluded.
 enum class Open { kNeither, kLow, kHigh };
 
@@ -139,11 +130,13 @@ void Flags::add_device_flags() {
                   "Capture each micro-step shape and the boundary step as CUDA graphs and replay "
                   "them: auto (on a GPU), on, off")
       ->check(CLI::IsMember({"auto", "on", "off"}));
-  app_.add_option("--precision", c_.precision,
+  precision_ = precision_name(c_.precision);
+  loss_scale_ = c_.loss_scale.str();
+  app_.add_option("--precision", precision_,
                   "fp32; fp64 (everything in float64, for exactness studies); bf16 or fp16 (mixed: "
                   "16-bit activations, float32 master weights, gradients and optimizer state)")
       ->check(CLI::IsMember({"fp32", "fp64", "bf16", "fp16"}));
-  app_.add_option("--loss-scale", c_.loss_scale,
+  app_.add_option("--loss-scale", loss_scale_,
                   "auto (dynamic for fp16, none otherwise), none, dynamic, or a fixed scale");
 }
 
@@ -153,10 +146,13 @@ void Flags::add_batch_flags() {
       ->transform(int_in(0, kMaxBatch));
   app_.add_option("--accum-steps", c_.accum_steps, "Micro-steps per optimizer step k (default 4)")
       ->transform(int_in(0, kMaxBatch));
-  app_.add_option("--accum-schedule", c_.accum_schedule,
+  if (c_.accum_schedule) accum_schedule_ = c_.accum_schedule->str();
+  lr_scaling_ = optim::lr_scaling_name(c_.lr_scaling);
+  schedule_ = optim::schedule_name(c_.schedule);
+  app_.add_option("--accum-schedule", accum_schedule_,
                   "k by epoch, e.g. 1:1,2:2,3:4,5:8 (the effective batch follows; excludes "
                   "--accum-steps and --batch)");
-  app_.add_option("--memory-budget", c_.memory_budget,
+  app_.add_option("--memory-budget", memory_budget_,
                   "Device bytes a run may use (e.g. 64MiB, 1GiB): the largest micro-batch that "
                   "fits is measured and chosen; k follows from --batch");
   app_.add_option("--batch", c_.batch, "Effective batch B = b * k (give any two of the three)")
@@ -169,11 +165,11 @@ void Flags::add_batch_flags() {
       ->transform(int_in(0, INT32_MAX));
   app_.add_option("--lr", c_.lr, "Learning rate at --base-batch")
       ->check(finite_in(0, kHuge, Open::kLow));
-  app_.add_option("--lr-scaling", c_.lr_scaling, "Scale lr with the batch: none, linear, sqrt")
+  app_.add_option("--lr-scaling", lr_scaling_, "Scale lr with the batch: none, linear, sqrt")
       ->check(CLI::IsMember({"none", "linear", "sqrt"}));
   app_.add_option("--base-batch", c_.base_batch, "Batch size --lr was tuned for")
       ->transform(int_in(1, kMaxBatch));
-  app_.add_option("--schedule", c_.schedule,
+  app_.add_option("--schedule", schedule_,
                   "LR schedule after the warmup: constant, or cosine decay to 0 at the last step")
       ->check(CLI::IsMember({"constant", "cosine"}));
   app_.add_option("--warmup", c_.warmup,
@@ -201,7 +197,8 @@ void Flags::add_optimizer_flags() {
             return str_cat("'", name, "' is not one of ", names_of_optimizers());
           },
           ""));
-  app_.add_option("--weight-decay", c_.weight_decay, "Weight decay (default: " + decays + ")")
+  if (c_.weight_decay) weight_decay_ = str_cat(*c_.weight_decay);
+  app_.add_option("--weight-decay", weight_decay_, "Weight decay (default: " + decays + ")")
       ->check(finite_in(0, kHuge));
   app_.add_option("--momentum", c_.momentum, "SGD momentum")->check(finite_in(0, 1, Open::kHigh));
   app_.add_option("--seed", c_.seed, "Seed for initialisation and shuffling")
@@ -221,11 +218,13 @@ void Flags::add_parallel_flags() {
                   "Cut the model's layers into this many stages on as many ranks and schedule "
                   "each window's micro-batches through them (needs --accum-steps >= it)")
       ->transform(int_in(1, 1024));
-  app_.add_option("--pipeline-schedule", c_.pipeline_schedule,
+  pipeline_schedule_ = distributed::schedule_name(c_.pipeline_schedule);
+  app_.add_option("--pipeline-schedule", pipeline_schedule_,
                   "gpipe (every forward, then every backward) or 1f1b (one forward, one "
                   "backward: at most --pipeline micro-batches in flight)")
       ->check(CLI::IsMember({"gpipe", "1f1b"}));
-  app_.add_option("--bucket-kib", c_.bucket_kib,
+  if (c_.bucket_kib) bucket_kib_ = std::to_string(*c_.bucket_kib);
+  app_.add_option("--bucket-kib", bucket_kib_,
                   "Overlap the boundary's transfer (the all-reduce with several ranks, the copy to "
                   "the host with --offload-optimizer) with the last backward, in buckets of this "
                   "many KiB (0: all at the boundary; default 0, or 1024 with --offload-optimizer "
@@ -344,30 +343,23 @@ void Flags::check_no_empty_values() const {
 // the launcher's ranks and scale --lr to a usable rate.
 void Flags::check_batches(int world_size) const {
   std::vector<Config> variants{c_};
-  if (!c_.memory_budget.empty()) {
-    parse_bytes(c_.memory_budget);
-    if (c_.micro_batch > 0 || c_.accum_steps > 0 || !c_.accum_schedule.empty()) {
+  if (c_.memory_budget) {
+    if (c_.micro_batch > 0 || c_.accum_steps > 0 || c_.accum_schedule) {
       throw ValueError(
           "--memory-budget chooses the micro-batch; it excludes --micro-batch, --accum-steps "
           "and --accum-schedule");
     }
     variants.front().micro_batch = 1;  // any divisor: the batch and lr checks below
-    if (variants.front().batch == 0) variants.front().batch = 128;
+    if (variants.front().batch == 0) variants.front().batch = kDefaultBatch;
     // The budget picks the micro-batch and k: only --batch is the user's to change.
-    const int64_t batch = variants.front().batch, ranks = world_size;
-    if (batch % ranks != 0) {
-      throw ValueError(str_cat("--memory-budget: --batch ", batch, " does not split over ", ranks,
-                               " ranks; nearest: --batch ", batch / ranks * ranks, " or --batch ",
-                               (batch / ranks + 1) * ranks));
-    }
+    check_batch_splits(variants.front().batch, world_size);
   }
-  if (!c_.accum_schedule.empty()) {
+  if (c_.accum_schedule) {
     if (c_.accum_steps > 0 || c_.batch > 0) {
       throw ValueError("--accum-schedule sets k by epoch; it excludes --accum-steps and --batch");
     }
     variants.clear();
-    for (const auto& [epoch, k] :
-         optim::AccumSchedule::parse(c_.accum_schedule, kMaxBatch).points) {
+    for (const auto& [epoch, k] : c_.accum_schedule->points) {
       Config v = c_;
       v.accum_steps = k;
       variants.push_back(v);
@@ -375,22 +367,17 @@ void Flags::check_batches(int world_size) const {
   }
   for (const Config& v : variants) {
     const optim::ResolvedBatch batch = resolve_config_batch(v, world_size);
-    if (batch.accum_steps < c_.pipeline) {
-      throw ValueError(str_cat("--pipeline ", c_.pipeline,
-                               " needs at least as many micro-batches "
-                               "per window: --accum-steps is ",
-                               batch.accum_steps));
-    }
-    const double lr =
-        optim::scale_lr(c_.lr, batch.batch, c_.base_batch, optim::parse_lr_scaling(c_.lr_scaling));
+    check_pipeline_depth(c_.pipeline, batch.accum_steps,
+                         str_cat("--accum-steps is ", batch.accum_steps));
+    const double lr = run_lr(c_, batch.batch);
     // The optimizer applies the rate in float32: outside its normal range it is inf or 0.
     if (!std::isfinite(lr) || !(lr >= std::numeric_limits<float>::min()) ||
         lr > std::numeric_limits<float>::max()) {
-      throw ValueError(str_cat("--lr ", c_.lr, " scaled (", c_.lr_scaling, ") from --base-batch ",
-                               c_.base_batch, " to batch ", batch.batch, " gives ", lr,
-                               ", not a usable learning rate (float32's normal range: [",
-                               std::numeric_limits<float>::min(), ", ",
-                               std::numeric_limits<float>::max(), "])"));
+      throw ValueError(str_cat(
+          "--lr ", c_.lr, " scaled (", optim::lr_scaling_name(c_.lr_scaling),
+          ") from --base-batch ", c_.base_batch, " to batch ", batch.batch, " gives ", lr,
+          ", not a usable learning rate (float32's normal range: [",
+          std::numeric_limits<float>::min(), ", ", std::numeric_limits<float>::max(), "])"));
     }
   }
 }
@@ -413,7 +400,7 @@ void Flags::check_each_flag_takes_effect() const {
   if (given("--pipeline-schedule") && c_.pipeline <= 1) {
     throw ValueError("--pipeline-schedule needs --pipeline 2 or more");
   }
-  if (given("--base-batch") && c_.lr_scaling == "none") {
+  if (given("--base-batch") && c_.lr_scaling == optim::LrScaling::kNone) {
     throw ValueError("--base-batch applies to --lr-scaling linear or sqrt; this run's is none");
   }
 }
@@ -441,8 +428,28 @@ void Flags::check_inputs() const {
   }
 }
 
+// Each text flag read once into the configuration's type; a bad one throws naming it.
+void Flags::read_typed_values() {
+  c_.precision = parse_precision(precision_);
+  c_.loss_scale = LossScaleSetting::parse(loss_scale_);
+  c_.lr_scaling = optim::parse_lr_scaling(lr_scaling_);
+  c_.schedule = optim::Schedule::parse(schedule_);
+  c_.pipeline_schedule = distributed::parse_pipeline_schedule(pipeline_schedule_);
+  c_.accum_schedule.reset();
+  if (!accum_schedule_.empty()) {
+    c_.accum_schedule = optim::AccumSchedule::parse(accum_schedule_, kMaxBatch);
+  }
+  c_.memory_budget.reset();
+  if (!memory_budget_.empty()) c_.memory_budget = parse_bytes(memory_budget_);
+  c_.weight_decay.reset();
+  if (!weight_decay_.empty()) c_.weight_decay = decimal_number(weight_decay_).value();
+  c_.bucket_kib.reset();
+  if (!bucket_kib_.empty()) c_.bucket_kib = decimal_integer(bucket_kib_).value();
+}
+
 void Flags::check() {
   check_no_empty_values();
+  read_typed_values();
   c_.device = Device::parse(device_);
   c_.cuda_graphs = cuda_graphs_ == "on"    ? CudaGraphs::kOn
                    : cuda_graphs_ == "off" ? CudaGraphs::kOff
@@ -454,7 +461,6 @@ void Flags::check() {
                           : cuda_unavailable_reason()) +
                      ")");
   }
-  resolve_loss_scale(c_.loss_scale, c_.precision);
   c_.shuffle = !no_shuffle_;
   // The world size comes from the launcher's environment: no MPI call before the data is read.
   const distributed::LaunchInfo launch = distributed::launch_info();

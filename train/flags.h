@@ -42,7 +42,11 @@ class Flags {
   void check_inputs() const;
   CLI::App& app_;
   Config& c_;
-  std::string device_, cuda_graphs_ = "auto";
+  void read_typed_values();
+  // The text of the flags the configuration holds typed (read_typed_values() parses them).
+  std::string device_, cuda_graphs_ = "auto", precision_, loss_scale_, accum_schedule_,
+                       memory_budget_, lr_scaling_, schedule_, pipeline_schedule_, weight_decay_,
+                       bucket_kib_;
   bool no_shuffle_ = false;
 };
 

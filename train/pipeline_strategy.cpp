@@ -32,7 +32,8 @@ PipelineStages::PipelineStages(const StrategyContext& ctx)
     : c_(ctx.config), task_(ctx.task), compute_(ctx.compute), master_(ctx.master), log_(ctx.log) {}
 
 std::string PipelineStages::name() const {
-  return str_cat("pipeline: ", c_.pipeline, " stages, ", c_.pipeline_schedule);
+  return str_cat("pipeline: ", c_.pipeline, " stages, ",
+                 distributed::schedule_name(c_.pipeline_schedule));
 }
 
 // World rank r is stage r % P of the pipeline group r / P; the ranks of one stage form its
@@ -78,12 +79,8 @@ void PipelineStages::attach(optim::Optimizer& optimizer) {
 }
 
 void PipelineStages::check_plan(const optim::ResolvedBatch& batch, int64_t epoch) const {
-  if (batch.accum_steps < c_.pipeline) {
-    throw ValueError(str_cat("--pipeline ", c_.pipeline,
-                             " needs at least as many micro-batches "
-                             "per window: k is ",
-                             batch.accum_steps, " in epoch ", epoch + 1));
-  }
+  check_pipeline_depth(c_.pipeline, batch.accum_steps,
+                       str_cat("k is ", batch.accum_steps, " in epoch ", epoch + 1));
 }
 
 void PipelineStages::describe(nlohmann::json& run_config) const {
@@ -115,7 +112,8 @@ std::vector<nn::NamedTensor> PipelineStages::assign_stage(nn::Module& model) {
     plan[s] += (plan[s].empty() ? "" : ", ") + all_layers_[i].name;
     counts[s] += sizes[i];
   }
-  std::string line = str_cat("pipeline: ", stages, " stages, ", c_.pipeline_schedule, " schedule");
+  std::string line = str_cat("pipeline: ", stages, " stages, ",
+                             distributed::schedule_name(c_.pipeline_schedule), " schedule");
   for (int s = 0; s < stages; ++s) {
     line += str_cat(" | stage ", s, ": ", plan[s], " (", counts[s], " parameters)");
   }
@@ -273,8 +271,8 @@ nn::LossSum PipelineStages::run_window(nn::Module&, const WindowRun& run) {
     batches[m].reset();  // its activations stay on the tape; its data can go
     return loss.sum;
   };
-  const distributed::StageWindowStats stats = stage_->run_window(
-      distributed::parse_pipeline_schedule(c_.pipeline_schedule), k, run.seed, f);
+  const distributed::StageWindowStats stats =
+      stage_->run_window(c_.pipeline_schedule, k, run.seed, f);
   totals_.max_in_flight = std::max(totals_.max_in_flight, stats.max_in_flight);
   totals_.peak_activation_bytes =
       std::max(totals_.peak_activation_bytes, stats.peak_activation_bytes);
@@ -331,7 +329,9 @@ void PipelineStages::report(Summary& summary, MetricsLog& metrics) {
                        {"idle_fraction", st.idle_fraction()}});
     summary.stages.push_back(st);
   }
-  metrics.emit({{"event", "pipeline"}, {"schedule", c_.pipeline_schedule}, {"stages", records}});
+  metrics.emit({{"event", "pipeline"},
+                {"schedule", distributed::schedule_name(c_.pipeline_schedule)},
+                {"stages", records}});
 }
 
 }  // namespace accrue::train

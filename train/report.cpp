@@ -11,10 +11,6 @@
 
 namespace accrue::train {
 
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
 std::string mib(size_t bytes) {
   std::ostringstream s;
   s << std::fixed << std::setprecision(2) << static_cast<double>(bytes) / (1 << 20) << " MiB";

@@ -10,13 +10,11 @@
 #include <string>
 #include <vector>
 
+#include "core/clock.h"
 #include "core/file.h"
 #include "nn/module.h"
 
 namespace accrue::train {
-
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t);
 
 // "12.34 MiB"
 std::string mib(size_t bytes);

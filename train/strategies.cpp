@@ -160,7 +160,8 @@ struct Exclusion {
 };
 
 const Exclusion kExclusions[] = {
-    {"--zero 1", "--bucket-kib", [](const Config& c) { return c.zero == 1 && c.bucket_kib > 0; },
+    {"--zero 1", "--bucket-kib",
+     [](const Config& c) { return c.zero == 1 && c.bucket_kib.value_or(0) > 0; },
      "ZeRO-1 reduce-scatters the gradient at the boundary, it overlaps no all-reduce"},
     {"--offload-optimizer", "--zero 1",
      [](const Config& c) { return c.offload_optimizer && c.zero == 1; },
@@ -171,10 +172,10 @@ const Exclusion kExclusions[] = {
      [](const Config& c) { return c.pipeline > 1 && c.offload_optimizer; },
      "a stage's optimizer stays on its device"},
     {"--pipeline", "--memory-budget",
-     [](const Config& c) { return c.pipeline > 1 && !c.memory_budget.empty(); },
+     [](const Config& c) { return c.pipeline > 1 && c.memory_budget.has_value(); },
      "the probes run one process's micro-step"},
     {"--pipeline", "--bucket-kib",
-     [](const Config& c) { return c.pipeline > 1 && c.bucket_kib > 0; },
+     [](const Config& c) { return c.pipeline > 1 && c.bucket_kib.value_or(0) > 0; },
      "stages send their gradients at the boundary"},
     {"--pipeline", "--cuda-graphs on",
      [](const Config& c) { return c.pipeline > 1 && c.cuda_graphs == CudaGraphs::kOn; },

@@ -312,7 +312,7 @@ Config::Config() {
   lr = 2e-3;
   optimizer = "adamw";
   weight_decay = 0.01;
-  schedule = "cosine";
+  schedule = optim::ScheduleKind::kCosine;
   warmup = 200;
   clip = 1.0;
 }

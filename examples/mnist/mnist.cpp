@@ -146,11 +146,12 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
     if (c.model == "cnn" && app.count("--hidden") > 0) {
       throw ValueError("--hidden " + hidden + " sizes the MLP; --model cnn has fixed layers");
     }
-    if (c.model == "cnn" && c.precision != "fp32" && c.precision != "fp64") {
+    if (c.model == "cnn" &&
+        (c.precision == train::Precision::kBf16 || c.precision == train::Precision::kFp16)) {
       throw ValueError(
           "--model cnn runs in fp32 or fp64 (its convolution and normalisation kernels have no "
           "16-bit versions), got --precision " +
-          c.precision);
+          std::string(train::precision_name(c.precision)));
     }
   });
 }
