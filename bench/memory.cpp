@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
     optim::Accumulator acc(adam, {1.0, 1e-3, {}});
     const Tensor xp = to_dtype(x, p.activations);
     for (const auto& w : optim::plan_windows(2 * b * k, optim::resolve_batch({0, b, k, 1}))) {
-      acc.run_window(w, [&](const optim::MicroBatch& mb) {
+      acc.accumulate_window(w, [&](const optim::MicroBatch& mb) {
         const Tensor logits = cast(model(xp.narrow(mb.start, mb.count)), DType::kFloat32);
         return cross_entropy(logits, y.narrow(mb.start, mb.count));
       });
@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
       optim::Adam adam(arena);
       optim::Accumulator acc(adam, {1.0, 1e-3, {}});
       for (const auto& w : optim::plan_windows(2 * b * k, optim::resolve_batch({0, b, k, 1}))) {
-        acc.run_window(w, [&](const optim::MicroBatch& mb) {
+        acc.accumulate_window(w, [&](const optim::MicroBatch& mb) {
           return cross_entropy(model(x.narrow(mb.start, mb.count)), y.narrow(mb.start, mb.count));
         });
       }

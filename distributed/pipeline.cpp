@@ -165,10 +165,10 @@ std::vector<int> balance_stages(const std::vector<int64_t>& sizes, int stages) {
 PipelineStage::PipelineStage(Communicator& group, DType activations, Device device)
     : group_(group), activations_(activations), device_(device) {}
 
-StageWindowStats PipelineStage::run_window(PipelineSchedule schedule, int micro_batches,
-                                           const Tensor& seed, const Functions& functions) {
+StageWindowStats PipelineStage::run_schedule(PipelineSchedule schedule, int micro_batches,
+                                             const Tensor& seed, const Functions& functions) {
   if (!grad_enabled()) {
-    throw AutogradError("[pipeline] run_window trains: it needs grad enabled (no NoGradGuard)");
+    throw AutogradError("[pipeline] run_schedule trains: it needs grad enabled (no NoGradGuard)");
   }
   if ((first() && !functions.input) || !functions.forward || (last() && !functions.loss)) {
     throw ValueError(str_cat("[pipeline] stage ", stage(), " of ", stages(), " needs ",

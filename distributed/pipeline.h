@@ -98,8 +98,8 @@ class PipelineStage {
   // into the parameters' buffers; every tape is empty afterwards. Every stage calls it with the
   // same schedule and k. seed: one element, the last stage's backward seed (1 / the window's
   // items; optim::Accumulator::pipelined_window hands it over). Returns the window's statistics.
-  StageWindowStats run_window(PipelineSchedule schedule, int micro_batches, const Tensor& seed,
-                              const Functions& functions);
+  StageWindowStats run_schedule(PipelineSchedule schedule, int micro_batches, const Tensor& seed,
+                                const Functions& functions);
 
  private:
   Communicator& group_;

@@ -38,7 +38,7 @@ void ZeroOptimizerState::after_update() {
   optim::ParameterArena& arena = optimizer_.arena();
   const int64_t n = arena.size() / comm_.world_size();
   const int64_t offset = comm_.rank() * n;
-  comm_.all_gather(arena.params().narrow(offset, n), arena.params());  // in place
+  comm_.all_gather(arena.masters().narrow(offset, n), arena.masters());  // in place
   if (arena.working().defined()) {
     comm_.all_gather(arena.working().narrow(offset, n), arena.working());
   }

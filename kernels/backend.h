@@ -170,13 +170,13 @@ namespace accrue {
      the normalised, unscaled gradient); coef = normalize / scale * min(1, max_norm / (norm +      \
      1e-6)) (no clip when max_norm <= 0); skip = 1 when any entry was non-finite; steps (int32     \
      [1], applied updates) += 1 unless skipped; scaler [2] = {scale, clean windows in a row} is    \
-     updated as ScalerArgs says. The fused updates: g' = g * coef, the update, g = 0, and the      \
+     updated as LossScaling says. The fused updates: g' = g * coef, the update, g = 0, and the     \
      16-bit working copy (undefined: none) = the new parameter rounded; with skip != 0 only g =    \
      0. coef, skip, the scale and the step count stay on the device: nothing waits for the host.   \
    */                                                                                              \
   X(norm_sq, (const Tensor& g, Tensor& out), (g, out))                                             \
   X(boundary,                                                                                      \
-    (const Tensor& norm_sq, double normalize, double max_norm, const ScalerArgs& scaling,          \
+    (const Tensor& norm_sq, double normalize, double max_norm, const LossScaling& scaling,         \
      Tensor& scaler, Tensor& out, Tensor& steps),                                                  \
     (norm_sq, normalize, max_norm, scaling, scaler, out, steps))                                   \
   X(adam_step,                                                                                     \

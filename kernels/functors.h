@@ -473,7 +473,7 @@ struct SgdArgs {
 // Loss scaling (PyTorch's GradScaler semantics, once per window): after an overflowing
 // window the scale is multiplied by backoff, after growth_interval clean windows in a row by
 // growth. dynamic = false keeps the scale fixed (it still divides the gradient).
-struct ScalerArgs {
+struct LossScaling {
   bool dynamic = false;
   double growth = 2.0, backoff = 0.5;
   int growth_interval = 2000;

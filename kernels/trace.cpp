@@ -49,7 +49,7 @@ void print(std::ostream& out, const Pool2dGeometry& g) {
 void print(std::ostream& out, const DropoutKey& k) {
   out << "dropout{p " << k.p << ", seed " << k.seed << ", step " << k.step << "}";
 }
-void print(std::ostream& out, const ScalerArgs& s) {
+void print(std::ostream& out, const LossScaling& s) {
   out << (s.dynamic ? "dynamic" : "fixed") << " loss scale";
 }
 

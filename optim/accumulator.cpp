@@ -285,7 +285,7 @@ StepResult Accumulator::step() {
   StepResult r;
   r.lr = current_lr();
   r.items = window_items_;
-  StepReport report;
+  BoundaryScalars report;
   std::vector<double> values;
   try {
     if (!buckets_.empty()) {
@@ -416,8 +416,8 @@ void Accumulator::close_window() {
   seen_items_ = 0;
 }
 
-StepResult Accumulator::run_window(const Window& window,
-                                   const std::function<Tensor(const MicroBatch&)>& forward) {
+StepResult Accumulator::accumulate_window(const Window& window,
+                                          const std::function<Tensor(const MicroBatch&)>& forward) {
   begin_window(window.samples, window.local_samples());
   for (const MicroBatch& mb : window.micro) micro_step(mb.count, [&] { return forward(mb); });
   return step();

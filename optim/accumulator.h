@@ -119,10 +119,10 @@ class Accumulator {
 
   // Convenience: one whole window of the plan whose items are its samples (one loss item per
   // sample, as in classification), with forward(micro) per micro-batch.
-  StepResult run_window(const Window& window,
-                        const std::function<Tensor(const MicroBatch&)>& forward);
+  StepResult accumulate_window(const Window& window,
+                               const std::function<Tensor(const MicroBatch&)>& forward);
 
-  int64_t steps() const { return step_clock_; }  // the clock schedules read
+  int64_t step_clock() const { return step_clock_; }  // windows stepped: the schedules' clock
   // The learning rate before the schedule's factor, from the next step on (an accumulation
   // schedule moves the effective batch, and --lr-scaling moves the rate with it).
   void set_base_lr(double lr);

@@ -27,8 +27,8 @@ class ParameterArena {
  public:
   struct Entry {
     std::string name;
-    Tensor param;    // the model's handle: a view of params(), or of working() when there is one
-    Tensor master;   // its float master value: a view of params() (the same as param without a
+    Tensor param;    // the model's handle: a view of masters(), or of working() when there is one
+    Tensor master;   // its float master value: a view of masters() (the same as param without a
                      // working copy)
     int64_t offset;  // in elements, a multiple of kAlign
   };
@@ -66,9 +66,9 @@ class ParameterArena {
   // Zeros for optimizer state, beside the masters (pinned host memory when offloaded).
   Tensor state_zeros(const Shape& shape, DType dtype) const;
 
-  Tensor& params() { return params_; }  // [size()] the master values (on the host if offloaded)
-  Tensor& grads() { return grads_; }    // [size()]
-  // [size()] what the model computes with when it is not params(): the 16-bit copy, or the
+  Tensor& masters() { return params_; }  // [size()] the master values (on the host if offloaded)
+  Tensor& grads() { return grads_; }     // [size()]
+  // [size()] what the model computes with when it is not masters(): the 16-bit copy, or the
   // device copy of offloaded masters; undefined otherwise.
   Tensor& working() { return working_; }
   const Tensor& working() const { return working_; }

@@ -92,7 +92,7 @@ void HostOffload::discard() {
 
 void HostOffload::push(bool skipped) {
   if (skipped) return;  // the weights did not change
-  send(working_.defined() ? working_ : arena_.params(), arena_.working());
+  send(working_.defined() ? working_ : arena_.masters(), arena_.working());
   traffic_.from_host_bytes += arena_.working().nbytes();
 }
 

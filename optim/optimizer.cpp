@@ -14,7 +14,7 @@ Optimizer::Optimizer(ParameterArena& arena, double lr)
       norm_sq_(state_zeros({2}, arena.dtype())),
       boundary_(state_zeros({4}, arena.dtype())),
       applied_steps_(state_zeros({1}, DType::kInt32)),
-      params_(arena.params()),
+      params_(arena.masters()),
       grads_(arena.master_grads()),
       working_(arena.master_working()) {
   set_lr(lr);
@@ -39,7 +39,7 @@ void Optimizer::restrict_to_slice(int64_t offset, int64_t n) {
                              ") is not inside an arena of ", arena_.size(), " elements"));
   }
   slice_offset_ = offset;
-  params_ = arena_.params().narrow(offset, n);
+  params_ = arena_.masters().narrow(offset, n);
   grads_ = Tensor::zeros({n}, arena_.dtype(), arena_.device());
   if (working_.defined()) working_ = arena_.working().narrow(offset, n);
   resize_state(n);
@@ -100,16 +100,14 @@ void Optimizer::queue_step(double max_norm, const Tensor& veto) {
     be.axpy(1.0, to_dtype(veto, norm_sq_.dtype()).view({1}).to(state_device()), nonfinite);
   }
   if (reducer_ != nullptr) reducer_->sum(norm_sq_);  // every process decides clip and skip alike
-  const ScalerArgs scaler{scaling_.dynamic, scaling_.growth, scaling_.backoff,
-                          scaling_.growth_interval};
-  be.boundary(norm_sq_, 1.0, max_norm, scaler, scaler_, boundary_, applied_steps_);
+  be.boundary(norm_sq_, 1.0, max_norm, scaling_, scaler_, boundary_, applied_steps_);
   update();
   if (sync_ != nullptr) sync_->after_update();
 }
 
 void Optimizer::finish_step() {
   stepped_ = true;
-  arena_.params().mark_modified();  // a forward's saved weights are stale now
+  arena_.masters().mark_modified();  // a forward's saved weights are stale now
   arena_.grads().mark_modified();
   if (arena_.working().defined()) arena_.working().mark_modified();
 }
@@ -162,12 +160,12 @@ void Optimizer::load_state(const std::map<std::string, Tensor>& state) {
   stepped_ = true;
 }
 
-StepReport Optimizer::report() const {
+BoundaryScalars Optimizer::report() const {
   const std::vector<double> s = to_dtype(boundary_, DType::kFloat64).to_vector<double>();
   return report_of(s.data());
 }
 
-StepReport Optimizer::report_of(const double* s) {
+BoundaryScalars Optimizer::report_of(const double* s) {
   return {s[0], s[1], s[2] != 0.0, s[3]};
 }
 

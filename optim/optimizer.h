@@ -31,16 +31,9 @@
 
 namespace accrue::optim {
 
-// Dynamic loss scaling (PyTorch's GradScaler semantics, once per window): after an overflowing
-// window the scale is multiplied by backoff, after growth_interval clean windows in a row by
-// growth. dynamic = false keeps the scale fixed (it still divides the gradient).
-struct LossScaling {
-  bool dynamic = false;
-  double growth = 2.0, backoff = 0.5;
-  int growth_interval = 2000;
-};
-
-struct StepReport {
+// The boundary scalars of a step, read back: what the fused pass did. (LossScaling, the
+// dynamic loss scale's settings, is kernels/functors.h's: the boundary kernel takes it as is.)
+struct BoundaryScalars {
   double grad_norm = 0;   // of the normalised gradient, before clipping
   double clip_coef = 1;   // the factor the raw gradient was multiplied by
   bool skipped = false;   // a non-finite gradient: nothing was updated
@@ -69,9 +62,9 @@ class Optimizer {
   // stream, which a graph cannot hold.
   bool has_seams() const { return reducer_ != nullptr || sync_ != nullptr; }
   // The boundary scalars of the last step() (reads the device).
-  StepReport report() const;
+  BoundaryScalars report() const;
   // The same, from values already read: {norm, coef, skip, scale}.
-  static StepReport report_of(const double* scalars);
+  static BoundaryScalars report_of(const double* scalars);
   // [4] {norm, clip coefficient, skip, loss scale} of the last step, beside the masters.
   const Tensor& boundary_scalars() const { return boundary_; }
   // Updates applied so far (skipped steps do not count; reads the device).
@@ -105,6 +98,7 @@ class Optimizer {
   // Dynamic or fixed loss scaling from now on, starting at initial_scale (a power of two keeps
   // the scaling exact). The backward seed reads loss_scale() on the device.
   void set_loss_scaling(const LossScaling& scaling, double initial_scale);
+  const LossScaling& loss_scaling() const { return scaling_; }
   bool loss_scaled() const { return scaler_.defined(); }
   // [1] on the arena's device: the current loss scale (undefined without loss scaling).
   Tensor loss_scale() const;

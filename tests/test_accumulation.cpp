@@ -194,10 +194,10 @@ TEST(Accumulation, ReportedLossAndNormDoNotDependOnTheSplit) {
     Rig s = make_setup(DType::kFloat32, Device::cpu(), 64, options);
     const auto windows = optim::plan_windows(64, optim::resolve_batch({64, 0, k, 1}));
     ASSERT_EQ(windows.size(), 1u);
-    results.push_back(s.acc->run_window(windows[0], [&](const optim::MicroBatch& mb) {
+    results.push_back(s.acc->accumulate_window(windows[0], [&](const optim::MicroBatch& mb) {
       return loss_of(s, range(mb.start, mb.start + mb.count));
     }));
-    params.push_back(s.arena->params().clone());
+    params.push_back(s.arena->masters().clone());
   }
   for (size_t i = 1; i < results.size(); ++i) {
     EXPECT_NEAR(results[i].loss, results[0].loss, 1e-6 * results[0].loss);
@@ -217,12 +217,12 @@ TEST(Accumulation, EvaluationInsideAWindowDoesNotStep) {
     NoGradGuard eval;
     argmax((*s.model)(s.x));
   }
-  EXPECT_EQ(s.acc->steps(), 0);
+  EXPECT_EQ(s.acc->step_clock(), 0);
   EXPECT_EQ(max_rel_error(s.arena->grads(), grads), 0.0);
   expect_error<ValueError>([&] { s.acc->step(); }, {"32 of 64"});
   s.acc->micro_step(32, [&] { return loss_of(s, range(32, 64)); });
   s.acc->step();
-  EXPECT_EQ(s.acc->steps(), 1);
+  EXPECT_EQ(s.acc->step_clock(), 1);
 }
 
 TEST(Accumulation, ScheduleTicksOncePerOptimizerStep) {
@@ -236,16 +236,17 @@ TEST(Accumulation, ScheduleTicksOncePerOptimizerStep) {
   while (micro_steps < 40) {
     for (const auto& w : optim::plan_windows(64, batch)) {
       lrs.push_back(s.acc
-                        ->run_window(w,
-                                     [&](const optim::MicroBatch& mb) {
-                                       ++micro_steps;
-                                       return loss_of(s, range(mb.start, mb.start + mb.count));
-                                     })
+                        ->accumulate_window(w,
+                                            [&](const optim::MicroBatch& mb) {
+                                              ++micro_steps;
+                                              return loss_of(s,
+                                                             range(mb.start, mb.start + mb.count));
+                                            })
                         .lr);
       if (micro_steps == 40) break;
     }
   }
-  EXPECT_EQ(s.acc->steps(), 10);
+  EXPECT_EQ(s.acc->step_clock(), 10);
   ASSERT_EQ(lrs.size(), 10u);
   for (int i = 0; i < 10; ++i) EXPECT_DOUBLE_EQ(lrs[i], 0.02 * (i + 1) / 20.0);
 }
@@ -339,12 +340,12 @@ TEST(Accumulation, IdenticalRunsAreBitwiseIdentical) {
   auto run = [] {
     Rig s = make_setup(DType::kFloat32, Device::cpu(), 64, {1.0, 1e-2, {}});
     for (const auto& w : optim::plan_windows(64, optim::resolve_batch({16, 4, 0, 1}))) {
-      s.acc->run_window(w, [&](const optim::MicroBatch& mb) {
+      s.acc->accumulate_window(w, [&](const optim::MicroBatch& mb) {
         return cross_entropy((*s.model)(s.x.narrow(mb.start, mb.count)),
                              s.y.narrow(mb.start, mb.count));
       });
     }
-    return s.arena->params().to_vector<float>();
+    return s.arena->masters().to_vector<float>();
   };
   const auto a = run(), b = run();
   ASSERT_EQ(a.size(), b.size());

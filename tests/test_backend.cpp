@@ -687,7 +687,7 @@ std::vector<Row> rows() {
                            Tensor out = m.empty({4});
                            Tensor steps = m.ints({4});
                            Tensor scaler = m.values({2}, {1024.0, 6.0});
-                           ScalerArgs ls;
+                           LossScaling ls;
                            ls.dynamic = dynamic;
                            ls.growth_interval = 7;
                            m.be().boundary(m.values({2}, {9.0 * 1024 * 1024, finite ? 0.0 : 2.0}),

@@ -368,7 +368,7 @@ TEST(Dist, TwoPipelineStagesEqualOneProcessInFloat64) {
          {distributed::PipelineSchedule::kGPipe, distributed::PipelineSchedule::kOneFOneB}) {
       SCOPED_TRACE(std::string(distributed::schedule_name(schedule)) + " k " + std::to_string(k));
       const size_t before = allocator_for(Device::cpu()).stats().live_bytes;
-      const auto stats = stage.run_window(schedule, k, full({}, seed, DType::kFloat64), f);
+      const auto stats = stage.run_schedule(schedule, k, full({}, seed, DType::kFloat64), f);
       EXPECT_EQ(tape_size(), 0u);
       EXPECT_EQ(allocator_for(Device::cpu()).stats().live_bytes, before);
       EXPECT_EQ(stats.max_in_flight,

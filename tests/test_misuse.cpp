@@ -171,14 +171,14 @@ TEST(Misuse, BadDeviceIndicesAndLabelsAreReportedAtTheNextHostRead) {
   optim::ParameterArena arena(model);
   optim::SGD sgd(arena, {});
   optim::Accumulator acc(sgd, {});
-  const auto before = arena.params().to_vector<float>();
+  const auto before = arena.masters().to_vector<float>();
   const Tensor x = random({2, 3}, 3, DType::kFloat32).to(gpu);
   acc.begin_window(2);
   acc.micro_step(2, [&] {
     return cross_entropy(model(x), Tensor::from_vector<int32_t>({2}, {0, 5}, gpu));
   });
   expect_error<ValueError>([&] { acc.step(); }, {"[cross_entropy] label 5", "position 1"});
-  EXPECT_EQ(arena.params().to_vector<float>(), before) << "the window must be skipped";
+  EXPECT_EQ(arena.masters().to_vector<float>(), before) << "the window must be skipped";
   EXPECT_EQ(sgd.applied_steps(), 0);
 }
 

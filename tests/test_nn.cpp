@@ -51,7 +51,7 @@ TEST(Modules, ForwardAfterArenaUsesArenaMemory) {
   const auto after = mlp(x).to_vector<double>();
   clear_tape();
   EXPECT_EQ(before, after);
-  arena.params().zero_();  // every parameter now reads zeros through the arena
+  arena.masters().zero_();  // every parameter now reads zeros through the arena
   for (double v : mlp(x).to_vector<double>()) EXPECT_EQ(v, 0.0);
   clear_tape();
 }

@@ -378,7 +378,7 @@ TEST(Dropout, TheSameSeedGivesTheSameMasksForAnySplit) {
     acc.begin_window(128);
     for (int64_t at = 0; at < 128; at += micro) {
       acc.micro_step(micro, [&] {
-        const nn::SampleKeys keys(7, acc.steps(), sample_ids.narrow(at, micro));
+        const nn::SampleKeys keys(7, acc.step_clock(), sample_ids.narrow(at, micro));
         return cross_entropy((*model)(x.narrow(at, micro)), y.narrow(at, micro));
       });
     }

@@ -66,7 +66,7 @@ Trainee make_trainee(const Variant& v, bool offload) {
   }
   if (offload) s.offload = std::make_unique<optim::HostOffload>(*s.optimizer);
   if (v.loss_scale > 0) {
-    optim::LossScaling ls;
+    LossScaling ls;
     ls.dynamic = true;
     ls.growth_interval = 3;
     s.optimizer->set_loss_scaling(ls, v.loss_scale);
@@ -131,11 +131,11 @@ void expect_same_training(const Variant& v, double tolerance, double poison = 0)
       EXPECT_LE(max_rel_error(b, a), tolerance) << what;
     }
   };
-  same(on_device.arena->params(), offloaded.arena->params(), "masters");
+  same(on_device.arena->masters(), offloaded.arena->masters(), "masters");
   // What the model computes with: the on-device arena's working copy or masters, and the
   // offloaded arena's device copy.
-  const Tensor computed =
-      on_device.arena->working().defined() ? on_device.arena->working() : on_device.arena->params();
+  const Tensor computed = on_device.arena->working().defined() ? on_device.arena->working()
+                                                               : on_device.arena->masters();
   same(computed, offloaded.arena->working(), "the weights the model computes with");
   EXPECT_EQ(offloaded.arena->working().device(), v.device);
   EXPECT_EQ(as_doubles(offloaded.arena->grads()), std::vector<double>(offloaded.arena->size(), 0.0))
@@ -259,7 +259,7 @@ TEST(Offload, AnAbandonedWindowLeavesNoCopiedGradientBehind) {
   const optim::StepResult ra = window(a, 32, 32, 8), rb = window(b, 32, 32, 8);
   EXPECT_EQ(ra.loss, rb.loss);
   EXPECT_EQ(ra.grad_norm, rb.grad_norm);
-  EXPECT_EQ(as_doubles(a.arena->params()), as_doubles(b.arena->params()));
+  EXPECT_EQ(as_doubles(a.arena->masters()), as_doubles(b.arena->masters()));
 }
 
 TEST(Offload, MisuseIsRejectedWithTheReason) {

@@ -196,7 +196,7 @@ TEST(Arena, ParametersAndGradientsAreContiguousViews) {
   for (const auto& e : arena.entries()) {
     EXPECT_EQ(e.offset, expected);
     EXPECT_EQ(e.offset % optim::ParameterArena::kAlign, 0);
-    EXPECT_EQ(e.param.raw(), static_cast<float*>(arena.params().raw()) + e.offset) << e.name;
+    EXPECT_EQ(e.param.raw(), static_cast<float*>(arena.masters().raw()) + e.offset) << e.name;
     EXPECT_EQ(e.param.grad().raw(), static_cast<float*>(arena.grads().raw()) + e.offset);
     expected += (e.param.numel() + 15) / 16 * 16;
   }

@@ -159,7 +159,7 @@ TEST(Pipeline, OneStageRunsTheWindowToPlainAccumulationsGradient) {
   for (const auto schedule : {PipelineSchedule::kGPipe, PipelineSchedule::kOneFOneB}) {
     SCOPED_TRACE(distributed::schedule_name(schedule));
     const size_t before = alloc.stats().live_bytes;
-    const auto stats = stage.run_window(schedule, k, full({}, seed, DType::kFloat64), f);
+    const auto stats = stage.run_schedule(schedule, k, full({}, seed, DType::kFloat64), f);
     EXPECT_EQ(alloc.stats().live_bytes, before);
     EXPECT_EQ(tape_size(), 0u);
     EXPECT_EQ(stats.max_in_flight, schedule == PipelineSchedule::kGPipe ? k : 1);

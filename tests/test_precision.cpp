@@ -192,7 +192,7 @@ Mixed make_mixed(DType working, double scale, int64_t samples = 128, int growth_
   if (working != DType::kFloat32) s.arena->use_working_copy(working);
   s.adam = std::make_unique<optim::Adam>(*s.arena);
   if (scale > 0) {
-    optim::LossScaling ls;
+    LossScaling ls;
     ls.dynamic = !fixed;
     ls.growth_interval = growth_interval;
     s.adam->set_loss_scaling(ls, scale);
@@ -243,7 +243,7 @@ TEST(MixedPrecision, TheWorkingCopyIsTheMasterRoundedAndGradientsStayFloat32) {
       const optim::StepResult r = mixed_window(s, 0, 128, 32);
       ASSERT_FALSE(r.skipped);
       // After every update the working copy is exactly the master rounded once.
-      EXPECT_EQ(as_doubles(s.arena->working()), as_doubles(to_dtype(s.arena->params(), half)))
+      EXPECT_EQ(as_doubles(s.arena->working()), as_doubles(to_dtype(s.arena->masters(), half)))
           << dtype_name(half) << " step " << step;
     }
     EXPECT_EQ(s.arena->named_masters().front().second.dtype(), DType::kFloat32);
@@ -374,15 +374,15 @@ TEST(MixedPrecision, EveryDeviceTrainsLikeTheCpu) {
         EXPECT_EQ(a.skipped, b.skipped) << dtype_name(half) << " window " << w;
         EXPECT_EQ(a.loss_scale, b.loss_scale) << dtype_name(half) << " window " << w;
       }
-      const std::vector<double> masters = as_doubles(cpu.arena->params());
+      const std::vector<double> masters = as_doubles(cpu.arena->masters());
       const double norm =
           std::sqrt(std::inner_product(masters.begin(), masters.end(), masters.begin(), 0.0));
       const double n = static_cast<double>(masters.size());
       const double bound = 2 * optim::AdamOptions{}.lr * std::sqrt(n / 20) / norm;
-      EXPECT_LT(rel_l2(dev.arena->params(), cpu.arena->params()), bound)
+      EXPECT_LT(rel_l2(dev.arena->masters(), cpu.arena->masters()), bound)
           << dtype_name(half) << " on " << device.str();
       EXPECT_EQ(as_doubles(dev.arena->working()),
-                as_doubles(to_dtype(dev.arena->params().to(Device::cpu()), half)));
+                as_doubles(to_dtype(dev.arena->masters().to(Device::cpu()), half)));
     }
     ++compared;
   }
@@ -395,7 +395,7 @@ TEST(MixedPrecision, TheScaleNeverGrowsToInfinity) {
     Tensor scaler = Tensor::from_vector<float>({2}, {std::ldexp(1.0f, 127), 0.0f}, device);
     Tensor out = Tensor::empty({4}, DType::kFloat32, device);
     Tensor steps = Tensor::zeros({1}, DType::kInt32, device);
-    ScalerArgs ls;
+    LossScaling ls;
     ls.dynamic = true;
     ls.growth_interval = 1;
     const Tensor norm_sq = Tensor::from_vector<float>({2}, {1.0f, 0.0f}, device);
@@ -469,7 +469,7 @@ TEST(MixedPrecision, MisuseIsRejectedWithTheReason) {
          nn::Linear l(3, 2);
          optim::ParameterArena a(l);
          optim::Adam adam(a);
-         optim::LossScaling ls;
+         LossScaling ls;
          ls.dynamic = true;
          ls.backoff = 1.0;
          adam.set_loss_scaling(ls, 1024);

@@ -143,9 +143,9 @@ std::string LossScaleSetting::str() const {
   return "auto";
 }
 
-LossScaleChoice resolve_loss_scale(const LossScaleSetting& loss_scale, Precision precision) {
+LossScalePlan resolve_loss_scale(const LossScaleSetting& loss_scale, Precision precision) {
   using Kind = LossScaleSetting::Kind;
-  LossScaleChoice out;
+  LossScalePlan out;
   if (loss_scale.kind == Kind::kNone ||
       (loss_scale.kind == Kind::kAuto && precision != Precision::kFp16)) {
     return out;
@@ -155,7 +155,7 @@ LossScaleChoice resolve_loss_scale(const LossScaleSetting& loss_scale, Precision
     out.initial = loss_scale.fixed;
     return out;
   }
-  out.dynamic = true;
+  out.scaling.dynamic = true;
   out.initial = 65536.0;  // 2^16, as torch.amp.GradScaler
   return out;
 }

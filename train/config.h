@@ -15,6 +15,7 @@
 #include "core/dtype.h"
 #include "distributed/communicator.h"
 #include "distributed/pipeline.h"
+#include "kernels/functors.h"
 #include "optim/schedule.h"
 #include "optim/window.h"
 
@@ -134,13 +135,14 @@ size_t decimal_prefix(const std::string& text);
 // that a double would round to 0.
 std::optional<double> decimal_number(const std::string& text);
 
-// What --loss-scale resolves to for a precision: off, fixed at `initial`, or dynamic from
-// `initial` (2^16, GradScaler's default). Throws ValueError for a bad value.
-struct LossScaleChoice {
-  bool on = false, dynamic = false;
+// What --loss-scale comes to for a precision: off, or on from `initial` (2^16, GradScaler's
+// default, when dynamic) with the scaling's settings (kernels/functors.h LossScaling).
+struct LossScalePlan {
+  bool on = false;
+  LossScaling scaling;  // scaling.dynamic: moved once per window
   double initial = 1;
 };
-LossScaleChoice resolve_loss_scale(const LossScaleSetting& loss_scale, Precision precision);
+LossScalePlan resolve_loss_scale(const LossScaleSetting& loss_scale, Precision precision);
 
 // The learning rate of an effective batch: --lr moved from --base-batch by --lr-scaling. The one
 // place a run's rate is computed.

@@ -160,11 +160,7 @@ void Run::build_optimizer() {
   k_schedule_ = c_.accum_schedule;
   if (!optimizer_) optimizer_ = make_optimizer(c_, *arena_, plan_for(0).lr);
   strategies_->attach(*optimizer_);
-  if (scaling_.on) {
-    optim::LossScaling ls;
-    ls.dynamic = scaling_.dynamic;
-    optimizer_->set_loss_scaling(ls, scaling_.initial);
-  }
+  if (scaling_.on) optimizer_->set_loss_scaling(scaling_.scaling, scaling_.initial);
 }
 
 void Run::build_accumulator() {
@@ -250,19 +246,19 @@ void Run::run_epoch(int64_t epoch) {
     progress_->update(epoch, step_in_epoch, r.step, r.loss, r.grad_norm, r.lr,
                       static_cast<double>(samples_seen_) / std::max(elapsed, 1e-9));
     const bool last = wi + 1 == plan.windows.size();
-    position_ = {acc_->steps(), acc_->skipped_steps(), last ? epoch + 1 : epoch,
+    position_ = {acc_->step_clock(), acc_->skipped_steps(), last ? epoch + 1 : epoch,
                  last ? 0 : static_cast<int64_t>(wi + 1)};
-    if (c_.checkpoint_every > 0 && acc_->steps() % c_.checkpoint_every == 0) {
+    if (c_.checkpoint_every > 0 && acc_->step_clock() % c_.checkpoint_every == 0) {
       write_checkpoint(position_);
     }
     if (r.stop) {
       if (last) end_epoch(epoch, epoch_loss, epoch_items, seconds_since(epoch_start), false);
       stop(r);
     }
-    if (acc_->steps() >= total_steps_) break;
+    if (acc_->step_clock() >= total_steps_) break;
   }
   end_epoch(epoch, epoch_loss, epoch_items, seconds_since(epoch_start),
-            epoch + 1 >= c_.epochs || acc_->steps() >= total_steps_);
+            epoch + 1 >= c_.epochs || acc_->step_clock() >= total_steps_);
 }
 
 // A requested stop, after the window it interrupted: the checkpoint of this step, the metrics,
@@ -345,14 +341,15 @@ Summary Run::train() {
   progress_ =
       std::make_unique<Progress>(out_, c_.quiet, static_cast<int64_t>(first.windows.size()));
   position_ = start_;
-  if (start_.epoch >= c_.epochs || acc_->steps() >= total_steps_) {
+  if (start_.epoch >= c_.epochs || acc_->step_clock() >= total_steps_) {
     // A finished run resumed: its model is evaluated, nothing is trained.
     log(str_cat("nothing left to train: the checkpoint is at step ", start_.step, " of ",
                 total_steps_, " (", c_.epochs, " epochs", c_.max_steps > 0 ? ", --max-steps" : "",
                 ")"));
     summary_.evaluation = evaluate(true);
   }
-  for (int64_t epoch = start_.epoch; epoch < c_.epochs && acc_->steps() < total_steps_; ++epoch) {
+  for (int64_t epoch = start_.epoch; epoch < c_.epochs && acc_->step_clock() < total_steps_;
+       ++epoch) {
     run_epoch(epoch);
   }
   finish();

@@ -125,7 +125,7 @@ void Run::resume() {
     t.copy_(to_dtype(it->second, t.dtype()).to(t.device()));
   }
   if (arena_->working().defined()) {
-    arena_->working().copy_(to_dtype(arena_->params(), arena_->working().dtype()));
+    arena_->working().copy_(to_dtype(arena_->masters(), arena_->working().dtype()));
   }
   try {
     optimizer_->load_state(saved.optimizer);

@@ -14,9 +14,10 @@ void Run::report_step(const optim::StepResult& r, const EpochPlan& plan, int64_t
                       int64_t samples, int64_t tokens) {
   if (r.skipped) {
     log(str_cat("step ", r.step, ": non-finite gradient, update skipped",
-                scaling_.dynamic ? str_cat(" (loss scale ", r.loss_scale, " -> ",
-                                           r.loss_scale * optim::LossScaling{}.backoff, ")")
-                                 : ""));
+                scaling_.scaling.dynamic
+                    ? str_cat(" (loss scale ", r.loss_scale, " -> ",
+                              r.loss_scale * optimizer_->loss_scaling().backoff, ")")
+                    : ""));
   }
   const StepEvent event{r.step,
                         epoch + 1,
@@ -89,7 +90,7 @@ void Run::report_summary() {
 
 // The summary's fields: counters, memory, speeds, the device path, the strategies' footprint.
 void Run::fill_summary() {
-  summary_.steps = acc_->steps();
+  summary_.steps = acc_->step_clock();
   summary_.skipped_steps = acc_->skipped_steps();
   summary_.graphs = graphs_ ? graphs_->counts() : graph_counts_;
   summary_.graphs.boundaries_replayed = acc_->boundaries_replayed();

@@ -106,7 +106,7 @@ class Run {
   std::unique_ptr<Strategies> strategies_;
   std::optional<ThreadTuner> tuner_;
   DType compute_ = DType::kFloat32, master_ = DType::kFloat32;
-  LossScaleChoice scaling_;
+  LossScalePlan scaling_;
   int64_t train_samples_ = 0;
   size_t device_bytes_before_ = 0, host_bytes_before_ = 0;
   std::unique_ptr<nn::Module> model_;

@@ -84,7 +84,7 @@ optim::StepResult Run::run_window_once(const optim::Window& w, const Tensor& ord
   }());
   if (Strategy* runner = strategies_->window_runner()) {
     acc_->pipelined_window([&](const Tensor& seed) {
-      return runner->run_window(*model_, WindowRun{w, order, seed, acc_->steps()});
+      return runner->run_micro_batches(*model_, WindowRun{w, order, seed, acc_->step_clock()});
     });
   } else {
     run_micro_steps(w, order, order_host, items_of);
@@ -138,7 +138,7 @@ void Run::run_micro_steps(const optim::Window& w, const Tensor& order,
     }
     const auto loss = [&](const std::vector<Tensor>& in) {
       // Dropout's masks are keyed by the samples and the optimizer step, not the split.
-      const nn::SampleKeys keys(c_.seed, acc_->steps(), index);
+      const nn::SampleKeys keys(c_.seed, acc_->step_clock(), index);
       const Batch batch = stager_ ? Batch{in[0], in[1]} : task_.batch(in[0]);
       return task_.loss(*model_, batch, master_);
     };

@@ -240,7 +240,7 @@ void PipelineStages::after_resume(int64_t step) {
 // This stage's part of a window: its micro-batches through the stage's layers under the
 // schedule; the last stage computes each loss (Task::loss_of_output) and returns their sum and
 // count, the other stages zeros.
-nn::LossSum PipelineStages::run_window(nn::Module&, const WindowRun& run) {
+nn::LossSum PipelineStages::run_micro_batches(nn::Module&, const WindowRun& run) {
   const optim::Window& w = run.window;
   const Tensor& order = run.order;
   nn::LossSum sums{Tensor::zeros({}, master_, c_.device), Tensor::zeros({}, master_, c_.device)};
@@ -272,7 +272,7 @@ nn::LossSum PipelineStages::run_window(nn::Module&, const WindowRun& run) {
     return loss.sum;
   };
   const distributed::StageWindowStats stats =
-      stage_->run_window(c_.pipeline_schedule, k, run.seed, f);
+      stage_->run_schedule(c_.pipeline_schedule, k, run.seed, f);
   totals_.max_in_flight = std::max(totals_.max_in_flight, stats.max_in_flight);
   totals_.peak_activation_bytes =
       std::max(totals_.peak_activation_bytes, stats.peak_activation_bytes);

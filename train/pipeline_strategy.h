@@ -36,7 +36,7 @@ class PipelineStages final : public Strategy {
   optim::GradientConsumer* gradients() override { return tied_.get(); }
   optim::PartialSumReducer* loss_reducer() override { return world_sum_.get(); }
   bool runs_windows() const override { return true; }
-  nn::LossSum run_window(nn::Module& model, const WindowRun& run) override;
+  nn::LossSum run_micro_batches(nn::Module& model, const WindowRun& run) override;
   void check_plan(const optim::ResolvedBatch& batch, int64_t epoch) const override;
   void gather_model(nn::Module& model) override;
   std::optional<std::vector<nn::NamedTensor>> whole_masters(optim::ParameterArena& arena,

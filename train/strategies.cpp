@@ -324,7 +324,7 @@ Footprint Strategies::footprint(const optim::ParameterArena& arena,
   return f;
 }
 
-nn::LossSum Strategy::run_window(nn::Module&, const WindowRun&) {
+nn::LossSum Strategy::run_micro_batches(nn::Module&, const WindowRun&) {
   throw std::logic_error("[strategy] " + name() + " does not run windows");
 }
 

@@ -86,11 +86,11 @@ class Strategy {
   // The bucket size when --bucket-kib is not given.
   virtual int64_t default_bucket_kib() const { return 0; }
 
-  // Whether it runs each window itself (run_window) instead of the engine's micro-steps.
+  // Whether it runs each window itself (run_micro_batches) instead of the engine's micro-steps.
   virtual bool runs_windows() const { return false; }
   // Runs the window's micro-batches on this rank and returns the loss sum and item count of
   // those whose loss it computed (Accumulator::pipelined_window).
-  virtual nn::LossSum run_window(nn::Module& model, const WindowRun& run);
+  virtual nn::LossSum run_micro_batches(nn::Module& model, const WindowRun& run);
   // Throws when an epoch's plan does not suit it (fewer micro-batches than stages).
   virtual void check_plan(const optim::ResolvedBatch& /*batch*/, int64_t /*epoch*/) const {}
 

@@ -50,7 +50,7 @@ void fused_pass(const Tensor& boundary, Tensor& grad, const T* p, W* w, F update
 }  // namespace
 
 void CpuBackend::boundary(const Tensor& norm_sq, double normalize, double max_norm,
-                          const ScalerArgs& scaling, Tensor& scaler, Tensor& out, Tensor& steps) {
+                          const LossScaling& scaling, Tensor& scaler, Tensor& out, Tensor& steps) {
   ACCRUE_DISPATCH_FLOATING(norm_sq.dtype(), "boundary", [&] {
     const T* in = norm_sq.data<T>();
     fn::boundary_scalars<T>(in[0], in[1], normalize, max_norm, scaling,

@@ -13,8 +13,8 @@ namespace {
 
 // p, g, m, v [n], w [n] (or no working copy); boundary [4] {norm, coef, skip, scale}; steps [1]
 template <typename T, typename W>
-__global__ void adam_kernel(AdamArgs hp, const T* boundary, const int32_t* steps, T* p, T* g,
-                            T* m, T* v, W* w, int64_t n) {
+__global__ void adam_kernel(AdamArgs hp, const T* boundary, const int32_t* steps, T* p, T* g, T* m,
+                            T* v, W* w, int64_t n) {
   __shared__ fn::AdamUpdate update;
   if (threadIdx.x == 0) update = fn::AdamUpdate::at_step(hp, steps[0]);
   __syncthreads();
@@ -57,8 +57,8 @@ __global__ void adam_kernel(AdamArgs hp, const T* boundary, const int32_t* steps
 
 // p, g, buf [n], w [n] (or no working copy); boundary [4]; steps [1]
 template <typename T, typename W>
-__global__ void sgd_kernel(SgdArgs hp, const T* boundary, const int32_t* steps, T* p, T* g,
-                           T* buf, W* w, int64_t n) {
+__global__ void sgd_kernel(SgdArgs hp, const T* boundary, const int32_t* steps, T* p, T* g, T* buf,
+                           W* w, int64_t n) {
   const fn::SgdUpdate update = fn::SgdUpdate::at_step(hp, steps[0]);
   const bool skip = boundary[2] != T(0);
   const T coef = boundary[1];
@@ -76,7 +76,7 @@ __global__ void sgd_kernel(SgdArgs hp, const T* boundary, const int32_t* steps, 
 }  // namespace
 
 void CudaBackend::boundary(const Tensor& norm_sq, double normalize, double max_norm,
-                           const ScalerArgs& scaling, Tensor& scaler, Tensor& out, Tensor& steps) {
+                           const LossScaling& scaling, Tensor& scaler, Tensor& out, Tensor& steps) {
   ACCRUE_DISPATCH_FLOATING(norm_sq.dtype(), "boundary", [&] {
     const T* in = norm_sq.data<T>();
     T* sc = scaler.defined() ? scaler.data<T>() : nullptr;
