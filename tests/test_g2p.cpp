@@ -333,7 +333,7 @@ TEST(G2PTraining, PerMicroBatchMeanOverKIsWrongByAKnownAmount) {
     std::vector<const std::vector<int32_t>*> seqs;
     for (int64_t i = first; i < first + count; ++i)
       seqs.push_back(&d.train[static_cast<size_t>(i)]);
-    const train::Batch b = g2p::make_batch(seqs, 0, Device::cpu());
+    const train::Samples b = g2p::make_samples(seqs, 0, Device::cpu());
     backward(cross_entropy(model(b.input), b.target));
     std::vector<double> flat;
     for (Tensor& p : model.parameters()) {

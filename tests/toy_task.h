@@ -51,7 +51,7 @@ inline train::Task toy_task(int64_t items_off_by = 0) {
   task.items = [data, items_off_by](int64_t i) {
     return (*data)->first[i + 1] - (*data)->first[i] + (i == 0 ? items_off_by : 0);
   };
-  task.batch = [data](const Tensor& index) {
+  task.samples = [data](const Tensor& index) {
     std::vector<int32_t> rows;
     for (int32_t i : index.to_vector<int32_t>()) {
       for (int64_t r = (*data)->first[i]; r < (*data)->first[i + 1]; ++r) {
@@ -59,10 +59,10 @@ inline train::Task toy_task(int64_t items_off_by = 0) {
       }
     }
     const Tensor at = Tensor::from_vector<int32_t>({static_cast<int64_t>(rows.size())}, rows);
-    return train::Batch{gather_rows((*data)->tokens, at), gather_rows((*data)->labels, at)};
+    return train::Samples{gather_rows((*data)->tokens, at), gather_rows((*data)->labels, at)};
   };
   task.model = [](DType dtype) { return std::make_unique<nn::Linear>(4, 3, true, dtype); };
-  task.loss = [](nn::Module& model, const train::Batch& b, DType loss_dtype) {
+  task.loss = [](nn::Module& model, const train::Samples& b, DType loss_dtype) {
     return nn::LossSum{cross_entropy(cast(model(b.input), loss_dtype), b.target),
                        scalar(static_cast<double>(b.target.numel()), DType::kInt32)};
   };

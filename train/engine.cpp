@@ -115,7 +115,8 @@ void Run::fit_memory_budget() {
     alloc.reset_peak();
     {
       const nn::SampleKeys keys(0, 0, index);
-      const Batch batch = task_.largest_batch ? task_.largest_batch(index) : task_.batch(index);
+      const Samples batch =
+          task_.largest_samples ? task_.largest_samples(index) : task_.samples(index);
       const nn::LossSum loss = task_.loss(*model_, batch, master_);
       backward(loss.sum, 1.0 / static_cast<double>(std::max<int64_t>(items, 1)));
     }

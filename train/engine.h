@@ -5,7 +5,7 @@
 // the offloaded optimizer), checkpoints and bitwise resume, progress, JSON Lines metrics, the
 // summary and saving. Per-step, per-epoch and per-checkpoint records reach the caller through
 // Callbacks. A micro-step is the recipe of the whole library:
-//   index = order[micro-batch]; batch = task.batch(index); loss = task.loss(model, batch)
+//   index = order[micro-batch]; samples = task.samples(index); loss = task.loss(model, samples)
 //   -> optim::Accumulator (backward seeded with 1 / items of the window) -> boundary step.
 // Read next: strategy.h (how a run spreads over ranks), engine.cpp, then run.h for exit
 // statuses, then examples/mnist/mnist.h.

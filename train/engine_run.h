@@ -116,7 +116,7 @@ class Run {
   std::optional<optim::AccumSchedule> k_schedule_;
   std::map<int64_t, EpochPlan> plans_;  // by k
   std::unique_ptr<optim::Accumulator> acc_;
-  // The device path: host-built micro-batches staged one ahead (Task::host_batch), and the
+  // The device path: host-built micro-batches staged one ahead (Task::host_samples), and the
   // micro-steps' CUDA graphs (--cuda-graphs).
   std::unique_ptr<HostToDevice> stager_;
   std::unique_ptr<StepGraphs> graphs_;

@@ -14,10 +14,10 @@ namespace accrue::train::engine {
 // dozen; past this a new shape runs eagerly.
 constexpr int64_t kMaxStepGraphs = 64;
 
-// Host-built micro-batches are staged (Task::host_batch); micro-steps and the boundary are
+// Host-built micro-batches are staged (Task::host_samples); micro-steps and the boundary are
 // replayed from CUDA graphs on a GPU unless --cuda-graphs off (pipeline stages run eagerly).
 void Run::setup_device_path() {
-  if (task_.host_batch) stager_ = std::make_unique<HostToDevice>(c_.device);
+  if (task_.host_samples) stager_ = std::make_unique<HostToDevice>(c_.device);
   if (c_.device.is_cuda() && c_.cuda_graphs != CudaGraphs::kOff &&
       strategies_->window_runner() == nullptr) {
     graphs_ = std::make_unique<StepGraphs>(c_.device, kMaxStepGraphs,
@@ -98,8 +98,8 @@ optim::StepResult Run::run_window_once(const optim::Window& w, const Tensor& ord
 }
 
 // The window's micro-steps. A micro-step's inputs are its samples' positions in the training
-// set (Task::batch gathers them on the device), or its samples assembled on the host
-// (Task::host_batch), staged one micro-batch ahead so the copy of the next runs while this one
+// set (Task::samples gathers them on the device), or its samples assembled on the host
+// (Task::host_samples), staged one micro-batch ahead so the copy of the next runs while this one
 // computes; either way through the micro-step graphs when there are.
 void Run::run_micro_steps(const optim::Window& w, const Tensor& order,
                           const std::vector<int32_t>& order_host,
@@ -110,7 +110,7 @@ void Run::run_micro_steps(const optim::Window& w, const Tensor& order,
   const auto stage = [&](const optim::MicroBatch& mb) {
     const std::vector<int32_t> rows(order_host.begin() + mb.start,
                                     order_host.begin() + mb.start + mb.count);
-    const Batch host = task_.host_batch(Tensor::from_vector<int32_t>({mb.count}, rows));
+    const Samples host = task_.host_samples(Tensor::from_vector<int32_t>({mb.count}, rows));
     return Staged{stager_->stage(host.input), stager_->stage(host.target)};
   };
   // An exception leaves copies staged and never waited for: the stream waits for them before
@@ -139,7 +139,7 @@ void Run::run_micro_steps(const optim::Window& w, const Tensor& order,
     const auto loss = [&](const std::vector<Tensor>& in) {
       // Dropout's masks are keyed by the samples and the optimizer step, not the split.
       const nn::SampleKeys keys(c_.seed, acc_->step_clock(), index);
-      const Batch batch = stager_ ? Batch{in[0], in[1]} : task_.batch(in[0]);
+      const Samples batch = stager_ ? Samples{in[0], in[1]} : task_.samples(in[0]);
       return task_.loss(*model_, batch, master_);
     };
     const int64_t items = items_of(mb.start, mb.count);

@@ -246,11 +246,11 @@ nn::LossSum PipelineStages::run_micro_batches(nn::Module&, const WindowRun& run)
   nn::LossSum sums{Tensor::zeros({}, master_, c_.device), Tensor::zeros({}, master_, c_.device)};
   const int k = static_cast<int>(w.micro.size());
   if (k == 0) return sums;  // this data-parallel rank has no share of a short window
-  std::vector<std::optional<Batch>> batches(k);
-  const auto batch_of = [&](int m) -> const Batch& {
+  std::vector<std::optional<Samples>> batches(k);
+  const auto batch_of = [&](int m) -> const Samples& {
     if (!batches[m]) {
       const optim::MicroBatch& mb = w.micro[static_cast<size_t>(m)];
-      batches[m] = task_.batch(order.narrow(mb.start, mb.count));
+      batches[m] = task_.samples(order.narrow(mb.start, mb.count));
     }
     return *batches[m];
   };

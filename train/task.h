@@ -19,8 +19,9 @@
 
 namespace accrue::train {
 
-// A micro-batch's tensors, on the run's device.
-struct Batch {
+// The tensors of some samples (a micro-batch's; "batch" is the effective batch alone), on the
+// run's device.
+struct Samples {
   Tensor input, target;
 };
 
@@ -72,25 +73,25 @@ struct Task {
   // window's sum is the same), and the metrics report tokens_per_second.
   std::function<int64_t(int64_t sample)> length;
   // The samples of `index` (int32 [b], positions in the training set, on the device).
-  std::function<Batch(const Tensor& index)> batch;
+  std::function<Samples(const Tensor& index)> samples;
   // For data assembled on the host (sequences padded per micro-batch): the same samples as host
-  // tensors, `index` being on the host too; null: training micro-batches come from `batch`. The
+  // tensors, `index` being on the host too; null: training micro-batches come from `samples`. The
   // engine writes each one into pinned memory and copies it to the device on a copy stream one
   // micro-batch ahead (core/staging.h), so neither the host nor the device waits for the other.
-  std::function<Batch(const Tensor& index)> host_batch;
+  std::function<Samples(const Tensor& index)> host_samples;
   // The same samples as the largest they could be (sequences padded to the longest of the
-  // dataset), for --memory-budget's probes; null: batch.
-  std::function<Batch(const Tensor& index)> largest_batch;
+  // dataset), for --memory-budget's probes; null: samples.
+  std::function<Samples(const Tensor& index)> largest_samples;
   // The model, its parameters in `master` (built under the run's seed, before --init).
   std::function<std::unique_ptr<nn::Module>(DType master)> model;
   // The micro-batch's sum-reduced loss and its item count; logits should be cast to loss_dtype
   // (float32 or float64) for the softmax, whatever the activations are in.
-  std::function<nn::LossSum(nn::Module& model, const Batch& batch, DType loss_dtype)> loss;
-  // For --pipeline: the model's layers in order, the first taking Batch::input; and the
+  std::function<nn::LossSum(nn::Module& model, const Samples& batch, DType loss_dtype)> loss;
+  // For --pipeline: the model's layers in order, the first taking Samples::input; and the
   // micro-batch's loss from the last layer's output (what `loss` computes from the batch). Null:
   // the model cannot be cut into stages.
   std::function<std::vector<Layer>(nn::Module& model)> layers;
-  std::function<nn::LossSum(const Tensor& output, const Batch& batch, DType loss_dtype)>
+  std::function<nn::LossSum(const Tensor& output, const Samples& batch, DType loss_dtype)>
       loss_of_output;
   // Measures the model (the engine puts it in eval mode under NoGradGuard around the call).
   std::function<Evaluation(nn::Module& model)> evaluate;

@@ -134,7 +134,8 @@ int main(int argc, char** argv) {
         seqs.push_back(&data.train[static_cast<size_t>(w[static_cast<size_t>(i)])]);
         counts.tokens += static_cast<int64_t>(seqs.back()->size()) - 1;
       }
-      const accrue::train::Batch batch = accrue::g2p::make_batch(seqs, 0, accrue::Device::cpu());
+      const accrue::train::Samples batch =
+          accrue::g2p::make_samples(seqs, 0, accrue::Device::cpu());
       const double b = double(seqs.size()), t = double(batch.input.size(1));
       counts.gemm_flops +=
           3 * (double(layers) * (24 * b * t * c * c + 4 * b * t * t * c) + 2 * b * t * c * vocab);

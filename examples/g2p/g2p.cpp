@@ -126,8 +126,8 @@ int64_t target_tokens(const std::vector<int32_t>& sequence) {
   return static_cast<int64_t>(sequence.end() - sep) - 1;
 }
 
-train::Batch make_batch(const std::vector<const std::vector<int32_t>*>& seqs, int64_t pad_to,
-                        Device device) {
+train::Samples make_samples(const std::vector<const std::vector<int32_t>*>& seqs, int64_t pad_to,
+                            Device device) {
   int64_t t = pad_to;
   for (const auto* s : seqs) t = std::max<int64_t>(t, static_cast<int64_t>(s->size()) - 1);
   const int64_t b = static_cast<int64_t>(seqs.size());
@@ -141,8 +141,8 @@ train::Batch make_batch(const std::vector<const std::vector<int32_t>*>& seqs, in
       if (j >= sep) target[static_cast<size_t>(i * t + j)] = s[static_cast<size_t>(j + 1)];
     }
   }
-  return train::Batch{Tensor::from_vector<int32_t>({b, t}, input, device),
-                      Tensor::from_vector<int32_t>({b * t}, target, device)};
+  return train::Samples{Tensor::from_vector<int32_t>({b, t}, input, device),
+                        Tensor::from_vector<int32_t>({b * t}, target, device)};
 }
 
 Errors score(const Pronunciation& predicted, const Word& word) {
@@ -264,7 +264,7 @@ SplitResult evaluate_split(nn::GPT& model, const Data& data, const std::vector<W
       batch.push_back(&seqs[i]);
       tokens += static_cast<double>(target_tokens(seqs[i]));
     }
-    const train::Batch b = make_batch(batch, 0, setup.device);
+    const train::Samples b = make_samples(batch, 0, setup.device);
     loss += cross_entropy(cast(model(b.input), DType::kFloat64), b.target).item();
   }
   std::vector<double> sums{
@@ -296,7 +296,7 @@ nn::GPTConfig model_config(const Config& c, const Data& d) {
 
 // The loss in the loss dtype over the target tokens that are not padding, and their count,
 // counted on the device (the targets less the padding), so nothing waits for a host read.
-nn::LossSum loss_of_logits(const Tensor& logits, const train::Batch& b, DType loss_dtype) {
+nn::LossSum loss_of_logits(const Tensor& logits, const train::Samples& b, DType loss_dtype) {
   const Device device = b.target.device();
   const Tensor padding =
       equal_count(b.target, full(b.target.shape(), kIgnoreLabel, DType::kInt32, device));
@@ -404,21 +404,22 @@ train::Task make_task(const Config& c) {
     return seqs;
   };
   // Training micro-batches are padded on the host; the engine stages them to the device.
-  task.host_batch = [sequences](const Tensor& index) {
-    return make_batch(sequences(index), 0, Device::cpu());
+  task.host_samples = [sequences](const Tensor& index) {
+    return make_samples(sequences(index), 0, Device::cpu());
   };
   // Outside the training loop (pipeline stages, the memory budget's probes) the index is on the
   // device: a host copy of it, a few bytes.
-  task.batch = [state, sequences](const Tensor& index) {
-    return make_batch(sequences(index.to(Device::cpu())), 0, state->setup.device);
+  task.samples = [state, sequences](const Tensor& index) {
+    return make_samples(sequences(index.to(Device::cpu())), 0, state->setup.device);
   };
-  task.largest_batch = [state, sequences](const Tensor& index) {
-    return make_batch(sequences(index.to(Device::cpu())), state->data.context, state->setup.device);
+  task.largest_samples = [state, sequences](const Tensor& index) {
+    return make_samples(sequences(index.to(Device::cpu())), state->data.context,
+                        state->setup.device);
   };
   task.model = [state, c](DType master) -> std::unique_ptr<nn::Module> {
     return std::make_unique<nn::GPT>(model_config(c, state->data), master);
   };
-  task.loss = [](nn::Module& model, const train::Batch& b, DType loss_dtype) {
+  task.loss = [](nn::Module& model, const train::Samples& b, DType loss_dtype) {
     return loss_of_logits(model(b.input), b, loss_dtype);
   };
   task.layers = gpt_layers;

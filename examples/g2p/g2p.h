@@ -64,8 +64,8 @@ int64_t target_tokens(const std::vector<int32_t>& sequence);
 // A right-padded micro-batch of sequences: input int32 [b, T] (padding <eos>), target int32 [b T]
 // (the next token where it is a phoneme or <eos>, else kIgnoreLabel). T: the longest input of
 // the batch, or pad_to when larger (the memory budget's probes pad to the context).
-train::Batch make_batch(const std::vector<const std::vector<int32_t>*>& seqs, int64_t pad_to,
-                        Device device);
+train::Samples make_samples(const std::vector<const std::vector<int32_t>*>& seqs, int64_t pad_to,
+                            Device device);
 
 // Greedy decoding of many words at once: each prompt grows by its argmax token until <eos> or
 // the context is full. Deterministic. Returns the phonemes of each word (without <eos>).

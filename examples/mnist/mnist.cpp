@@ -62,7 +62,7 @@ double accuracy(nn::Module& model, const Split& test) {
 }
 
 // The softmax and the loss in float32 (or float64), whatever the activations are in.
-nn::LossSum loss_of_logits(const Tensor& logits, const train::Batch& b, DType loss_dtype) {
+nn::LossSum loss_of_logits(const Tensor& logits, const train::Samples& b, DType loss_dtype) {
   return nn::LossSum{
       cross_entropy(cast(logits, loss_dtype), b.target),
       // In the loss dtype, the accumulator's own: its count sum adds it without a cast.
@@ -83,14 +83,14 @@ train::Task make_task(const Config& c) {
     data->test = load_split(c.data, "t10k", 0, setup.device, setup.compute);  // both 28 x 28
     return data->train.size();
   };
-  task.batch = [data](const Tensor& index) {
-    return train::Batch{gather_rows(data->train.images, index),
-                        gather_rows(data->train.labels, index)};
+  task.samples = [data](const Tensor& index) {
+    return train::Samples{gather_rows(data->train.images, index),
+                          gather_rows(data->train.labels, index)};
   };
   task.model = [data, c](DType master) {
     return make_model(c, data->train.images.size(1), master);
   };
-  task.loss = [](nn::Module& model, const train::Batch& b, DType loss_dtype) {
+  task.loss = [](nn::Module& model, const train::Samples& b, DType loss_dtype) {
     return loss_of_logits(model(b.input), b, loss_dtype);
   };
   // --pipeline: the MLP's Linear layers (each with its activation) for the stages to share.

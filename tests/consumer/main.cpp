@@ -28,11 +28,11 @@ int main() {
   train::Task task;
   task.program = "consumer";
   task.prepare = [](const train::Setup&) { return int64_t{64}; };
-  task.batch = [&](const Tensor& index) {
-    return train::Batch{gather_rows(inputs, index), gather_rows(targets, index)};
+  task.samples = [&](const Tensor& index) {
+    return train::Samples{gather_rows(inputs, index), gather_rows(targets, index)};
   };
   task.model = [](DType dtype) { return std::make_unique<nn::Linear>(3, 2, true, dtype); };
-  task.loss = [](nn::Module& model, const train::Batch& b, DType) {
+  task.loss = [](nn::Module& model, const train::Samples& b, DType) {
     return nn::LossSum{cross_entropy(model(b.input), b.target),
                        scalar(double(b.target.numel()), DType::kInt32)};
   };
