@@ -32,16 +32,24 @@ size_t working_bytes(const optim::ParameterArena& arena) {
   return arena.working().defined() ? arena.working().nbytes() : 0;
 }
 
-// Several ranks replicate the model and sum the window's gradient once: whole at the boundary,
-// or bucket by bucket during the last backward (--bucket-kib).
-class DataParallel final : public Strategy {
+// A strategy over the ranks the one before it left (all three below).
+class OverRanks : public Strategy {
  public:
-  std::string name() const override {
-    return str_cat("data parallel: all-reduce over ", ranks_->world_size(), " ranks");
-  }
   distributed::Communicator& place(distributed::Communicator& ranks) override {
     ranks_ = &ranks;
     return ranks;
+  }
+
+ protected:
+  distributed::Communicator* ranks_ = nullptr;
+};
+
+// Several ranks replicate the model and sum the window's gradient once: whole at the boundary,
+// or bucket by bucket during the last backward (--bucket-kib).
+class DataParallel final : public OverRanks {
+ public:
+  std::string name() const override {
+    return str_cat("data parallel: all-reduce over ", ranks_->world_size(), " ranks");
   }
   void attach(optim::Optimizer& optimizer) override {
     all_reduce_ = std::make_unique<distributed::GradientAllReduce>(optimizer.arena(), *ranks_);
@@ -53,20 +61,15 @@ class DataParallel final : public Strategy {
   }
 
  private:
-  distributed::Communicator* ranks_ = nullptr;
   std::unique_ptr<distributed::GradientAllReduce> all_reduce_;
 };
 
 // ZeRO stage 1: the arena padded to equal shards, each rank keeping the optimizer state of its
 // own; the gradient reduce-scattered, the updated shards all-gathered.
-class ZeroStageOne final : public Strategy {
+class ZeroStageOne final : public OverRanks {
  public:
   std::string name() const override {
     return str_cat("ZeRO-1: optimizer state in ", ranks_->world_size(), " shards");
-  }
-  distributed::Communicator& place(distributed::Communicator& ranks) override {
-    ranks_ = &ranks;
-    return ranks;
   }
   std::unique_ptr<optim::ParameterArena> make_arena(nn::Module& model) override {
     return std::make_unique<optim::ParameterArena>(model, ranks_->world_size());
@@ -87,21 +90,16 @@ class ZeroStageOne final : public Strategy {
   }
 
  private:
-  distributed::Communicator* ranks_ = nullptr;
   std::unique_ptr<distributed::ZeroOptimizerState> zero_;
 };
 
 // The offloaded optimizer: masters and state in pinned host memory, the gradient copied there
 // (by buckets during the last backward, 1 MiB by default on one rank), the step on the CPU, the
 // weights copied back.
-class Offload final : public Strategy {
+class Offload final : public OverRanks {
  public:
   explicit Offload(Device device) : device_(device) {}
   std::string name() const override { return "offloaded optimizer: masters and state on the host"; }
-  distributed::Communicator& place(distributed::Communicator& ranks) override {
-    ranks_ = &ranks;
-    return ranks;
-  }
   void place_parameters(nn::Module&, optim::ParameterArena& arena) override {
     arena.offload_masters();
   }
@@ -129,7 +127,6 @@ class Offload final : public Strategy {
 
  private:
   Device device_;
-  distributed::Communicator* ranks_ = nullptr;
   std::unique_ptr<optim::HostOffload> offload_;
 };
 
