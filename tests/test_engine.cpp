@@ -130,6 +130,24 @@ TEST(Engine, ACheckpointedRunResumesBitForBit) {
   }
   EXPECT_EQ(bytes_of(rest.save), bytes_of(whole.save));
   EXPECT_EQ(resumed.summary.parameter_hash, all.summary.parameter_hash);
+  // Rates over one span: the resumed process's samples over its own seconds; the run's total
+  // since step 0 under its own name.
+  int64_t before = 0;
+  for (size_t i = 0; i < 4; ++i) before += all.steps[i].samples;
+  EXPECT_EQ(resumed.summary.samples_seen, all.summary.samples_seen);
+  EXPECT_EQ(resumed.summary.samples_trained, all.summary.samples_seen - before);
+  ASSERT_GT(resumed.summary.train_seconds, 0);
+  EXPECT_DOUBLE_EQ(resumed.summary.samples_per_second,
+                   static_cast<double>(resumed.summary.samples_trained) /
+                       resumed.summary.train_seconds);
+  // A finished run resumed trains nothing and has no rate.
+  train::Config finished = whole;
+  finished.save.clear();
+  finished.resume = first.checkpoint;
+  finished.max_steps = 4;
+  const ToyRun nothing = run_toy(finished);
+  EXPECT_EQ(nothing.summary.samples_trained, 0);
+  EXPECT_EQ(nothing.summary.samples_per_second, 0);
   fs::remove_all(dir);
 }
 

@@ -237,6 +237,7 @@ void Run::run_epoch(int64_t epoch) {
     }
     if (tuner_) tuner_->record(seconds_since(window_start) / static_cast<double>(w.samples));
     samples_seen_ += w.samples;
+    samples_trained_ += w.samples;
     const int64_t tokens = tokens_of(w, order_host);
     tokens_trained_ += tokens;
     epoch_items += r.items;
@@ -245,7 +246,7 @@ void Run::run_epoch(int64_t epoch) {
     report_step(r, plan, epoch, w.samples, tokens);
     const double elapsed = summary_.train_seconds + seconds_since(epoch_start);
     progress_->update(epoch, step_in_epoch, r.step, r.loss, r.grad_norm, r.lr,
-                      static_cast<double>(samples_seen_) / std::max(elapsed, 1e-9));
+                      static_cast<double>(samples_trained_) / std::max(elapsed, 1e-9));
     const bool last = wi + 1 == plan.windows.size();
     position_ = {acc_->step_clock(), acc_->skipped_steps(), last ? epoch + 1 : epoch,
                  last ? 0 : static_cast<int64_t>(wi + 1)};

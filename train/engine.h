@@ -71,9 +71,13 @@ struct StageSummary {
 
 struct Summary {
   Evaluation evaluation;  // after the last epoch
+  // This process's training: its seconds in windows, its samples and non-padding tokens
+  // (Task::length; 0 without), and their rates over those seconds (0 when it trained nothing: a
+  // finished run resumed). samples_seen counts the run's samples since step 0, a resume's included.
   double train_seconds = 0;
+  int64_t samples_trained = 0, tokens_trained = 0, samples_seen = 0;
   double samples_per_second = 0;
-  double tokens_per_second = 0;            // non-padding tokens (Task::length); 0 without
+  double tokens_per_second = 0;
   int64_t steps = 0;                       // optimizer steps taken
   int64_t skipped_steps = 0;               // of which skipped (non-finite gradient): no update
   double final_loss_scale = 1;             // after the last step (1 without loss scaling)

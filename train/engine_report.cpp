@@ -107,10 +107,13 @@ void Run::fill_summary() {
     summary_.activation_fixed_bytes = budget_->fixed;
     summary_.memory_baseline_bytes = budget_->baseline;
   }
-  summary_.samples_per_second =
-      static_cast<double>(samples_seen_) / std::max(summary_.train_seconds, 1e-9);
-  summary_.tokens_per_second =
-      static_cast<double>(tokens_trained_) / std::max(summary_.train_seconds, 1e-9);
+  // Rates over one span: this process's samples over this process's seconds.
+  summary_.samples_trained = samples_trained_;
+  summary_.tokens_trained = tokens_trained_;
+  summary_.samples_seen = samples_seen_;
+  const double seconds = summary_.train_seconds;
+  summary_.samples_per_second = seconds > 0 ? static_cast<double>(samples_trained_) / seconds : 0;
+  summary_.tokens_per_second = seconds > 0 ? static_cast<double>(tokens_trained_) / seconds : 0;
   summary_.footprint = strategies_->footprint(*arena_, *optimizer_);
 }
 
@@ -122,9 +125,14 @@ std::string Run::summary_line() {
   std::ostringstream line;
   line << "done: " << e.label << " " << std::fixed << std::setprecision(2)
        << (e.percent ? 100 * e.value : e.value) << (e.percent ? "%" : "") << " after "
-       << summary_.steps << " steps | train " << summary_.train_seconds << " s, "
-       << std::setprecision(0) << summary_.samples_per_second << " samples/s"
-       << (task_.length ? str_cat(", ", std::llround(summary_.tokens_per_second), " tokens/s") : "")
+       << summary_.steps << " steps | "
+       << (samples_trained_ == 0
+               ? std::string("nothing trained by this process")
+               : str_cat("train ", fixed_digits(summary_.train_seconds, 2), " s, ",
+                         std::llround(summary_.samples_per_second), " samples/s",
+                         task_.length
+                             ? str_cat(", ", std::llround(summary_.tokens_per_second), " tokens/s")
+                             : ""))
        << " | "
        << (k_schedule_ ? str_cat("accumulation schedule ", k_schedule_->str(), ", micro-batch ",
                                  batch.micro_batch)
@@ -148,8 +156,8 @@ nlohmann::json Run::summary_record() {
   nlohmann::json record = {{"event", "summary"},
                            {e.key, e.value},
                            {"train_seconds", summary_.train_seconds},
-                           {"samples_per_second", summary_.samples_per_second},
-                           {"tokens_per_second", summary_.tokens_per_second},
+                           {"samples_trained", summary_.samples_trained},
+                           {"samples_seen", summary_.samples_seen},
                            {"steps", summary_.steps},
                            {"skipped_steps", acc_->skipped_steps()},
                            {"peak_bytes", mem.peak_bytes},
@@ -184,6 +192,11 @@ nlohmann::json Run::summary_record() {
                            {"boundary_replays", summary_.graphs.boundaries_replayed},
                            {"device_reserved_bytes", summary_.device_reserved_bytes},
                            {"device_used_bytes", summary_.device_used_bytes}};
+  // Rates only over a span that trained something.
+  if (samples_trained_ > 0) {
+    record["samples_per_second"] = summary_.samples_per_second;
+    record["tokens_per_second"] = summary_.tokens_per_second;
+  }
   for (auto it = task_.reported.begin(); it != task_.reported.end(); ++it) {
     record[it.key()] = *it;
   }

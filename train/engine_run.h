@@ -130,8 +130,9 @@ class Run {
   std::unique_ptr<MetricsLog> metrics_;
   std::unique_ptr<Progress> progress_;
   Summary summary_;
-  int64_t samples_seen_ = 0;
-  int64_t tokens_trained_ = 0;  // by this process's run (not before a resume), every rank
+  int64_t samples_seen_ = 0;  // since step 0, the windows before a resume included
+  // By this process (not before a resume), every rank.
+  int64_t samples_trained_ = 0, tokens_trained_ = 0;
 };
 
 }  // namespace accrue::train::engine

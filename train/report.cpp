@@ -11,6 +11,12 @@
 
 namespace accrue::train {
 
+std::string fixed_digits(double value, int digits) {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(digits) << value;
+  return s.str();
+}
+
 std::string mib(size_t bytes) {
   std::ostringstream s;
   s << std::fixed << std::setprecision(2) << static_cast<double>(bytes) / (1 << 20) << " MiB";

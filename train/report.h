@@ -18,6 +18,8 @@ namespace accrue::train {
 
 // "12.34 MiB"
 std::string mib(size_t bytes);
+// value with `digits` digits after the point ("8.81")
+std::string fixed_digits(double value, int digits);
 
 // A JSON number, or for NaN and infinities the strings "nan", "inf", "-inf" (JSON has no
 // non-finite numbers, and null would hide which one it was).
