@@ -395,14 +395,23 @@ void print_totals(const ProfileTotals& t, std::ostream& out) {
 void report_at_exit() {
   MarkedCalls::read_every_queue_or_count_unread();
   print_totals(Recorder::get().totals(), std::cerr);
-  if (const char* path = std::getenv("ACCRUE_PROFILE_JSON"); path != nullptr && *path != 0) {
-    try {
-      Recorder::get().write_chrome_trace(path);
-      std::cerr << "[profile] wrote " << path << "\n";
-    } catch (const std::exception& e) {
-      std::cerr << "[profile] " << e.what() << "\n";
-    }
+  const std::string path = profile_trace_path();
+  if (path.empty()) return;
+  try {
+    Recorder::get().write_chrome_trace(path);
+    std::cerr << "[profile] wrote " << path << "\n";
+  } catch (const std::exception& e) {
+    std::cerr << "[profile] " << e.what() << "\n";
+    std::_Exit(1);  // the run's exit status says the trace was not written
   }
+}
+
+std::string& trace_path() {
+  static std::string path = [] {
+    const char* env = std::getenv("ACCRUE_PROFILE_JSON");
+    return std::string(env != nullptr ? env : "");
+  }();
+  return path;
 }
 
 }  // namespace
@@ -434,6 +443,14 @@ ProfileTotals profile_totals() {
 
 void print_profile(std::ostream& out) {
   print_totals(profile_totals(), out);
+}
+
+std::string profile_trace_path() {
+  return trace_path();
+}
+
+void set_profile_trace_path(const std::string& path) {
+  trace_path() = path;
 }
 
 void write_profile_trace(const std::string& path) {

@@ -49,6 +49,11 @@ void print_profile(std::ostream& out);
 // The recorded calls in Chrome's trace-event format (what ACCRUE_PROFILE_JSON writes at exit):
 // one row per host thread, and one per GPU from row 1000 on.
 void write_profile_trace(const std::string& path);
+// Where the trace goes at exit: ACCRUE_PROFILE_JSON's path ("" : none), which a program of
+// several ranks makes one per rank (set_profile_trace_path), so no two processes write one file.
+// A write that fails at exit ends the process with status 1.
+std::string profile_trace_path();
+void set_profile_trace_path(const std::string& path);
 void clear_profile();
 
 // Marks queued in a device's own order of work (CUDA events on its stream): a call's time is the

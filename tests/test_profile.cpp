@@ -6,6 +6,7 @@
 // clock ticks once per mark), each call is read once the device has passed it, with the time
 // between its own two marks.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -93,6 +94,50 @@ TEST(Profile, TheEnginesProfileFlagPrintsTheTables) {
   for (const char* scope : {"forward layers.0 ", "forward layers.2 ", "forward layers.3 "}) {
     EXPECT_NE(text.str().find(scope), std::string::npos) << scope << " in\n" << text.str();
   }
+}
+
+// ACCRUE_PROFILE_JSON is one of the run's outputs: the same file as another output, or a folder,
+// is a mistake found before the data is read (exit 2, one line, nothing overwritten); a trace that
+// cannot be written at exit makes the run's status 1. One row per case.
+TEST(Profile, TheTracePathIsCheckedLikeEveryOutput) {
+  const fs::path data = temp_dir("profile_path");
+  write_fixture(data, "train", 128, 1);
+  write_fixture(data, "t10k", 100, 2);
+  const fs::path weights = data / "weights.safetensors";
+  {
+    std::ofstream keep(weights);
+    keep << "the previous weights";
+  }
+  struct Row {
+    std::string trace, extra;
+    int status;
+    std::string words;
+  };
+  const std::vector<Row> rows{
+      {weights.string(), "--save '" + weights.string() + "'", 2, "ACCRUE_PROFILE_JSON"},
+      {data.string(), "", 2, "ACCRUE_PROFILE_JSON"},
+      {"/dev/full", "", 1, "/dev/full"},
+  };
+  for (const Row& row : rows) {
+    SCOPED_TRACE(row.trace);
+    const fs::path log = data / "stderr.txt";
+    const std::string command = "ACCRUE_PROFILE_JSON='" + row.trace + "' '" +
+                                std::string(ACCRUE_MNIST_BINARY) + "' --data '" + data.string() +
+                                "' --max-steps 1 --train-limit 128 --quiet --threads 1 --profile " +
+                                row.extra + " 2> '" + log.string() + "' > /dev/null";
+    const int raw = std::system(command.c_str());
+    ASSERT_TRUE(WIFEXITED(raw)) << command;
+    EXPECT_EQ(WEXITSTATUS(raw), row.status) << command;
+    std::ifstream in(log);
+    std::stringstream text;
+    text << in.rdbuf();
+    EXPECT_NE(text.str().find(row.words), std::string::npos) << text.str();
+  }
+  std::ifstream kept(weights);
+  std::string first;
+  std::getline(kept, first);
+  EXPECT_EQ(first, "the previous weights");
+  fs::remove_all(data);
 }
 
 TEST(Profile, RecordsEachCallUnderItsInnermostScope) {

@@ -56,6 +56,10 @@ void Run::setup_ranks_and_threads() {
   comm_ = &strategies_->place(*world_);
   lead_ = world_->rank() == 0;
   if (!lead_) c_.quiet = true;
+  // One profiler trace per rank: rank r > 0 writes beside rank 0's file.
+  if (!lead_ && !profile_trace_path().empty()) {
+    set_profile_trace_path(str_cat(profile_trace_path(), ".rank-", world_->rank()));
+  }
   writes_checkpoints_ = comm_->rank() == 0;
   const std::string subfolder = strategies_->checkpoint_subfolder();
   checkpoint_dir_ = c_.checkpoint.empty() ? "" : c_.checkpoint + subfolder;

@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/file.h"
+#include "kernels/profile.h"
 #include "optim/registry.h"
 #include "optim/schedule.h"
 #include "train/budget.h"
@@ -290,6 +291,12 @@ void Flags::check_outputs() {
   if (!c_.checkpoint.empty()) {
     check_checkpoint_folder(c_.checkpoint, c_.resume);
     outputs.push_back({"--checkpoint", c_.checkpoint, false});
+  }
+  // The profiler's trace, written at exit (kernels/profile.h), is an output like the others.
+  const std::string trace = profile_trace_path();
+  if ((c_.profile || profile_enabled()) && !trace.empty()) {
+    outputs.push_back({"ACCRUE_PROFILE_JSON", trace,
+                       check_output(trace, "ACCRUE_PROFILE_JSON") == OutputKind::kStream});
   }
   // Where a path leads: absolute, links resolved, "." and ".." and a trailing slash gone.
   const auto identity = [](const std::string& path) {
