@@ -69,7 +69,9 @@ TEST(G2PData, CorruptDictionariesAreRejectedNamingTheLine) {
       {"A(X)  AH0\n", {"line 1", "malformed alternate suffix in 'A(X)'"}},
       {"A()  AH0\n", {"line 1", "malformed alternate suffix"}},
       {"B(1)  B IY1\n", {"line 1", "alternate 'B(1)' before its word"}},
-      {"A  AH0\r\n", {"line 1", "control byte 13"}},
+      {"A  AH0\rB  B\n", {"line 1", "control byte 13"}},  // a CR inside a line
+      {"A  AH0\nB  B IY1\nA  AH0\n", {"line 3", "'A' again (first on line 1)"}},
+      {"A  AH0\nA(1)  EY1\nA(1)  AA1\n", {"line 3", "'A(1)' again (first on line 2)"}},
       {"A  AH0\nB\0  B\n"s, {"line 2", "control byte 0"}},
       {"AARDV", {"line 1", "two-space separator"}},  // truncated mid-line
       {"", {"no dictionary entries"}},
@@ -87,6 +89,14 @@ TEST(G2PData, CorruptDictionariesAreRejectedNamingTheLine) {
   }
   expect_error<FileError>([&] { g2p::read_cmudict((dir / "missing.txt").string()); },
                           {"missing.txt", "cannot open"});
+  // What an editor adds is not the dictionary's: a byte-order mark, CRLF line ends, blank lines.
+  const g2p::Lexicon edited =
+      g2p::read_cmudict(write(dir, "edited.txt",
+                              "\xEF\xBB\xBF"
+                              "ABC  EY1 B IY1 S IY1\r\n\r\nB  B IY1\r\n\n"));
+  ASSERT_EQ(edited.entries, 2);
+  EXPECT_EQ(edited.words[0].spelling, "ABC");
+  EXPECT_EQ(edited.words[1].pronunciations[0], (g2p::Pronunciation{"B", "IY1"}));
   // The limit is on the word, not on its alternate's suffix.
   const std::string longest = std::string(64, 'A');
   EXPECT_EQ(
@@ -161,7 +171,9 @@ TEST(G2PFlags, MistakesExitTwoAndEngineFlagsCombine) {
     EXPECT_EQ(g2p::parse_args(static_cast<int>(argv.size()), argv.data(), c, out, err), row.status)
         << args.back() << ": " << err.str();
     EXPECT_NE(err.str().find(row.message), std::string::npos) << err.str();
-    if (row.args == std::vector<std::string>{"--layers", "010"}) EXPECT_EQ(c.layers, 10);
+    if (row.args == std::vector<std::string>{"--layers", "010"}) {
+      EXPECT_EQ(c.layers, 10);
+    }
   }
   fs::remove_all(dir);
 }

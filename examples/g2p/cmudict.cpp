@@ -62,6 +62,7 @@ Lexicon read_cmudict(const std::string& path) {
   const std::set<std::string> known(phoneme_symbols().begin(), phoneme_symbols().end());
   Lexicon lex;
   std::unordered_map<std::string, size_t> index;
+  std::unordered_map<std::string, int64_t> first_line;  // each entry's key ("WORD(1)")
   std::string line;
   int64_t number = 0;
   while (std::getline(in, line)) {
@@ -69,6 +70,11 @@ Lexicon read_cmudict(const std::string& path) {
     const auto fail = [&](const std::string& what) {
       throw FileError(str_cat(path, ": line ", number, ": ", what));
     };
+    // A byte-order mark before the first line, Windows line ends and blank lines are the
+    // editor's, not the dictionary's.
+    if (number == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty()) continue;
     for (unsigned char c : line) {
       // Non-ASCII bytes occur in the package's words ("D\xEF\xBF\xBDJ\xEF\xBF\xBD", a
       // replacement character where an accent was): such a word is skipped below.
@@ -80,6 +86,9 @@ Lexicon read_cmudict(const std::string& path) {
     const std::string raw = line.substr(0, sep);
     if (raw.empty() || raw.find(' ') != std::string::npos) fail("empty or spaced word");
     const std::string word = strip_alternate(raw, fail);
+    // A repeated entry would count its word twice in training and in the splits' scores.
+    const auto [seen, fresh] = first_line.emplace(raw, number);
+    if (!fresh) fail(str_cat("'", raw, "' again (first on line ", seen->second, ")"));
     if (word.size() > kMaxEntryLength) {
       fail(str_cat("a word of ", word.size(), " characters (", kMaxEntryLength, " at most)"));
     }
