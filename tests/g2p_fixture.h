@@ -29,7 +29,14 @@ inline std::string write_g2p_fixture(const std::filesystem::path& dir, int words
   const auto& symbols = g2p::phoneme_symbols();
   std::set<std::string> seen;
   std::ofstream out(dir / "dict.txt");
-  while (static_cast<int>(seen.size()) < words) {
+  // At least one word in each of the validation and test splits: a run refuses an empty one.
+  const auto has = [&](g2p::Split split) {
+    for (const std::string& w : seen)
+      if (g2p::split_of(w) == split) return true;
+    return false;
+  };
+  while (static_cast<int>(seen.size()) < words || !has(g2p::Split::kValidation) ||
+         !has(g2p::Split::kTest)) {
     const int letters = fixed_length ? 5 : 1 + static_cast<int>(rng() % 8);
     std::string w;
     for (int i = 0; i < letters; ++i) w += static_cast<char>('A' + rng() % 26);

@@ -294,6 +294,41 @@ TEST(G2PTraining, AccumulationIsExactWithVariableLengths) {
   fs::remove_all(dir);
 }
 
+// A split the run scores but that holds no word is an error naming it (exit 1), not "PER
+// 0.00%": the validation split always (every epoch scores it), the test split under --eval test.
+TEST(G2PTraining, AnEmptySplitTheRunScoresIsAnErrorNamingIt) {
+  const fs::path dir = g2p_scratch("empty-split");
+  std::string train_only, with_validation;
+  for (int i = 0, counts[3] = {}; counts[0] < 40 || counts[1] < 1; ++i) {
+    std::string w = "W";  // letters only: i in base 26
+    for (int n = i; n > 0; n /= 26) w += static_cast<char>('A' + n % 26);
+    const auto split = g2p::split_of(w);
+    const std::string line = w + "  W IY1\n";
+    if (split == g2p::Split::kTrain) train_only += line, with_validation += line;
+    if (split == g2p::Split::kValidation && counts[1] == 0) with_validation += line;
+    if (split != g2p::Split::kTest) ++counts[static_cast<int>(split)];
+  }
+  const struct {
+    std::string file, text, eval, split;
+  } rows[] = {
+      {"train-only.txt", train_only, "validation", "validation split is empty"},
+      {"no-test.txt", with_validation, "test", "test split is empty"},
+      {"no-test-both.txt", with_validation, "both", "test split is empty"},
+  };
+  for (const auto& row : rows) {
+    const std::string data = write(dir, row.file, row.text);
+    std::vector<std::string> args{"accrue-g2p", "--data",  data,        "--layers", "1", "--heads",
+                                  "1",          "--width", "4",         "--epochs", "1", "--eval",
+                                  row.eval,     "--quiet", "--threads", "1"};
+    std::vector<const char*> argv;
+    for (const auto& a : args) argv.push_back(a.c_str());
+    std::ostringstream out, err;
+    EXPECT_EQ(g2p::run_cli(static_cast<int>(argv.size()), argv.data(), out, err), 1) << err.str();
+    EXPECT_NE(err.str().find(row.file + ": its " + row.split), std::string::npos) << err.str();
+  }
+  fs::remove_all(dir);
+}
+
 // Mixed precision for the whole model: bf16 and fp16 (16-bit activations and working weights;
 // layer norm, attention softmax and loss in float32; float32 master weights) follow the float32
 // run of the same windows: the same target tokens, losses within 1%, gradient norms within 5%,

@@ -380,6 +380,16 @@ train::Task make_task(const Config& c) {
     state->setup = setup;
     state->data = load_data(c.data, c.train_limit);
     const Data& d = state->data;
+    // Every epoch scores the validation split and --eval may score the test split: an empty
+    // one would print "PER 0.00%" for no words.
+    const bool scores_test = c.eval != "validation";
+    for (const auto& [name, words] : {std::pair{"validation", &d.validation}, {"test", &d.test}}) {
+      if (words->empty() && (name == std::string("validation") || scores_test)) {
+        throw FileError(str_cat(c.data, ": its ", name,
+                                " split is empty (split_of, "
+                                "examples/g2p/cmudict.h, puts one word in 20 there)"));
+      }
+    }
     if (setup.log) {
       setup.log(str_cat("CMUdict: ", d.train.size(), " training sequences, ", d.validation.size(),
                         " validation and ", d.test.size(), " test words, ", d.skipped,
