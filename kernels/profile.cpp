@@ -15,6 +15,7 @@
 #include <iostream>
 #include <map>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -302,6 +303,27 @@ double flops_of(const char* name, const Tensor& dy, const Tensor&, const Conv2dG
   return std::strcmp(name, "conv2d_backward_filter") == 0 ? conv_flops(dy, dw) : 0.0;
 }
 
+// A call's row: the primitive's name, with the op for those that take one ("unary:tanh",
+// "unary_backward:tanh", "binary:mul"). Names live as long as the process, as the trace needs.
+const char* with_op(const char* primitive, const char* op) {
+  static std::mutex mutex;
+  static auto* names = new std::set<std::string>;  // never destroyed, like the Recorder
+  const std::lock_guard<std::mutex> lock(mutex);
+  return names->insert(str_cat(primitive, ":", op)).first->c_str();
+}
+template <typename... Args>
+const char* call_name(const char* primitive, const Args&...) {
+  return primitive;
+}
+template <typename... Args>
+const char* call_name(const char* primitive, UnaryOp op, const Args&...) {
+  return with_op(primitive, op_name(op));
+}
+template <typename... Args>
+const char* call_name(const char* primitive, BinaryOp op, const Args&...) {
+  return with_op(primitive, op_name(op));
+}
+
 // Times each call by the wall clock as it returns, or by the device's marks where it has them.
 class ProfilingBackend final : public Backend {
  public:
@@ -314,10 +336,10 @@ class ProfilingBackend final : public Backend {
   // Work that is not a primitive (a CUDA graph's replay), timed as one call.
   void time_work(const char* name, const std::function<void()>& work) { timed(name, 0, 0, work); }
 
-#define ACCRUE_PROFILE_OVERRIDE(name, params, args)                                \
-  void name params override {                                                      \
-    timed(#name, total_bytes(ACCRUE_PROFILE_UNPACK args),                          \
-          flops_of(#name, ACCRUE_PROFILE_UNPACK args), [&] { inner_.name args; }); \
+#define ACCRUE_PROFILE_OVERRIDE(name, params, args)                                              \
+  void name params override {                                                                    \
+    timed(call_name(#name, ACCRUE_PROFILE_UNPACK args), total_bytes(ACCRUE_PROFILE_UNPACK args), \
+          flops_of(#name, ACCRUE_PROFILE_UNPACK args), [&] { inner_.name args; });               \
   }
 #define ACCRUE_PROFILE_UNPACK(...) __VA_ARGS__
   ACCRUE_BACKEND_PRIMITIVES(ACCRUE_PROFILE_OVERRIDE)

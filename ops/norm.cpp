@@ -66,10 +66,11 @@ void empty_backward(GradSink& sink, const Tensor& x, const Shape& input_shape, c
 }
 
 struct GroupNormBackward : Node {
-  Tensor x, mean, rstd, weight;  // x as [N, C, S]
+  const char* op = "group_norm";  // or "layer_norm", one group of every feature
+  Tensor x, mean, rstd, weight;   // x as [N, C, S]
   int64_t groups = 1;
   Shape input_shape, weight_shape, bias_shape;
-  const char* name() const override { return "group_norm"; }
+  const char* name() const override { return op; }
   void backward(const Tensor& dy, GradSink& sink) override {
     if (x.numel() == 0) return empty_backward(sink, x, input_shape, weight_shape, bias_shape);
     Backend& be = backend_for(dy.device());
@@ -159,11 +160,10 @@ void check_group_norm(const char* op, const Tensor& x, int64_t groups, const Ten
   check_affine(op, x, bias, "bias", channels);
 }
 
-}  // namespace
-
-Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias,
-                  double eps) {
-  check_group_norm("group_norm", x, groups, weight, bias, eps);
+// group_norm under the op's name (its checks' messages, its tape node's profile row).
+Tensor normalize_groups(const char* op, const Tensor& x, int64_t groups, const Tensor& weight,
+                        const Tensor& bias, double eps) {
+  check_group_norm(op, x, groups, weight, bias, eps);
   const int64_t channels = x.size(1);
   const Tensor xs = as_ncs(x);
   Tensor out = Tensor::empty(xs.shape(), x.dtype(), x.device());
@@ -175,6 +175,7 @@ Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const T
   out = out.view(x.shape());
   if (should_record({&x, &weight, &bias})) {
     auto node = std::make_unique<GroupNormBackward>();
+    node->op = op;
     node->x = node->save(xs);
     node->mean = mean;
     node->rstd = rstd;
@@ -186,6 +187,13 @@ Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const T
     record(std::move(node), {&x, &weight, &bias}, out);
   }
   return out;
+}
+
+}  // namespace
+
+Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias,
+                  double eps) {
+  return normalize_groups("group_norm", x, groups, weight, bias, eps);
 }
 
 Tensor group_norm_relu_max_pool2d(const Tensor& x, int64_t groups, const Tensor& weight,
@@ -234,7 +242,9 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
     const auto wide = [](const Tensor& t) { return t.defined() ? cast(t, DType::kFloat32) : t; };
     return cast(layer_norm(wide(x), wide(weight), wide(bias), eps), x.dtype());
   }
-  return reshape(group_norm(reshape(x, {x.size(0), features, 1}), 1, weight, bias, eps), x.shape());
+  return reshape(
+      normalize_groups("layer_norm", reshape(x, {x.size(0), features, 1}), 1, weight, bias, eps),
+      x.shape());
 }
 
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor running_mean,

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -112,7 +113,37 @@ Entry parse_entry(const std::string& name, const nlohmann::json& e, uint64_t dat
   return out;
 }
 
+// The digest of the metadata (without its own key) and the tensors (host copies), by name.
+std::string digest(const std::map<std::string, std::string>& metadata,
+                   const std::map<std::string, Tensor>& tensors) {
+  uint64_t h = 14695981039346656037ull;
+  const auto mix = [&](const void* bytes, size_t n) {
+    for (size_t i = 0; i < n; ++i)
+      h = (h ^ static_cast<const unsigned char*>(bytes)[i]) * 1099511628211ull;
+  };
+  const auto mix_text = [&](const std::string& s) { mix(s.c_str(), s.size() + 1); };
+  for (const auto& [key, value] : metadata) {
+    if (key != kDigestKey) mix_text(key), mix_text(value);
+  }
+  for (const auto& [name, t] : tensors) {
+    mix_text(name);
+    mix_text(str_cat(st_dtype(t.dtype()), shape_str(t.shape())));
+    mix(t.raw(), t.nbytes());
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return hex;
+}
+
 }  // namespace
+
+std::map<std::string, std::string> with_digest(std::map<std::string, std::string> metadata,
+                                               const std::vector<nn::NamedTensor>& tensors) {
+  std::map<std::string, Tensor> host;
+  for (const auto& [name, t] : tensors) host.emplace(name, t.to(Device::cpu()));
+  metadata[kDigestKey] = digest(metadata, host);
+  return metadata;
+}
 
 std::optional<NonFinite> first_nonfinite(const Tensor& t) {
   if (!is_floating(t.dtype())) return std::nullopt;
@@ -212,6 +243,20 @@ void check_covers_data(const std::vector<Entry>& entries, uint64_t data_size, co
   }
 }
 
+// A file saved with a digest (with_digest) must still match it.
+template <typename Fail>
+void check_digest(const nlohmann::json& header, const std::map<std::string, Tensor>& tensors,
+                  const Fail& fail) {
+  const auto meta = header.find("__metadata__");
+  if (meta == header.end() || !meta->contains(kDigestKey)) return;
+  const auto metadata = meta->get<std::map<std::string, std::string>>();
+  const std::string computed = digest(metadata, tensors);
+  if (computed != metadata.at(kDigestKey)) {
+    throw fail(str_cat("its metadata or tensors changed after it was saved (", kDigestKey, " ",
+                       metadata.at(kDigestKey), ", the contents give ", computed, ")"));
+  }
+}
+
 }  // namespace
 
 std::map<std::string, Tensor> read_safetensors(const std::string& path,
@@ -244,6 +289,7 @@ std::map<std::string, Tensor> read_safetensors(const std::string& path,
       if (e.end > e.begin) std::memcpy(t.raw(), data.data() + e.begin, e.end - e.begin);
       out.emplace(e.name, t);
     }
+    check_digest(header, out, fail);
     return out;
   } catch (const FileError& e) {  // the file's own errors (RegularFile's) named as the format's
     const std::string what = e.what();

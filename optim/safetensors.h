@@ -22,6 +22,14 @@ void save_safetensors(const std::string& path, const std::vector<nn::NamedTensor
 // error).
 std::map<std::string, Tensor> read_safetensors(
     const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
+// The metadata key of a digest (FNV-1a 64, hex) over the rest of the metadata and every tensor's
+// name, dtype, shape and bytes. read_safetensors refuses a file whose digest no longer matches:
+// it was edited after it was saved (an edited accrue.g2p.n_head changes no tensor's shape, but
+// predicts with another model). Files without one (older ones) are read as before.
+inline constexpr const char* kDigestKey = "accrue.digest";
+// The metadata with the digest of it and the tensors added under kDigestKey.
+std::map<std::string, std::string> with_digest(std::map<std::string, std::string> metadata,
+                                               const std::vector<nn::NamedTensor>& tensors);
 // Copies the file's tensors into the module's parameters and buffers (in place, so an arena
 // keeps them). Every one must be present with its shape; the error names it. Floating tensors
 // convert to the parameter's dtype; integer ones load into the same or a wider integer dtype

@@ -158,8 +158,22 @@ TEST(BadInput, SafetensorsFilesAreRejectedNamingFileTensorAndFault) {
   const auto one = [&](const std::string& entry) {
     return safetensors(R"({"w":)" + entry + "}", f32x2);
   };
+  // A file saved with a digest (optim::with_digest, as --save writes) of {"k": "v"} and zeros.
+  const std::string digest =
+      optim::with_digest({{"k", "v"}}, {{"w", Tensor::zeros({2})}}).at(optim::kDigestKey);
+  const auto digested = [&](const std::string& value, const std::string& data) {
+    return safetensors(R"({"__metadata__":{"k":")" + value + R"(","accrue.digest":")" + digest +
+                           R"("},"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+                       data);
+  };
   const std::vector<SafetensorsCase> table{
       {"short", "abc", {"truncated", "3 bytes"}},
+      {"digest_data_edited",
+       digested("v", std::string(7, '\0') + "\x01"),
+       {"changed after it was saved", "accrue.digest " + digest}},
+      {"digest_metadata_edited",
+       digested("v2", f32x2),
+       {"changed after it was saved", "accrue.digest " + digest}},
       {"header_past_end",
        std::string("\x10\0\0\0\0\0\0\0{}", 10),
        {"header length 16 exceeds the 2 bytes"}},
@@ -243,6 +257,10 @@ TEST(BadInput, SafetensorsFilesAreRejectedNamingFileTensorAndFault) {
   }
   expect_error<FileError>([&] { optim::read_safetensors(dir.string()); },
                           {dir.string(), "is a directory"});
+  // Unedited, the digested file reads back.
+  const std::string intact = (dir / "digest_intact.safetensors").string();
+  write_bytes(intact, digested("v", f32x2));
+  EXPECT_EQ(optim::read_safetensors(intact).at("w").numel(), 2);
   // A valid header in a 64 GiB sparse file: refused from the header and the size, before the
   // data is read (reading it would need 64 GiB of memory).
   const std::string sparse = (dir / "sparse.safetensors").string();
@@ -542,6 +560,23 @@ TEST(BadInput, ARunWithoutAnyAppliedUpdateFails) {
   std::getline(in, first);
   EXPECT_NE(first.find(R"("loss":"nan")"), std::string::npos) << first;
   EXPECT_NE(first.find(R"("skipped":true)"), std::string::npos) << first;
+}
+
+// A fixed loss scale so small that fp16 gradients underflow to zero: every step is finite, none
+// moves a weight. The run exits 1 naming the loss scale, and saves nothing.
+TEST(BadInput, ARunWhoseEveryGradientIsZeroFailsNamingTheLossScale) {
+  const fs::path data = make_dataset("zero-gradient", 256, 32);
+  const std::string save = (data / "out.safetensors").string();
+  const CliResult r = cli({"--data", data.string(), "--hidden", "32", "--precision", "fp16",
+                           "--loss-scale", "1e-30", "--save", save, "--epochs", "1", "--quiet"});
+  EXPECT_EQ(r.status, 1) << r.err;
+  for (const std::string w : {"no update was applied: all 2 steps this run took had a gradient "
+                              "norm of 0",
+                              "loss scale 1e-30", "raise --loss-scale", "nothing saved"}) {
+    EXPECT_NE(r.err.find(w), std::string::npos) << w << " not in " << r.err;
+  }
+  EXPECT_FALSE(fs::exists(save));
+  fs::remove_all(data);
 }
 
 // --save-init writes the weights the first step starts from: a run started from them with

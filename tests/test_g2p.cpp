@@ -189,13 +189,16 @@ TEST(G2PFlags, PredictChecksTheMetadataAgainstTheTensors) {
   nn::GPT model(g, DType::kFloat32);
   std::string symbols;
   for (const std::string& sym : vocab.symbols) symbols += (symbols.empty() ? "" : " ") + sym;
-  const auto saved = [&](const std::string& key, const std::string& value) {
+  // With `digest`, the file carries the digest of the metadata as written (as --save writes
+  // it); the edit comes after.
+  const auto saved = [&](const std::string& key, const std::string& value, bool digest = false) {
     std::map<std::string, std::string> meta{{"accrue.g2p.vocab_size", std::to_string(g.vocab_size)},
                                             {"accrue.g2p.block_size", "8"},
                                             {"accrue.g2p.n_layer", "1"},
                                             {"accrue.g2p.n_head", "2"},
                                             {"accrue.g2p.n_embd", "8"},
                                             {"accrue.g2p.vocabulary", symbols}};
+    if (digest) meta = optim::with_digest(meta, model.named_parameters());
     meta["accrue.g2p." + key] = value;
     const std::string path = (dir / (key + ".safetensors")).string();
     optim::save_safetensors(path, model.named_parameters(), meta);
@@ -225,6 +228,26 @@ TEST(G2PFlags, PredictChecksTheMetadataAgainstTheTensors) {
   c.init = saved("n_head", "2");  // as written: it predicts
   c.predict = {"HELLO"};
   std::ostringstream out;
+  g2p::predict(c, out);
+  EXPECT_EQ(out.str().rfind("HELLO ", 0), 0u) << out.str();
+  // A model that predicts <eos> first (the final norm's output e0, <eos>'s embedding all ones,
+  // every other weight 0) gives no phonemes, and says so.
+  for (auto& [name, t] : model.named_parameters()) fill_(t, 0.0);
+  for (auto& [name, t] : model.named_parameters()) {
+    if (name == "transformer.ln_f.bias") fill_(t.narrow(0, 1), 1.0);
+    if (name == "transformer.wte.weight") fill_(t.narrow(g2p::Vocabulary::kEos, 1), 1.0);
+  }
+  c.init = saved("n_head", "2");
+  out.str("");
+  g2p::predict(c, out);
+  EXPECT_EQ(out.str(), "HELLO  (no phonemes: the model predicted <eos> first)\n");
+  // D7: n_head 4 divides the width as 2 does and changes no shape, but the digest no longer
+  // matches the edited metadata; unedited, the file with its digest predicts.
+  c.init = saved("n_head", "4", true);
+  expect_error<FileError>([&] { g2p::predict(c, out); },
+                          {c.init, "changed after it was saved", "accrue.digest"});
+  c.init = saved("n_head", "2", true);
+  out.str("");
   g2p::predict(c, out);
   EXPECT_EQ(out.str().rfind("HELLO ", 0), 0u) << out.str();
   fs::remove_all(dir);

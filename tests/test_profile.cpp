@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -20,6 +21,8 @@
 
 #include "kernels/profile.h"
 #include "mnist_fixture.h"
+#include "ops/autograd.h"
+#include "ops/ops.h"
 #include "test_util.h"
 
 namespace accrue::testing {
@@ -44,7 +47,14 @@ TEST(Profile, CallCountsMatchTheTraceAndTheChromeTraceFile) {
   bool in_table = false;
   while (std::getline(in, line)) {
     if (line.rfind("[trace] ", 0) == 0) {
-      ++traced[line.substr(8, line.find('(') - 8)];
+      // The profile names the op of the primitives that take one: "[trace] unary(tanh, ...)"
+      // is the row "unary:tanh".
+      const size_t open = line.find('(');
+      std::string name = line.substr(8, open - 8);
+      if (name == "unary" || name == "unary_backward" || name == "binary") {
+        name += ":" + line.substr(open + 1, line.find(',', open) - open - 1);
+      }
+      ++traced[name];
     } else if (line.rfind("primitive ", 0) == 0) {
       in_table = true;
     } else if (line.rfind("scope ", 0) == 0) {
@@ -184,6 +194,37 @@ TEST(Profile, RecordsEachCallUnderItsInnermostScope) {
     EXPECT_EQ(r.flops, 2 * 72 * 27.0) << r.name;
   EXPECT_EQ(profile_totals().primitives.size(), 3u);
   clear_profile();
+  // The primitives that take an op are named with it; layer norm's tape node is layer_norm's,
+  // though it runs the group_norm primitive.
+  Tensor v = Tensor::zeros({2, 3});
+  backend->unary(UnaryOp::kTanh, v, v);
+  backend->unary_backward(UnaryOp::kTanh, v, v, v);
+  backend->binary(BinaryOp::kMul, v, v, v);
+  std::set<std::string> names;
+  for (const ProfileRow& r : profile_totals().primitives) names.insert(r.name);
+  EXPECT_EQ(names, (std::set<std::string>{"unary:tanh", "unary_backward:tanh", "binary:mul"}));
+  clear_profile();
+}
+
+// The backward scopes are the tape nodes' names: layer norm's is layer_norm (it runs the
+// group_norm primitive), tanh's is tanh. In a child process: profiling, once enabled, stays on.
+TEST(Profile, BackwardScopesNameTheOp) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const auto scopes_of_a_backward = [] {
+    enable_profile();
+    Tensor x = full({2, 3}, 1.0), scale = full({3}, 1.0), shift = Tensor::zeros({3});
+    x.set_requires_grad(true), scale.set_requires_grad(true);
+    backward(sum(tanh(layer_norm(x, scale, shift, 1e-5))));
+    std::set<std::string> scopes;
+    for (const ProfileRow& r : profile_totals().scopes) scopes.insert(r.name);
+    const bool named = scopes.count("layer_norm") == 1 && scopes.count("tanh") == 1 &&
+                       scopes.count("group_norm") == 0;
+    std::string list;
+    for (const std::string& s : scopes) list += s + "; ";
+    std::fprintf(stderr, "scopes: %s\n", list.c_str());
+    std::_Exit(named ? 0 : 1);
+  };
+  EXPECT_EXIT(scopes_of_a_backward(), ::testing::ExitedWithCode(0), "scopes: ");
 }
 
 // A device whose clock reads 1 ms more at each mark, and which has passed the marks below

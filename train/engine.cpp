@@ -294,12 +294,27 @@ void Run::finish() {
                                      " steps were skipped (non-finite gradients)",
                                      c_.save.empty() ? "" : "; nothing saved"));
   }
+  refuse_a_run_without_gradient();
   const std::vector<nn::NamedTensor> masters = strategies_->whole_masters(*arena_, *model_);
   summary_.parameter_hash = tensor_hash(masters);
   summary_.buffer_hash = tensor_hash(model_->named_buffers());
   summary_.buckets_overlapped = acc_->buckets_overlapped();
   summary_.buckets_at_step = acc_->buckets_at_step();
   if (!c_.save.empty()) save_weights(c_.save, masters);
+}
+
+// A run none of whose steps had a gradient (each skipped or of norm 0) trained nothing: exit 1,
+// as a run whose every step was skipped, naming the loss scale when one multiplied the loss.
+void Run::refuse_a_run_without_gradient() const {
+  if (steps_without_gradient_ == 0 || steps_with_gradient_ > 0) return;
+  const double scale = optimizer_->scaler_state().first;
+  throw std::runtime_error(
+      str_cat("no update was applied: all ", steps_without_gradient_,
+              " steps this run took had a gradient norm of 0",
+              scale != 1 ? str_cat(" (loss scale ", scale,
+                                   ": the scaled gradients underflow to zero; raise --loss-scale)")
+                         : " (the loss does not depend on the weights)",
+              c_.save.empty() ? "" : "; nothing saved"));
 }
 
 // --save and --save-init (rank 0): the weights and buffers, with the task's metadata.
@@ -309,7 +324,8 @@ void Run::save_weights(const std::string& path, const std::vector<nn::NamedTenso
   if (task_.metadata) {
     for (auto& [key, value] : task_.metadata()) metadata[key] = value;
   }
-  optim::save_safetensors(path, with_buffers(masters, *model_), metadata);
+  const std::vector<nn::NamedTensor> tensors = with_buffers(masters, *model_);
+  optim::save_safetensors(path, tensors, optim::with_digest(metadata, tensors));
   log("saved weights to " + path);
 }
 

@@ -19,6 +19,7 @@ void Run::report_step(const optim::StepResult& r, const EpochPlan& plan, int64_t
                               r.loss_scale * optimizer_->loss_scaling().backoff, ")")
                     : ""));
   }
+  if (!r.skipped) ++(r.grad_norm == 0 ? steps_without_gradient_ : steps_with_gradient_);
   const StepEvent event{r.step,
                         epoch + 1,
                         samples,
@@ -143,7 +144,8 @@ std::string Run::summary_line() {
        << " | " << precision_name(c_.precision)
        << (scaling_.on ? str_cat(", loss scale ", optimizer_->scaler_state().first) : "")
        << " | skipped steps " << acc_->skipped_steps() << " | "
-       << (tuner_ ? tuner_->describe() : std::to_string(c_.threads) + " threads (fixed)")
+       << (tuner_ ? tuner_->describe()
+                  : str_cat(c_.threads, c_.threads == 1 ? " thread" : " threads", " (fixed)"))
        << device_path_line();
   return line.str();
 }

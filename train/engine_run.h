@@ -84,6 +84,7 @@ class Run {
   void setup_device_path();
   Evaluation evaluate(bool final);
   void finish();
+  void refuse_a_run_without_gradient() const;
   void report_summary();
   void fill_summary();
   std::string summary_line();
@@ -133,6 +134,10 @@ class Run {
   int64_t samples_seen_ = 0;  // since step 0, the windows before a resume included
   // By this process (not before a resume), every rank.
   int64_t samples_trained_ = 0, tokens_trained_ = 0;
+  // This process's steps whose gradient was finite and not zero everywhere, and those whose was
+  // zero (a loss scale that underflows every gradient, a loss that does not depend on the
+  // weights).
+  int64_t steps_with_gradient_ = 0, steps_without_gradient_ = 0;
 };
 
 }  // namespace accrue::train::engine

@@ -538,6 +538,8 @@ void predict(const Config& c, std::ostream& out) {
   for (size_t i = 0; i < words.size(); ++i) {
     out << words[i] << " ";
     for (const std::string& s : p[i]) out << " " << s;
+    // The model ended the pronunciation at once: said, not an empty column.
+    if (p[i].empty()) out << " (no phonemes: the model predicted <eos> first)";
     out << "\n";
   }
 }
