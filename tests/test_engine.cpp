@@ -15,6 +15,7 @@
 #include "test_util.h"
 #include "toy_task.h"
 #include "train/flags.h"
+#include "train/progress.h"
 #include "train/report.h"
 #include "train/sample_order.h"
 #include "train/strategy.h"
@@ -137,9 +138,9 @@ TEST(Engine, ACheckpointedRunResumesBitForBit) {
   EXPECT_EQ(resumed.summary.samples_seen, all.summary.samples_seen);
   EXPECT_EQ(resumed.summary.samples_trained, all.summary.samples_seen - before);
   ASSERT_GT(resumed.summary.train_seconds, 0);
-  EXPECT_DOUBLE_EQ(resumed.summary.samples_per_second,
-                   static_cast<double>(resumed.summary.samples_trained) /
-                       resumed.summary.train_seconds);
+  EXPECT_DOUBLE_EQ(
+      resumed.summary.samples_per_second,
+      static_cast<double>(resumed.summary.samples_trained) / resumed.summary.train_seconds);
   // A finished run resumed trains nothing and has no rate.
   train::Config finished = whole;
   finished.save.clear();
@@ -264,6 +265,57 @@ TEST(Engine, AStrategyOfTheCallersOwnJoinsThroughTheInterface) {
   for (size_t i = 0; i < counted.steps.size(); ++i) {
     EXPECT_EQ(counted.steps[i].loss, plain.steps[i].loss) << i;
   }
+}
+
+// Plain progress (a file, a pipe, a rank of several): the first step, then a line at most every
+// few seconds and at each epoch's end, never a carriage return, each with elapsed time and ETA.
+// On a terminal: one line redrawn in place on its own stream, ended by clear() before any other
+// message. Neither leaves its number format on the caller's stream.
+TEST(Progress, PlainLinesOrOneLineInPlaceAndTheCallersFormatKept) {
+  std::ostringstream out, terminal;
+  {
+    train::Progress plain(out, terminal, false, false, {10, 0, 20});
+    for (int64_t i = 1; i <= 10; ++i) plain.update(0, i, i, 0.5, 1.0, 1e-3, 100);
+  }
+  EXPECT_EQ(out.str().find('\r'), std::string::npos) << out.str();
+  const std::string lines = out.str();
+  EXPECT_EQ(std::count(lines.begin(), lines.end(), '\n'), 2) << lines;  // the 1st, the 10th
+  EXPECT_NE(out.str().find("epoch 1 step 10 (10/10) loss 0.5000"), std::string::npos);
+  EXPECT_NE(out.str().find(" elapsed 0:00 eta 0:00\n"), std::string::npos) << out.str();
+  EXPECT_TRUE(terminal.str().empty());
+  out << 4.5678901;
+  EXPECT_NE(out.str().find("\n4.56789"), std::string::npos) << out.str();  // default format
+
+  std::ostringstream log, screen;
+  {
+    train::Progress in_place(log, screen, false, true, {4, 2, 10});
+    in_place.update(0, 1, 3, 0.25, 1.0, 1e-3, 50);
+    EXPECT_EQ(screen.str().rfind("\r\033[Kepoch 1 [", 0), 0u) << screen.str();
+    EXPECT_NE(screen.str().find("1/4 loss 0.2500 50 samples/s 0:00 eta "), std::string::npos)
+        << screen.str();
+    in_place.clear();
+    EXPECT_EQ(screen.str().substr(screen.str().size() - 4), "\r\033[K");
+    in_place.clear();  // nothing drawn since: nothing written
+    EXPECT_EQ(screen.str().substr(screen.str().size() - 4), "\r\033[K");
+  }
+  EXPECT_TRUE(log.str().empty());
+  EXPECT_EQ(train::clock_time(7.4), "0:07");
+  EXPECT_EQ(train::clock_time(750), "12:30");
+  EXPECT_EQ(train::clock_time(3723), "1:02:03");
+}
+
+// The engine's own lines leave the caller's stream as it was.
+TEST(Engine, TheCallersStreamKeepsItsFormat) {
+  train::Config c = toy_config(4, 4);
+  c.quiet = false;
+  train::Task task = toy_task();
+  std::ostringstream out;
+  train::train(c, task, out, {});
+  EXPECT_NE(out.str().find("done: "), std::string::npos) << out.str();
+  EXPECT_EQ(out.str().find('\r'), std::string::npos) << out.str();
+  out.str("");
+  out << 4.5678901;
+  EXPECT_EQ(out.str(), "4.56789");
 }
 
 }  // namespace

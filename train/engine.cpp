@@ -3,6 +3,7 @@
 //   ranks and threads -> data -> model and arena -> memory budget -> window plans -> optimizer
 //   and its pieces -> accumulator -> resume -> epochs (windows, evaluation) -> summary and save.
 #include <algorithm>
+#include <iostream>
 
 #include "core/allocator.h"
 #include "core/host_waits.h"
@@ -360,8 +361,9 @@ Summary Run::train() {
   // The training state's bytes, now that the optimizer exists.
   summary_.device_state_bytes = allocator_for(c_.device).stats().live_bytes - device_bytes_before_;
   summary_.host_state_bytes = pinned_host_allocator().stats().live_bytes - host_bytes_before_;
-  progress_ =
-      std::make_unique<Progress>(out_, c_.quiet, static_cast<int64_t>(first.windows.size()));
+  progress_ = std::make_unique<Progress>(
+      out_, std::cerr, c_.quiet, is_terminal_run(out_, world_->world_size()),
+      Progress::Span{static_cast<int64_t>(first.windows.size()), acc_->step_clock(), total_steps_});
   position_ = start_;
   if (start_.epoch >= c_.epochs || acc_->step_clock() >= total_steps_) {
     // A finished run resumed: its model is evaluated, nothing is trained.

@@ -20,6 +20,7 @@
 #include "train/budget.h"
 #include "train/checkpoint.h"
 #include "train/engine.h"
+#include "train/progress.h"
 #include "train/report.h"
 #include "train/step_graphs.h"
 #include "train/strategies.h"
@@ -48,8 +49,11 @@ class Run {
   Summary train();
 
  private:
+  // A message on a line of its own (a progress line drawn in place is ended first).
   void log(const std::string& line) const {
-    if (!c_.quiet) out_ << line << "\n";
+    if (c_.quiet) return;
+    if (progress_) progress_->clear();
+    out_ << line << "\n";
   }
   void setup_ranks_and_threads();
   void build_model();

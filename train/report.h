@@ -49,22 +49,6 @@ class MetricsLog {
   std::unique_ptr<AtomicFile> stream_;  // a device or FIFO
 };
 
-// A progress bar on a terminal, a plain line every tenth of an epoch otherwise.
-class Progress {
- public:
-  Progress(std::ostream& out, bool quiet, int64_t steps_per_epoch);
-  void set_steps_per_epoch(int64_t steps);
-  void update(int64_t epoch, int64_t step_in_epoch, int64_t step, double loss, double grad_norm,
-              double lr, double samples_per_second);
-  void end_epoch();
-
- private:
-  std::ostream& out_;
-  bool quiet_, tty_;
-  int64_t every_, total_;
-  Clock::time_point last_ = Clock::now();
-};
-
 // FNV-1a over the bytes of every tensor, in order (read back to the host).
 uint64_t tensor_hash(const std::vector<nn::NamedTensor>& tensors);
 
