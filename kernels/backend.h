@@ -11,7 +11,7 @@
 
 #include "core/geometry.h"
 #include "core/tensor.h"
-#include "kernels/functors.h"
+#include "kernels/op_kinds.h"
 
 namespace accrue {
 
@@ -212,24 +212,6 @@ Backend& backend_for(Device device);
 // and a GPU of a build with cuDNN). Those primitives throw DeviceError with these words; the
 // tests skip on them.
 std::string conv_unavailable_reason(Device device);
-
-// Backend::permute's index arithmetic for x's shape and dims (checked by the public op: a
-// permutation of at most fn::PermuteIndex::kMaxDims dimensions).
-inline fn::PermuteIndex permute_index(const Shape& in, const Shape& dims) {
-  fn::PermuteIndex p;
-  p.rank = static_cast<int>(dims.size());
-  int64_t stride = 1;
-  std::vector<int64_t> in_stride(in.size());
-  for (size_t d = in.size(); d-- > 0;) {
-    in_stride[d] = stride;
-    stride *= in[d];
-  }
-  for (int i = 0; i < p.rank; ++i) {
-    p.size[i] = in[static_cast<size_t>(dims[static_cast<size_t>(i)])];
-    p.in_stride[i] = in_stride[static_cast<size_t>(dims[static_cast<size_t>(i)])];
-  }
-  return p;
-}
 
 // Matrix i of a batch [B, rows, cols], as a [rows, cols] view.
 inline Tensor batch_matrix(const Tensor& t, int64_t i) {

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -61,6 +62,24 @@ void with_working_copy(Tensor& working, const char* op, F f) {
   if (working.dtype() == DType::kBFloat16) return f(working.data<bf16>());
   if (working.dtype() == DType::kFloat16) return f(working.data<f16>());
   dispatch_error(op, working.dtype(), "a bfloat16 or float16 working copy");
+}
+
+// Backend::permute's index arithmetic for x's shape and dims (checked by the public op: a
+// permutation of at most fn::PermuteIndex::kMaxDims dimensions).
+inline fn::PermuteIndex permute_index(const Shape& in, const Shape& dims) {
+  fn::PermuteIndex p;
+  p.rank = static_cast<int>(dims.size());
+  int64_t stride = 1;
+  std::vector<int64_t> in_stride(in.size());
+  for (size_t d = in.size(); d-- > 0;) {
+    in_stride[d] = stride;
+    stride *= in[d];
+  }
+  for (int i = 0; i < p.rank; ++i) {
+    p.size[i] = in[static_cast<size_t>(dims[static_cast<size_t>(i)])];
+    p.in_stride[i] = in_stride[static_cast<size_t>(dims[static_cast<size_t>(i)])];
+  }
+  return p;
 }
 
 }  // namespace accrue

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "core/half.h"
+#include "kernels/op_kinds.h"
 
 #if defined(__CUDACC__)
 #define ACCRUE_HD __host__ __device__ __forceinline__
@@ -245,10 +246,6 @@ struct CausalSoftmaxGrad {
   }
 };
 
-// The label of a target that is not one: a padded position of a sequence adds nothing to the
-// loss and gets a zero gradient row (PyTorch's ignore_index default).
-constexpr int32_t kIgnoreLabel = -100;
-
 // Softmax cross-entropy backward: dlogits = dloss * (softmax - onehot(label)), 0 for a row whose
 // label is kIgnoreLabel.
 struct CrossEntropyGrad {
@@ -445,44 +442,8 @@ struct SgdUpdate {
 
 }  // namespace accrue::fn
 
-// The element-wise op lists: X(Functor, EnumName). Each line gives an op its enum value and its
-// case in the visitor that both backends run, so registering an activation here (after writing
-// its functor pair above) is all the kernels need.
-#define ACCRUE_UNARY_OPS(X) \
-  X(Relu, kRelu)            \
-  X(Tanh, kTanh)            \
-  X(Gelu, kGelu)            \
-  X(Sigmoid, kSigmoid)
-#define ACCRUE_BINARY_OPS(X) \
-  X(Add, kAdd)               \
-  X(Sub, kSub)               \
-  X(Mul, kMul)
-
+// The op lists (ACCRUE_UNARY_OPS, ACCRUE_BINARY_OPS) and their enums are in kernels/op_kinds.h.
 namespace accrue {
-
-// The arguments of the fused optimizer passes (AdamUpdate, SgdUpdate below) and of the boundary
-// scalars; optim/ fills them from its settings.
-struct AdamArgs {
-  double lr, beta1, beta2, eps, weight_decay;
-  bool decoupled;  // AdamW: decay the parameter directly instead of adding it to the gradient
-};
-struct SgdArgs {
-  double lr, momentum, dampening, weight_decay;
-  bool nesterov;
-};
-// Loss scaling (PyTorch's GradScaler semantics, once per window): after an overflowing
-// window the scale is multiplied by backoff, after growth_interval clean windows in a row by
-// growth. dynamic = false keeps the scale fixed (it still divides the gradient).
-struct LossScaling {
-  bool dynamic = false;
-  double growth = 2.0, backoff = 0.5;
-  int growth_interval = 2000;
-};
-
-#define ACCRUE_ENUM_VALUE(functor, value) value,
-enum class UnaryOp { ACCRUE_UNARY_OPS(ACCRUE_ENUM_VALUE) };
-enum class BinaryOp { ACCRUE_BINARY_OPS(ACCRUE_ENUM_VALUE) };
-#undef ACCRUE_ENUM_VALUE
 
 // Calls visitor(F{}) with the functor of op and returns what it returns. On CUDA the visitor is
 // a struct with a templated operator() (nvcc takes no device lambdas inside generic lambdas).
@@ -502,29 +463,5 @@ decltype(auto) visit(BinaryOp op, V&& visitor) {
   return visitor(fn::Add{});  // not reached
 }
 #undef ACCRUE_VISIT_CASE
-
-struct FunctorName {
-  template <typename F>
-  const char* operator()(F) const {
-    return F::kName;
-  }
-};
-// "relu", "add", ...: for messages and traces.
-inline const char* op_name(UnaryOp op) {
-  return visit(op, FunctorName{});
-}
-inline const char* op_name(BinaryOp op) {
-  return visit(op, FunctorName{});
-}
-// Whether the op's backward reads its output y (tanh) rather than its input x.
-struct SavesOutput {
-  template <typename F>
-  bool operator()(F) const {
-    return F::kSavesOutput;
-  }
-};
-inline bool saves_output(UnaryOp op) {
-  return visit(op, SavesOutput{});
-}
 
 }  // namespace accrue

@@ -7,7 +7,7 @@
 #include "core/geometry.h"
 #include "core/tensor.h"
 #include "kernels/factories.h"
-#include "kernels/functors.h"
+#include "kernels/op_kinds.h"
 
 namespace accrue {
 

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "kernels/backend.h"
+#include "kernels/functors.h"
 #include "ops/autograd.h"
 #include "ops/check.h"
 #include "ops/ops.h"

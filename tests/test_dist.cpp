@@ -418,6 +418,8 @@ TEST(Dist, PipelinedEngineEqualsOneProcessInFloat64) {
     p.save = (data / ("pipeline-" + schedule + ".safetensors")).string();
     const Recorded r = train_recorded(p, std::cout);
     EXPECT_EQ(tape_size(), 0u);
+    // Both stages are data-parallel rank 0; one process of the job prints.
+    EXPECT_EQ(r.prints, comm().rank() == 0);
     testing::expect_same_steps(r, reference, 1e-10);
     EXPECT_EQ(r.step_batches.back(), 20);
     EXPECT_EQ(r.test_accuracy, reference.test_accuracy);

@@ -15,7 +15,7 @@
 #include "core/dtype.h"
 #include "distributed/communicator.h"
 #include "distributed/pipeline.h"
-#include "kernels/functors.h"
+#include "kernels/op_kinds.h"
 #include "optim/schedule.h"
 #include "optim/window.h"
 

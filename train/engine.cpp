@@ -56,6 +56,7 @@ void Run::setup_ranks_and_threads() {
       StrategyContext{c_, task_, compute_, master_, [this](const std::string& l) { log(l); }});
   comm_ = &strategies_->place(*world_);
   lead_ = world_->rank() == 0;
+  summary_.prints = lead_;
   if (!lead_) c_.quiet = true;
   // One profiler trace per rank: rank r > 0 writes beside rank 0's file.
   if (!lead_ && !profile_trace_path().empty()) {
@@ -78,7 +79,7 @@ void Run::setup_ranks_and_threads() {
 void Run::build_model() {
   train_samples_ =
       task_.prepare(Setup{c_.device, compute_, master_, comm_->rank(), comm_->world_size(), comm_,
-                          [this](const std::string& line) { log(line); }});
+                          [this](const std::string& line) { log(line); }, lead_});
   if (c_.train_limit > 0) train_samples_ = std::min(train_samples_, c_.train_limit);
   if (train_samples_ <= 0) throw ValueError("[train] the task's training set is empty");
   // What the model, its arena and its optimizer hold is measured from here.

@@ -71,6 +71,9 @@ struct StageSummary {
 
 struct Summary {
   Evaluation evaluation;  // after the last epoch
+  // Whether this process printed the run's log (the job's first rank): a program that prints
+  // its own closing line does so where this is true, once per job.
+  bool prints = true;
   // This process's training: its seconds in windows, its samples and non-padding tokens
   // (Task::length; 0 without), and their rates over those seconds (0 when it trained nothing: a
   // finished run resumed). samples_seen counts the run's samples since step 0, a resume's included.

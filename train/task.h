@@ -47,6 +47,9 @@ struct Setup {
   distributed::Communicator* comm = nullptr;
   // Prints a line of the run's log (rank 0's output; other ranks print nothing).
   std::function<void(const std::string&)> log;
+  // Whether this process is the one that prints (the job's first rank): under --pipeline every
+  // stage has data-parallel rank 0, so `rank` cannot say.
+  bool prints = true;
 };
 
 // One layer of a model that --pipeline cuts into stages: its parameters (those of its modules)
