@@ -9,11 +9,13 @@ namespace accrue::nn {
 
 Tensor Module::operator()(const Tensor& x) {
   const ProfileScope scope(profile_scope());
+  const ModuleScope module(path_);
   const size_t mark = tape_size();
   try {
     return forward(x);
   } catch (...) {
     truncate_tape(mark);
+    if (path_ != nullptr) rethrow_naming_module(path_, "forward");
     throw;
   }
 }
@@ -26,6 +28,7 @@ void Module::adopt(const std::string& name, std::shared_ptr<Module> child) {
 // This module's dotted path, and its children's below it (they may have registered first).
 void Module::set_path(const std::string& path) {
   scope_ = "forward " + path;
+  path_ = intern_module_path(path);
   for (auto& [name, child] : children_) child->set_path(path + "." + name);
 }
 

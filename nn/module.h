@@ -23,7 +23,8 @@ class Module {
  public:
   virtual ~Module() = default;
   virtual Tensor forward(const Tensor& x) = 0;
-  // forward(x); if it throws, the nodes it had recorded are dropped from the tape.
+  // forward(x); if it throws, the nodes it had recorded are dropped from the tape, and an op's
+  // error names the module's path: "[reshape] ... (in module transformer.h.0.attn's forward)".
   Tensor operator()(const Tensor& x);
 
   // Every parameter of this module and its children, depth first in registration order.
@@ -64,6 +65,7 @@ class Module {
   // "forward conv1", "forward layers.0": the profiler's scope for the calls this module's forward
   // makes itself (the dotted path from the outermost registering module; empty for a root).
   std::string scope_;
+  const char* path_ = nullptr;  // "layers.0" (interned, ops/autograd.h); null for a root
 };
 
 }  // namespace accrue::nn

@@ -2,6 +2,8 @@
 #include "ops/autograd.h"
 
 #include <atomic>
+#include <mutex>
+#include <set>
 #include <unordered_map>
 
 #include "kernels/backend.h"
@@ -17,6 +19,15 @@ struct TapeAccess {
 
 namespace {
 thread_local LeafReadyHook* leaf_ready_hook = nullptr;
+thread_local const char* current_module = nullptr;  // ModuleScope
+
+constexpr const char* kInModule = " (in module ";
+template <typename E>
+[[noreturn]] void append_where(const E& e, const std::string& where) {
+  const std::string what = e.what();
+  if (what.find(kInModule) != std::string::npos) throw;  // an inner module named itself
+  throw E(what + where);
+}
 }  // namespace
 
 namespace {
@@ -138,6 +149,7 @@ void record(std::unique_ptr<Node> node, std::initializer_list<const Tensor*> inp
     node->inputs.push_back(std::move(edge));
   }
   node->id = g_next_node_id.fetch_add(1, std::memory_order_relaxed);
+  node->module = current_module;
   const uint64_t id = node->id;
   auto& nodes = TapeAccess::nodes(t);
   nodes.push_back(std::move(node));  // may throw; out is untouched until it has succeeded
@@ -260,10 +272,15 @@ void run_backward(const Tensor& root, const Tensor& seed) {
     std::unique_ptr<Node> node = std::move(nodes[i]);
     Tensor grad_out = std::move(slots[i]);
     if (grad_out.defined()) {
-      node->check_saved();
       const ProfileScope scope(node->name());  // ACCRUE_PROFILE's per-node table
       GradSink sink(*node, slots);
-      node->backward(grad_out, sink);
+      try {
+        node->check_saved();
+        node->backward(grad_out, sink);
+      } catch (...) {
+        if (node->module != nullptr) rethrow_naming_module(node->module, "backward");
+        throw;
+      }
     }
     if (leaf_ready_hook != nullptr) {
       for (const Edge& e : node->inputs) {
@@ -271,6 +288,40 @@ void run_backward(const Tensor& root, const Tensor& seed) {
       }
     }
     // node (and its saved tensors) and grad_out are released here.
+  }
+}
+
+ModuleScope::ModuleScope(const char* path) : previous_(current_module) {
+  if (path != nullptr) current_module = path;
+}
+
+ModuleScope::~ModuleScope() {
+  current_module = previous_;
+}
+
+const char* intern_module_path(const std::string& path) {
+  static std::mutex mutex;
+  static auto* paths = new std::set<std::string>;  // never destroyed: nodes may outlive modules
+  const std::lock_guard<std::mutex> lock(mutex);
+  return paths->insert(path).first->c_str();
+}
+
+void rethrow_naming_module(const char* module, const char* phase) {
+  const std::string where = str_cat(kInModule, module, "'s ", phase, ")");
+  try {
+    throw;
+  } catch (const NotCapturable& e) {
+    append_where(e, where);
+  } catch (const ShapeError& e) {
+    append_where(e, where);
+  } catch (const DTypeError& e) {
+    append_where(e, where);
+  } catch (const DeviceError& e) {
+    append_where(e, where);
+  } catch (const ValueError& e) {
+    append_where(e, where);
+  } catch (const AutogradError& e) {
+    append_where(e, where);
   }
 }
 

@@ -41,7 +41,8 @@ struct Node {
   void check_saved() const;
 
   std::vector<Edge> inputs;
-  uint64_t id = 0;  // process-wide unique, set by record()
+  uint64_t id = 0;               // process-wide unique, set by record()
+  const char* module = nullptr;  // the module whose forward recorded it (ModuleScope), if any
 
  private:
   struct Saved {
@@ -141,6 +142,26 @@ void run_backward(const Tensor& root, const Tensor& seed);
 void backward(const Tensor& root);
 void backward(const Tensor& root, double seed);
 void backward(const Tensor& root, const Tensor& seed);
+
+// The module whose forward runs on this thread (nn::Module::operator() opens one per registered
+// module; nested: the inner wins): the nodes recorded meanwhile keep its path, so an op's error
+// in their backward names the module as an error in its forward does. Paths are interned for
+// the process (intern_module_path), as nodes outlive no module's name.
+class ModuleScope {
+ public:
+  explicit ModuleScope(const char* path);
+  ~ModuleScope();
+  ModuleScope(const ModuleScope&) = delete;
+  ModuleScope& operator=(const ModuleScope&) = delete;
+
+ private:
+  const char* previous_;
+};
+const char* intern_module_path(const std::string& path);
+// Inside a catch block: rethrows the exception in flight, an op's error (ShapeError, DTypeError,
+// DeviceError, ValueError, AutogradError), as the same type with " (in module M's forward)" (or
+// backward) appended, unless an inner module already named itself; any other exception as is.
+[[noreturn]] void rethrow_naming_module(const char* module, const char* phase);
 
 // Called during backward, on this thread, as soon as a leaf's gradient is final: no node left on
 // the tape will add to it. Data parallelism starts the all-reduce of a bucket of the gradient

@@ -99,6 +99,70 @@ TEST(Errors, Autograd) {
   expect_error<AutogradError>([&] { relu(stale); }, {"[relu]", "already consumed"});
 }
 
+// Modules for the error's module path: h.0 holds scale (x * w) then flatten (a reshape that
+// does not fit a [3] input).
+struct Scale : nn::Module {
+  Scale() { w = register_parameter("w", full({3}, 2.0, DType::kFloat64)); }
+  Tensor forward(const Tensor& x) override { return mul(x, w); }
+  Tensor w;
+};
+struct Flatten : nn::Module {
+  Tensor forward(const Tensor& x) override { return reshape(x, {x.size(0), 5}); }
+};
+struct Inner : nn::Module {
+  Inner() {
+    scale = register_module("scale", std::make_shared<Scale>());
+    flatten = register_module("flatten", std::make_shared<Flatten>());
+  }
+  Tensor forward(const Tensor& x) override {
+    const Tensor y = (*scale)(x);
+    return flattens ? (*flatten)(y) : y;
+  }
+  std::shared_ptr<Scale> scale;
+  std::shared_ptr<Flatten> flatten;
+  bool flattens = true;
+};
+struct Outer : nn::Module {
+  Outer() { inner = register_module("h.0", std::make_shared<Inner>()); }
+  Tensor forward(const Tensor& x) override { return (*inner)(x); }
+  std::shared_ptr<Inner> inner;
+};
+
+size_t count_of(const std::string& text, const std::string& part) {
+  size_t n = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+  return n;
+}
+
+// An op's error inside a registered module's forward names the innermost module's path, once;
+// one in the backward of a node that forward recorded (here a saved input changed in place)
+// names it too. The error keeps its type.
+TEST(Errors, AnOpsErrorNamesTheModuleItRanIn) {
+  Outer net;
+  Tensor x = random({3}, 1);
+  try {
+    net(x);
+    ADD_FAILURE() << "no error";
+  } catch (const ShapeError& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what.rfind("[reshape]", 0), 0u) << what;
+    EXPECT_NE(what.find("(in module h.0.flatten's forward)"), std::string::npos) << what;
+    EXPECT_EQ(count_of(what, "(in module "), 1u) << what;
+  }
+  EXPECT_EQ(tape_size(), 0u);
+  net.inner->flattens = false;
+  const Tensor y = net(x);
+  fill_(x, 1.0);
+  expect_error<AutogradError>([&] { backward(sum(y)); },
+                              {"modified in place", "(in module h.0.scale's backward)"});
+  // Outside any module: the message as the op wrote it.
+  try {
+    reshape(x, {4});
+  } catch (const ShapeError& e) {
+    EXPECT_EQ(count_of(e.what(), "(in module "), 0u) << e.what();
+  }
+}
+
 // A node whose backward produces a gradient of the wrong shape is caught at the sink.
 struct WrongShapeBackward : Node {
   const char* name() const override { return "wrong_shape"; }
