@@ -51,10 +51,11 @@ void Progress::update(int64_t epoch, int64_t step_in_epoch, int64_t step, double
                       double grad_norm, double lr, double rate) {
   if (quiet_) return;
   const bool epoch_end = step_in_epoch == span_.steps_per_epoch;
+  const double every = terminal_ ? 0.1 : kPlainSeconds;
+  if (printed_ && seconds_since(last_) < every && !epoch_end) return;
   std::ostringstream line;
   line << std::fixed;
   if (terminal_) {
-    if (printed_ && seconds_since(last_) < 0.1 && !epoch_end) return;
     const int width = 20;
     const int64_t filled = width * step_in_epoch / std::max<int64_t>(span_.steps_per_epoch, 1);
     line << "\r\033[Kepoch " << epoch + 1 << " [" << std::string(filled, '=')
@@ -65,7 +66,6 @@ void Progress::update(int64_t epoch, int64_t step_in_epoch, int64_t step, double
     terminal_out_ << line.str() << std::flush;
     drawn_ = true;
   } else {
-    if (printed_ && seconds_since(last_) < kPlainSeconds && !epoch_end) return;
     line << "epoch " << epoch + 1 << " step " << step << " (" << step_in_epoch << "/"
          << span_.steps_per_epoch << ") loss " << std::setprecision(4) << loss << " grad_norm "
          << grad_norm << " lr " << std::scientific << std::setprecision(2) << lr << std::fixed
