@@ -112,6 +112,30 @@ TEST(G2PData, CorruptDictionariesAreRejectedNamingTheLine) {
   fs::remove_all(dir);
 }
 
+// --train-limit N draws N training sequences with the seed, spread over the alphabetical file
+// (its first N would stop early in the alphabet), in file order; the same seed, the same subset.
+TEST(G2PData, TheTrainLimitDrawsASeededSubsetOverTheWholeFile) {
+  const fs::path dir = g2p_scratch("train-limit");
+  const std::string data = write_g2p_fixture(dir, 400);
+  const g2p::Data all = g2p::load_data(data, 0);
+  const g2p::Data a = g2p::load_data(data, 40, 1), again = g2p::load_data(data, 40, 1),
+                  b = g2p::load_data(data, 40, 2);
+  ASSERT_EQ(a.train.size(), 40u);
+  EXPECT_EQ(a.train, again.train);
+  EXPECT_NE(a.train, b.train);
+  // Each drawn sequence's place in the file: increasing, and reaching into the last half.
+  std::vector<size_t> places;
+  for (const auto& seq : a.train) {
+    const auto it = std::find(all.train.begin(), all.train.end(), seq);
+    ASSERT_NE(it, all.train.end());
+    places.push_back(static_cast<size_t>(it - all.train.begin()));
+  }
+  EXPECT_TRUE(std::is_sorted(places.begin(), places.end()));
+  EXPECT_GT(places.back(), all.train.size() / 2);
+  EXPECT_EQ(g2p::load_data(data, 100000, 1).train, all.train);  // more than there are: all
+  fs::remove_all(dir);
+}
+
 TEST(G2PScores, EditDistanceBestReferenceAndStress) {
   using P = g2p::Pronunciation;
   EXPECT_EQ(g2p::edit_distance(P{"K", "AE1", "T"}, P{"K", "AE1", "T"}), 0);

@@ -162,7 +162,8 @@ void Flags::add_batch_flags() {
       ->transform(int_in(1, kMaxEpochs));
   app_.add_option("--max-steps", c_.max_steps, "Stop after this many optimizer steps (0: no limit)")
       ->transform(int_in(0, INT64_MAX));
-  app_.add_option("--train-limit", c_.train_limit, "Use the first N training samples (0: all)")
+  app_.add_option("--train-limit", c_.train_limit,
+                  "Train on N samples (0: all): the first N (G2P: N sequences drawn with --seed)")
       ->transform(int_in(0, INT32_MAX));
   app_.add_option("--lr", c_.lr, "Learning rate at --base-batch")
       ->check(finite_in(0, kHuge, Open::kLow));

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <memory>
 #include <ostream>
+#include <random>
 
 #include "core/error.h"
 #include "ops/autograd.h"
@@ -49,7 +50,23 @@ std::vector<int32_t> sequence(const Vocabulary& v, const std::string& spelling,
   return out;
 }
 
-Data load_data(const std::string& path, int64_t train_limit) {
+namespace {
+
+// `count` of the indices [0, n), drawn with `seed` (a partial Fisher-Yates over mt19937_64 with
+// its own arithmetic: the same subset from every standard library), in increasing order.
+std::vector<size_t> seeded_subset(size_t n, size_t count, uint64_t seed) {
+  std::vector<size_t> index(n);
+  for (size_t i = 0; i < n; ++i) index[i] = i;
+  std::mt19937_64 rng(seed);
+  for (size_t i = 0; i < count; ++i) std::swap(index[i], index[i + rng() % (n - i)]);
+  index.resize(count);
+  std::sort(index.begin(), index.end());
+  return index;
+}
+
+}  // namespace
+
+Data load_data(const std::string& path, int64_t train_limit, uint64_t seed) {
   const Lexicon lex = read_cmudict(path);
   Data d;
   d.skipped = lex.skipped;
@@ -61,9 +78,7 @@ Data load_data(const std::string& path, int64_t train_limit) {
     switch (split_of(w.spelling)) {
       case Split::kTrain:
         for (const Pronunciation& p : w.pronunciations) {
-          if (train_limit <= 0 || static_cast<int64_t>(d.train.size()) < train_limit) {
-            d.train.push_back(sequence(d.vocab, w.spelling, p));
-          }
+          d.train.push_back(sequence(d.vocab, w.spelling, p));
         }
         break;
       case Split::kValidation:
@@ -73,6 +88,13 @@ Data load_data(const std::string& path, int64_t train_limit) {
         d.test.push_back(w);
         break;
     }
+  }
+  if (train_limit > 0 && static_cast<size_t>(train_limit) < d.train.size()) {
+    std::vector<std::vector<int32_t>> subset;
+    for (size_t i : seeded_subset(d.train.size(), static_cast<size_t>(train_limit), seed)) {
+      subset.push_back(std::move(d.train[i]));
+    }
+    d.train = std::move(subset);
   }
   if (d.train.empty()) {
     throw FileError(
@@ -378,7 +400,7 @@ train::Task make_task(const Config& c) {
   task.program = "accrue-g2p";
   task.prepare = [state, c](const train::Setup& setup) {
     state->setup = setup;
-    state->data = load_data(c.data, c.train_limit);
+    state->data = load_data(c.data, c.train_limit, c.seed);
     const Data& d = state->data;
     // Every epoch scores the validation split and --eval may score the test split: an empty
     // one would print "PER 0.00%" for no words.
@@ -453,6 +475,8 @@ train::Task make_task(const Config& c) {
         {"accrue.g2p.vocabulary", vocab}};
   };
   task.settings = {{"layers", c.layers}, {"heads", c.heads}, {"width", c.width}, {"data", c.data}};
+  // How --train-limit draws its subset (a checkpoint of the older first-N rule is refused).
+  if (c.train_limit > 0) task.settings["train_subset"] = "seeded sample";
   task.reported = {{"model", "gpt"}, {"layers", c.layers}, {"heads", c.heads}, {"width", c.width}};
   return task;
 }

@@ -56,7 +56,9 @@ struct Data {
   std::string longest;  // its word
   int64_t skipped = 0;
 };
-Data load_data(const std::string& path, int64_t train_limit);
+// train_limit > 0: that many training sequences, drawn evenly over the file with `seed` (a
+// seeded sample kept in file order; the file is alphabetical, so its first N would be A to D).
+Data load_data(const std::string& path, int64_t train_limit, uint64_t seed = 0);
 
 // The loss tokens of a full sequence: its phonemes and <eos> (everything after <sep>).
 int64_t target_tokens(const std::vector<int32_t>& sequence);
