@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <random>
 
 #include "core/file.h"
@@ -28,12 +29,21 @@ namespace {
 constexpr uint64_t kMaxDescriptionBytes = 16 << 20;
 constexpr const char* kDescription = "a checkpoint description";
 
-std::string fnv1a_hex(const std::vector<uint8_t>& bytes) {
-  uint64_t h = 1469598103934665603ull;
-  for (uint8_t b : bytes) h = (h ^ b) * 1099511628211ull;
+// FNV-1a from the start value checkpoints have always used (the offset basis short of a digit).
+constexpr uint64_t kFnvStart = 1469598103934665603ull;
+uint64_t fnv1a(uint64_t h, const void* bytes, size_t n) {
+  for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const uint8_t*>(bytes)[i]) * 1099511628211ull;
+  return h;
+}
+
+std::string hex16(uint64_t h) {
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
   return buf;
+}
+
+std::string fnv1a_hex(const std::vector<uint8_t>& bytes) {
+  return hex16(fnv1a(kFnvStart, bytes.data(), bytes.size()));
 }
 
 std::string stem(int64_t step) {
@@ -86,6 +96,20 @@ std::string string_field(const nlohmann::json& j, const char* key, const std::st
                             it == j.end() ? "missing" : optim::brief_json(*it), ", not a string"));
   }
   return it->get<std::string>();
+}
+
+// A checkpoint's record of the flags: an object whose every value is a list of strings.
+nlohmann::json flags_field(const nlohmann::json& flags, const std::string& path) {
+  bool valid = flags.is_object();
+  for (auto it = flags.begin(); valid && it != flags.end(); ++it) {
+    valid = it->is_array() && std::all_of(it->begin(), it->end(),
+                                          [](const nlohmann::json& v) { return v.is_string(); });
+  }
+  if (!valid) {
+    throw FileError(str_cat(path, ": 'flags' is ", optim::brief_json(flags),
+                            ", not an object of string lists"));
+  }
+  return flags;
 }
 
 // The run id in a checkpoint's JSON ("" when unreadable or absent: an older format).
@@ -143,6 +167,7 @@ Checkpoint read_checkpoint(const std::string& dir, int64_t step,
     throw FileError(c.path + ": 'config' is missing or not an object");
   }
   c.config = *config;
+  if (j.contains("flags")) c.flags = flags_field(j["flags"], c.path);
   const auto position = j.find("position");
   if (position == j.end() || !position->is_object()) {
     throw FileError(c.path + ": 'position' is missing or not an object");
@@ -303,7 +328,8 @@ CheckpointLock::~CheckpointLock() {
 }
 
 void write_checkpoint(const std::string& dir, const std::string& run_id,
-                      const nlohmann::json& config, const TrainPosition& position,
+                      const nlohmann::json& config, const nlohmann::json& flags,
+                      const TrainPosition& position,
                       const std::vector<nn::NamedTensor>& model_state,
                       const std::vector<nn::NamedTensor>& optimizer_state) {
   std::error_code ec;
@@ -323,6 +349,7 @@ void write_checkpoint(const std::string& dir, const std::string& run_id,
   j["bytes"] = bytes.size();
   j["fnv1a"] = fnv1a_hex(bytes);
   j["config"] = config;
+  if (!flags.empty()) j["flags"] = flags;
   j["position"] = {{"step", position.step},
                    {"skipped", position.skipped},
                    {"epoch", position.epoch},
@@ -362,16 +389,63 @@ Checkpoint read_latest_checkpoint(const std::string& dir,
   }
 }
 
+nlohmann::json recorded_flags(const std::string& dir) {
+  std::string folder = dir;
+  std::error_code ec;
+  if (listed_steps(folder).empty() && fs::is_directory(fs::path(dir) / "stage-0", ec)) {
+    folder = (fs::path(dir) / "stage-0").string();
+  }
+  for (int64_t step : listed_steps(folder)) {
+    const std::string path = (fs::path(folder) / (stem(step) + ".json")).string();
+    nlohmann::json j;
+    try {
+      const std::vector<uint8_t> text = read_file_bytes(path, kMaxDescriptionBytes, kDescription);
+      j = optim::parse_strict_json(text.begin(), text.end());
+    } catch (const std::exception&) {
+      continue;  // damaged: the engine names it, and the older checkpoint it resumes from
+    }
+    if (!j.is_object() || !j.contains("flags")) return nlohmann::json::object();
+    return flags_field(j["flags"], path);
+  }
+  return nlohmann::json::object();
+}
+
+const char* const kLaterKeys[3] = {"device_type", "data_hash", "horizon"};
+
 void check_compatible(const nlohmann::json& saved, const nlohmann::json& current,
                       const std::string& path) {
+  std::string differences;
   for (auto it = current.begin(); it != current.end(); ++it) {
     const auto other = saved.find(it.key());
+    if (other == saved.end() &&
+        std::find(std::begin(kLaterKeys), std::end(kLaterKeys), it.key()) != std::end(kLaterKeys)) {
+      continue;
+    }
     if (other == saved.end() || *other != it.value()) {
-      throw ValueError(str_cat("--resume: ", path, " was written with ", it.key(), " = ",
-                               other == saved.end() ? "(absent)" : optim::brief_json(*other),
-                               ", this run has ", optim::brief_json(it.value())));
+      differences += str_cat(differences.empty() ? "" : "; ", it.key(), " = ",
+                             other == saved.end() ? "(absent)" : optim::brief_json(*other),
+                             ", this run has ", optim::brief_json(it.value()));
     }
   }
+  if (!differences.empty()) {
+    throw ValueError(str_cat("--resume: ", path, " was written with ", differences));
+  }
+}
+
+std::string files_hash(const std::vector<std::string>& paths) {
+  uint64_t h = kFnvStart;
+  std::vector<char> chunk(1 << 20);
+  for (const std::string& path : paths) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in)
+      throw FileError(str_cat(path, ": cannot read it to hash the data: ", std::strerror(errno)));
+    while (in) {
+      in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+      h = fnv1a(h, chunk.data(), static_cast<size_t>(in.gcount()));
+    }
+    if (in.bad()) throw FileError(str_cat(path, ": a read error while hashing the data"));
+  }
+  return hex16(h);
 }
 
 }  // namespace accrue::train

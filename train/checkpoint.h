@@ -50,9 +50,11 @@ class CheckpointLock {
 };
 
 // Writes step-<step>.{safetensors,json} into dir (created if missing) and removes older
-// checkpoints of this run beyond the newest two.
+// checkpoints of this run beyond the newest two. `flags`: the flags that shaped the run
+// (Config::run_flags), for a resume to take; an empty object records none.
 void write_checkpoint(const std::string& dir, const std::string& run_id,
-                      const nlohmann::json& config, const TrainPosition& position,
+                      const nlohmann::json& config, const nlohmann::json& flags,
+                      const TrainPosition& position,
                       const std::vector<nn::NamedTensor>& model_state,
                       const std::vector<nn::NamedTensor>& optimizer_state);
 
@@ -60,6 +62,7 @@ struct Checkpoint {
   std::string path;  // the JSON file
   std::string run_id;
   nlohmann::json config;
+  nlohmann::json flags = nlohmann::json::object();  // flag -> its values; empty: none recorded
   TrainPosition position;
   std::map<std::string, Tensor> model, optimizer;
 };
@@ -72,8 +75,23 @@ struct Checkpoint {
 Checkpoint read_latest_checkpoint(const std::string& dir,
                                   const std::function<void(const Checkpoint&)>& validate = {});
 
-// Throws ValueError naming the first setting in which the two configurations differ.
+// The flags recorded in the newest checkpoint of dir (of dir/stage-0 for a pipelined run) whose
+// description reads as JSON, for --resume DIR to take before any data is read (flag -> values);
+// an empty object when none is recorded (a checkpoint from before the flags were, or a run
+// configured in code) or there is no readable checkpoint: the engine's resume says what is
+// wrong. Throws FileError naming the file when the record is not an object of string lists.
+nlohmann::json recorded_flags(const std::string& dir);
+
+// Throws ValueError naming every setting in which the two configurations differ. A key of
+// kLaterKeys that `saved` lacks is not compared: checkpoints written before it resume as before.
 void check_compatible(const nlohmann::json& saved, const nlohmann::json& current,
                       const std::string& path);
+// The resolved settings a checkpoint has held only since resuming took its flags: the device's
+// type, the data's hash and a cosine schedule's horizon.
+extern const char* const kLaterKeys[3];
+
+// The FNV-1a hash of the files' bytes in order (16 hex digits): the data a run read, so that a
+// resume may name the same files elsewhere. Throws FileError naming a file it cannot read.
+std::string files_hash(const std::vector<std::string>& paths);
 
 }  // namespace accrue::train

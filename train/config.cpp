@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <iomanip>
 #include <limits>
+#include <map>
 #include <sstream>
 #include <utility>
 
@@ -40,6 +41,35 @@ Precision parse_precision(const std::string& text) {
     if (text == precision_name(p)) return p;
   }
   throw ValueError("--precision " + text + ": expected fp32, fp64, bf16 or fp16");
+}
+
+ResumeRule resume_rule(const std::string& flag) {
+  static const std::map<std::string, ResumeRule> kRules = {
+      // What the resumed command writes, how it reports and runs on this machine.
+      {"--save", ResumeRule::kOwn},
+      {"--metrics", ResumeRule::kOwn},
+      {"--save-init", ResumeRule::kOwn},
+      {"--checkpoint", ResumeRule::kOwn},
+      {"--checkpoint-every", ResumeRule::kOwn},
+      {"--quiet", ResumeRule::kOwn},
+      {"--profile", ResumeRule::kOwn},
+      {"--threads", ResumeRule::kOwn},
+      {"--comm-timeout", ResumeRule::kOwn},
+      // The command itself.
+      {"--resume", ResumeRule::kOwn},
+      {"--init", ResumeRule::kOwn},
+      {"--predict", ResumeRule::kOwn},
+      {"--help", ResumeRule::kOwn},
+      // Where the data is, how long the run is, when it evaluates, what it keeps.
+      {"--data", ResumeRule::kCarried},
+      {"--epochs", ResumeRule::kCarried},
+      {"--max-steps", ResumeRule::kCarried},
+      {"--eval-every", ResumeRule::kCarried},
+      {"--keep-best", ResumeRule::kCarried},
+      {"--early-stop", ResumeRule::kCarried},
+      {"--eval", ResumeRule::kCarried}};
+  const auto it = kRules.find(flag);
+  return it == kRules.end() ? ResumeRule::kShapes : it->second;
 }
 
 DType compute_dtype(Precision precision) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -107,7 +108,24 @@ struct Config {
   distributed::Communicator* comm = nullptr;
   // Strategies of the caller's own (strategy.h), composed after the built-in ones.
   std::vector<std::shared_ptr<Strategy>> strategies;
+  // The flags a checkpoint records for --resume DIR to take (every one given but the command's
+  // own, see ResumeRule) and the device: Flags::check fills it. Empty: the run was configured in
+  // code, and a resume matches the resolved configuration alone.
+  std::map<std::string, std::vector<std::string>> run_flags;
 };
+
+// What --resume DIR does with a flag, listed in one place (config.cpp):
+// - kOwn: the resumed command's own, never recorded: the outputs (--save, --metrics, --save-init,
+//   --checkpoint, --checkpoint-every, --quiet, --profile), --threads, --comm-timeout.
+// - kCarried: taken from the checkpoint unless given, and may be given another value: --data (the
+//   same data elsewhere: the engine checks its hash), the run's length (--epochs, --max-steps:
+//   the engine refuses a length that moves a cosine schedule's horizon), the evaluation's cadence
+//   and the best weights (--eval-every, --keep-best, --early-stop, g2p's --eval).
+// - kShapes, every other flag (the model and the example's, --train-limit, the batch, the recipe,
+//   precision, ZeRO, the pipeline, buckets, the device): taken from the checkpoint; a value given
+//   that differs is refused.
+enum class ResumeRule { kShapes, kCarried, kOwn };
+ResumeRule resume_rule(const std::string& flag);
 
 // --pipeline P: the ranks must split into groups of P; throws ValueError naming the flag.
 // world_size: every rank of the job. (What the stages combine with: strategies.h.)

@@ -7,6 +7,7 @@
 
 #include "kernels/factories.h"
 #include "optim/safetensors.h"
+#include "optim/strict_json.h"
 #include "train/agreement.h"
 
 namespace accrue::train::engine {
@@ -34,7 +35,8 @@ nlohmann::ordered_json Run::recipe() const {
 }
 
 // What a resume must match to continue this run bit for bit: the recipe, the resolved batch,
-// the ranks, the data's size and the task's settings.
+// the ranks, the device's type, the data (its size, and its files' hash when it writes or reads
+// checkpoints), a cosine schedule's horizon and the task's settings.
 nlohmann::json Run::run_config() {
   const optim::ResolvedBatch batch = plan_for(0).batch;
   nlohmann::json j = recipe();
@@ -42,7 +44,13 @@ nlohmann::json Run::run_config() {
             {"micro_batch", batch.micro_batch},
             {"accum_steps", k_schedule_ ? 0 : batch.accum_steps},
             {"ranks", comm_->world_size()},
+            {"device_type", c_.device.is_cuda() ? "cuda" : "cpu"},
             {"train_samples", train_samples_}});
+  if (!task_.data_files.empty() && (!c_.checkpoint.empty() || !c_.resume.empty())) {
+    j["data_hash"] = files_hash(task_.data_files);
+  }
+  // The step at which the decay reaches 0, set by the run's length.
+  if (c_.schedule == optim::ScheduleKind::kCosine) j["horizon"] = total_steps_;
   for (auto it = task_.settings.begin(); it != task_.settings.end(); ++it) j[it.key()] = *it;
   strategies_->describe(j);
   return j;
@@ -107,11 +115,13 @@ void Run::resume() {
       }
     }
   };
+  // Another configuration first: its position would read as damage under this run's plan.
   const Checkpoint saved = read_latest_checkpoint(resume_dir_, [&](const Checkpoint& c) {
+    check_same_horizon(c);
+    check_compatible(c.config, run_config_, c.path);
     validate_position(c);
     only_known_tensors(c);
   });
-  check_compatible(saved.config, run_config_, saved.path);
   if (!saved.run_id.empty()) run_id_ = saved.run_id;
   for (auto& [name, t] : state) {
     // The dtype as saved, or a narrower integer one (an int32 BatchNorm counter, widened).
@@ -145,6 +155,21 @@ void Run::resume() {
               ", window ", start_.window + 1));
 }
 
+// A cosine schedule decays to 0 at the run's last step: a resumed run of another length would
+// follow another curve from the checkpoint on.
+void Run::check_same_horizon(const Checkpoint& saved) const {
+  const auto saved_horizon = saved.config.find("horizon");
+  const auto horizon = run_config_.find("horizon");
+  if (saved_horizon == saved.config.end() || horizon == run_config_.end() ||
+      *saved_horizon == *horizon) {
+    return;
+  }
+  throw ValueError(str_cat(
+      "--resume: ", saved.path, ": its cosine schedule decays to 0 at step ",
+      optim::brief_json(*saved_horizon), ", this run's at step ", optim::brief_json(*horizon),
+      " (--epochs, --max-steps): a cosine run keeps the length it began with"));
+}
+
 // A checkpoint's position must be one this run's plan reaches: the windows of the epochs before
 // it plus its window are its step, and the window exists in its epoch. An edited step, epoch or
 // window would otherwise silently move the run to other samples or another schedule point.
@@ -176,8 +201,8 @@ void Run::write_checkpoint(const TrainPosition& position) {
   // and drops the records past it; the other way round, records would be lost.
   if (lead_) metrics_->publish();
   if (writes_checkpoints_) {
-    train::write_checkpoint(checkpoint_dir_, run_id_, run_config_, position, model_state,
-                            optimizer_state);
+    train::write_checkpoint(checkpoint_dir_, run_id_, run_config_, nlohmann::json(c_.run_flags),
+                            position, model_state, optimizer_state);
   }
   if (world_->world_size() > 1) {
     // No rank reads it before it is complete. The others wait here while rank 0 writes: the

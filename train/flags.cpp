@@ -436,6 +436,110 @@ void Flags::check_inputs() const {
   }
 }
 
+namespace {
+
+// A flag's values as typed: "--lr 0.002", "--no-shuffle", "--hidden 64,32".
+std::string flag_text(const std::string& name, const std::vector<std::string>& values) {
+  std::string text = name;
+  for (const std::string& v : values) {
+    if (v != "true") text += " " + v;
+  }
+  return text;
+}
+
+// Whether two values of a flag are one: the same text, the same number ("1e-3", "0.001"), the
+// same device ("cuda", "cuda:0").
+bool same_values(const std::string& flag, const std::vector<std::string>& a,
+                 const std::vector<std::string>& b) {
+  if (a.size() != b.size()) return false;
+  const auto canonical = [&](const std::string& v) {
+    if (flag != "--device") return v;
+    try {
+      return Device::parse(v).str();
+    } catch (const std::exception&) {
+      return v;
+    }
+  };
+  for (size_t i = 0; i < a.size(); ++i) {
+    const std::optional<double> x = decimal_number(a[i]), y = decimal_number(b[i]);
+    if (canonical(a[i]) != canonical(b[i]) && !(x && y && *x == *y)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+// --resume DIR: the flags the run was given come from its newest checkpoint, unless the command
+// gives them (config.h ResumeRule). One that shapes the run given with another value -- or given
+// where the run had the default -- is a difference; all of them are named in one message. A
+// checkpoint without the record (written before it was kept, or by a run configured in code)
+// changes nothing here: the engine compares the configurations.
+void Flags::take_resumed_flags() {
+  // A --resume that is no folder is check_inputs()' to report.
+  if (c_.resume.empty() ||
+      input_kind("--resume", c_.resume) != std::filesystem::file_type::directory) {
+    return;
+  }
+  const nlohmann::json saved = recorded_flags(c_.resume);
+  if (saved.empty()) return;
+  std::vector<std::string> differences;
+  for (auto it = saved.begin(); it != saved.end(); ++it) {
+    if (app_.get_option_no_throw(it.key()) == nullptr) {
+      differences.push_back(
+          str_cat(flag_text(it.key(), *it), ", which this program does not have"));
+    }
+  }
+  for (CLI::Option* option : app_.get_options()) {
+    const std::string name = option->get_name();
+    const ResumeRule rule = resume_rule(name);
+    if (rule == ResumeRule::kOwn) continue;
+    const auto it = saved.find(name);
+    const bool recorded = it != saved.end(), is_flag = option->get_expected_min() == 0;
+    // What the run had: the recorded values, else the default (a flag not given is off).
+    const std::vector<std::string> run =
+        recorded ? it->get<std::vector<std::string>>()
+                 : std::vector<std::string>{is_flag ? "false" : option->get_default_str()};
+    if (option->count() > 0) {
+      if (rule == ResumeRule::kShapes && !same_values(name, option->results(), run)) {
+        differences.push_back(str_cat(flag_text(name, option->results()), " (the run's: ",
+                                      recorded  ? flag_text(name, run)
+                                      : is_flag ? "without it"
+                                                : "the default " + run.front(),
+                                      ")"));
+      }
+    } else if (recorded) {
+      for (const std::string& value : run) option->add_result(value);
+      try {
+        option->run_callback();  // the flag's own checks, as if typed
+      } catch (const CLI::Error& e) {
+        throw ValueError(str_cat("--resume ", c_.resume, ": the checkpoint's ",
+                                 flag_text(name, run), ": ", e.what()));
+      }
+    }
+  }
+  if (!differences.empty()) {
+    std::string list;
+    for (const std::string& d : differences) list += (list.empty() ? "" : "; ") + d;
+    throw ValueError(str_cat("--resume ", c_.resume,
+                             " continues a run with the settings it began with; this command "
+                             "differs in ",
+                             list, " (leave these flags out)"));
+  }
+}
+
+// What a checkpoint records for take_resumed_flags(): every flag given but the command's own, and
+// the device, whose default depends on the machine.
+void Flags::record_run_flags() {
+  c_.run_flags.clear();
+  for (const CLI::Option* option : app_.get_options()) {
+    const std::string name = option->get_name();
+    if (option->count() > 0 && resume_rule(name) != ResumeRule::kOwn) {
+      c_.run_flags[name] = option->results();
+    }
+  }
+  c_.run_flags["--device"] = {c_.device.str()};
+}
+
 // Each text flag read once into the configuration's type; a bad one throws naming it.
 void Flags::read_typed_values() {
   c_.precision = parse_precision(precision_);
@@ -457,6 +561,7 @@ void Flags::read_typed_values() {
 
 void Flags::check() {
   check_no_empty_values();
+  take_resumed_flags();
   read_typed_values();
   c_.device = Device::parse(device_);
   c_.cuda_graphs = cuda_graphs_ == "on"    ? CudaGraphs::kOn
@@ -481,6 +586,7 @@ void Flags::check() {
   check_each_flag_takes_effect();
   if (launch.rank == 0) check_outputs();  // rank 0 alone writes them
   check_inputs();
+  record_run_flags();
 }
 
 std::vector<int64_t> parse_size_list(const std::string& flag, const std::string& text, int64_t max,

@@ -24,9 +24,11 @@ class Flags {
  public:
   // Declares every shared flag on app, bound to config.
   Flags(CLI::App& app, Config& config);
-  // After parsing: resolves the device and checks the combination before any data is read (the
-  // batch arithmetic on the launcher's world size, the learning rate it scales to, exclusive
-  // flags, output paths). Throws ValueError or FileError with one line naming the flag.
+  // After parsing: with --resume DIR, takes the flags that shape the run from its checkpoint
+  // (config.h ResumeRule; a different value given is refused, every difference named);
+  // resolves the device and checks the combination before any data is read (the batch
+  // arithmetic on the launcher's world size, the learning rate it scales to, exclusive flags,
+  // output paths). Throws ValueError or FileError with one line naming the flag.
   void check();
 
  private:
@@ -36,6 +38,8 @@ class Flags {
   void add_parallel_flags();
   void add_output_flags();
   void check_no_empty_values() const;
+  void take_resumed_flags();
+  void record_run_flags();
   void check_each_flag_takes_effect() const;
   void check_batches(int world_size) const;
   void check_outputs();

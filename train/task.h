@@ -104,6 +104,10 @@ struct Task {
   // String metadata stored with the saved weights (--save), e.g. what it takes to rebuild the
   // model; null: none. Called after training.
   std::function<std::map<std::string, std::string>()> metadata;
+  // The files the data is read from: a checkpoint holds their hash (checkpoint.h files_hash), so
+  // a resume may read the same data from another place but not other data. Empty: only the
+  // training set's size is checked.
+  std::vector<std::string> data_files;
   // The model's settings: a resume must match `settings`; `reported` goes into the summary.
   nlohmann::json settings = nlohmann::json::object();
   nlohmann::json reported = nlohmann::json::object();

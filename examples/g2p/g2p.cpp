@@ -474,7 +474,8 @@ train::Task make_task(const Config& c) {
         {"accrue.g2p.n_embd", std::to_string(c.width)},
         {"accrue.g2p.vocabulary", vocab}};
   };
-  task.settings = {{"layers", c.layers}, {"heads", c.heads}, {"width", c.width}, {"data", c.data}};
+  task.settings = {{"layers", c.layers}, {"heads", c.heads}, {"width", c.width}};
+  task.data_files = {c.data};  // the same dictionary may be read from elsewhere
   // How --train-limit draws its subset (a checkpoint of the older first-N rule is refused).
   if (c.train_limit > 0) task.settings["train_subset"] = "seeded sample";
   task.reported = {{"model", "gpt"}, {"layers", c.layers}, {"heads", c.heads}, {"width", c.width}};

@@ -112,6 +112,10 @@ train::Task make_task(const Config& c) {
     return train::Evaluation{"test_accuracy", "test accuracy", accuracy(model, data->test), true};
   };
   task.settings = {{"model", c.model}, {"norm", c.norm}, {"hidden", c.hidden}};
+  for (const char* file : {"train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                           "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"}) {
+    task.data_files.push_back(c.data + "/" + file);
+  }
   task.reported = {{"model", c.model}, {"norm", c.norm}};
   return task;
 }

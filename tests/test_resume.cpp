@@ -1,0 +1,172 @@
+// Resuming from the checkpoint alone (issue #52 item 1): --resume DIR takes the flags that shaped
+// the run from its checkpoint, refuses a different value naming every difference at once (exit 2,
+// before the data is read), lets the outputs, the data's place and the run's length change, and
+// refuses another length where a cosine schedule's horizon would move. A checkpoint written
+// before the flags were recorded resumes as before. Every file is made here.
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "mnist_fixture.h"
+
+namespace accrue::testing {
+namespace {
+
+std::string slurp(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void expect_words(const std::string& text, const std::vector<std::string>& words) {
+  for (const std::string& w : words) {
+    EXPECT_NE(text.find(w), std::string::npos) << "'" << w << "' not in: " << text;
+  }
+}
+
+// A run with settings far from the defaults: another batch, rate, schedule, seed, optimizer and
+// model, so that a resume which took any of them from the defaults would differ.
+std::vector<std::string> recipe(const fs::path& data) {
+  return {"--data",
+          data.string(),
+          "--train-limit",
+          "384",
+          "--micro-batch",
+          "8",
+          "--accum-steps",
+          "3",
+          "--lr",
+          "0.003",
+          "--warmup",
+          "2",
+          "--seed",
+          "7",
+          "--optimizer",
+          "sgd",
+          "--momentum",
+          "0.8",
+          "--hidden",
+          "24,12",
+          "--no-shuffle",
+          "--threads",
+          "1",
+          "--quiet"};
+}
+
+std::vector<std::string> with(std::vector<std::string> args, const std::vector<std::string>& more) {
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+// --resume DIR --max-steps N --save W alone gives the bytes of the uninterrupted run, and a
+// flag given with the value the run had is no difference.
+TEST(Resume, TheCheckpointAloneContinuesTheRunBitForBit) {
+  const fs::path data = make_dataset("resume-alone", 384, 64);
+  const std::string ckpt = (data / "ckpt").string();
+  const std::string whole = (data / "whole.safetensors").string();
+  CliResult r = cli(with(recipe(data), {"--max-steps", "10", "--save", whole}));
+  ASSERT_EQ(r.status, 0) << r.err;
+  r = cli(with(recipe(data), {"--max-steps", "4", "--checkpoint", ckpt}));
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string resumed = (data / "resumed.safetensors").string();
+  r = cli({"--resume", ckpt, "--max-steps", "10", "--save", resumed, "--quiet"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(slurp(resumed), slurp(whole));
+  // The same values typed again (0.0030 is 0.003), and the data read from another place.
+  const fs::path moved = data / "moved";
+  fs::create_directories(moved);
+  for (const char* f : {"train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                        "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"}) {
+    fs::copy_file(data / f, moved / f);
+  }
+  const std::string again = (data / "again.safetensors").string();
+  r = cli({"--resume", ckpt, "--max-steps", "10", "--save", again, "--lr", "0.0030", "--optimizer",
+           "sgd", "--data", moved.string(), "--quiet"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(slurp(again), slurp(whole));
+}
+
+// Every flag that shapes the run and differs is named in one line, with the run's value: exit 2
+// before any data is read (the data folder is gone by then).
+TEST(Resume, EveryDifferenceIsNamedInOneMessage) {
+  const fs::path data = make_dataset("resume-differences", 384, 64);
+  const std::string ckpt = (data / "ckpt").string();
+  ASSERT_EQ(cli(with(recipe(data), {"--max-steps", "3", "--checkpoint", ckpt})).status, 0);
+  struct Row {
+    std::string name;
+    std::vector<std::string> flags, words;
+  };
+  const std::vector<Row> table{
+      {"batch and rate",
+       {"--accum-steps", "4", "--lr", "0.001"},
+       {"--accum-steps 4 (the run's: --accum-steps 3)", "--lr 0.001 (the run's: --lr 0.003)"}},
+      {"a default given another value", {"--clip", "2"}, {"--clip 2 (the run's: the default 1)"}},
+      {"a flag the run did not have", {"--schedule", "cosine"}, {"--schedule cosine"}},
+      {"a switch", {"--offload-optimizer"}, {"--offload-optimizer (the run's: without it)"}},
+      {"model and seed",
+       {"--hidden", "32", "--seed", "8"},
+       {"--hidden 32 (the run's: --hidden 24,12)", "--seed 8 (the run's: --seed 7)"}},
+      {"the subset", {"--train-limit", "256"}, {"--train-limit 256"}},
+      {"precision", {"--precision", "fp64"}, {"--precision fp64"}},
+  };
+  fs::remove(data / "train-images-idx3-ubyte");  // a mistake must be found before the data
+  for (const Row& row : table) {
+    SCOPED_TRACE(row.name);
+    const CliResult r = cli(with({"--resume", ckpt, "--max-steps", "6", "--quiet"}, row.flags));
+    EXPECT_EQ(r.status, 2) << r.err;
+    expect_words(r.err, row.words);
+    expect_words(r.err, {"--resume " + ckpt, "leave these flags out"});
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
+}
+
+// Other data under the same name, or a cosine run made longer, is refused after the data is read
+// (exit 1), naming the data's hash or the horizon; a constant schedule may run longer.
+TEST(Resume, OtherDataAndAMovedCosineHorizonAreRefused) {
+  const fs::path data = make_dataset("resume-horizon", 384, 64);
+  const std::string cosine = (data / "cosine").string(), constant = (data / "constant").string();
+  ASSERT_EQ(cli(with(recipe(data), {"--epochs", "1", "--schedule", "cosine", "--checkpoint", cosine,
+                                    "--max-steps", "5"}))
+                .status,
+            0);
+  CliResult r = cli({"--resume", cosine, "--max-steps", "0", "--quiet"});  // the whole epoch
+  EXPECT_EQ(r.status, 1) << r.err;
+  expect_words(r.err, {"cosine schedule decays to 0 at step 5", "this run's at step 16",
+                       "keeps the length it began with"});
+  ASSERT_EQ(cli(with(recipe(data), {"--epochs", "1", "--checkpoint", constant, "--max-steps", "5"}))
+                .status,
+            0);
+  r = cli({"--resume", constant, "--epochs", "2", "--max-steps", "20", "--quiet"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  write_fixture(data, "train", 384, 99);  // other samples, the same count
+  r = cli({"--resume", constant, "--epochs", "3", "--max-steps", "0", "--quiet"});
+  EXPECT_EQ(r.status, 1) << r.err;
+  expect_words(r.err, {"data_hash"});
+}
+
+// A checkpoint without the record of its flags (written before they were kept) resumes as before:
+// the command gives the flags, and every resolved setting that differs is named.
+TEST(Resume, ACheckpointWithoutItsFlagsResumesAsBefore) {
+  const fs::path data = make_dataset("resume-older", 384, 64);
+  const std::string ckpt = (data / "ckpt").string();
+  const std::string whole = (data / "whole.safetensors").string();
+  ASSERT_EQ(cli(with(recipe(data), {"--max-steps", "6", "--save", whole})).status, 0);
+  ASSERT_EQ(cli(with(recipe(data), {"--max-steps", "3", "--checkpoint", ckpt})).status, 0);
+  for (const auto& entry : fs::directory_iterator(ckpt)) {
+    if (entry.path().extension() != ".json") continue;
+    nlohmann::json j = nlohmann::json::parse(slurp(entry.path()));
+    ASSERT_TRUE(j.contains("flags"));
+    j.erase("flags");
+    for (const char* later : {"device_type", "data_hash", "horizon"}) j["config"].erase(later);
+    std::ofstream(entry.path(), std::ios::trunc) << j.dump(2);
+  }
+  CliResult r = cli({"--resume", ckpt, "--data", data.string(), "--max-steps", "6", "--quiet"});
+  EXPECT_EQ(r.status, 1) << r.err;
+  expect_words(r.err, {"accum_steps = 3, this run has 4", "lr = 0.003, this run has 0.001",
+                       "seed = 7, this run has 0"});
+  const std::string resumed = (data / "resumed.safetensors").string();
+  r = cli(with(recipe(data), {"--resume", ckpt, "--max-steps", "6", "--save", resumed}));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(slurp(resumed), slurp(whole));
+}
+
+}  // namespace
+}  // namespace accrue::testing
