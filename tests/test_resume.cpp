@@ -162,6 +162,13 @@ TEST(Resume, ACheckpointWithoutItsFlagsResumesAsBefore) {
   EXPECT_EQ(r.status, 1) << r.err;
   expect_words(r.err, {"accum_steps = 3, this run has 4", "lr = 0.003, this run has 0.001",
                        "seed = 7, this run has 0"});
+  // Another training subset is named as such (D13), not as a position the plan does not reach.
+  std::vector<std::string> subset = recipe(data);
+  *(std::find(subset.begin(), subset.end(), "--train-limit") + 1) = "192";
+  r = cli(with(subset, {"--resume", ckpt, "--max-steps", "6"}));
+  EXPECT_EQ(r.status, 1) << r.err;
+  expect_words(r.err, {"train_samples = 384, this run has 192"});
+  EXPECT_EQ(r.err.find("position"), std::string::npos) << r.err;
   const std::string resumed = (data / "resumed.safetensors").string();
   r = cli(with(recipe(data), {"--resume", ckpt, "--max-steps", "6", "--save", resumed}));
   ASSERT_EQ(r.status, 0) << r.err;
