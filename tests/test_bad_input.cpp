@@ -497,6 +497,21 @@ TEST(BadInput, CommandLineMistakesExitTwoBeforeReadingData) {
       {{"--cuda-graphs", "maybe"}, {"--cuda-graphs", "maybe"}},
       {{"--cuda-graphs", "1"}, {"--cuda-graphs", "1"}},
       {{"--cuda-graphs", "on", "--device", "cpu"}, {"--cuda-graphs on", "needs a GPU", "cpu"}},
+      // Evaluation during training and the best weights (#52 item 4).
+      {{"--eval-every", "0"}, {"--eval-every", "'0'"}},
+      {{"--eval-every", "-2"}, {"--eval-every"}},
+      {{"--eval-every", "1e3"}, {"--eval-every", "1e3"}},
+      {{"--early-stop", "0", "--eval-every", "5"}, {"--early-stop", "'0'"}},
+      {{"--early-stop", "3"}, {"--early-stop", "--eval-every"}},
+      {{"--keep-best", "--validation", "64"}, {"--keep-best", "--checkpoint DIR"}},
+      {{"--keep-best", "--checkpoint", "/tmp/accrue-never-made"},
+       {"--keep-best", "--validation N", "never the test set"}},
+      {{"--early-stop", "2", "--eval-every", "5"}, {"--early-stop", "--validation N"}},
+      {{"--validation", "-1"}, {"--validation"}},
+      {{"--validation", "512", "--train-limit", "512"}, {"--validation 512", "--train-limit 512"}},
+      {{"--keep-best", "--validation", "8", "--checkpoint", fs::temp_directory_path().string(),
+        "--save", (fs::temp_directory_path() / "best.safetensors").string()},
+       {"--save", "best.safetensors", "checkpoint writer's own file"}},
   };
   // Data behind a symbolic link loop: exit 1 naming the file, not an abort.
   const CliResult loop = cli({"--data", (dir / "loop-a").string(), "--quiet"});

@@ -426,6 +426,27 @@ TEST(Reliability, EditedCheckpointDescriptionsAreRefused) {
       {"hash a number", [](auto& j) { j["fnv1a"] = 5; }, {"'fnv1a'", "not a string"}},
       {"format", [](auto& j) { j["format"] = "other"; }, {"format \"other\""}},
       {"run id a number", [](auto& j) { j["run_id"] = 7; }, {"'run_id'"}},
+      {"best a string", [](auto& j) { j["best"] = "x"; }, {"best", "not {value"}},
+      {"best value a string",
+       [](auto& j) {
+         j["best"] = {{"key", "k"}, {"value", "0.5"}, {"step", 5}, {"evaluations_since", 0}};
+       },
+       {"best", "not {value"}},
+      {"best after the position",
+       [](auto& j) {
+         j["best"] = {{"key", "k"}, {"value", 0.5}, {"step", 11}, {"evaluations_since", 0}};
+       },
+       {"best: 'step' is 11", "[0, 10]"}},
+      {"best without its key",
+       [](auto& j) {
+         j["best"] = {{"value", 0.5}, {"step", 5}, {"evaluations_since", 0}};
+       },
+       {"'key' is missing"}},
+      {"flags not lists",
+       [](auto& j) {
+         j["flags"] = {{"--lr", "0.1"}};
+       },
+       {"'flags'"}},
       {"not an object", [](auto& j) { j = nlohmann::json::array(); }, {"not an object"}},
       {"nested 100 deep",
        [](auto& j) {

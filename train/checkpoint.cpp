@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -177,6 +178,19 @@ Checkpoint read_checkpoint(const std::string& dir, int64_t step,
   c.position.skipped = integer_field(*position, "skipped", 0, c.position.step, at);
   c.position.epoch = integer_field(*position, "epoch", 0, INT32_MAX, at);
   c.position.window = integer_field(*position, "window", 0, INT32_MAX, at);
+  if (j.contains("best")) {
+    const nlohmann::json& best = j["best"];
+    const std::string in = c.path + " best";
+    if (!best.is_object() || !best.contains("value") || !best["value"].is_number() ||
+        !std::isfinite(best["value"].get<double>())) {
+      throw FileError(str_cat(in, ": ", optim::brief_json(best),
+                              " is not {value: a finite number, step, evaluations_since}"));
+    }
+    c.best = {true, best["value"].get<double>(),
+              integer_field(best, "step", 0, c.position.step, in),
+              integer_field(best, "evaluations_since", 0, c.position.step, in),
+              string_field(best, "key", in)};
+  }
   const std::string tensors_name = string_field(j, "tensors", c.path);
   if (tensors_name != stem(step) + ".safetensors") {
     throw FileError(str_cat(c.path, ": 'tensors' is \"", tensors_name, "\", expected \"",
@@ -329,7 +343,7 @@ CheckpointLock::~CheckpointLock() {
 
 void write_checkpoint(const std::string& dir, const std::string& run_id,
                       const nlohmann::json& config, const nlohmann::json& flags,
-                      const TrainPosition& position,
+                      const TrainPosition& position, const BestSoFar& best,
                       const std::vector<nn::NamedTensor>& model_state,
                       const std::vector<nn::NamedTensor>& optimizer_state) {
   std::error_code ec;
@@ -354,6 +368,12 @@ void write_checkpoint(const std::string& dir, const std::string& run_id,
                    {"skipped", position.skipped},
                    {"epoch", position.epoch},
                    {"window", position.window}};
+  if (best.any) {
+    j["best"] = {{"key", best.key},
+                 {"value", best.value},
+                 {"step", best.step},
+                 {"evaluations_since", best.evaluations_since}};
+  }
   AtomicFile out((fs::path(dir) / (name + ".json")).string());
   out.write(j.dump(2) + "\n");
   out.commit();
@@ -405,7 +425,11 @@ nlohmann::json recorded_flags(const std::string& dir) {
       continue;  // damaged: the engine names it, and the older checkpoint it resumes from
     }
     if (!j.is_object() || !j.contains("flags")) return nlohmann::json::object();
-    return flags_field(j["flags"], path);
+    try {
+      return flags_field(j["flags"], path);
+    } catch (const FileError&) {
+      continue;  // as damaged as unreadable JSON
+    }
   }
   return nlohmann::json::object();
 }

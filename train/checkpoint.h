@@ -23,6 +23,19 @@
 
 namespace accrue::train {
 
+// --keep-best's file in the checkpoint folder, outside the newest-two rotation.
+constexpr const char* kBestWeights = "best.safetensors";
+
+// The best held-out evaluation so far (--keep-best, --early-stop): its value and step, and the
+// evaluations since it; a checkpoint holds it, so a resumed run goes on choosing the same way.
+struct BestSoFar {
+  bool any = false;
+  double value = 0;
+  int64_t step = 0;
+  int64_t evaluations_since = 0;
+  std::string key;  // the measure's (Evaluation::key), e.g. "val_per"
+};
+
 struct TrainPosition {
   int64_t step = 0, skipped = 0;  // optimizer steps taken, of which skipped
   int64_t epoch = 0, window = 0;  // the next window to run (0-based)
@@ -54,7 +67,7 @@ class CheckpointLock {
 // (Config::run_flags), for a resume to take; an empty object records none.
 void write_checkpoint(const std::string& dir, const std::string& run_id,
                       const nlohmann::json& config, const nlohmann::json& flags,
-                      const TrainPosition& position,
+                      const TrainPosition& position, const BestSoFar& best,
                       const std::vector<nn::NamedTensor>& model_state,
                       const std::vector<nn::NamedTensor>& optimizer_state);
 
@@ -64,6 +77,7 @@ struct Checkpoint {
   nlohmann::json config;
   nlohmann::json flags = nlohmann::json::object();  // flag -> its values; empty: none recorded
   TrainPosition position;
+  BestSoFar best;
   std::map<std::string, Tensor> model, optimizer;
 };
 
@@ -76,10 +90,11 @@ Checkpoint read_latest_checkpoint(const std::string& dir,
                                   const std::function<void(const Checkpoint&)>& validate = {});
 
 // The flags recorded in the newest checkpoint of dir (of dir/stage-0 for a pipelined run) whose
-// description reads as JSON, for --resume DIR to take before any data is read (flag -> values);
-// an empty object when none is recorded (a checkpoint from before the flags were, or a run
-// configured in code) or there is no readable checkpoint: the engine's resume says what is
-// wrong. Throws FileError naming the file when the record is not an object of string lists.
+// description reads as JSON with a well-formed record (an object of string lists), for
+// --resume DIR to take before any data is read (flag -> values); an empty object when that
+// checkpoint records none (written before the flags were, or by a run configured in code) or
+// there is no readable checkpoint. A damaged newest one is the engine's to name, with the older
+// intact one it would resume from.
 nlohmann::json recorded_flags(const std::string& dir);
 
 // Throws ValueError naming every setting in which the two configurations differ. A key of

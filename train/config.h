@@ -98,6 +98,14 @@ struct Config {
   // steps and at the end; continue from the newest checkpoint in `resume`.
   std::string checkpoint, resume;
   int64_t checkpoint_every = 500;
+  // Evaluation during training: every eval_every optimizer steps (0: at each epoch's end only)
+  // the task's held-out measure (Task::validate) is taken and recorded. keep_best: the weights of
+  // the best held-out evaluation so far go to <checkpoint>/best.safetensors (needs checkpoint);
+  // early_stop > 0: the run ends after that many evaluations without improvement (needs
+  // eval_every).
+  int64_t eval_every = 0;
+  bool keep_best = false;
+  int64_t early_stop = 0;
   bool quiet = false;    // no progress output (tests)
   bool profile = false;  // kernels/profile.h's tables at exit, as ACCRUE_PROFILE=1
   // The watchdog (distributed/communicator.h): seconds a wait for the other ranks may take

@@ -202,7 +202,9 @@ void Run::broadcast_buffers() {
   for (auto& [name, t] : model_->named_buffers()) comm_->broadcast(t, 0);
 }
 
-Evaluation Run::evaluate(bool final) {
+// One of the task's measures of the whole model, in eval mode without gradients.
+Evaluation Run::measure(const std::function<Evaluation(nn::Module&)>& measure) {
+  if (!measure) return Evaluation{};
   strategies_->gather_model(*model_);
   NoGradGuard no_grad;
   model_->eval();  // BatchNorm: running statistics; Dropout: off
@@ -210,8 +212,11 @@ Evaluation Run::evaluate(bool final) {
     nn::Module& m;
     ~BackToTraining() { m.train(); }
   } back{*model_};
-  if (final && task_.evaluate_final) return task_.evaluate_final(*model_);
-  return task_.evaluate ? task_.evaluate(*model_) : Evaluation{};
+  return measure(*model_);
+}
+
+Evaluation Run::evaluate(bool final) {
+  return measure(final && task_.evaluate_final ? task_.evaluate_final : task_.evaluate);
 }
 
 // Runs the epoch's windows from the run's position. A requested stop ends it after the window in
@@ -256,17 +261,20 @@ void Run::run_epoch(int64_t epoch) {
     const bool last = wi + 1 == plan.windows.size();
     position_ = {acc_->step_clock(), acc_->skipped_steps(), last ? epoch + 1 : epoch,
                  last ? 0 : static_cast<int64_t>(wi + 1)};
+    if (c_.eval_every > 0 && r.step % c_.eval_every == 0) evaluate_between_steps(epoch, r.step);
+    // The epoch's end (its evaluation may choose the best) before the checkpoint that holds it.
+    // A stop requested mid-epoch reports no epoch.
+    const bool run_ends = acc_->step_clock() >= total_steps_ || stopping_early_;
+    if (last || (run_ends && !r.stop)) {
+      end_epoch(epoch, epoch_loss, epoch_items, seconds_since(epoch_start),
+                !r.stop && (epoch + 1 >= c_.epochs || run_ends));
+    }
     if (c_.checkpoint_every > 0 && acc_->step_clock() % c_.checkpoint_every == 0) {
       write_checkpoint(position_);
     }
-    if (r.stop) {
-      if (last) end_epoch(epoch, epoch_loss, epoch_items, seconds_since(epoch_start), false);
-      stop(r);
-    }
-    if (acc_->step_clock() >= total_steps_) break;
+    if (r.stop) stop(r);
+    if (run_ends) break;
   }
-  end_epoch(epoch, epoch_loss, epoch_items, seconds_since(epoch_start),
-            epoch + 1 >= c_.epochs || acc_->step_clock() >= total_steps_);
 }
 
 // A requested stop, after the window it interrupted: the checkpoint of this step, the metrics,
@@ -334,6 +342,7 @@ void Run::save_weights(const std::string& path, const std::vector<nn::NamedTenso
 Summary Run::train() {
   const RunSignals signals;  // stop requests recorded; SIGXFSZ and SIGPIPE ignored
   setup_ranks_and_threads();
+  check_best_can_be_chosen();
   if (writes_checkpoints_ && !checkpoint_dir_.empty()) {
     check_checkpoint_folder(checkpoint_dir_, resume_dir_);  // the command line checked c_'s
     checkpoint_lock_.emplace(checkpoint_dir_);
@@ -373,8 +382,8 @@ Summary Run::train() {
                 ")"));
     summary_.evaluation = evaluate(true);
   }
-  for (int64_t epoch = start_.epoch; epoch < c_.epochs && acc_->step_clock() < total_steps_;
-       ++epoch) {
+  for (int64_t epoch = start_.epoch;
+       epoch < c_.epochs && acc_->step_clock() < total_steps_ && !stopping_early_; ++epoch) {
     run_epoch(epoch);
   }
   finish();

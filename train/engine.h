@@ -71,6 +71,11 @@ struct StageSummary {
 
 struct Summary {
   Evaluation evaluation;  // after the last epoch
+  // The best held-out evaluation of the run (resumes included): its measure (value) and step;
+  // best_step -1: none was taken. stopped_early: --early-stop ended the run.
+  Evaluation best;
+  int64_t best_step = -1;
+  bool stopped_early = false;
   // Whether this process printed the run's log (the job's first rank): a program that prints
   // its own closing line does so where this is true, once per job.
   bool prints = true;

@@ -146,6 +146,10 @@ void Run::resume() {
   strategies_->after_resume(saved.position.step);
   start_ = saved.position;
   last_checkpoint_ = start_.step;  // already on disk
+  best_ = saved.best;
+  best_measure_.key = best_measure_.label = best_.key;
+  best_measure_.percent = false;
+  best_measure_.value = best_.value;
   // The samples seen before the position: whole epochs, then the windows of its epoch.
   samples_seen_ = start_.epoch * train_samples_;
   const auto& windows = plan_for(start_.epoch).windows;
@@ -202,7 +206,7 @@ void Run::write_checkpoint(const TrainPosition& position) {
   if (lead_) metrics_->publish();
   if (writes_checkpoints_) {
     train::write_checkpoint(checkpoint_dir_, run_id_, run_config_, nlohmann::json(c_.run_flags),
-                            position, model_state, optimizer_state);
+                            position, best_, model_state, optimizer_state);
   }
   if (world_->world_size() > 1) {
     // No rank reads it before it is complete. The others wait here while rank 0 writes: the

@@ -73,6 +73,18 @@ void Run::end_epoch(int64_t epoch, double epoch_loss, int64_t epoch_items, doubl
     line << ", " << key << " " << std::setprecision(4) << value.get<double>();
     record[key] = value;
   }
+  // The best so far by the held-out measure: the epoch's own evaluation when it is one, else the
+  // task's validation, taken here too when a flag follows the best.
+  const int64_t step = acc_->step_clock();
+  if (summary_.evaluation.held_out) {
+    line << consider_for_best(summary_.evaluation, step);
+  } else if (task_.validate && (c_.keep_best || c_.early_stop > 0 || c_.eval_every > 0)) {
+    const Evaluation held_out = held_out_evaluation();
+    line << ", " << held_out.label << " " << std::setprecision(2)
+         << (held_out.percent ? 100 * held_out.value : held_out.value)
+         << (held_out.percent ? "%" : "") << consider_for_best(held_out, step);
+    record[held_out.key] = held_out.value;
+  }
   line << ", " << std::setprecision(2) << epoch_seconds << " s (evaluation " << eval_seconds
        << " s)";
   log(line.str());
@@ -116,6 +128,11 @@ void Run::fill_summary() {
   summary_.samples_per_second = seconds > 0 ? static_cast<double>(samples_trained_) / seconds : 0;
   summary_.tokens_per_second = seconds > 0 ? static_cast<double>(tokens_trained_) / seconds : 0;
   summary_.footprint = strategies_->footprint(*arena_, *optimizer_);
+  if (best_.any) {
+    summary_.best = best_measure_;
+    summary_.best_step = best_.step;
+  }
+  summary_.stopped_early = stopping_early_;
 }
 
 // "done: test accuracy 97.77% after 2345 steps | train ..."
@@ -126,7 +143,11 @@ std::string Run::summary_line() {
   std::ostringstream line;
   line << "done: " << e.label << " " << std::fixed << std::setprecision(2)
        << (e.percent ? 100 * e.value : e.value) << (e.percent ? "%" : "") << " after "
-       << summary_.steps << " steps | "
+       << summary_.steps << " steps"
+       << (summary_.stopped_early
+               ? str_cat(" (stopped early: ", c_.early_stop, " evaluations without improvement)")
+               : "")
+       << (best_.any ? ", " + best_text() : "") << " | "
        << (samples_trained_ == 0
                ? std::string("nothing trained by this process")
                : str_cat("train ", fixed_digits(summary_.train_seconds, 2), " s, ",
@@ -194,6 +215,10 @@ nlohmann::json Run::summary_record() {
                            {"boundary_replays", summary_.graphs.boundaries_replayed},
                            {"device_reserved_bytes", summary_.device_reserved_bytes},
                            {"device_used_bytes", summary_.device_used_bytes}};
+  if (best_.any) {
+    record["best"] = {{"key", best_.key}, {"value", best_.value}, {"step", best_.step}};
+  }
+  record["stopped_early"] = summary_.stopped_early;
   // Rates only over a span that trained something.
   if (samples_trained_ > 0) {
     record["samples_per_second"] = summary_.samples_per_second;

@@ -87,7 +87,16 @@ class Run {
                        const std::vector<int32_t>& order_host,
                        const std::function<int64_t(int64_t, int64_t)>& items_of);
   void setup_device_path();
+  Evaluation measure(const std::function<Evaluation(nn::Module&)>& measure);
   Evaluation evaluate(bool final);
+  // engine_best.cpp: --eval-every, --keep-best, --early-stop.
+  void check_best_can_be_chosen() const;
+  Evaluation held_out_evaluation();
+  void evaluate_between_steps(int64_t epoch, int64_t step);
+  std::string consider_for_best(const Evaluation& e, int64_t step);
+  std::string best_weights_path() const;
+  void write_best_weights(const Evaluation& e, int64_t step);
+  std::string best_text() const;
   void finish();
   void refuse_a_run_without_gradient() const;
   void report_summary();
@@ -143,6 +152,12 @@ class Run {
   // zero (a loss scale that underflows every gradient, a loss that does not depend on the
   // weights).
   int64_t steps_with_gradient_ = 0, steps_without_gradient_ = 0;
+  // The best held-out evaluation so far (in every checkpoint), its label and format, the step
+  // last compared with it, and whether --early-stop has ended the run.
+  BestSoFar best_;
+  Evaluation best_measure_;
+  int64_t last_considered_step_ = -1;
+  bool stopping_early_ = false;
 };
 
 }  // namespace accrue::train::engine

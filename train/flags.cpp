@@ -251,7 +251,18 @@ void Flags::add_output_flags() {
                   "Optimizer steps between checkpoints (and one at the end)")
       ->transform(int_in(1, INT64_MAX));
   app_.add_option("--resume", c_.resume,
-                  "Continue from the newest checkpoint in this folder, bit for bit");
+                  "Continue from the newest checkpoint in this folder, bit for bit, with the "
+                  "settings it records (docs/reliability.md lists what may change)");
+  app_.add_option("--eval-every", c_.eval_every,
+                  "Evaluate on the held-out split every N optimizer steps (besides each epoch's "
+                  "end), recorded in the metrics")
+      ->transform(int_in(1, INT64_MAX));
+  app_.add_flag("--keep-best", c_.keep_best,
+                "Keep the weights of the best held-out evaluation so far as "
+                "<--checkpoint>/best.safetensors");
+  app_.add_option("--early-stop", c_.early_stop,
+                  "End the run after this many evaluations (--eval-every) without improvement")
+      ->transform(int_in(1, INT32_MAX));
   app_.add_flag("--quiet", c_.quiet, "No progress output");
   app_.add_flag("--profile", c_.profile,
                 "Print where the time went at exit: per backend primitive and per backward node "
@@ -319,7 +330,7 @@ void Flags::check_outputs() {
     for (const std::string& folder : {c_.checkpoint, c_.resume}) {
       const std::string name = at.filename().string();
       if (!folder.empty() && at.parent_path() == identity(folder) &&
-          (name.rfind("step-", 0) == 0 || name == ".lock")) {
+          (name.rfind("step-", 0) == 0 || name == ".lock" || name == kBestWeights)) {
         throw ValueError(str_cat(o.flag, " ", o.path, ": ", name,
                                  " is the checkpoint writer's own file in ", folder));
       }
@@ -404,6 +415,13 @@ void Flags::check_each_flag_takes_effect() const {
   }
   if (given("--checkpoint-every") && c_.checkpoint.empty()) {
     throw ValueError("--checkpoint-every needs --checkpoint DIR");
+  }
+  if (c_.keep_best && c_.checkpoint.empty()) {
+    throw ValueError("--keep-best needs --checkpoint DIR (the best weights go to DIR/" +
+                     std::string(kBestWeights) + ")");
+  }
+  if (c_.early_stop > 0 && c_.eval_every == 0) {
+    throw ValueError("--early-stop counts evaluations; it needs --eval-every N");
   }
   if (given("--pipeline-schedule") && c_.pipeline <= 1) {
     throw ValueError("--pipeline-schedule needs --pipeline 2 or more");

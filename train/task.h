@@ -32,6 +32,10 @@ struct Evaluation {
   std::string label = "test accuracy";
   double value = 0;
   bool percent = true;
+  bool lower_is_better = false;  // an error rate: --keep-best and --early-stop follow the sign
+  // Measured on held-out training data (a validation split), never the test set: only such an
+  // evaluation chooses the best weights (--keep-best) or ends a run early (--early-stop).
+  bool held_out = false;
   // Further measures, key -> number: printed after the value as "key value" and added to the
   // epoch's metrics record.
   nlohmann::json details = nlohmann::json::object();
@@ -98,6 +102,10 @@ struct Task {
       loss_of_output;
   // Measures the model (the engine puts it in eval mode under NoGradGuard around the call).
   std::function<Evaluation(nn::Module& model)> evaluate;
+  // The measure on held-out training data (Evaluation::held_out) that --eval-every takes between
+  // steps and --keep-best and --early-stop choose by; null: `evaluate`, when what it returns is
+  // held out (else those two flags are refused).
+  std::function<Evaluation(nn::Module& model)> validate;
   // After the last epoch instead of evaluate, when set (a costlier measure, e.g. the test split
   // too, taken once).
   std::function<Evaluation(nn::Module& model)> evaluate_final;

@@ -13,6 +13,7 @@
 #include "optim/safetensors.h"
 #include "train/flags.h"
 #include "train/run.h"
+#include "train/sample_order.h"
 
 namespace accrue::g2p {
 
@@ -50,22 +51,6 @@ std::vector<int32_t> sequence(const Vocabulary& v, const std::string& spelling,
   return out;
 }
 
-namespace {
-
-// `count` of the indices [0, n), drawn with `seed` (a partial Fisher-Yates over mt19937_64 with
-// its own arithmetic: the same subset from every standard library), in increasing order.
-std::vector<size_t> seeded_subset(size_t n, size_t count, uint64_t seed) {
-  std::vector<size_t> index(n);
-  for (size_t i = 0; i < n; ++i) index[i] = i;
-  std::mt19937_64 rng(seed);
-  for (size_t i = 0; i < count; ++i) std::swap(index[i], index[i + rng() % (n - i)]);
-  index.resize(count);
-  std::sort(index.begin(), index.end());
-  return index;
-}
-
-}  // namespace
-
 Data load_data(const std::string& path, int64_t train_limit, uint64_t seed) {
   const Lexicon lex = read_cmudict(path);
   Data d;
@@ -91,7 +76,7 @@ Data load_data(const std::string& path, int64_t train_limit, uint64_t seed) {
   }
   if (train_limit > 0 && static_cast<size_t>(train_limit) < d.train.size()) {
     std::vector<std::vector<int32_t>> subset;
-    for (size_t i : seeded_subset(d.train.size(), static_cast<size_t>(train_limit), seed)) {
+    for (size_t i : train::seeded_subset(d.train.size(), static_cast<size_t>(train_limit), seed)) {
       subset.push_back(std::move(d.train[i]));
     }
     d.train = std::move(subset);
@@ -375,6 +360,7 @@ train::Evaluation evaluate_splits(const TaskState& state, const Config& c, nn::M
                                   const std::string& splits) {
   auto& gpt = dynamic_cast<nn::GPT&>(model);
   train::Evaluation e{"test_per", "test PER", 0, true};
+  e.lower_is_better = true;
   for (const std::string split : {"validation", "test"}) {
     if (splits != "both" && splits != split) continue;
     const SplitResult r =
@@ -388,6 +374,7 @@ train::Evaluation evaluate_splits(const TaskState& state, const Config& c, nn::M
     e.key = k + "_per";
     e.label = (split == "test" ? "test" : "validation") + std::string(" PER");
     e.value = ratio(r.errors.edits, r.errors.reference);
+    e.held_out = split != "test";
   }
   return e;
 }
@@ -457,6 +444,10 @@ train::Task make_task(const Config& c) {
   task.layers = gpt_layers;
   task.loss_of_output = loss_of_logits;
   // After each epoch the validation split; after the last, the splits of --eval.
+  // The validation split is held out: the best weights and early stopping follow its PER.
+  task.validate = [state, c](nn::Module& model) {
+    return evaluate_splits(*state, c, model, "validation");
+  };
   task.evaluate = [state, c](nn::Module& model) {
     return evaluate_splits(*state, c, model, "validation");
   };

@@ -4,6 +4,8 @@
 #include <filesystem>
 #include <memory>
 #include <sstream>
+#include <tuple>
+#include <utility>
 
 #include "cnn.h"
 #include "core/error.h"
@@ -13,6 +15,7 @@
 #include "ops/ops.h"
 #include "train/flags.h"
 #include "train/run.h"
+#include "train/sample_order.h"
 
 namespace accrue::mnist {
 
@@ -71,9 +74,31 @@ nn::LossSum loss_of_logits(const Tensor& logits, const train::Samples& b, DType 
 
 }  // namespace
 
+namespace {
+
+// The rows of a split whose positions are (not) in `held_out` (increasing): the held-out split
+// and the rest.
+std::pair<Split, Split> hold_out(const Split& all, const std::vector<size_t>& held_out) {
+  std::vector<int32_t> kept, taken;
+  size_t next = 0;
+  for (int64_t i = 0; i < all.size(); ++i) {
+    const bool out = next < held_out.size() && held_out[next] == static_cast<size_t>(i);
+    (out ? taken : kept).push_back(static_cast<int32_t>(i));
+    next += out ? 1 : 0;
+  }
+  const auto rows = [&](const std::vector<int32_t>& index) {
+    const Tensor at = Tensor::from_vector<int32_t>({static_cast<int64_t>(index.size())}, index,
+                                                   all.labels.device());
+    return Split{gather_rows(all.images, at), gather_rows(all.labels, at), all.image_path};
+  };
+  return {rows(taken), rows(kept)};
+}
+
+}  // namespace
+
 train::Task make_task(const Config& c) {
   struct Data {
-    Split train, test;
+    Split train, test, validation;
   };
   auto data = std::make_shared<Data>();
   train::Task task;
@@ -81,6 +106,16 @@ train::Task make_task(const Config& c) {
   task.prepare = [data, c](const train::Setup& setup) {
     data->train = load_split(c.data, "train", c.train_limit, setup.device, setup.compute);
     data->test = load_split(c.data, "t10k", 0, setup.device, setup.compute);  // both 28 x 28
+    if (c.validation > 0) {
+      if (c.validation >= data->train.size()) {
+        throw FileError(str_cat(data->train.image_path, ": --validation ", c.validation,
+                                " holds out every one of its ", data->train.size(),
+                                " training samples"));
+      }
+      std::tie(data->validation, data->train) =
+          hold_out(data->train, train::seeded_subset(static_cast<size_t>(data->train.size()),
+                                                     static_cast<size_t>(c.validation), c.seed));
+    }
     return data->train.size();
   };
   task.samples = [data](const Tensor& index) {
@@ -111,6 +146,14 @@ train::Task make_task(const Config& c) {
   task.evaluate = [data](nn::Module& model) {
     return train::Evaluation{"test_accuracy", "test accuracy", accuracy(model, data->test), true};
   };
+  if (c.validation > 0) {
+    task.validate = [data](nn::Module& model) {
+      train::Evaluation e{"val_accuracy", "validation accuracy", accuracy(model, data->validation),
+                          true};
+      e.held_out = true;
+      return e;
+    };
+  }
   task.settings = {{"model", c.model}, {"norm", c.norm}, {"hidden", c.hidden}};
   for (const char* file : {"train-images-idx3-ubyte", "train-labels-idx1-ubyte",
                            "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"}) {
@@ -139,11 +182,28 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
                  "or group1 (GroupNorm, one group: LayerNorm's statistics, per-channel affine)")
       ->check(CLI::IsMember({"none", "batch", "group", "group1"}));
   app.add_option("--hidden", hidden, "The MLP's hidden layer sizes, comma-separated");
+  app.add_option("--validation", c.validation,
+                 "Hold out this many training samples (drawn with --seed) as the validation split "
+                 "that --keep-best and --early-stop choose by (0: none)")
+      ->transform(train::int_in(0, INT32_MAX));
   return train::parse_command_line(app, argc, argv, "accrue-mnist", out, err, [&] {
     flags.check();
     c.hidden = train::parse_size_list("--hidden", hidden, kMaxWidth, "512,256,128");
     if (c.model == "mlp")
       train::check_model_fits("--hidden " + hidden, mlp_parameters(c.hidden), c);
+    // The best is chosen on held-out training samples, never on the test set.
+    for (const char* flag : {"--keep-best", "--early-stop"}) {
+      if (app.count(flag) > 0 && c.validation == 0) {
+        throw ValueError(str_cat(flag,
+                                 " chooses by a validation split, never the test set: give "
+                                 "--validation N (training samples held out)"));
+      }
+    }
+    if (c.train_limit > 0 && c.validation >= c.train_limit) {
+      throw ValueError(str_cat("--validation ", c.validation,
+                               " holds out every one of --train-limit ", c.train_limit,
+                               " samples"));
+    }
     if (c.model != "cnn" && c.norm != "none") {
       throw ValueError("--norm " + c.norm + " applies to --model cnn");
     }

@@ -21,10 +21,14 @@ struct Config : train::Config {
   std::string model = "mlp";                   // or "cnn" (cnn.h)
   std::string norm = "none";                   // the CNN's normalisation: none, batch, group, layer
   std::vector<int64_t> hidden{512, 256, 128};  // the MLP's hidden layers
+  // Training samples held out (drawn with --seed) as the validation split that --keep-best and
+  // --early-stop choose by; 0: none.
+  int64_t validation = 0;
 };
 
-// The task the engine trains: MNIST's training split, the model, cross-entropy (a sum over the
-// micro-batch's samples and their count), and the accuracy on the test split.
+// The task the engine trains: MNIST's training split (less --validation's held-out samples), the
+// model, cross-entropy (a sum over the micro-batch's samples and their count), the accuracy on
+// the test split, and on the held-out samples.
 train::Task make_task(const Config& config);
 
 // Trains and evaluates (train::train with make_task).

@@ -1,0 +1,130 @@
+// Evaluation during training and the best weights (issue #52 item 4): --eval-every records the
+// held-out measure between steps and changes no weight; --keep-best writes the weights of the best
+// held-out evaluation beside the checkpoints; --early-stop ends the run after PATIENCE
+// evaluations without improvement, exit 0, naming the best; a resumed run goes on choosing as the
+// uninterrupted one. MNIST's held-out split is --validation N seeded training samples.
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "mnist_fixture.h"
+#include "optim/safetensors.h"
+
+namespace accrue::testing {
+namespace {
+
+std::string slurp(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+std::vector<nlohmann::json> events(const fs::path& metrics, const std::string& kind) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.value("event", "") == kind) out.push_back(j);
+  }
+  return out;
+}
+
+// 384 training samples in 24 windows of 8 x 2, 64 held out. quiet: no log on the output.
+std::vector<std::string> base(const fs::path& data, std::vector<std::string> more,
+                              bool quiet = true) {
+  std::vector<std::string> args{
+      "--data",   data.string(), "--train-limit", "448", "--micro-batch", "8", "--accum-steps", "2",
+      "--hidden", "16",          "--validation",  "64",  "--threads",     "1"};
+  if (quiet) args.push_back("--quiet");
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+// A run with --eval-every ends with the bytes of one without; its evaluations are recorded.
+TEST(Best, EvaluationsBetweenStepsChangeNoWeight) {
+  const fs::path data = make_dataset("best-same", 448, 64);
+  const std::string plain = (data / "plain.safetensors").string();
+  const std::string evaluated = (data / "evaluated.safetensors").string();
+  const fs::path metrics = data / "m.jsonl";
+  ASSERT_EQ(cli(base(data, {"--max-steps", "12", "--save", plain})).status, 0);
+  const CliResult r = cli(base(data, {"--max-steps", "12", "--save", evaluated, "--eval-every", "3",
+                                      "--metrics", metrics.string()}));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(slurp(evaluated), slurp(plain));
+  const auto evals = events(metrics, "eval");
+  ASSERT_EQ(evals.size(), 4u);
+  for (size_t i = 0; i < evals.size(); ++i) {
+    EXPECT_EQ(evals[i]["step"], 3 * static_cast<int64_t>(i + 1));
+    EXPECT_TRUE(evals[i].contains("val_accuracy")) << evals[i];
+  }
+}
+
+// --keep-best: DIR/best.safetensors holds the weights of the best evaluation (the earliest of
+// equals), named with its step and value in its metadata, in the checkpoint and the summary.
+TEST(Best, KeepBestWritesTheBestEvaluationsWeights) {
+  const fs::path data = make_dataset("best-keep", 448, 64);
+  const fs::path ckpt = data / "ckpt", metrics = data / "m.jsonl";
+  const CliResult r = cli(base(data,
+                               {"--epochs", "2", "--eval-every", "4", "--keep-best", "--checkpoint",
+                                ckpt.string(), "--metrics", metrics.string()},
+                               false));
+  ASSERT_EQ(r.status, 0) << r.err;
+  int64_t best_step = -1;
+  double best = -1;
+  // Every held-out measure in step order; an epoch's record is at its last step (24 windows).
+  std::vector<nlohmann::json> measured = events(metrics, "eval");
+  for (auto epoch : events(metrics, "epoch")) {
+    epoch["step"] = 24 * epoch["epoch"].get<int64_t>();
+    measured.push_back(epoch);
+  }
+  std::stable_sort(measured.begin(), measured.end(),
+                   [](const auto& a, const auto& b) { return a["step"] < b["step"]; });
+  for (const auto& m : measured) {
+    const double v = m["val_accuracy"].get<double>();
+    if (v > best) best = v, best_step = m["step"].get<int64_t>();
+  }
+  ASSERT_GT(best_step, 0);
+  std::map<std::string, std::string> meta;
+  optim::read_safetensors((ckpt / "best.safetensors").string(), &meta);
+  EXPECT_EQ(meta["accrue.best.step"], std::to_string(best_step));
+  EXPECT_EQ(std::stod(meta["accrue.best.val_accuracy"]), best);
+  const auto summary = events(metrics, "summary").at(0);
+  EXPECT_EQ(summary["best"]["step"], best_step);
+  EXPECT_EQ(summary["best"]["key"], "val_accuracy");
+  EXPECT_NE(r.out.find("best validation accuracy"), std::string::npos) << r.out;
+  // The best file is no output of a resumed run's, and stays outside the checkpoints' rotation.
+  EXPECT_TRUE(fs::exists(ckpt / "best.safetensors"));
+}
+
+// --early-stop 2 with a rate too small to move the accuracy: the first evaluation stays the best,
+// the run ends two evaluations later with exit 0 and says so; cut at step 2 and resumed, it ends
+// at the same step with the same weights.
+TEST(Best, EarlyStopEndsTheRunAndResumesWhereItWould) {
+  const fs::path data = make_dataset("best-early", 448, 64);
+  const std::vector<std::string> slow = {"--lr", "1e-12", "--eval-every", "1", "--early-stop", "2"};
+  std::vector<std::string> args = base(data, slow, false);
+  const fs::path metrics = data / "m.jsonl";
+  const std::string whole = (data / "whole.safetensors").string();
+  args.insert(args.end(), {"--metrics", metrics.string(), "--save", whole});
+  CliResult r = cli(args);
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto summary = events(metrics, "summary").at(0);
+  EXPECT_EQ(summary["steps"], 3);
+  EXPECT_EQ(summary["stopped_early"], true);
+  EXPECT_EQ(summary["best"]["step"], 1);
+  EXPECT_NE(r.out.find("stopped early: 2 evaluations without improvement"), std::string::npos)
+      << r.out;
+  const fs::path ckpt = data / "ckpt";
+  args = base(data, slow);
+  args.insert(args.end(), {"--max-steps", "2", "--checkpoint", ckpt.string()});
+  ASSERT_EQ(cli(args).status, 0);
+  const std::string resumed = (data / "resumed.safetensors").string();
+  r = cli({"--resume", ckpt.string(), "--max-steps", "0", "--save", resumed, "--metrics",
+           metrics.string(), "--quiet"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  summary = events(metrics, "summary").at(0);
+  EXPECT_EQ(summary["steps"], 3);
+  EXPECT_EQ(summary["stopped_early"], true);
+  EXPECT_EQ(slurp(resumed), slurp(whole));
+}
+
+}  // namespace
+}  // namespace accrue::testing
