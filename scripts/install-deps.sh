@@ -9,7 +9,7 @@ packages=(cmake ninja-build g++ pkg-config libopenblas-openmp-dev libgtest-dev l
 for extra in "$@"; do
   case "$extra" in
     --with-fetch) packages+=(npm ca-certificates) ;;
-    --with-plot) packages+=(gnuplot-nox) ;;
+    --with-plot) packages+=(gnuplot-nox jq) ;;  # bench plots, scripts/plot-metrics.sh
     --with-peers) packages+=(libtorch-dev) ;;  # the libtorch peers of bench/peers
     *) echo "install-deps.sh: unknown option $extra" >&2; exit 2 ;;
   esac

@@ -6,7 +6,7 @@
 # Usage: scripts/test.sh [--no-sanitize]   (--no-sanitize: the first pass only, for quick loops)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install-deps.sh
+scripts/install-deps.sh --with-plot  # gnuplot and jq: the test of scripts/plot-metrics.sh
 jobs=$(nproc)
 build=${ACCRUE_BUILD_DIR:-build}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release

@@ -246,7 +246,8 @@ void Run::run_epoch(int64_t epoch) {
       summary_.window_waits = summary_.window_waits + (host_waits() - waits_before);
       ++summary_.windows_measured;
     }
-    if (tuner_) tuner_->record(seconds_since(window_start) / static_cast<double>(w.samples));
+    const double window_seconds = seconds_since(window_start);
+    if (tuner_) tuner_->record(window_seconds / static_cast<double>(w.samples));
     samples_seen_ += w.samples;
     samples_trained_ += w.samples;
     const int64_t tokens = tokens_of(w, order_host);
@@ -254,7 +255,7 @@ void Run::run_epoch(int64_t epoch) {
     epoch_items += r.items;
     epoch_loss += r.loss * static_cast<double>(r.items);
     ++step_in_epoch;
-    report_step(r, plan, epoch, w.samples, tokens);
+    report_step(r, plan, epoch, w.samples, tokens, window_seconds);
     const double elapsed = summary_.train_seconds + seconds_since(epoch_start);
     progress_->update(epoch, step_in_epoch, r.step, r.loss, r.grad_norm, r.lr,
                       static_cast<double>(samples_trained_) / std::max(elapsed, 1e-9));

@@ -9,9 +9,10 @@
 
 namespace accrue::train::engine {
 
-// A step's log line when skipped, its metrics record and its callback.
+// A step's log line when skipped, its metrics record and its callback. seconds: the window's,
+// whose samples (tokens) over them are the step's throughput.
 void Run::report_step(const optim::StepResult& r, const EpochPlan& plan, int64_t epoch,
-                      int64_t samples, int64_t tokens) {
+                      int64_t samples, int64_t tokens, double seconds) {
   if (r.skipped) {
     log(str_cat("step ", r.step, ": non-finite gradient, update skipped",
                 scaling_.scaling.dynamic
@@ -43,7 +44,12 @@ void Run::report_step(const optim::StepResult& r, const EpochPlan& plan, int64_t
                            {"accum_steps", plan.batch.accum_steps},
                            {"batch", plan.batch.batch},
                            {"threads", cpu_threads()}};
-  if (task_.length) record["tokens"] = tokens;
+  const double per_second = 1 / std::max(seconds, 1e-9);
+  record["samples_per_second"] = static_cast<double>(samples) * per_second;
+  if (task_.length) {
+    record["tokens"] = tokens;
+    record["tokens_per_second"] = static_cast<double>(tokens) * per_second;
+  }
   metrics_->emit(record);
   if (callbacks_.on_step) callbacks_.on_step(event);
 }

@@ -73,7 +73,7 @@ class Run {
   void run_epoch(int64_t epoch);
   [[noreturn]] void stop(const optim::StepResult& last);
   void report_step(const optim::StepResult& r, const EpochPlan& plan, int64_t epoch,
-                   int64_t samples, int64_t tokens);
+                   int64_t samples, int64_t tokens, double seconds);
   void order_shares_by_length(const EpochPlan& plan, std::vector<int32_t>& order) const;
   int64_t tokens_of(const optim::Window& w, const std::vector<int32_t>& order) const;
   // final: the run's last epoch (Task::evaluate_final).

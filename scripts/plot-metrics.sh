@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# Draws accrue runs' metrics (--metrics FILE, JSON Lines) against the optimizer step, several
+# runs overlaid, each named by its file: the training loss with the evaluations' losses as
+# points, the held-out measure (--eval-every and each epoch's end), the gradient norm, the
+# learning rate, the loss scale, and throughput (samples/s per window; tokens/s when recorded).
+# Reads the JSON with jq and draws with gnuplot (scripts/install-deps.sh --with-plot).
+# Usage: scripts/plot-metrics.sh RUN.jsonl [MORE.jsonl ...] -o FILE.png
+# Exit 2: a usage mistake; exit 1: a file missing, not JSON Lines, or without step records.
+set -euo pipefail
+
+usage() {
+  echo "plot-metrics.sh: $1 (usage: plot-metrics.sh RUN.jsonl [MORE.jsonl ...] -o FILE.png)" >&2
+  exit 2
+}
+fail() {
+  echo "plot-metrics.sh: $1" >&2
+  exit 1
+}
+
+inputs=()
+out=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -o)
+      [ $# -ge 2 ] || usage "-o needs a file name"
+      out="$2"
+      shift 2
+      ;;
+    -h | --help)
+      sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
+      exit 0
+      ;;
+    -*) usage "unknown option $1" ;;
+    *)
+      inputs+=("$1")
+      shift
+      ;;
+  esac
+done
+[ "${#inputs[@]}" -gt 0 ] || usage "no metrics file given"
+[ -n "$out" ] || usage "no output given"
+case "$out" in *.png) ;; *) usage "-o $out: the output is a .png file" ;; esac
+command -v jq >/dev/null || fail "jq is missing: scripts/install-deps.sh --with-plot"
+command -v gnuplot >/dev/null || fail "gnuplot is missing: scripts/install-deps.sh --with-plot"
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# Per run: steps.tsv (step loss grad_norm lr loss_scale samples/s tokens/s) and evals.tsv
+# (step, the evaluation's loss or NaN, its held-out measure or NaN). An epoch's record has no
+# step: it is placed at the step before it.
+names=()
+for i in "${!inputs[@]}"; do
+  file="${inputs[$i]}"
+  [ -f "$file" ] || fail "$file: no such file"
+  [ -r "$file" ] || fail "$file: cannot read it"
+  if ! errors=$(jq -c . "$file" 2>&1 >/dev/null); then
+    fail "$file: not JSON Lines (${errors//$'\n'/ })"
+  fi
+  jq -r 'select(type == "object" and has("step") and has("loss") and (has("event") | not))
+         | [.step, .loss, .grad_norm, .lr, .loss_scale,
+            (.samples_per_second // "NaN"), (.tokens_per_second // "NaN")]
+         | map(if . == null then "NaN" else . end) | @tsv' "$file" >"$work/$i.steps"
+  [ -s "$work/$i.steps" ] || fail "$file: no step records (is it the file of --metrics?)"
+  jq -rn '
+    reduce (inputs | select(type == "object")) as $r ({step: 0, rows: []};
+      if ($r | has("event") | not) and ($r | has("step")) then .step = $r.step
+      elif $r.event == "eval" or $r.event == "epoch" then
+        .rows += [[($r.step // .step),
+                   ($r.val_loss // $r.test_loss // "NaN"),
+                   ($r.val_accuracy // $r.val_per // "NaN")]]
+      else . end)
+    | .rows[] | @tsv' "$file" >"$work/$i.evals"
+  name=$(basename "$file")
+  names+=("${name%.jsonl}")
+done
+
+n=${#inputs[@]}
+# The runs' names as a gnuplot array of strings (quotes and backslashes escaped).
+name_list=""
+for name in "${names[@]}"; do
+  name=${name//\\/\\\\}
+  name_list+="${name_list:+,}\"${name//\"/\\\"}\""
+done
+tmp_out="$out.tmp.$$"
+# gnuplot's warnings (a run without evaluation losses or tokens) are shown only if it fails.
+if ! gnuplot 2>"$work/gnuplot.log" <<PLOT
+set terminal pngcairo size 1200,900 font ",10" noenhanced
+set output "$tmp_out"
+set datafile separator "\t"
+set datafile missing "NaN"
+array name[$n] = [$name_list]
+steps(i) = sprintf("%s/%d.steps", "$work", i - 1)
+evals(i) = sprintf("%s/%d.evals", "$work", i - 1)
+set key top right noenhanced opaque box
+set grid
+# Room above and below the data: a constant series (a fixed rate, no loss scaling) is drawn
+# inside the frame, not on it, and the key covers less.
+set offsets graph 0, graph 0, graph 0.25, graph 0.05
+set xlabel "optimizer step"
+set multiplot layout 3,2 title "accrue metrics"
+set title "loss (lines: training windows; points: evaluations)"
+plot for [i=1:$n] steps(i) using 1:2 with lines lc i title name[i], \
+     for [i=1:$n] evals(i) using 1:2 with points pt 7 lc i notitle
+set title "held-out measure (accuracy or PER)"
+plot for [i=1:$n] evals(i) using 1:3 with linespoints pt 7 lc i title name[i]
+set title "gradient norm (before clipping)"
+plot for [i=1:$n] steps(i) using 1:3 with lines lc i title name[i]
+set title "learning rate"
+plot for [i=1:$n] steps(i) using 1:4 with lines lc i title name[i]
+set title "loss scale"
+set logscale y 2
+set format y "%.0f"
+plot for [i=1:$n] steps(i) using 1:5 with lines lc i title name[i]
+unset logscale y
+set format y "%g"
+set title "throughput per window (samples/s; tokens/s dashed)"
+plot for [i=1:$n] steps(i) using 1:6 with lines lc i title name[i], \
+     for [i=1:$n] steps(i) using 1:7 with lines dt 2 lc i notitle
+unset multiplot
+PLOT
+then
+  cat "$work/gnuplot.log" >&2
+  rm -f "$tmp_out"
+  fail "gnuplot could not draw $out"
+fi
+mv "$tmp_out" "$out"
+echo "plot-metrics.sh: wrote $out (${n} run(s): ${names[*]})"
