@@ -513,6 +513,28 @@ TEST(BadInput, CommandLineMistakesExitTwoBeforeReadingData) {
         "--save", (fs::temp_directory_path() / "best.safetensors").string()},
        {"--save", "best.safetensors", "checkpoint writer's own file"}},
   };
+  // Under a launcher's ranks (its environment, as mpirun sets it): a model --pipeline cannot cut
+  // is found before the data is read (D10).
+  struct LaunchedCase {
+    std::string ranks;
+    CliCase c;
+  };
+  for (const LaunchedCase& l : std::vector<LaunchedCase>{
+           {"2", {{"--pipeline", "2", "--model", "cnn"}, {"--pipeline 2", "--model cnn"}}},
+           {"4", {{"--pipeline", "4", "--hidden", "64"}, {"--pipeline 4", "--hidden 64 makes 2"}}},
+       }) {
+    ::setenv("OMPI_COMM_WORLD_SIZE", l.ranks.c_str(), 1);
+    ::setenv("OMPI_COMM_WORLD_RANK", "0", 1);
+    std::vector<std::string> args = l.c.args;
+    args.insert(args.end(), {"--data", "/nonexistent-accrue", "--quiet"});
+    const CliResult r = cli(args);
+    ::unsetenv("OMPI_COMM_WORLD_SIZE");
+    ::unsetenv("OMPI_COMM_WORLD_RANK");
+    EXPECT_EQ(r.status, 2) << r.err;
+    for (const std::string& w : l.c.words) {
+      EXPECT_NE(r.err.find(w), std::string::npos) << "'" << w << "' not in " << r.err;
+    }
+  }
   // Data behind a symbolic link loop: exit 1 naming the file, not an abort.
   const CliResult loop = cli({"--data", (dir / "loop-a").string(), "--quiet"});
   EXPECT_EQ(loop.status, 1) << loop.err;

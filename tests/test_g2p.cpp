@@ -199,6 +199,20 @@ TEST(G2PFlags, MistakesExitTwoAndEngineFlagsCombine) {
       EXPECT_EQ(c.layers, 10);
     }
   }
+  // Under 8 launched ranks, 8 stages of 3 blocks' 5 layers: before the data is read (D10).
+  ::setenv("OMPI_COMM_WORLD_SIZE", "8", 1);
+  ::setenv("OMPI_COMM_WORLD_RANK", "0", 1);
+  std::vector<const char*> argv{"accrue-g2p", "--data", "/nonexistent/dict.txt", "--layers", "3",
+                                "--pipeline", "8", "--accum-steps", "8"};
+  g2p::Config c;
+  std::ostringstream out, err;
+  const int status = g2p::parse_args(static_cast<int>(argv.size()), argv.data(), c, out, err);
+  ::unsetenv("OMPI_COMM_WORLD_SIZE");
+  ::unsetenv("OMPI_COMM_WORLD_RANK");
+  EXPECT_EQ(status, 2) << err.str();
+  EXPECT_NE(err.str().find("--pipeline 8 needs as many layers; --layers 3 makes 5"),
+            std::string::npos)
+      << err.str();
   fs::remove_all(dir);
 }
 

@@ -580,6 +580,12 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
                  "Pronounce these words with the model of --init (no training)");
   return train::parse_command_line(app, argc, argv, "accrue-g2p", out, err, [&] {
     flags.check();
+    // --pipeline cuts the embeddings, each block and the head into stages (D10).
+    if (c.pipeline > c.layers + 2) {
+      throw ValueError(str_cat("--pipeline ", c.pipeline, " needs as many layers; --layers ",
+                               c.layers, " makes ", c.layers + 2,
+                               " (the embeddings, the blocks, the head)"));
+    }
     if (c.width % c.heads != 0) {
       throw ValueError(str_cat("--width ", c.width, " is not a multiple of --heads ", c.heads));
     }

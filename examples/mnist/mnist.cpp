@@ -204,6 +204,16 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
                                " holds out every one of --train-limit ", c.train_limit,
                                " samples"));
     }
+    // --pipeline cuts the MLP's layers into stages (before any data is read: D10).
+    if (c.pipeline > 1 && c.model == "cnn") {
+      throw ValueError(str_cat("--pipeline ", c.pipeline,
+                               " cuts the MLP's layers into stages; --model cnn is not cut"));
+    }
+    const int64_t mlp_layers = static_cast<int64_t>(c.hidden.size()) + 1;
+    if (c.pipeline > 1 && c.model == "mlp" && c.pipeline > mlp_layers) {
+      throw ValueError(str_cat("--pipeline ", c.pipeline, " needs as many layers; --hidden ",
+                               hidden, " makes ", mlp_layers));
+    }
     if (c.model != "cnn" && c.norm != "none") {
       throw ValueError("--norm " + c.norm + " applies to --model cnn");
     }
