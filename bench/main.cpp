@@ -1,8 +1,12 @@
 // accrue-bench: Google Benchmark over accrue's kernels and the MNIST MLP on every device
 // present. Accepts Google Benchmark's flags, plus --smoke (every benchmark once at its smallest
-// size: what CI runs). The limits used for `roofline` are measured first and printed.
+// size: what CI runs). The limits used for `roofline` are measured and printed once there is a
+// benchmark to run (not for --benchmark_list_tests or a filter that matches none); a
+// --benchmark_out file that cannot be written is an error (exit 1).
+#include <algorithm>
 #include <cstring>
 #include <iostream>
+#include <memory>
 
 #include "common.h"
 #include "kernels/cpu/blas_core.h"
@@ -14,23 +18,14 @@ void register_mnist_benchmarks();
 void register_offload_benchmarks();
 }  // namespace accrue::bench
 
-int main(int argc, char** argv) {
-  using namespace accrue;
-  cpu::run_with_cpu_blas_kernels(argv);  // rates of the kernels the CPU has, not a fallback's
-  std::vector<char*> args;
-  for (int i = 0; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--smoke") == 0) {
-      bench::smoke() = true;
-    } else {
-      args.push_back(argv[i]);
-    }
-  }
-  int count = static_cast<int>(args.size());
-  benchmark::Initialize(&count, args.data());
-  if (benchmark::ReportUnrecognizedArguments(count, args.data())) return 2;
-  for (Device d : bench::bench_devices()) {
-    const bench::Limits l = bench::measure_limits(d);
-    bench::limits()[d.str()] = l;
+namespace accrue::bench {
+namespace {
+
+// The machine's limits of every device, measured once, into the context the reporters print.
+void measure_every_limit() {
+  for (Device d : bench_devices()) {
+    const Limits l = measure_limits(d);
+    limits()[d.str()] = l;
     benchmark::AddCustomContext("device:" + d.str(), device_name(d));
     std::string copies;
     for (const auto& [bytes, rate] : l.copy_bytes_per_second) {
@@ -47,10 +42,95 @@ int main(int argc, char** argv) {
   if (cuda_device_count() == 0) {
     benchmark::AddCustomContext("cuda", "not measured: " + cuda_unavailable_reason());
   }
+}
+
+// The console reporter, which measures the limits when Google Benchmark reports the context:
+// that is, only when some benchmark is about to run.
+class MeasuringReporter : public benchmark::ConsoleReporter {
+ public:
+  bool ReportContext(const Context& context) override {
+    measure_every_limit();
+    return ConsoleReporter::ReportContext(context);
+  }
+};
+
+// --benchmark_out's reporter (JSON or CSV, as --benchmark_out_format says), which checks at the
+// end that its stream took every byte: /dev/full or a full disk is a failed run, not exit 0.
+class CheckedFileReporter : public benchmark::BenchmarkReporter {
+ public:
+  explicit CheckedFileReporter(bool csv) {
+    if (csv) {
+      inner_ = std::make_unique<benchmark::CSVReporter>();
+    } else {
+      inner_ = std::make_unique<benchmark::JSONReporter>();
+    }
+  }
+  bool ReportContext(const Context& context) override {
+    inner_->SetOutputStream(&GetOutputStream());
+    inner_->SetErrorStream(&GetErrorStream());
+    return inner_->ReportContext(context);
+  }
+  void ReportRuns(const std::vector<Run>& runs) override { inner_->ReportRuns(runs); }
+  void Finalize() override {
+    inner_->Finalize();
+    failed_ = !GetOutputStream().flush();
+  }
+  bool failed() const { return failed_; }
+
+ private:
+  std::unique_ptr<benchmark::BenchmarkReporter> inner_;
+  bool failed_ = false;
+};
+
+// The value of a --benchmark_xxx=value flag in args ("" when absent).
+std::string flag_value(const std::vector<char*>& args, const std::string& flag) {
+  std::string value;
+  for (const char* a : args) {
+    if (std::strncmp(a, (flag + "=").c_str(), flag.size() + 1) == 0) value = a + flag.size() + 1;
+  }
+  return value;
+}
+
+}  // namespace
+}  // namespace accrue::bench
+
+int main(int argc, char** argv) {
+  using namespace accrue;
+  cpu::run_with_cpu_blas_kernels(argv);  // rates of the kernels the CPU has, not a fallback's
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--smoke") == 0) {
+      bench::smoke() = true;
+    } else {
+      args.push_back(argv[i]);
+    }
+  }
+  const std::string out = bench::flag_value(args, "--benchmark_out");
+  const std::string out_format = bench::flag_value(args, "--benchmark_out_format");
+  int count = static_cast<int>(args.size());
+  benchmark::Initialize(&count, args.data());
+  if (benchmark::ReportUnrecognizedArguments(count, args.data())) return 2;
+  if (!out.empty() && out_format == "console") {
+    std::cerr << "accrue-bench: --benchmark_out_format=console is not supported; json or csv\n";
+    return 2;
+  }
   bench::register_kernel_benchmarks();
   bench::register_mnist_benchmarks();
   bench::register_offload_benchmarks();
-  benchmark::RunSpecifiedBenchmarks();
+  bench::MeasuringReporter display;
+  std::unique_ptr<bench::CheckedFileReporter> file;
+  if (!out.empty()) file = std::make_unique<bench::CheckedFileReporter>(out_format == "csv");
+  const size_t ran = benchmark::RunSpecifiedBenchmarks(&display, file.get());
   benchmark::Shutdown();
+  if (ran == 0 && bench::flag_value(args, "--benchmark_list_tests").empty() &&
+      std::find_if(args.begin(), args.end(), [](const char* a) {
+        return std::strcmp(a, "--benchmark_list_tests") == 0;
+      }) == args.end()) {
+    return 1;  // a filter that matches nothing: said by Google Benchmark
+  }
+  if (file && file->failed()) {
+    std::cerr << "accrue-bench: --benchmark_out=" << out << ": the results could not be written\n";
+    return 1;
+  }
   return 0;
 }

@@ -203,7 +203,7 @@ TEST(G2PFlags, MistakesExitTwoAndEngineFlagsCombine) {
   ::setenv("OMPI_COMM_WORLD_SIZE", "8", 1);
   ::setenv("OMPI_COMM_WORLD_RANK", "0", 1);
   std::vector<const char*> argv{"accrue-g2p", "--data", "/nonexistent/dict.txt", "--layers", "3",
-                                "--pipeline", "8", "--accum-steps", "8"};
+                                "--pipeline", "8",      "--accum-steps",         "8"};
   g2p::Config c;
   std::ostringstream out, err;
   const int status = g2p::parse_args(static_cast<int>(argv.size()), argv.data(), c, out, err);
