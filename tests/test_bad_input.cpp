@@ -594,7 +594,9 @@ TEST(BadInput, ARunWithoutAnyAppliedUpdateFails) {
   EXPECT_FALSE(fs::exists(save));
   std::ifstream in(metrics);
   std::string first;
-  std::getline(in, first);
+  std::getline(in, first);  // the run's id
+  EXPECT_NE(first.find(R"("event":"run")"), std::string::npos) << first;
+  std::getline(in, first);  // the first step
   EXPECT_NE(first.find(R"("loss":"nan")"), std::string::npos) << first;
   EXPECT_NE(first.find(R"("skipped":true)"), std::string::npos) << first;
 }

@@ -117,10 +117,11 @@ TEST(Best, EarlyStopEndsTheRunAndResumesWhereItWould) {
   args.insert(args.end(), {"--max-steps", "2", "--checkpoint", ckpt.string()});
   ASSERT_EQ(cli(args).status, 0);
   const std::string resumed = (data / "resumed.safetensors").string();
+  const fs::path resumed_metrics = data / "resumed.jsonl";
   r = cli({"--resume", ckpt.string(), "--max-steps", "0", "--save", resumed, "--metrics",
-           metrics.string(), "--quiet"});
+           resumed_metrics.string(), "--quiet"});
   ASSERT_EQ(r.status, 0) << r.err;
-  summary = events(metrics, "summary").at(0);
+  summary = events(resumed_metrics, "summary").at(0);
   EXPECT_EQ(summary["steps"], 3);
   EXPECT_EQ(summary["stopped_early"], true);
   EXPECT_EQ(slurp(resumed), slurp(whole));

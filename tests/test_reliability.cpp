@@ -21,6 +21,7 @@
 #include "mnist_fixture.h"
 #include "optim/safetensors.h"
 #include "train/checkpoint.h"
+#include "train/report.h"
 #include "train/signals.h"
 
 namespace accrue::testing {
@@ -661,6 +662,51 @@ TEST(Reliability, MetricsSurviveAKillAndContinueOnResume) {
   const std::string before = slurp(metrics);
   expect_error<FileError>([&] { mnist::train(c, std::cout); }, {metrics.string(), "not JSON"});
   EXPECT_EQ(slurp(metrics), before);
+}
+
+// A resume continues only its own run's metrics, whole up to the checkpoint (D14), and drops
+// the end of the run it continues: the summary and the pipeline record before it (D15). A file
+// refused is left as it was.
+TEST(Reliability, MetricsOfAnotherRunOrWithMissingStepsAreRefused) {
+  const fs::path data = make_dataset("metrics-other", 512, 64);
+  const fs::path ckpt = data / "ckpt", mine = data / "mine.jsonl", other = data / "other.jsonl";
+  ASSERT_EQ(
+      run(data, {"--checkpoint", ckpt.string(), "--metrics", mine.string(), "--max-steps", "6"})
+          .status,
+      0);
+  ASSERT_EQ(run(data, {"--metrics", other.string(), "--max-steps", "6"}).status, 0);
+  const std::string others = slurp(other);
+  CliResult r =
+      run(data, {"--resume", ckpt.string(), "--metrics", other.string(), "--max-steps", "8"});
+  EXPECT_EQ(r.status, 1) << r.err;
+  expect_words(r.err, {other.string(), "starts run", "not the resumed run"});
+  EXPECT_EQ(slurp(other), others);
+  // Step 3's record taken out of the run's own file.
+  std::string lines = slurp(mine), without;
+  std::istringstream in(lines);
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("\"step\":3,") == std::string::npos) without += line + "\n";
+  }
+  ASSERT_NE(without, lines);
+  std::ofstream(mine, std::ios::trunc) << without;
+  r = run(data, {"--resume", ckpt.string(), "--metrics", mine.string(), "--max-steps", "8"});
+  EXPECT_EQ(r.status, 1) << r.err;
+  expect_words(r.err, {mine.string(), "is step 4 after step 2"});
+  EXPECT_EQ(slurp(mine), without);
+  // The end of a pipelined run: its pipeline record and summary go, the steps stay.
+  const fs::path piped = data / "piped.jsonl";
+  std::ofstream(piped) << "{\"event\":\"run\",\"run_id\":\"r\"}\n"
+                       << "{\"step\":1,\"loss\":1}\n{\"step\":2,\"loss\":1}\n"
+                       << "{\"event\":\"pipeline\",\"stages\":2}\n"
+                       << "{\"event\":\"summary\",\"steps\":2}\n";
+  train::MetricsLog log(piped.string());
+  ASSERT_TRUE(log.continue_from(2, 0, "r"));
+  log.emit({{"step", 3}, {"loss", 1}});
+  log.commit();
+  const std::string continued = slurp(piped);
+  EXPECT_EQ(continued.find("pipeline"), std::string::npos) << continued;
+  EXPECT_EQ(continued.find("summary"), std::string::npos) << continued;
+  EXPECT_NE(continued.find("\"step\":3"), std::string::npos) << continued;
 }
 
 // A finished run resumed evaluates the model it loaded and says nothing is left to train.

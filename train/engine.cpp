@@ -362,7 +362,10 @@ Summary Run::train() {
     save_weights(c_.save_init, strategies_->whole_masters(*arena_, *model_));
   }
   metrics_ = std::make_unique<MetricsLog>(lead_ ? c_.metrics : std::string());
-  if (!c_.resume.empty()) metrics_->continue_from(start_.step, start_.epoch);
+  // A new file starts with the run's id, so that a resume never continues another run's file.
+  if (c_.resume.empty() || !metrics_->continue_from(start_.step, start_.epoch, run_id_)) {
+    metrics_->emit({{"event", "run"}, {"run_id", run_id_}, {"program", task_.program}});
+  }
   const EpochPlan& first = plan_for(0);
   log(task_.program + ": " + first.batch.str() + ", lr " + std::to_string(first.lr) + " (" +
       optim::lr_scaling_name(c_.lr_scaling) + " scaling)" +

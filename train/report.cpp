@@ -38,33 +38,54 @@ MetricsLog::MetricsLog(const std::string& path) : path_(path) {
   }
 }
 
-void MetricsLog::continue_from(int64_t step, int64_t epochs_done) {
-  if (path_.empty() || stream_) return;
+bool MetricsLog::continue_from(int64_t step, int64_t epochs_done, const std::string& run_id) {
+  if (path_.empty() || stream_) return false;
   std::error_code ec;
-  if (!std::filesystem::exists(path_, ec)) return;
+  if (!std::filesystem::exists(path_, ec)) return false;
   const std::vector<uint8_t> bytes = read_file_bytes(path_);
   std::istringstream in(std::string(bytes.begin(), bytes.end()));
   std::string line, kept;
+  const std::string advice =
+      "; the resumed run would lose its records: give --metrics another file";
+  int64_t last_step = 0;  // of the step records kept
   for (int64_t number = 1; std::getline(in, line); ++number) {
     nlohmann::json record;
     try {
       record = nlohmann::json::parse(line);
     } catch (const std::exception&) {
-      throw FileError(str_cat(path_, ": line ", number,
-                              " is not JSON; the resumed run would lose its records: give "
-                              "--metrics another file"));
+      throw FileError(str_cat(path_, ": line ", number, " is not JSON", advice));
     }
     const auto field = [&](const char* key) {
       return record.is_object() && record.contains(key) ? record[key] : nlohmann::json();
     };
-    const bool past = (field("step").is_number_integer() && field("step").get<int64_t>() > step) ||
-                      field("event") == "summary";
-    if (past) break;
+    if (field("event") == "run" && field("run_id").is_string() && !run_id.empty() &&
+        field("run_id") != run_id) {
+      throw FileError(str_cat(path_, ": line ", number, " starts run ",
+                              field("run_id").get<std::string>(), ", not the resumed run ", run_id,
+                              advice));
+    }
+    // The end of a run: what follows belongs to no checkpoint this run resumes from.
+    const bool ended = field("event") == "summary" || field("event") == "pipeline";
+    const bool is_step = field("step").is_number_integer() && !field("event").is_string();
+    if (ended || (field("step").is_number_integer() && field("step").get<int64_t>() > step)) break;
+    if (is_step) {
+      const int64_t s = field("step").get<int64_t>();
+      if (last_step != 0 && s != last_step + 1) {
+        throw FileError(
+            str_cat(path_, ": line ", number, " is step ", s, " after step ", last_step, advice));
+      }
+      last_step = s;
+    }
     const bool unfinished_epoch = field("event") == "epoch" && field("epoch").is_number_integer() &&
                                   field("epoch").get<int64_t>() > epochs_done;
     if (!unfinished_epoch) kept += line + "\n";
   }
+  if (last_step != 0 && last_step != step) {
+    throw FileError(str_cat(path_, ": its step records end at step ", last_step,
+                            ", the checkpoint is at step ", step, advice));
+  }
   text_ = kept;
+  return true;
 }
 
 void MetricsLog::emit(const nlohmann::json& record) {

@@ -34,11 +34,14 @@ nlohmann::json json_number(double v);
 class MetricsLog {
  public:
   explicit MetricsLog(const std::string& path);
-  // Keeps the file's records before the first one past `step` (and before any summary), without
-  // the records of epochs beyond the first `epochs_done` (a run cut short by --max-steps reports
-  // its unfinished epoch; the resumed run reports it whole); throws FileError naming the file and
-  // line when it is not JSON Lines (it is then left as it is).
-  void continue_from(int64_t step, int64_t epochs_done);
+  // Keeps the file's records before the first one past `step` and before the end of any run
+  // (its summary, and the pipeline record before it), without the records of epochs beyond the
+  // first `epochs_done` (a run cut short by --max-steps reports its unfinished epoch; the resumed
+  // run reports it whole). Throws FileError naming the file (which is left as it is) when it is
+  // not JSON Lines, holds the records of another run (its "run" record names another run_id), or
+  // its step records are not consecutive up to `step` (steps missing, or another run's).
+  // Returns whether there was a file to continue.
+  bool continue_from(int64_t step, int64_t epochs_done, const std::string& run_id);
   void emit(const nlohmann::json& record);
   void publish();
   void commit();
