@@ -13,6 +13,7 @@
 #include "ops/autograd.h"
 #include "optim/registry.h"
 #include "optim/safetensors.h"
+#include "train/agreement.h"
 #include "train/engine_run.h"
 #include "train/sample_order.h"
 #include "train/signals.h"
@@ -51,6 +52,13 @@ void Run::setup_ranks_and_threads() {
   master_ = master_dtype(c_.precision);
   world_ = c_.comm != nullptr ? c_.comm : &distributed::world_for(c_.device);
   world_->set_timeout(c_.comm_timeout);
+  // What splits the ranks into groups must agree first: ranks with different --pipeline would
+  // wait in different communicators until the watchdog blamed a slow rank (D3).
+  if (world_->world_size() > 1) {
+    check_ranks_agree(*world_, {{"pipeline", c_.pipeline},
+                                {"pipeline_schedule",
+                                 distributed::schedule_name(c_.pipeline_schedule)}});
+  }
   // The strategies take their ranks: comm_ is those that share one copy of the parameters.
   strategies_ = std::make_unique<Strategies>(
       StrategyContext{c_, task_, compute_, master_, [this](const std::string& l) { log(l); }});

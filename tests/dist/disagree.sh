@@ -32,6 +32,9 @@ check "seed" "the ranks disagree on seed" \
   -n 1 "$cli" 512 "${common[@]}" --seed 1 : -n 1 "$cli" 512 "${common[@]}" --seed 2
 check "sample count" "the ranks disagree on train_samples" \
   -n 1 "$cli" 512 "${common[@]}" : -n 1 "$cli" 640 "${common[@]}"
+# Checked before the ranks are split into stages: no wait for the watchdog (D3).
+check "pipeline stages" "the ranks disagree on pipeline" \
+  -n 1 "$cli" 512 "${common[@]}" --pipeline 2 : -n 1 "$cli" 512 "${common[@]}"
 # Not a disagreement, but the same launcher: --memory-budget on 3 ranks suggests batches it takes.
 check "memory budget on 3 ranks" "nearest: --batch 126 or --batch 129" \
   -n 3 "$cli" 512 --memory-budget 64MiB --epochs 1 --threads 1 --quiet --device cpu
