@@ -381,6 +381,35 @@ TEST(Reliability, ResumeFoldersAreCheckedAgainstEachOther) {
   EXPECT_TRUE(fs::exists(data / "b" / "step-notes.tmp.keep"));
 }
 
+// A checkpoint folder of another layout is refused before the data is read (D2, D11): stage
+// folders for a run without --pipeline, a run's own checkpoints or another run's stage for a
+// pipelined one (launched as 2 ranks: the launcher's environment), with advice that names the
+// folder itself.
+TEST(Reliability, ACheckpointFolderOfAnotherLayoutIsRefused) {
+  const fs::path data = make_dataset("ckpt-layout", 512, 64);
+  const fs::path single = data / "single", piped = data / "piped";
+  ASSERT_EQ(run(data, {"--checkpoint", single.string(), "--max-steps", "2"}).status, 0);
+  fs::create_directories(piped);
+  fs::copy(single, piped / "stage-1");  // another run's checkpoints as a stage's
+  CliResult r = run(data, {"--checkpoint", piped.string(), "--max-steps", "2"});
+  EXPECT_EQ(r.status, 2) << r.err;
+  expect_words(r.err, {"--checkpoint " + piped.string(), "a pipelined run's checkpoints (stage-1)",
+                       "--resume " + piped.string()});
+  ::setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+  ::setenv("OMPI_COMM_WORLD_RANK", "0", 1);
+  r = run(data, {"--checkpoint", piped.string(), "--pipeline", "2", "--max-steps", "2"});
+  const CliResult into_single =
+      run(data, {"--checkpoint", single.string(), "--pipeline", "2", "--max-steps", "2"});
+  ::unsetenv("OMPI_COMM_WORLD_SIZE");
+  ::unsetenv("OMPI_COMM_WORLD_RANK");
+  EXPECT_EQ(r.status, 2) << r.err;
+  expect_words(r.err, {"(its stage-1): holds checkpoints of another run",
+                       "continue that run with --resume " + piped.string() + ","});
+  EXPECT_EQ(into_single.status, 2) << into_single.err;
+  expect_words(into_single.err, {"a run without --pipeline", "--pipeline 2"});
+  EXPECT_FALSE(fs::exists(single / "stage-0"));
+}
+
 // Every field of a checkpoint's JSON is checked: exit 1 naming the file and the field, and the
 // older intact checkpoint.
 // A run of 10 steps checkpointed at steps 5 and 10 in data / "ckpt"; its folder.

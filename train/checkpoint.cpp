@@ -244,8 +244,12 @@ std::string new_run_id() {
   return buf;
 }
 
-void check_checkpoint_folder(const std::string& dir, const std::string& resume) {
-  const std::string flag = "--checkpoint " + dir;
+namespace {
+
+// One folder of checkpoints (a run's, or one pipeline stage's): `flag` names it in messages and
+// `advice` is the folder a --resume of its run names.
+void check_one_folder(const std::string& dir, const std::string& resume, const std::string& flag,
+                      const std::string& advice) {
   if (dir.empty()) throw FileError("--checkpoint: the path is empty");
   std::error_code ec;
   const fs::file_status status = fs::status(dir, ec);
@@ -302,9 +306,60 @@ void check_checkpoint_folder(const std::string& dir, const std::string& resume) 
     if (continued.empty() || id != continued) {
       throw FileError(str_cat(flag, ": holds checkpoints of another run (", stem(step),
                               ".json, run id ", id.empty() ? "unknown" : id,
-                              "): continue that run with --resume ", dir,
+                              "): continue that run with --resume ", advice,
                               ", or choose another folder"));
     }
+  }
+}
+
+// The stages N of dir/stage-N folders that hold checkpoints (a pipelined run's), in order.
+std::vector<int> stages_with_checkpoints(const std::string& dir) {
+  std::vector<int> stages;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    int stage = -1;
+    char tail = 0;
+    const std::string name = entry.path().filename().string();
+    if (std::sscanf(name.c_str(), "stage-%d%c", &stage, &tail) == 1 && stage >= 0 &&
+        name == "stage-" + std::to_string(stage) && !listed_steps(entry.path().string()).empty()) {
+      stages.push_back(stage);
+    }
+  }
+  std::sort(stages.begin(), stages.end());
+  return stages;
+}
+
+}  // namespace
+
+void check_checkpoint_folder(const std::string& dir, const std::string& resume, int pipeline) {
+  const std::string flag = "--checkpoint " + dir;
+  std::error_code ec;
+  if (pipeline > 1 && fs::is_directory(dir, ec) && !listed_steps(dir).empty()) {
+    throw FileError(str_cat(flag,
+                            ": holds the checkpoints of a run without --pipeline; this run "
+                            "has --pipeline ",
+                            pipeline, ": choose another folder"));
+  }
+  check_one_folder(dir, resume, flag, dir);
+  if (!fs::is_directory(dir, ec)) return;
+  const std::vector<int> stages = stages_with_checkpoints(dir);
+  if (pipeline == 1) {
+    if (!stages.empty()) {
+      throw FileError(str_cat(flag, ": holds a pipelined run's checkpoints (stage-", stages.front(),
+                              "): continue it with --resume ", dir, ", or choose another folder"));
+    }
+    return;
+  }
+  for (int stage : stages) {
+    const std::string name = "stage-" + std::to_string(stage);
+    if (stage >= pipeline) {
+      throw FileError(str_cat(flag, ": holds checkpoints of pipeline stage ", stage,
+                              " (a run of more stages than --pipeline ", pipeline,
+                              "): choose another folder"));
+    }
+    check_one_folder((fs::path(dir) / name).string(),
+                     resume.empty() ? "" : (fs::path(resume) / name).string(),
+                     str_cat(flag, " (its ", name, ")"), dir);
   }
 }
 

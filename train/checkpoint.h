@@ -46,8 +46,11 @@ std::string new_run_id();
 
 // For --checkpoint before a run starts: throws FileError (naming the flag, the folder and the
 // problem) unless dir is a writable folder, or one could be created there, holding no
-// checkpoints of a run other than the one `resume` continues (empty: a new run).
-void check_checkpoint_folder(const std::string& dir, const std::string& resume);
+// checkpoints of a run other than the one `resume` continues (empty: a new run). A run of
+// `pipeline` stages writes into dir/stage-N: a folder of a run with another layout (stage
+// folders for one without --pipeline, a run's own checkpoints for a pipelined one, more stages)
+// is refused, and each stage folder is checked as a folder of its own.
+void check_checkpoint_folder(const std::string& dir, const std::string& resume, int pipeline = 1);
 
 // The lock a run holds on its checkpoint folder while it runs (created if missing). Throws
 // FileError when another live process holds it. Stale temporaries of killed writers go.

@@ -55,9 +55,9 @@ void Run::setup_ranks_and_threads() {
   // What splits the ranks into groups must agree first: ranks with different --pipeline would
   // wait in different communicators until the watchdog blamed a slow rank (D3).
   if (world_->world_size() > 1) {
-    check_ranks_agree(*world_, {{"pipeline", c_.pipeline},
-                                {"pipeline_schedule",
-                                 distributed::schedule_name(c_.pipeline_schedule)}});
+    check_ranks_agree(*world_,
+                      {{"pipeline", c_.pipeline},
+                       {"pipeline_schedule", distributed::schedule_name(c_.pipeline_schedule)}});
   }
   // The strategies take their ranks: comm_ is those that share one copy of the parameters.
   strategies_ = std::make_unique<Strategies>(
@@ -352,6 +352,9 @@ Summary Run::train() {
   const RunSignals signals;  // stop requests recorded; SIGXFSZ and SIGPIPE ignored
   setup_ranks_and_threads();
   check_best_can_be_chosen();
+  // Before the checkpoint folder (and its stage folders) is created: a resume of another layout
+  // leaves nothing behind.
+  if (!c_.resume.empty()) strategies_->check_resume_folder(c_.resume);
   if (writes_checkpoints_ && !checkpoint_dir_.empty()) {
     check_checkpoint_folder(checkpoint_dir_, resume_dir_);  // the command line checked c_'s
     checkpoint_lock_.emplace(checkpoint_dir_);

@@ -102,7 +102,6 @@ void Run::check_ranks_agree_before_training() {
 // is), the optimizer's state and the step clock.
 void Run::resume() {
   if (c_.resume.empty()) return;
-  strategies_->check_resume_folder(c_.resume);
   auto state = with_buffers(arena_->named_masters(), *model_);
   // A checkpoint with a model tensor this model lacks is at fault itself: the older one is tried.
   const auto only_known_tensors = [&](const Checkpoint& c) {

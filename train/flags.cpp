@@ -301,7 +301,7 @@ void Flags::check_outputs() {
                        check_output(c_.save_init, "--save-init") == OutputKind::kStream});
   }
   if (!c_.checkpoint.empty()) {
-    check_checkpoint_folder(c_.checkpoint, c_.resume);
+    check_checkpoint_folder(c_.checkpoint, c_.resume, c_.pipeline);
     outputs.push_back({"--checkpoint", c_.checkpoint, false});
   }
   // The profiler's trace, written at exit (kernels/profile.h), is an output like the others.
