@@ -2,6 +2,7 @@
 // communicator.h).
 #include "distributed/communicator.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <mutex>
 
@@ -67,6 +68,18 @@ class SingleProcess final : public Communicator {
 };
 
 }  // namespace
+
+std::string watchdog_message(int rank, const std::string& op, int64_t wait, double limit,
+                             double longest_gap) {
+  const std::string what = str_cat("[watchdog] rank ", rank, ": ", op, " (wait ", wait,
+                                   ") did not complete within ", limit, " s: ");
+  if (longest_gap >= 1 && longest_gap >= 0.5 * limit) {
+    return str_cat(what, "this rank itself did not run for ", std::lround(longest_gap),
+                   " s of the wait (stopped by SIGSTOP or a debugger, or its machine paused)");
+  }
+  return str_cat(what,
+                 "another rank is stopped, hung or much slower (--comm-timeout sets the limit)");
+}
 
 LaunchInfo launch_info() {
   LaunchInfo info;

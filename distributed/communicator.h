@@ -93,6 +93,14 @@ class Communicator {
   friend class LongWaitAllowance;
 };
 
+// The watchdog's message for a wait of `op` (the rank's `wait`-th) that passed `limit` seconds.
+// longest_gap: the longest time between two of the wait's polls, which run at least every
+// millisecond while the process runs: a gap of a second or more, and half the limit, means this
+// rank itself did not run (SIGSTOP, a debugger, a paused machine), and the message says so
+// instead of blaming another rank.
+std::string watchdog_message(int rank, const std::string& op, int64_t wait, double limit,
+                             double longest_gap);
+
 // While it lives, waits may take `seconds` longer: for the waits that follow work one rank does
 // alone (rank 0 writing a checkpoint while the others wait at the barrier after it).
 class LongWaitAllowance {

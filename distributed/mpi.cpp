@@ -8,6 +8,7 @@
 #include <mpi.h>
 #include <cstring>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <thread>
@@ -208,17 +209,20 @@ class Mpi final : public Communicator {
     const auto start = Clock::now();
     const double limit = timeout();
     auto pause = std::chrono::microseconds(0);
+    auto last_poll = start;
+    double longest_gap = 0;  // between polls: this process not running (watchdog_message)
     ++waits_;
     for (;;) {
       int done = 0;
       ACCRUE_MPI_CHECK(MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE));
       if (done) return;
-      const double waited = std::chrono::duration<double>(Clock::now() - start).count();
+      const auto now = Clock::now();
+      longest_gap = std::max(longest_gap, std::chrono::duration<double>(now - last_poll).count());
+      last_poll = now;
+      const double waited = std::chrono::duration<double>(now - start).count();
       if (limit > 0 && waited > limit) {
-        throw BackendError(str_cat("[watchdog] rank ", world_rank_, ": MPI ", op, " (wait ", waits_,
-                                   ") did not complete within ", limit,
-                                   " s: another rank is stopped, hung or much slower "
-                                   "(--comm-timeout sets the limit)"));
+        throw BackendError(
+            watchdog_message(world_rank_, str_cat("MPI ", op), waits_, limit, longest_gap));
       }
       if (waited > 1e-3) {
         std::this_thread::sleep_for(pause);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <iostream>
+#include <sstream>
 
 #include "distributed/communicator.h"
 #include "mnist_fixture.h"
@@ -29,7 +30,15 @@ void expect_same_training(mnist::Config pipelined, mnist::Config single, const s
   single.save = (data / "single.safetensors").string();
   const auto one = distributed::make_single_process();
   single.comm = one.get();
-  const Recorded r = train_recorded(pipelined, std::cout);
+  pipelined.quiet = false;  // rank 0's log: its batch line names processes and stages (D17)
+  std::ostringstream log;
+  const Recorded r = train_recorded(pipelined, log);
+  if (comm().rank() == 0) {
+    EXPECT_NE(log.str().find(str_cat("(4 processes: ", 4 / pipelined.pipeline, " data-parallel x ",
+                                     pipelined.pipeline, " pipeline stages)")),
+              std::string::npos)
+        << log.str();
+  }
   const Recorded expected = train_recorded(single, std::cout);
   testing::expect_same_steps(r, expected, 1e-10);
   EXPECT_EQ(r.test_accuracy, expected.test_accuracy);

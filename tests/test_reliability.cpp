@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "distributed/communicator.h"
 #include "mnist_fixture.h"
 #include "optim/safetensors.h"
 #include "train/checkpoint.h"
@@ -736,6 +737,19 @@ TEST(Reliability, MetricsOfAnotherRunOrWithMissingStepsAreRefused) {
   EXPECT_EQ(continued.find("pipeline"), std::string::npos) << continued;
   EXPECT_EQ(continued.find("summary"), std::string::npos) << continued;
   EXPECT_NE(continued.find("\"step\":3"), std::string::npos) << continued;
+}
+
+// The watchdog says which rank was stopped: a wait whose own polls stopped for a second or more,
+// and half the limit, was a suspended rank (SIGSTOP, a debugger), not another rank (D17).
+TEST(Reliability, TheWatchdogTellsASuspendedRankFromASlowOne) {
+  const std::string slow = distributed::watchdog_message(1, "MPI allreduce", 7, 3, 0.001);
+  expect_words(slow, {"[watchdog] rank 1: MPI allreduce (wait 7) did not complete within 3 s",
+                      "another rank is stopped"});
+  const std::string suspended = distributed::watchdog_message(1, "MPI allreduce", 7, 3, 41.6);
+  expect_words(suspended, {"rank 1: MPI allreduce", "this rank itself did not run for 42 s"});
+  EXPECT_EQ(suspended.find("another rank"), std::string::npos) << suspended;
+  // A second's pause of a wait of 600 s is the machine, not a suspension.
+  expect_words(distributed::watchdog_message(0, "MPI barrier", 1, 600, 1.5), {"another rank"});
 }
 
 // A finished run resumed evaluates the model it loaded and says nothing is left to train.

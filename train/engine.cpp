@@ -210,6 +210,14 @@ void Run::broadcast_buffers() {
   for (auto& [name, t] : model_->named_buffers()) comm_->broadcast(t, 0);
 }
 
+// The batch arithmetic in words; under --pipeline its ranks are data-parallel groups of stages,
+// which the job's process count (the metrics' "ranks") is not: both are said.
+std::string Run::batch_text(const optim::ResolvedBatch& batch) const {
+  if (c_.pipeline == 1) return batch.str();
+  return str_cat(batch.str(), " (", world_->world_size(), " processes: ", comm_->world_size(),
+                 " data-parallel x ", c_.pipeline, " pipeline stages)");
+}
+
 // One of the task's measures of the whole model, in eval mode without gradients.
 Evaluation Run::measure(const std::function<Evaluation(nn::Module&)>& measure) {
   if (!measure) return Evaluation{};
@@ -233,7 +241,7 @@ void Run::run_epoch(int64_t epoch) {
   const EpochPlan& plan = plan_for(epoch);
   if (k_schedule_ &&
       (epoch == 0 || plan.batch.accum_steps != plan_for(epoch - 1).batch.accum_steps)) {
-    log(str_cat("epoch ", epoch + 1, ": ", plan.batch.str(), ", lr ", plan.lr));
+    log(str_cat("epoch ", epoch + 1, ": ", batch_text(plan.batch), ", lr ", plan.lr));
   }
   acc_->set_base_lr(plan.lr);
   progress_->set_steps_per_epoch(static_cast<int64_t>(plan.windows.size()));
@@ -378,7 +386,7 @@ Summary Run::train() {
     metrics_->emit({{"event", "run"}, {"run_id", run_id_}, {"program", task_.program}});
   }
   const EpochPlan& first = plan_for(0);
-  log(task_.program + ": " + first.batch.str() + ", lr " + std::to_string(first.lr) + " (" +
+  log(task_.program + ": " + batch_text(first.batch) + ", lr " + std::to_string(first.lr) + " (" +
       optim::lr_scaling_name(c_.lr_scaling) + " scaling)" +
       (k_schedule_ ? ", accumulation schedule " + k_schedule_->str() : "") + ", " +
       std::to_string(model_->num_parameters()) + " parameters, device " + c_.device.str() + ", " +

@@ -164,7 +164,7 @@ std::string Run::summary_line() {
        << " | "
        << (k_schedule_ ? str_cat("accumulation schedule ", k_schedule_->str(), ", micro-batch ",
                                  batch.micro_batch)
-                       : batch.str())
+                       : batch_text(batch))
        << " | device " << c_.device.str() << " | peak " << mib(mem.peak_bytes) << ", activations "
        << mib(mem.peak_activation_bytes) << ", optimizer state " << mib(optimizer_->state_bytes())
        << (world_->world_size() > 1 ? " per rank" : "") << strategies_->summary_part(summary_)

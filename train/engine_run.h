@@ -87,6 +87,7 @@ class Run {
                        const std::vector<int32_t>& order_host,
                        const std::function<int64_t(int64_t, int64_t)>& items_of);
   void setup_device_path();
+  std::string batch_text(const optim::ResolvedBatch& batch) const;
   Evaluation measure(const std::function<Evaluation(nn::Module&)>& measure);
   Evaluation evaluate(bool final);
   // engine_best.cpp: --eval-every, --keep-best, --early-stop.
