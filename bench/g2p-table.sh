@@ -50,19 +50,5 @@ micro=$(field "$tmp/probe.jsonl" micro_batch)
       $1, $2 / 1048576, $3, $5, $4, $6, $7, $8 / 1048576, $9 }'
 } > "$out.md"
 [ -n "${ACCRUE_SKIP_DEPS:-}" ] || scripts/install-deps.sh --with-plot
-command -v gnuplot >/dev/null || { echo "no gnuplot: skipping $out.png"; exit 0; }
-gnuplot <<PLOT
-set terminal pngcairo size 800,450
-set output "$out.png"
-set datafile separator ","
-set title "G2P GPT under --memory-budget $budget ($device): same samples per config"
-set style data histograms
-set style fill solid 0.6
-set ylabel "peak MiB / tokens per s / 100"
-set y2label "validation loss per token"
-set y2tics
-set key top left
-plot "$out.csv" using (\$2/1048576):xtic(1) title "peak MiB", \
-     "" using (\$6/100) title "tokens/s / 100", \
-     "" using 0:7 axes x1y2 with linespoints lw 2 title "validation loss"
-PLOT
+bench/plot-g2p-table.sh "$out.csv" "$out.png" \
+  "G2P GPT under --memory-budget $budget ($device): the same $samples samples per configuration"

@@ -50,29 +50,5 @@ cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')
       $1, $2, $3, $4, 100 * $5, 100 * $6, 100 * $7, $8 / 1048576, $9 / 1048576 }'
 } > "$out.md"
 [ -n "${ACCRUE_SKIP_DEPS:-}" ] || scripts/install-deps.sh --with-plot
-command -v gnuplot >/dev/null || { echo "no gnuplot: skipping $out.png"; exit 0; }
-gnuplot <<PLOT
-set terminal pngcairo size 900,450
-set output "$out.png"
-set datafile separator ","
-set multiplot layout 1,2 title "G2P GPT in two pipeline stages ($cpu)"
-set xlabel "micro-batches per window k (log scale)"
-set logscale x 2
-set xtics (2, 4, 8, 16)
-set xrange [1.7:19]
-set ylabel "idle share of the window"
-set key top right
-set title "the bubble"
-plot "< grep gpipe $out.csv" using 1:5 with linespoints title "GPipe stage 0", \
-     "< grep gpipe $out.csv" using 1:6 with linespoints title "GPipe stage 1", \
-     "< grep 1f1b $out.csv" using 1:5 with linespoints title "1F1B stage 0", \
-     "< grep 1f1b $out.csv" using 1:6 with linespoints title "1F1B stage 1", \
-     "< grep gpipe $out.csv" using 1:7 with lines dt 2 lw 2 title "(P-1)/(k+P-1)"
-set title "peak activations, stage 0"
-set ylabel "MiB"
-set key top left
-plot "< grep gpipe $out.csv" using 1:(\$8/1048576) with linespoints title "GPipe (k in flight)", \
-     "< grep 1f1b $out.csv" using 1:(\$8/1048576) with linespoints title "1F1B (P in flight)"
-unset multiplot
-PLOT
+bench/plot-pipeline.sh "$out.csv" "$out.png" "$cpu"
 echo "wrote $out.csv, $out.md, $out.png"

@@ -68,7 +68,7 @@ for i in "${!inputs[@]}"; do
       elif $r.event == "eval" or $r.event == "epoch" then
         .rows += [[($r.step // .step),
                    ($r.val_loss // $r.test_loss // "NaN"),
-                   ($r.val_accuracy // $r.val_per // "NaN")]]
+                   ($r.val_accuracy // $r.val_per // $r.test_accuracy // $r.test_per // "NaN")]]
       else . end)
     | .rows[] | @tsv' "$file" >"$work/$i.evals"
   name=$(basename "$file")
@@ -82,6 +82,25 @@ for name in "${names[@]}"; do
   name=${name//\\/\\\\}
   name_list+="${name_list:+,}\"${name//\"/\\\"}\""
 done
+# The last step of any run: every panel's x range, an empty one's too.
+last_step=$(cat "$work"/*.steps | awk -F'\t' '$1 > m { m = $1 } END { print int(m * 1.03) + 1 }')
+# A panel's gnuplot commands: TITLE, which files (steps or evals), the column that must hold a
+# number in some run, and the plot's "for [i=1:n]" body; a panel with no number in any run says
+# "not recorded" (an old file without throughput, a run without evaluations).
+panel() {
+  local title=$1 kind=$2 column=$3 body=$4
+  echo "set title \"$title\""
+  if cat "$work"/*."$kind" 2>/dev/null | awk -F'\t' -v c="$column" \
+       '$c != "NaN" && $c != "" { found = 1 } END { exit !found }'; then
+    echo "plot for [i=1:$n] $body"
+  else
+    echo "set label 1 \"not recorded\" at graph 0.5, 0.5 center"
+    echo "set yrange [0:1]"
+    echo "plot NaN notitle"
+    echo "unset label 1"
+    echo "set autoscale y"
+  fi
+}
 tmp_out="$out.tmp.$$"
 # gnuplot's warnings (a run without evaluation losses or tokens) are shown only if it fails.
 if ! gnuplot 2>"$work/gnuplot.log" <<PLOT
@@ -98,25 +117,20 @@ set grid
 # inside the frame, not on it, and the key covers less.
 set offsets graph 0, graph 0, graph 0.25, graph 0.05
 set xlabel "optimizer step"
-set multiplot layout 3,2 title "accrue metrics"
-set title "loss (lines: training windows; points: evaluations)"
-plot for [i=1:$n] steps(i) using 1:2 with lines lc i title name[i], \
-     for [i=1:$n] evals(i) using 1:2 with points pt 7 lc i notitle
-set title "held-out measure (accuracy or PER)"
-plot for [i=1:$n] evals(i) using 1:3 with linespoints pt 7 lc i title name[i]
-set title "gradient norm (before clipping)"
-plot for [i=1:$n] steps(i) using 1:3 with lines lc i title name[i]
-set title "learning rate"
-plot for [i=1:$n] steps(i) using 1:4 with lines lc i title name[i]
-set title "loss scale"
-set logscale y 2
-set format y "%.0f"
-plot for [i=1:$n] steps(i) using 1:5 with lines lc i title name[i]
-unset logscale y
+set xrange [0:$last_step]
 set format y "%g"
-set title "throughput per window (samples/s; tokens/s dashed)"
-plot for [i=1:$n] steps(i) using 1:6 with lines lc i title name[i], \
-     for [i=1:$n] steps(i) using 1:7 with lines dt 2 lc i notitle
+set multiplot layout 3,2 title "accrue metrics"
+$(panel "loss (lines: training windows; points: evaluations)" steps 2 \
+  "steps(i) using 1:2 with lines lc i title name[i], for [i=1:$n] evals(i) using 1:2 with points pt 7 lc i notitle")
+$(panel "evaluation (validation accuracy or PER where recorded, else the test split's)" evals 3 \
+  "evals(i) using 1:3 with linespoints pt 7 lc i title name[i]")
+$(panel "gradient norm (before clipping)" steps 3 "steps(i) using 1:3 with lines lc i title name[i]")
+$(panel "learning rate" steps 4 "steps(i) using 1:4 with lines lc i title name[i]")
+set logscale y 2
+$(panel "loss scale" steps 5 "steps(i) using 1:5 with lines lc i title name[i]")
+unset logscale y
+$(panel "throughput per window (samples/s; tokens/s dashed)" steps 6 \
+  "steps(i) using 1:6 with lines lc i title name[i], for [i=1:$n] steps(i) using 1:7 with lines dt 2 lc i notitle")
 unset multiplot
 PLOT
 then
