@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include "core/file.h"
@@ -109,6 +111,19 @@ inline fs::path make_dataset(const std::string& name, int64_t train = 1024, int6
   write_fixture(dir, "train", train, 1);
   write_fixture(dir, "t10k", test, 2);
   return dir;
+}
+
+// A file's bytes as a string ("" when it cannot be read).
+inline std::string slurp(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Each of `words` is in `text`, or the test fails naming it.
+inline void expect_words(const std::string& text, const std::vector<std::string>& words) {
+  for (const std::string& w : words) {
+    EXPECT_NE(text.find(w), std::string::npos) << "'" << w << "' not in: " << text;
+  }
 }
 
 // Runs the command line; returns {status, out, err}.

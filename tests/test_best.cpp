@@ -12,11 +12,6 @@
 namespace accrue::testing {
 namespace {
 
-std::string slurp(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 std::vector<nlohmann::json> events(const fs::path& metrics, const std::string& kind) {
   std::vector<nlohmann::json> out;
   std::ifstream in(metrics);

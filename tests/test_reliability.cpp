@@ -28,11 +28,6 @@
 namespace accrue::testing {
 namespace {
 
-std::string slurp(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 std::vector<nlohmann::json> records(const fs::path& path) {
   std::vector<nlohmann::json> out;
   std::ifstream in(path);
@@ -87,12 +82,6 @@ CliResult run(const fs::path& data, std::vector<std::string> more) {
   std::vector<std::string> args = short_run(data);
   args.insert(args.end(), more.begin(), more.end());
   return cli(args);
-}
-
-void expect_words(const std::string& text, const std::vector<std::string>& words) {
-  for (const std::string& w : words) {
-    EXPECT_NE(text.find(w), std::string::npos) << "'" << w << "' not in: " << text;
-  }
 }
 
 // ---- outputs ----

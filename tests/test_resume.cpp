@@ -11,17 +11,6 @@
 namespace accrue::testing {
 namespace {
 
-std::string slurp(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void expect_words(const std::string& text, const std::vector<std::string>& words) {
-  for (const std::string& w : words) {
-    EXPECT_NE(text.find(w), std::string::npos) << "'" << w << "' not in: " << text;
-  }
-}
-
 // A run with settings far from the defaults: another batch, rate, schedule, seed, optimizer and
 // model, so that a resume which took any of them from the defaults would differ.
 std::vector<std::string> recipe(const fs::path& data) {
