@@ -58,7 +58,10 @@ void Run::evaluate_between_steps(int64_t epoch, int64_t step) {
 
 // A held-out evaluation at `step` against the best so far; the note its log line ends with.
 std::string Run::consider_for_best(const Evaluation& e, int64_t step) {
-  if (!e.held_out || step == last_considered_step_) return "";
+  // Without these flags the held-out split is not measured at every evaluation (the last
+  // epoch's may score the test split alone): a "best" would leave some out.
+  const bool choosing = c_.eval_every > 0 || c_.keep_best || c_.early_stop > 0;
+  if (!choosing || !e.held_out || step == last_considered_step_) return "";
   last_considered_step_ = step;
   const bool better =
       !best_.any || (e.lower_is_better ? e.value < best_.value : e.value > best_.value);
