@@ -101,6 +101,10 @@ panel() {
     echo "set autoscale y"
   fi
 }
+# Whether some run recorded tokens/s (a task with sequence lengths): drawn on the right axis.
+tokens_recorded() {
+  cat "$work"/*.steps | awk -F'\t' '$7 != "NaN" && $7 != "" { found = 1 } END { print found ? "yes" : "no" }'
+}
 tmp_out="$out.tmp.$$"
 # gnuplot's warnings (a run without evaluation losses or tokens) are shown only if it fails.
 if ! gnuplot 2>"$work/gnuplot.log" <<PLOT
@@ -129,8 +133,14 @@ $(panel "learning rate" steps 4 "steps(i) using 1:4 with lines lc i title name[i
 set logscale y 2
 $(panel "loss scale" steps 5 "steps(i) using 1:5 with lines lc i title name[i]")
 unset logscale y
-$(panel "throughput per window (samples/s; tokens/s dashed)" steps 6 \
-  "steps(i) using 1:6 with lines lc i title name[i], for [i=1:$n] steps(i) using 1:7 with lines dt 2 lc i notitle")
+$(if [ "$(tokens_recorded)" = yes ]; then
+  echo "set y2tics"
+  echo "set ytics nomirror"
+  panel "throughput per window (samples/s; tokens/s dashed, right axis)" steps 6 \
+    "steps(i) using 1:6 with lines lc i title name[i], for [i=1:$n] steps(i) using 1:7 axes x1y2 with lines dt 2 lc i notitle"
+else
+  panel "throughput per window (samples/s)" steps 6 "steps(i) using 1:6 with lines lc i title name[i]"
+fi)
 unset multiplot
 PLOT
 then
