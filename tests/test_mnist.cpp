@@ -608,8 +608,8 @@ TEST(Trainer, ResumeWidensAnInt32BatchNormCounter) {
   }
   for (const auto& [name, t] : saved.optimizer) optimizer.emplace_back(name, t);
   const fs::path old = data / "ckpt-i32";
-  train::write_checkpoint(old.string(), saved.run_id, saved.config, saved.flags, saved.position, saved.best, model,
-                          optimizer);
+  train::write_checkpoint(old.string(), saved.run_id, saved.config, saved.flags, saved.position,
+                          saved.best, model, optimizer);
   EXPECT_EQ(
       train::read_latest_checkpoint(old.string()).model.at("norm1.num_batches_tracked").dtype(),
       DType::kInt32);
