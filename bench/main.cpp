@@ -1,7 +1,9 @@
 // accrue-bench: Google Benchmark over accrue's kernels and the MNIST MLP on every device
 // present. Accepts Google Benchmark's flags, plus --smoke (every benchmark once at its smallest
-// size: what CI runs). The limits used for `roofline` are measured and printed once there is a
-// benchmark to run (not for --benchmark_list_tests or a filter that matches none); a
+// size: what CI runs) and --limits (measure and print the machine's limits, run nothing: for
+// scripts that need the same-run GEMM rate, bench/g2p-peer.sh). The limits used for `roofline` are
+// measured and printed once there is a benchmark to run (not for --benchmark_list_tests or a filter
+// that matches none); a
 // --benchmark_out file that cannot be written is an error (exit 1).
 #include <algorithm>
 #include <cstring>
@@ -98,9 +100,12 @@ int main(int argc, char** argv) {
   using namespace accrue;
   cpu::run_with_cpu_blas_kernels(argv);  // rates of the kernels the CPU has, not a fallback's
   std::vector<char*> args;
+  bool limits_only = false;
   for (int i = 0; i < argc; ++i) {
     if (std::strcmp(argv[i], "--smoke") == 0) {
       bench::smoke() = true;
+    } else if (std::strcmp(argv[i], "--limits") == 0) {
+      limits_only = true;
     } else {
       args.push_back(argv[i]);
     }
@@ -113,6 +118,10 @@ int main(int argc, char** argv) {
   if (!out.empty() && out_format == "console") {
     std::cerr << "accrue-bench: --benchmark_out_format=console is not supported; json or csv\n";
     return 2;
+  }
+  if (limits_only) {
+    bench::measure_every_limit();  // printed on stderr
+    return 0;
   }
   bench::register_kernel_benchmarks();
   bench::register_mnist_benchmarks();

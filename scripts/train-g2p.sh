@@ -2,7 +2,7 @@
 # Fetches CMUdict, builds accrue-g2p and trains the default recipe on the best device present:
 # a GPT of 4 blocks, width 128, 4 heads (815k parameters), AdamW lr 2e-3 (weight decay 0.01),
 # 200 warmup steps then cosine, clip 1.0, micro-batch 32 x 4 accumulation steps over windows
-# normalised by their target tokens, 7 epochs; PER and WER on the validation and test splits
+# normalised by their target tokens, 9 epochs; PER and WER on the validation and test splits
 # after each epoch; the model saved to g2p.safetensors (then: --init g2p.safetensors --predict
 # WORD...). Extra arguments go to accrue-g2p: scripts/train-g2p.sh --epochs 8 ...
 set -euo pipefail

@@ -315,7 +315,7 @@ nn::LossSum loss_of_logits(const Tensor& logits, const train::Samples& b, DType 
 }  // namespace
 
 Config::Config() {
-  epochs = 7;
+  epochs = 9;
   lr = 2e-3;
   optimizer = "adamw";
   weight_decay = 0.01;
