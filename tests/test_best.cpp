@@ -122,5 +122,20 @@ TEST(Best, EarlyStopEndsTheRunAndResumesWhereItWould) {
   EXPECT_EQ(slurp(resumed), slurp(whole));
 }
 
+// --keep-best resumed into another --checkpoint folder brings the best so far along: the folder
+// the summary names holds it though the resumed run never improves on it.
+TEST(Best, AResumeIntoAnotherFolderCarriesTheBestWeights) {
+  const fs::path data = make_dataset("best-carried", 448, 64);
+  const fs::path first = data / "first", second = data / "second";
+  std::vector<std::string> args = base(data, {"--lr", "1e-12", "--eval-every", "1", "--keep-best",
+                                              "--checkpoint", first.string(), "--max-steps", "2"});
+  ASSERT_EQ(cli(args).status, 0);
+  ASSERT_TRUE(fs::exists(first / "best.safetensors"));
+  const CliResult r = cli(
+      {"--resume", first.string(), "--checkpoint", second.string(), "--max-steps", "4", "--quiet"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(slurp(second / "best.safetensors"), slurp(first / "best.safetensors"));
+}
+
 }  // namespace
 }  // namespace accrue::testing

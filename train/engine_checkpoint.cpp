@@ -5,12 +5,15 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "core/file.h"
 #include "kernels/factories.h"
 #include "optim/safetensors.h"
 #include "optim/strict_json.h"
 #include "train/agreement.h"
 
 namespace accrue::train::engine {
+
+namespace fs = std::filesystem;
 
 // The recipe's settings as given: precision, optimizer, learning rate and schedule, clipping,
 // the k schedule, sharding and the seed.
@@ -149,6 +152,7 @@ void Run::resume() {
   best_measure_.key = best_measure_.label = best_.key;
   best_measure_.percent = false;
   best_measure_.value = best_.value;
+  carry_best_weights();
   // The samples seen before the position: whole epochs, then the windows of its epoch.
   samples_seen_ = start_.epoch * train_samples_;
   const auto& windows = plan_for(start_.epoch).windows;
@@ -156,6 +160,20 @@ void Run::resume() {
     samples_seen_ += windows[static_cast<size_t>(w)].samples;
   log(str_cat("resumed from ", saved.path, ": step ", start_.step, ", epoch ", start_.epoch + 1,
               ", window ", start_.window + 1));
+}
+
+// --keep-best resumed into another --checkpoint folder: the best so far comes along, so the
+// folder the summary names holds it even when the resumed run never improves on it.
+void Run::carry_best_weights() const {
+  if (!c_.keep_best || !best_.any || !lead_ || c_.checkpoint.empty()) return;
+  const fs::path from = fs::path(c_.resume) / kBestWeights;
+  std::error_code ec;
+  if (!fs::exists(from, ec) || fs::equivalent(c_.resume, c_.checkpoint, ec)) return;
+  fs::create_directories(c_.checkpoint, ec);
+  AtomicFile out(best_weights_path());
+  const std::vector<uint8_t> bytes = read_file_bytes(from.string());
+  out.write(bytes.data(), bytes.size());
+  out.commit();
 }
 
 // A cosine schedule decays to 0 at the run's last step: a resumed run of another length would

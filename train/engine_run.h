@@ -66,6 +66,7 @@ class Run {
   nlohmann::json run_config();
   void resume();
   void check_same_horizon(const Checkpoint& saved) const;
+  void carry_best_weights() const;
   void validate_position(const Checkpoint& saved);
   void save_weights(const std::string& path, const std::vector<nn::NamedTensor>& masters);
   void write_checkpoint(const TrainPosition& position);
