@@ -40,6 +40,12 @@ done
 [ "${#inputs[@]}" -gt 0 ] || usage "no metrics file given"
 [ -n "$out" ] || usage "no output given"
 case "$out" in *.png) ;; *) usage "-o $out: the output is a .png file" ;; esac
+[ -d "$out" ] && usage "-o $out: is a folder"
+for file in "${inputs[@]}"; do
+  [ -e "$file" ] && [ -e "$out" ] && [ "$file" -ef "$out" ] && usage "-o $out is the input $file"
+done
+out_dir=$(dirname -- "$out")
+[ -d "$out_dir" ] && [ -w "$out_dir" ] || fail "-o $out: cannot write into $out_dir (no such folder, or not writable)"
 command -v jq >/dev/null || fail "jq is missing: scripts/install-deps.sh --with-plot"
 command -v gnuplot >/dev/null || fail "gnuplot is missing: scripts/install-deps.sh --with-plot"
 
@@ -52,12 +58,13 @@ trap 'rm -rf "$work"' EXIT
 names=()
 for i in "${!inputs[@]}"; do
   file="${inputs[$i]}"
-  [ -f "$file" ] || fail "$file: no such file"
+  [ -e "$file" ] || fail "$file: no such file"
+  [ -f "$file" ] || fail "$file: not a regular file"
   [ -r "$file" ] || fail "$file: cannot read it"
   if ! errors=$(jq -c . "$file" 2>&1 >/dev/null); then
     fail "$file: not JSON Lines (${errors//$'\n'/ })"
   fi
-  jq -r 'select(type == "object" and has("step") and has("loss") and (has("event") | not))
+  jq -r 'select(type == "object" and (.step | type) == "number" and has("loss") and (has("event") | not))
          | [.step, .loss, .grad_norm, .lr, .loss_scale,
             (.samples_per_second // "NaN"), (.tokens_per_second // "NaN")]
          | map(if . == null then "NaN" else . end) | @tsv' "$file" >"$work/$i.steps"
@@ -71,7 +78,8 @@ for i in "${!inputs[@]}"; do
                    ($r.val_accuracy // $r.val_per // $r.test_accuracy // $r.test_per // "NaN")]]
       else . end)
     | .rows[] | @tsv' "$file" >"$work/$i.evals"
-  name=$(basename "$file")
+  # The run's name as a key label: its file's, without control characters.
+  name=$(basename -- "$file" | tr -d '\000-\037')
   names+=("${name%.jsonl}")
 done
 
@@ -105,7 +113,8 @@ panel() {
 tokens_recorded() {
   cat "$work"/*.steps | awk -F'\t' '$7 != "NaN" && $7 != "" { found = 1 } END { print found ? "yes" : "no" }'
 }
-tmp_out="$out.tmp.$$"
+# Drawn into the scratch folder (the user's name never reaches gnuplot), then moved into place.
+tmp_out="$work/plot.png"
 # gnuplot's warnings (a run without evaluation losses or tokens) are shown only if it fails.
 if ! gnuplot 2>"$work/gnuplot.log" <<PLOT
 set terminal pngcairo size 1200,900 font ",10" noenhanced
@@ -144,9 +153,10 @@ fi)
 unset multiplot
 PLOT
 then
-  cat "$work/gnuplot.log" >&2
-  rm -f "$tmp_out"
-  fail "gnuplot could not draw $out"
+  tail -3 "$work/gnuplot.log" >&2
+  fail "gnuplot could not draw $out from ${inputs[*]} (its last lines above)"
 fi
-mv "$tmp_out" "$out"
+# A temporary beside the output, renamed over it: the previous plot survives a failed copy.
+cp "$tmp_out" "$out.tmp.$$" && mv -f "$out.tmp.$$" "$out" ||
+  { rm -f "$out.tmp.$$"; fail "-o $out: could not write it"; }
 echo "plot-metrics.sh: wrote $out (${n} run(s): ${names[*]})"

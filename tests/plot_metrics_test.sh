@@ -65,4 +65,15 @@ expect_failure "no input" 2 "no metrics file given" -- -o "$png"
 expect_failure "not a png" 2 "a .png file" -- "$work/run_a.jsonl" -o "$work/plot.jpg"
 expect_failure "unknown option" 2 "unknown option --width" -- "$work/run_a.jsonl" --width 3 -o "$png"
 
+cp "$work/run_a.jsonl" "$work/same.png"
+expect_failure "output is an input" 2 "is the input" -- "$work/same.png" -o "$work/same.png"
+mkdir "$work/folder.png"
+expect_failure "output is a folder" 2 "is a folder" -- "$work/run_a.jsonl" -o "$work/folder.png"
+expect_failure "output folder missing" 1 "cannot write into" -- "$work/run_a.jsonl" -o "$work/none/x.png"
+# A name is a name: quotes in it never reach gnuplot as commands.
+(cd "$work" && "$script" run_a.jsonl -o 'x.png"; system("touch INJECTED"); set output "y.png' \
+  >/dev/null 2>&1)
+check "a quoted output name runs nothing" test ! -e "$work/INJECTED"
+check "and is written under its own name" test -s "$work/x.png\"; system(\"touch INJECTED\"); set output \"y.png"
+
 [ "$failures" -eq 0 ] || { echo "$failures check(s) failed"; exit 1; }

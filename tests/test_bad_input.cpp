@@ -361,6 +361,7 @@ TEST(BadInput, CommandLineMistakesExitTwoBeforeReadingData) {
   const fs::path dir = temp_dir("bad-cli");
   fs::create_symlink(dir / "loop-b", dir / "loop-a");
   fs::create_symlink(dir / "loop-a", dir / "loop-b");
+  std::ofstream(dir / "best.safetensors") << "the user's file";  // --keep-best's row keeps it
   const std::vector<CliCase> table{
       {{"--lr", "nan"}, {"--lr", "nan", "not a finite number"}},
       {{"--lr", "inf"}, {"--lr", "inf"}},
@@ -509,6 +510,8 @@ TEST(BadInput, CommandLineMistakesExitTwoBeforeReadingData) {
       {{"--early-stop", "2", "--eval-every", "5"}, {"--early-stop", "--validation N"}},
       {{"--validation", "-1"}, {"--validation"}},
       {{"--validation", "512", "--train-limit", "512"}, {"--validation 512", "--train-limit 512"}},
+      {{"--keep-best", "--validation", "8", "--checkpoint", dir.string()},
+       {"--keep-best", "best.safetensors exists and this run did not write it"}},
       {{"--keep-best", "--validation", "8", "--checkpoint", fs::temp_directory_path().string(),
         "--save", (fs::temp_directory_path() / "best.safetensors").string()},
        {"--save", "best.safetensors", "checkpoint writer's own file"}},

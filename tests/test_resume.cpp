@@ -107,6 +107,46 @@ TEST(Resume, EveryDifferenceIsNamedInOneMessage) {
   }
 }
 
+// A record edited by hand, or a folder without a readable checkpoint, is refused before the data
+// is read (exit 2, naming the file), whether or not --data is given: never a crash, and never the
+// default data folder's error instead.
+TEST(Resume, BrokenFlagRecordsAreNamedBeforeTheData) {
+  const fs::path data = make_dataset("resume-broken", 384, 64);
+  const fs::path ckpt = data / "ckpt";
+  ASSERT_EQ(cli(with(recipe(data), {"--max-steps", "3", "--checkpoint", ckpt.string()})).status, 0);
+  struct Row {
+    std::string name;
+    nlohmann::json flags;
+    std::string words;
+  };
+  const std::vector<Row> table{
+      {"a switch recorded as an empty list",
+       {{"--no-shuffle", nlohmann::json::array()}},
+       "not an object of non-empty string lists"},
+      {"a value that is no list", {{"--lr", "0.001"}}, "'flags'"},
+      {"a number", {{"--lr", nlohmann::json::array({0.001})}}, "'flags'"},
+  };
+  const fs::path broken = data / "broken";
+  for (const Row& row : table) {
+    SCOPED_TRACE(row.name);
+    fs::remove_all(broken);
+    fs::copy(ckpt, broken);
+    for (const auto& entry : fs::directory_iterator(broken)) {
+      if (entry.path().extension() != ".json") continue;
+      nlohmann::json j = nlohmann::json::parse(slurp(entry.path()));
+      j["flags"] = row.flags;
+      std::ofstream(entry.path(), std::ios::trunc) << j.dump();
+    }
+    const CliResult r = cli({"--resume", broken.string(), "--quiet"});
+    EXPECT_EQ(r.status, 2) << r.err;
+    expect_words(r.err, {broken.string(), row.words, "no older intact checkpoint"});
+  }
+  fs::create_directories(data / "empty");
+  const CliResult r = cli({"--resume", (data / "empty").string(), "--quiet"});
+  EXPECT_EQ(r.status, 2) << r.err;
+  expect_words(r.err, {"no checkpoint (step-*.json) in it"});
+}
+
 // Other data under the same name, or a cosine run made longer, is refused after the data is read
 // (exit 1), naming the data's hash or the horizon; a constant schedule may run longer.
 TEST(Resume, OtherDataAndAMovedCosineHorizonAreRefused) {

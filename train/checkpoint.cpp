@@ -103,12 +103,13 @@ std::string string_field(const nlohmann::json& j, const char* key, const std::st
 nlohmann::json flags_field(const nlohmann::json& flags, const std::string& path) {
   bool valid = flags.is_object();
   for (auto it = flags.begin(); valid && it != flags.end(); ++it) {
-    valid = it->is_array() && std::all_of(it->begin(), it->end(),
-                                          [](const nlohmann::json& v) { return v.is_string(); });
+    valid =
+        it->is_array() && !it->empty() &&
+        std::all_of(it->begin(), it->end(), [](const nlohmann::json& v) { return v.is_string(); });
   }
   if (!valid) {
     throw FileError(str_cat(path, ": 'flags' is ", optim::brief_json(flags),
-                            ", not an object of string lists"));
+                            ", not an object of non-empty string lists"));
   }
   return flags;
 }
@@ -470,23 +471,28 @@ nlohmann::json recorded_flags(const std::string& dir) {
   if (listed_steps(folder).empty() && fs::is_directory(fs::path(dir) / "stage-0", ec)) {
     folder = (fs::path(dir) / "stage-0").string();
   }
-  for (int64_t step : listed_steps(folder)) {
+  const std::vector<int64_t> steps = listed_steps(folder);
+  if (steps.empty()) throw FileError("--resume " + dir + ": no checkpoint (step-*.json) in it");
+  // A damaged newest one is passed over here: the engine names it, and the older checkpoint it
+  // resumes from. When none can be read, that is said now, before the data.
+  std::string damage;
+  for (int64_t step : steps) {
     const std::string path = (fs::path(folder) / (stem(step) + ".json")).string();
-    nlohmann::json j;
     try {
       const std::vector<uint8_t> text = read_file_bytes(path, kMaxDescriptionBytes, kDescription);
-      j = optim::parse_strict_json(text.begin(), text.end());
-    } catch (const std::exception&) {
-      continue;  // damaged: the engine names it, and the older checkpoint it resumes from
-    }
-    if (!j.is_object() || !j.contains("flags")) return nlohmann::json::object();
-    try {
+      nlohmann::json j;
+      try {
+        j = optim::parse_strict_json(text.begin(), text.end());
+      } catch (const std::exception& e) {
+        throw FileError(path + ": not JSON (" + e.what() + ")");
+      }
+      if (!j.is_object() || !j.contains("flags")) return nlohmann::json::object();
       return flags_field(j["flags"], path);
-    } catch (const FileError&) {
-      continue;  // as damaged as unreadable JSON
+    } catch (const FileError& e) {
+      if (damage.empty()) damage = e.what();
     }
   }
-  return nlohmann::json::object();
+  throw FileError(damage + "; no older intact checkpoint");
 }
 
 const char* const kLaterKeys[3] = {"device_type", "data_hash", "horizon"};

@@ -93,11 +93,11 @@ Checkpoint read_latest_checkpoint(const std::string& dir,
                                   const std::function<void(const Checkpoint&)>& validate = {});
 
 // The flags recorded in the newest checkpoint of dir (of dir/stage-0 for a pipelined run) whose
-// description reads as JSON with a well-formed record (an object of string lists), for
+// description reads as JSON with a well-formed record (an object of non-empty string lists), for
 // --resume DIR to take before any data is read (flag -> values); an empty object when that
-// checkpoint records none (written before the flags were, or by a run configured in code) or
-// there is no readable checkpoint. A damaged newest one is the engine's to name, with the older
-// intact one it would resume from.
+// checkpoint records none (written before the flags were, or by a run configured in code). A
+// damaged newest one is the engine's to name, with the older intact one it resumes from. Throws
+// FileError when dir holds no checkpoint, or none whose description can be read.
 nlohmann::json recorded_flags(const std::string& dir);
 
 // Throws ValueError naming every setting in which the two configurations differ. A key of

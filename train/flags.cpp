@@ -303,6 +303,18 @@ void Flags::check_outputs() {
   if (!c_.checkpoint.empty()) {
     check_checkpoint_folder(c_.checkpoint, c_.resume, c_.pipeline);
     outputs.push_back({"--checkpoint", c_.checkpoint, false});
+    // --keep-best writes DIR/best.safetensors: a file there that the resumed run did not write
+    // (a fresh run, or a resume from another folder) is the user's, and stays.
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const fs::path best = fs::path(c_.checkpoint) / kBestWeights;
+    const bool continues_here = !c_.resume.empty() && fs::equivalent(c_.resume, c_.checkpoint, ec);
+    if (c_.keep_best && fs::symlink_status(best, ec).type() != fs::file_type::not_found &&
+        !continues_here) {
+      throw ValueError(str_cat("--keep-best: ", best.string(),
+                               " exists and this run did not write it: move it, or choose another "
+                               "--checkpoint folder"));
+    }
   }
   // The profiler's trace, written at exit (kernels/profile.h), is an output like the others.
   const std::string trace = profile_trace_path();
