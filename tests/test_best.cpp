@@ -135,6 +135,14 @@ TEST(Best, AResumeIntoAnotherFolderCarriesTheBestWeights) {
       {"--resume", first.string(), "--checkpoint", second.string(), "--max-steps", "4", "--quiet"});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(slurp(second / "best.safetensors"), slurp(first / "best.safetensors"));
+  // --keep-best comes from the checkpoint; --checkpoint is the command's own.
+  const CliResult bare = cli({"--resume", first.string(), "--max-steps", "4", "--quiet"});
+  EXPECT_EQ(bare.status, 2) << bare.err;
+  expect_words(bare.err,
+               {"--keep-best (the resumed run's) needs --checkpoint DIR", "--keep-best=false"});
+  EXPECT_EQ(
+      cli({"--resume", first.string(), "--max-steps", "4", "--keep-best=false", "--quiet"}).status,
+      0);
 }
 
 }  // namespace

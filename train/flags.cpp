@@ -2,6 +2,7 @@
 // default in --help; a mistake prints one line and exits with status 2.
 #include "train/flags.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -429,8 +430,11 @@ void Flags::check_each_flag_takes_effect() const {
     throw ValueError("--checkpoint-every needs --checkpoint DIR");
   }
   if (c_.keep_best && c_.checkpoint.empty()) {
-    throw ValueError("--keep-best needs --checkpoint DIR (the best weights go to DIR/" +
-                     std::string(kBestWeights) + ")");
+    const bool recorded = std::find(taken_from_checkpoint_.begin(), taken_from_checkpoint_.end(),
+                                    "--keep-best") != taken_from_checkpoint_.end();
+    throw ValueError(str_cat("--keep-best", recorded ? " (the resumed run's)" : "",
+                             " needs --checkpoint DIR (the best weights go to DIR/", kBestWeights,
+                             ")", recorded ? "; or give --keep-best=false" : ""));
   }
   if (c_.early_stop > 0 && c_.eval_every == 0) {
     throw ValueError("--early-stop counts evaluations; it needs --eval-every N");
@@ -538,6 +542,7 @@ void Flags::take_resumed_flags() {
                                       ")"));
       }
     } else if (recorded) {
+      taken_from_checkpoint_.push_back(name);
       for (const std::string& value : run) option->add_result(value);
       try {
         option->run_callback();  // the flag's own checks, as if typed

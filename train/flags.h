@@ -52,6 +52,7 @@ class Flags {
                        memory_budget_, lr_scaling_, schedule_, pipeline_schedule_, weight_decay_,
                        bucket_kib_;
   bool no_shuffle_ = false;
+  std::vector<std::string> taken_from_checkpoint_;  // the flags take_resumed_flags() set
 };
 
 // A CLI11 transform for an integer flag: a whole decimal integer in [low, high] (no '+', hex,
