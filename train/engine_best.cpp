@@ -6,25 +6,11 @@
 // the uninterrupted one would. Evaluations change no weight: a run with them ends with the bytes
 // of a run without.
 #include <filesystem>
-#include <iomanip>
-#include <sstream>
 
 #include "optim/safetensors.h"
 #include "train/engine_run.h"
 
 namespace accrue::train::engine {
-
-namespace {
-
-// "validation PER 12.34%", "loss 0.1234".
-std::string measure_text(const Evaluation& e) {
-  std::ostringstream text;
-  text << e.label << " " << std::fixed << std::setprecision(e.percent ? 2 : 4)
-       << (e.percent ? 100 * e.value : e.value) << (e.percent ? "%" : "");
-  return text.str();
-}
-
-}  // namespace
 
 // Before any data is read the command line has checked what it can; a task of the user's may
 // still have no held-out measure.
@@ -53,15 +39,18 @@ void Run::evaluate_between_steps(int64_t epoch, int64_t step) {
   const std::string note = consider_for_best(e, step);
   record["best"] = best_.any && best_.step == step;
   metrics_->emit(record);
-  log(str_cat("step ", step, ": ", measure_text(e), note));
+  log(str_cat("step ", step, ": ", evaluation_text(e), note));
+}
+
+// Only these flags measure the held-out split at every evaluation (without them the last epoch
+// may score the test split alone): a "best" would otherwise leave some out.
+bool Run::chooses_best() const {
+  return c_.eval_every > 0 || c_.keep_best || c_.early_stop > 0;
 }
 
 // A held-out evaluation at `step` against the best so far; the note its log line ends with.
 std::string Run::consider_for_best(const Evaluation& e, int64_t step) {
-  // Without these flags the held-out split is not measured at every evaluation (the last
-  // epoch's may score the test split alone): a "best" would leave some out.
-  const bool choosing = c_.eval_every > 0 || c_.keep_best || c_.early_stop > 0;
-  if (!choosing || !e.held_out || step == last_considered_step_) return "";
+  if (!chooses_best() || !e.held_out || step == last_considered_step_) return "";
   last_considered_step_ = step;
   const bool better =
       !best_.any || (e.lower_is_better ? e.value < best_.value : e.value > best_.value);
@@ -78,7 +67,7 @@ std::string Run::consider_for_best(const Evaluation& e, int64_t step) {
     return c_.keep_best ? str_cat(" (best so far: saved to ", best_weights_path(), ")")
                         : " (best so far)";
   }
-  return str_cat(" (best ", measure_text(best_measure_), " at step ", best_.step, "; ",
+  return str_cat(" (best ", evaluation_text(best_measure_), " at step ", best_.step, "; ",
                  best_.evaluations_since, " evaluation", best_.evaluations_since == 1 ? "" : "s",
                  " since)");
 }
@@ -105,7 +94,7 @@ void Run::write_best_weights(const Evaluation& e, int64_t step) {
 // The summary's words about the best: "best validation PER 9.87% at step 1200 (weights in ...)".
 std::string Run::best_text() const {
   if (!best_.any) return "";
-  return str_cat("best ", measure_text(best_measure_), " at step ", best_.step,
+  return str_cat("best ", evaluation_text(best_measure_), " at step ", best_.step,
                  c_.keep_best ? str_cat(" (weights in ", best_weights_path(), ")") : "");
 }
 

@@ -67,10 +67,7 @@ void Run::end_epoch(int64_t epoch, double epoch_loss, int64_t epoch_items, doubl
                          summary_.evaluation, epoch_seconds};
   std::ostringstream line;
   line << "epoch " << epoch + 1 << ": train loss " << std::fixed << std::setprecision(4)
-       << event.train_loss << ", " << summary_.evaluation.label << " " << std::setprecision(2)
-       << (summary_.evaluation.percent ? 100 * summary_.evaluation.value
-                                       : summary_.evaluation.value)
-       << (summary_.evaluation.percent ? "%" : "");
+       << event.train_loss << ", " << evaluation_text(summary_.evaluation);
   nlohmann::json record = {{"event", "epoch"},
                            {"epoch", epoch + 1},
                            {"train_loss", json_number(event.train_loss)},
@@ -84,11 +81,9 @@ void Run::end_epoch(int64_t epoch, double epoch_loss, int64_t epoch_items, doubl
   const int64_t step = acc_->step_clock();
   if (summary_.evaluation.held_out) {
     line << consider_for_best(summary_.evaluation, step);
-  } else if (task_.validate && (c_.keep_best || c_.early_stop > 0 || c_.eval_every > 0)) {
+  } else if (task_.validate && chooses_best()) {
     const Evaluation held_out = held_out_evaluation();
-    line << ", " << held_out.label << " " << std::setprecision(2)
-         << (held_out.percent ? 100 * held_out.value : held_out.value)
-         << (held_out.percent ? "%" : "") << consider_for_best(held_out, step);
+    line << ", " << evaluation_text(held_out) << consider_for_best(held_out, step);
     record[held_out.key] = held_out.value;
   }
   line << ", " << std::setprecision(2) << epoch_seconds << " s (evaluation " << eval_seconds
@@ -147,8 +142,7 @@ std::string Run::summary_line() {
   const optim::ResolvedBatch batch = plan_for(0).batch;
   const Evaluation& e = summary_.evaluation;
   std::ostringstream line;
-  line << "done: " << e.label << " " << std::fixed << std::setprecision(2)
-       << (e.percent ? 100 * e.value : e.value) << (e.percent ? "%" : "") << " after "
+  line << std::fixed << std::setprecision(2) << "done: " << evaluation_text(e) << " after "
        << summary_.steps << " steps"
        << (summary_.stopped_early
                ? str_cat(" (stopped early: ", c_.early_stop, " evaluations without improvement)")

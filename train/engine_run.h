@@ -93,6 +93,7 @@ class Run {
   Evaluation evaluate(bool final);
   // engine_best.cpp: --eval-every, --keep-best, --early-stop.
   void check_best_can_be_chosen() const;
+  bool chooses_best() const;
   Evaluation held_out_evaluation();
   void evaluate_between_steps(int64_t epoch, int64_t step);
   std::string consider_for_best(const Evaluation& e, int64_t step);

@@ -17,6 +17,11 @@ std::string fixed_digits(double value, int digits) {
   return s.str();
 }
 
+std::string evaluation_text(const Evaluation& e) {
+  return str_cat(e.label, " ", fixed_digits(e.percent ? 100 * e.value : e.value, e.percent ? 2 : 4),
+                 e.percent ? "%" : "");
+}
+
 std::string mib(size_t bytes) {
   std::ostringstream s;
   s << std::fixed << std::setprecision(2) << static_cast<double>(bytes) / (1 << 20) << " MiB";

@@ -13,6 +13,7 @@
 #include "core/clock.h"
 #include "core/file.h"
 #include "nn/module.h"
+#include "train/task.h"
 
 namespace accrue::train {
 
@@ -20,6 +21,8 @@ namespace accrue::train {
 std::string mib(size_t bytes);
 // value with `digits` digits after the point ("8.81")
 std::string fixed_digits(double value, int digits);
+// An evaluation as the log prints it: "validation PER 12.34%", "loss 0.1234".
+std::string evaluation_text(const Evaluation& e);
 
 // A JSON number, or for NaN and infinities the strings "nan", "inf", "-inf" (JSON has no
 // non-finite numbers, and null would hide which one it was).

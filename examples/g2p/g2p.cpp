@@ -379,34 +379,37 @@ train::Evaluation evaluate_splits(const TaskState& state, const Config& c, nn::M
   return e;
 }
 
+// Task::prepare: the dictionary read into `state`, its splits checked, a line on what it holds.
+int64_t prepare(TaskState& state, const Config& c, const train::Setup& setup) {
+  state.setup = setup;
+  state.data = load_data(c.data, c.train_limit, c.seed);
+  const Data& d = state.data;
+  // Every epoch scores the validation split and --eval may score the test split: an empty
+  // one would print "PER 0.00%" for no words.
+  const bool scores_test = c.eval != "validation";
+  for (const auto& [name, words] : {std::pair{"validation", &d.validation}, {"test", &d.test}}) {
+    if (words->empty() && (name == std::string("validation") || scores_test)) {
+      throw FileError(str_cat(c.data, ": its ", name,
+                              " split is empty (split_of, "
+                              "examples/g2p/cmudict.h, puts one word in 20 there)"));
+    }
+  }
+  if (setup.log) {
+    setup.log(str_cat("CMUdict: ", d.train.size(), " training sequences, ", d.validation.size(),
+                      " validation and ", d.test.size(), " test words, ", d.skipped,
+                      " entries skipped (not letters and apostrophes); context ", d.context,
+                      " tokens (", d.longest, ")"));
+  }
+  return static_cast<int64_t>(state.data.train.size());
+}
+
 }  // namespace
 
 train::Task make_task(const Config& c) {
   auto state = std::make_shared<TaskState>();
   train::Task task;
   task.program = "accrue-g2p";
-  task.prepare = [state, c](const train::Setup& setup) {
-    state->setup = setup;
-    state->data = load_data(c.data, c.train_limit, c.seed);
-    const Data& d = state->data;
-    // Every epoch scores the validation split and --eval may score the test split: an empty
-    // one would print "PER 0.00%" for no words.
-    const bool scores_test = c.eval != "validation";
-    for (const auto& [name, words] : {std::pair{"validation", &d.validation}, {"test", &d.test}}) {
-      if (words->empty() && (name == std::string("validation") || scores_test)) {
-        throw FileError(str_cat(c.data, ": its ", name,
-                                " split is empty (split_of, "
-                                "examples/g2p/cmudict.h, puts one word in 20 there)"));
-      }
-    }
-    if (setup.log) {
-      setup.log(str_cat("CMUdict: ", d.train.size(), " training sequences, ", d.validation.size(),
-                        " validation and ", d.test.size(), " test words, ", d.skipped,
-                        " entries skipped (not letters and apostrophes); context ", d.context,
-                        " tokens (", d.longest, ")"));
-    }
-    return static_cast<int64_t>(state->data.train.size());
-  };
+  task.prepare = [state, c](const train::Setup& setup) { return prepare(*state, c, setup); };
   task.items = [state](int64_t i) {
     return target_tokens(state->data.train[static_cast<size_t>(i)]);
   };
