@@ -15,6 +15,7 @@
 #include "core/tensor.h"
 #include "core/threads.h"
 #include "distributed/communicator.h"
+#include "distributed/counting.h"
 #include "distributed/data_parallel.h"
 #include "distributed/pipeline.h"
 #include "distributed/zero.h"

@@ -7,7 +7,7 @@ set(ACCRUE_PUBLIC_HEADERS
   core/allocator.h core/device.h core/dtype.h core/error.h core/file.h core/geometry.h
   core/graph.h core/half.h core/host_waits.h core/staging.h core/tensor.h core/threads.h
   distributed/communicator.h distributed/data_parallel.h distributed/pipeline.h
-  distributed/zero.h
+  distributed/counting.h distributed/zero.h
   kernels/backend.h kernels/factories.h kernels/op_kinds.h
   nn/activation.h nn/conv.h nn/init.h nn/linear.h nn/loss.h nn/mlp.h nn/module.h nn/norm.h
   nn/sequential.h nn/transformer.h

@@ -33,7 +33,16 @@ Storage::Storage(Device device, size_t nbytes, CachingAllocator& allocator)
     : device_(device), nbytes_(nbytes), allocator_(&allocator), data_(allocator.allocate(nbytes)) {}
 
 Storage::~Storage() {
-  allocator_->deallocate(data_);
+  if (data_ != nullptr) allocator_->deallocate(data_);
+}
+
+void Storage::release() {
+  if (data_ != nullptr) allocator_->deallocate(data_);
+  data_ = nullptr;
+}
+
+void Storage::reacquire() {
+  if (data_ == nullptr && nbytes_ > 0) data_ = allocator_->allocate(nbytes_);
 }
 
 namespace {

@@ -43,6 +43,15 @@ class Storage {
   // backward is an error instead of a silently wrong gradient (PyTorch's version counter).
   uint64_t version() const { return version_; }
   void bump_version() { ++version_; }
+  // ZeRO's transient buffers (a gathered layer, a whole gradient between micro-steps): release()
+  // hands the memory back to the allocator while every tensor viewing this storage stays valid,
+  // as the tape's saved weights must; reacquire() takes as many bytes again (contents
+  // unspecified) before anything reads them. held(): not released. The version is unchanged
+  // by both, so a gather that restores the same values between forward and backward is no
+  // modification (FSDP's storage resize to 0 and back).
+  void release();
+  void reacquire();
+  bool held() const { return data_ != nullptr || nbytes_ == 0; }
 
  private:
   Device device_;

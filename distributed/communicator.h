@@ -54,7 +54,8 @@ class Communicator {
   // out [world * n] = concatenation of every rank's in [n], rank order; in may be this rank's
   // slice of out (in place)
   virtual void all_gather(const Tensor& in, Tensor& out) = 0;
-  // out [n] = this rank's slice [rank * n, (rank + 1) * n) of the sum over ranks of in [world * n]
+  // out [n] = this rank's slice [rank * n, (rank + 1) * n) of the sum over ranks of in [world * n];
+  // out may be that slice of in (in place: the rest of in is left unspecified)
   virtual void reduce_scatter(const Tensor& in, Tensor& out) = 0;
   virtual void barrier() = 0;
   // Starts t = sum over ranks of t without waiting; wait_all() completes every started one, in

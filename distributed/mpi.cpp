@@ -150,12 +150,18 @@ class Mpi final : public Communicator {
     wait(&request, 1, "all_gather");
   }
   void reduce_scatter(const Tensor& in, Tensor& out) override {
-    check_gather("reduce_scatter", out, in, size_);
+    check_gather("reduce_scatter", out, in, size_, rank_);
+    // In place, MPI takes the input from the receive buffer and leaves the result at its start:
+    // this rank's slice is moved there after.
+    const bool in_place =
+        out.raw() == static_cast<char*>(in.raw()) + static_cast<size_t>(rank_) * out.nbytes();
     MPI_Request request = MPI_REQUEST_NULL;
     ACCRUE_MPI_CHECK(MPI_Ireduce_scatter_block(
-        in.raw(), out.raw(), mpi_count(out, "reduce_scatter"),
-        mpi_type(in, "reduce_scatter", Use::kSummed), MPI_SUM, comm_, &request));
+        in_place ? MPI_IN_PLACE : in.raw(), in_place ? const_cast<void*>(in.raw()) : out.raw(),
+        mpi_count(out, "reduce_scatter"), mpi_type(in, "reduce_scatter", Use::kSummed), MPI_SUM,
+        comm_, &request));
     wait(&request, 1, "reduce_scatter");
+    if (in_place && rank_ > 0) std::memcpy(out.raw(), in.raw(), out.nbytes());
   }
   void barrier() override {
     MPI_Request request = MPI_REQUEST_NULL;

@@ -189,7 +189,7 @@ class Nccl final : public Communicator {
   }
   void reduce_scatter(const Tensor& in, Tensor& out) override {
     if (in.device().is_cpu() && out.device().is_cpu()) return mpi_->reduce_scatter(in, out);
-    check_gather("reduce_scatter", out, in, world_size());
+    check_gather("reduce_scatter", out, in, world_size(), rank());  // NCCL's in place
     complete(ncclReduceScatter(in.raw(), out.raw(), size_t(out.numel()),
                                nccl_type(in, "reduce_scatter"), ncclSum, comm_, stream(in)),
              "ncclReduceScatter");

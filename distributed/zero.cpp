@@ -1,12 +1,27 @@
-// ZeRO stage 1 (see zero.h).
+// ZeRO stages 1 and 2 (see zero.h).
 #include "distributed/zero.h"
 
 #include "core/error.h"
+#include "kernels/backend.h"
 
 namespace accrue::distributed {
 
-ZeroOptimizerState::ZeroOptimizerState(optim::Optimizer& optimizer, Communicator& comm)
-    : optimizer_(optimizer), comm_(comm) {
+const char* zero_reduce_name(ZeroReduce reduce) {
+  return reduce == ZeroReduce::kBoundary ? "boundary" : "micro-step";
+}
+
+ZeroReduce parse_zero_reduce(const std::string& name) {
+  if (name == "boundary") return ZeroReduce::kBoundary;
+  if (name == "micro-step") return ZeroReduce::kMicroStep;
+  throw ValueError(str_cat("[zero] unknown reduce policy '", name, "' (boundary, micro-step)"));
+}
+
+ZeroOptimizerState::ZeroOptimizerState(optim::Optimizer& optimizer, Communicator& comm, int stage,
+                                       ZeroReduce reduce)
+    : optimizer_(optimizer), comm_(comm), stage_(stage), reduce_(reduce) {
+  if (stage != 1 && stage != 2) {
+    throw ValueError(str_cat("[zero] stage ", stage, " is not 1 or 2 (stage 3: zero3.h)"));
+  }
   optim::ParameterArena& arena = optimizer.arena();
   const int64_t world = comm.world_size();
   if (arena.size() % world != 0) {
@@ -14,33 +29,92 @@ ZeroOptimizerState::ZeroOptimizerState(optim::Optimizer& optimizer, Communicator
                              "into ", world, " equal shards; build it with ParameterArena(module, ",
                              world, ")"));
   }
-  const int64_t n = arena.size() / world;
-  optimizer.restrict_to_slice(comm.rank() * n, n);
+  n_ = arena.size() / world;
+  offset_ = comm.rank() * n_;
+  // Stage 2 at the boundary reads its slice of the arena; the micro-step policy keeps a slice of
+  // its own, as stage 1 does, since the arena is released between windows.
+  optimizer.restrict_to_slice(offset_, n_, stage == 2 && reduce == ZeroReduce::kBoundary);
   optimizer.set_partial_sum_reducer(this);
   optimizer.set_parameter_sync(this);
   optimizer.set_slice_gather(this);
 }
 
+void ZeroOptimizerState::begin_window(int64_t most_micro_steps) {
+  if (stage_ != 2 || reduce_ != ZeroReduce::kMicroStep) return;
+  optimizer_.arena().acquire_grads();
+  most_micro_ = most_micro_steps;
+  micro_done_ = 0;
+}
+
 void ZeroOptimizerState::ready(int64_t, int64_t) {
   throw ValueError(
-      "[zero] the sharded optimizer (--zero 1) reduce-scatters the gradient at the boundary; it "
+      "[zero] the sharded optimizer (--zero 1 and 2) reduce-scatters the whole gradient; it "
       "does not combine with all-reduce buckets during backward (--bucket-kib)");
 }
 
-void ZeroOptimizerState::finish() {
-  // This rank's slice of the window gradient summed over ranks.
+void ZeroOptimizerState::reduce_scatter_in_place() {
+  Tensor& grads = optimizer_.arena().grads();
+  Tensor own = grads.narrow(offset_, n_);
+  comm_.reduce_scatter(grads, own);
+  reduced_ += grads.numel();
+}
+
+void ZeroOptimizerState::zero_outside_slice() {
+  Tensor& grads = optimizer_.arena().grads();
+  if (offset_ > 0) grads.narrow(0, offset_).zero_();
+  const int64_t after = offset_ + n_;
+  if (after < grads.numel()) grads.narrow(after, grads.numel() - after).zero_();
+}
+
+// Micro-step policy: this micro-step's gradient summed over ranks into this rank's slice, added
+// to the window's, and the arena zeroed for the next micro-step.
+void ZeroOptimizerState::micro_step_done() {
+  if (stage_ != 2 || reduce_ != ZeroReduce::kMicroStep) return;
+  if (most_micro_ < 0) {
+    throw std::logic_error("[zero] a micro-step outside a window (begin_window was not called)");
+  }
+  if (micro_done_ >= most_micro_) {
+    throw std::logic_error(str_cat("[zero] micro-step ", micro_done_ + 1, " of a window planned ",
+                                   "with at most ", most_micro_, " on any rank"));
+  }
   optim::ParameterArena& arena = optimizer_.arena();
-  comm_.reduce_scatter(arena.grads(), optimizer_.slice_grads());
+  reduce_scatter_in_place();
+  backend_for(arena.device())
+      .axpy(1.0, arena.grads().narrow(offset_, n_), optimizer_.slice_grads());
   arena.zero_grad();
+  ++micro_done_;
+}
+
+void ZeroOptimizerState::finish() {
+  optim::ParameterArena& arena = optimizer_.arena();
+  if (stage_ == 1) {
+    // This rank's slice of the window gradient summed over ranks, in a buffer of its own.
+    comm_.reduce_scatter(arena.grads(), optimizer_.slice_grads());
+    reduced_ += arena.grads().numel();
+    arena.zero_grad();
+  } else if (reduce_ == ZeroReduce::kBoundary) {
+    // In place; the update zeroes the slice it reads, the rest is zeroed here.
+    reduce_scatter_in_place();
+    zero_outside_slice();
+  } else {
+    // The reduce-scatters of micro-steps other ranks ran and this one did not (a short window).
+    while (micro_done_ < most_micro_) micro_step_done();
+    arena.release_grads();
+    most_micro_ = -1;
+  }
+}
+
+bool ZeroOptimizerState::abandon() {
+  optimizer_.slice_grads().zero_();  // the micro-steps' partial sums
+  most_micro_ = -1;
+  return true;
 }
 
 void ZeroOptimizerState::after_update() {
   optim::ParameterArena& arena = optimizer_.arena();
-  const int64_t n = arena.size() / comm_.world_size();
-  const int64_t offset = comm_.rank() * n;
-  comm_.all_gather(arena.masters().narrow(offset, n), arena.masters());  // in place
+  comm_.all_gather(arena.masters().narrow(offset_, n_), arena.masters());  // in place
   if (arena.working().defined()) {
-    comm_.all_gather(arena.working().narrow(offset, n), arena.working());
+    comm_.all_gather(arena.working().narrow(offset_, n_), arena.working());
   }
 }
 

@@ -242,6 +242,7 @@ void Accumulator::run_micro_step(int64_t items, const std::function<Tensor()>& f
     } else {
       backward(loss, seed);
     }
+    if (options_.gradients != nullptr) options_.gradients->micro_step_done();
   } catch (const NotCapturable&) {
     // An op refused a CUDA graph's capture before changing anything: the window stays whole, and
     // the caller runs this micro-step again eagerly. Only the forward's tape goes.

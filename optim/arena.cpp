@@ -124,4 +124,22 @@ ParameterArena::~ParameterArena() {
   for (Entry& e : entries_) members().impls.erase(e.param.impl().get());
 }
 
+void ParameterArena::zero_grad() {
+  if (grads_held()) grads_.zero_();
+}
+
+void ParameterArena::release_grads() {
+  grads_.impl()->storage->release();
+}
+
+void ParameterArena::acquire_grads() {
+  if (grads_held()) return;
+  grads_.impl()->storage->reacquire();
+  grads_.zero_();
+}
+
+bool ParameterArena::grads_held() const {
+  return grads_.impl()->storage->held();
+}
+
 }  // namespace accrue::optim

@@ -78,8 +78,14 @@ class ParameterArena {
   int64_t size() const { return params_.numel(); }
   DType dtype() const { return params_.dtype(); }    // of the masters and the gradients
   Device device() const { return grads_.device(); }  // where forward and backward run
-  // One memset over the gradient arena.
-  void zero_grad() { grads_.zero_(); }
+  // One memset over the gradient arena (none while it is released).
+  void zero_grad();
+  // ZeRO-2 with a reduce-scatter at every micro-step keeps the whole gradient only during a
+  // window: release_grads() hands its memory back (every parameter's `grad` view stays, unread
+  // until acquire_grads(), which takes the memory again, zeroed).
+  void release_grads();
+  void acquire_grads();
+  bool grads_held() const;
 
  private:
   Tensor params_, grads_, working_;

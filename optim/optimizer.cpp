@@ -27,7 +27,7 @@ Tensor Optimizer::loss_scale() const {
   return scale_mirror_.defined() ? scale_mirror_ : scaler_.narrow(0, 1);
 }
 
-void Optimizer::restrict_to_slice(int64_t offset, int64_t n) {
+void Optimizer::restrict_to_slice(int64_t offset, int64_t n, bool in_arena) {
   if (stepped_) throw ValueError("[optimizer] restrict_to_slice() after the first step");
   if (arena_.offloaded()) {
     throw ValueError(
@@ -40,7 +40,8 @@ void Optimizer::restrict_to_slice(int64_t offset, int64_t n) {
   }
   slice_offset_ = offset;
   params_ = arena_.masters().narrow(offset, n);
-  grads_ = Tensor::zeros({n}, arena_.dtype(), arena_.device());
+  grads_ = in_arena ? arena_.grads().narrow(offset, n)
+                    : Tensor::zeros({n}, arena_.dtype(), arena_.device());
   if (working_.defined()) working_ = arena_.working().narrow(offset, n);
   resize_state(n);
 }

@@ -25,6 +25,8 @@ class GradientConsumer {
   // Elements [begin, end) of the gradient arena are final for this window (ranges arrive in the
   // same order on every process and do not overlap).
   virtual void ready(int64_t begin, int64_t end) = 0;
+  // After each micro-step's backward (ZeRO-2's reduce-scatter of every micro-step's gradient).
+  virtual void micro_step_done() {}
   // At the boundary, after every range was handed over: complete the work (wait, reduce-scatter).
   virtual void finish() = 0;
   // The window is dropped: wait for work in flight. Returns false when that failed and the
@@ -61,6 +63,7 @@ class ConsumerChain : public GradientConsumer {
   ConsumerChain(GradientConsumer& first, GradientConsumer& second)
       : first_(first), second_(second) {}
   void ready(int64_t begin, int64_t end) override { first_.ready(begin, end); }
+  void micro_step_done() override { first_.micro_step_done(); }
   void finish() override {
     first_.finish();
     second_.finish();

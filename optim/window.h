@@ -40,6 +40,10 @@ struct Window {
   int64_t start;    // first position
   int64_t samples;  // N of this window over every rank: what its gradient is normalised by
   std::vector<MicroBatch> micro;  // this rank's micro-batches: its contiguous share, in order
+  // The most micro-batches any rank has in this window (rank 0's share is the largest): a
+  // collective at every micro-step (ZeRO-2's reduce-scatter, ZeRO-3's gathers) runs this many
+  // times on every rank, a rank with fewer joining with zeros.
+  int64_t most_micro = 0;
   int64_t local_samples() const;  // the sum of micro's counts
 };
 

@@ -69,6 +69,12 @@ TEST(Dist, CollectivesOnCpuTensors) {
     comm().reduce_scatter(whole, part);
     EXPECT_EQ(to_dtype(part, DType::kFloat64).to_vector<double>(),
               r == 0 ? (std::vector<double>{2, 4}) : (std::vector<double>{6, 8}));
+    // in place (ZeRO-2's boundary policy): the result lands in this rank's own slice
+    Tensor arena = to_dtype(Tensor::from_vector<double>({4}, {1, 2, 3, 4}), dtype);
+    Tensor own = arena.narrow(2 * r, 2);
+    comm().reduce_scatter(arena, own);
+    EXPECT_EQ(to_dtype(own, DType::kFloat64).to_vector<double>(),
+              r == 0 ? (std::vector<double>{2, 4}) : (std::vector<double>{6, 8}));
   }
   comm().barrier();
 }

@@ -16,6 +16,7 @@
 #include "core/dtype.h"
 #include "distributed/communicator.h"
 #include "distributed/pipeline.h"
+#include "distributed/zero.h"
 #include "kernels/op_kinds.h"
 #include "optim/schedule.h"
 #include "optim/window.h"
@@ -78,7 +79,12 @@ struct Config {
   double momentum = 0.9;               // sgd
   uint64_t seed = 0;
   bool shuffle = true;
-  int zero = 0;  // 1: shard the optimizer state over the ranks (ZeRO stage 1)
+  // The ZeRO stage over the data-parallel ranks: 1 shards the optimizer state, 2 the gradients
+  // too (distributed/zero.h), 3 the parameters too (distributed/zero3.h).
+  int zero = 0;
+  // When ZeRO-2 reduce-scatters the gradient (--zero-reduce; only with zero = 2); unset:
+  // kBoundary (docs/zero.md says why).
+  std::optional<distributed::ZeroReduce> zero_reduce;
   // > 1: the model's layers (Task::layers) cut into this many stages on as many ranks, the
   // window's micro-batches scheduled through them (distributed/pipeline.h); the ranks are
   // data-parallel groups of `pipeline` consecutive ranks. Needs k >= pipeline.
@@ -89,7 +95,7 @@ struct Config {
   // strategies' default (0, or 1024 for an offloaded optimizer on one rank).
   std::optional<int64_t> bucket_kib;
   // The float masters and the optimizer state in pinned host memory, the step on the CPU
-  // (optim/offload.h); excludes zero = 1.
+  // (optim/offload.h).
   bool offload_optimizer = false;
   int threads = 0;  // 0: tuned while training (core/threads.h)
   std::string metrics, save, init;

@@ -118,8 +118,10 @@ struct Summary {
   // included), and what the driver says is in use on it (cudaMemGetInfo; 0 on the CPU).
   size_t device_reserved_bytes = 0;
   size_t device_used_bytes = 0;
-  // What this rank held for training and what a window moved, by the strategies' reckoning.
+  // What this rank held for training after the last step, and the bytes it handed to the
+  // collectives over the windows_run windows this process ran.
   Footprint footprint;
+  int64_t windows_run = 0;
 };
 
 // Trains and evaluates; prints progress and the summary to out (rank 0 only). Metrics

@@ -161,8 +161,9 @@ std::string Run::summary_line() {
                        : batch_text(batch))
        << " | device " << c_.device.str() << " | peak " << mib(mem.peak_bytes) << ", activations "
        << mib(mem.peak_activation_bytes) << ", optimizer state " << mib(optimizer_->state_bytes())
-       << (world_->world_size() > 1 ? " per rank" : "") << strategies_->summary_part(summary_)
-       << " | " << precision_name(c_.precision)
+       << (world_->world_size() > 1 ? " per rank" : "") << ", model state "
+       << mib(summary_.footprint.model_state()) << collectives_text()
+       << strategies_->summary_part(summary_) << " | " << precision_name(c_.precision)
        << (scaling_.on ? str_cat(", loss scale ", optimizer_->scaler_state().first) : "")
        << " | skipped steps " << acc_->skipped_steps() << " | "
        << (tuner_ ? tuner_->describe()
@@ -219,6 +220,16 @@ nlohmann::json Run::summary_record() {
     record["best"] = {{"key", best_.key}, {"value", best_.value}, {"step", best_.step}};
   }
   record["stopped_early"] = summary_.stopped_early;
+  const Footprint& f = summary_.footprint;
+  record["model_state_bytes"] = {{"parameters", f.parameters},
+                                 {"gradients", f.gradients},
+                                 {"optimizer_state", f.optimizer_state},
+                                 {"total", f.model_state()}};
+  record["collective_bytes"] = {{"all_reduce", f.collectives.all_reduce},
+                                {"reduce_scatter", f.collectives.reduce_scatter},
+                                {"all_gather", f.collectives.all_gather},
+                                {"broadcast", f.collectives.broadcast},
+                                {"windows", summary_.windows_run}};
   // Rates only over a span that trained something.
   if (samples_trained_ > 0) {
     record["samples_per_second"] = summary_.samples_per_second;
@@ -228,6 +239,14 @@ nlohmann::json Run::summary_record() {
     record[it.key()] = *it;
   }
   return record;
+}
+
+// ", collectives 1.25 MiB per window": the bytes this rank handed them, per window it ran.
+std::string Run::collectives_text() const {
+  const size_t total = summary_.footprint.collectives.total();
+  if (total == 0 || summary_.windows_run == 0) return "";
+  return str_cat(", collectives ", mib(total / static_cast<size_t>(summary_.windows_run)),
+                 " per window");
 }
 
 // The summary's words on the device path: how often a window waited for the device, the CUDA

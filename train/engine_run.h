@@ -106,6 +106,7 @@ class Run {
   void fill_summary();
   std::string summary_line();
   nlohmann::json summary_record();
+  std::string collectives_text() const;
   std::string device_path_line() const;
 
   Config c_;

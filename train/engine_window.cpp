@@ -19,7 +19,7 @@ constexpr int64_t kMaxStepGraphs = 64;
 void Run::setup_device_path() {
   if (task_.host_samples) stager_ = std::make_unique<HostToDevice>(c_.device);
   if (c_.device.is_cuda() && c_.cuda_graphs != CudaGraphs::kOff &&
-      strategies_->window_runner() == nullptr) {
+      strategies_->window_runner() == nullptr && !strategies_->works_in_micro_steps()) {
     graphs_ = std::make_unique<StepGraphs>(c_.device, kMaxStepGraphs,
                                            [this](const std::string& line) { log(line); });
   }
@@ -82,6 +82,8 @@ optim::StepResult Run::run_window_once(const optim::Window& w, const Tensor& ord
     for (const optim::MicroBatch& mb : w.micro) n += items_of(mb.start, mb.count);
     return n;
   }());
+  ++summary_.windows_run;
+  strategies_->begin_window(w);
   if (Strategy* runner = strategies_->window_runner()) {
     acc_->pipelined_window([&](const Tensor& seed) {
       return runner->run_micro_batches(*model_, WindowRun{w, order, seed, acc_->step_clock()});

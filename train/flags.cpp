@@ -215,8 +215,15 @@ void Flags::add_optimizer_flags() {
 // How the run spreads over ranks and devices (strategies.h).
 void Flags::add_parallel_flags() {
   app_.add_option("--zero", c_.zero,
-                  "1: shard the optimizer state over the data-parallel ranks (ZeRO stage 1)")
-      ->transform(int_in(0, 1));
+                  "Shard over the data-parallel ranks: 1 the optimizer state, 2 the gradients "
+                  "too, 3 the parameters too (ZeRO stages; docs/zero.md)")
+      ->transform(int_in(0, 2));
+  if (c_.zero_reduce) zero_reduce_ = distributed::zero_reduce_name(*c_.zero_reduce);
+  app_.add_option("--zero-reduce", zero_reduce_,
+                  "With --zero 2: reduce-scatter the gradient at the boundary (the whole "
+                  "gradient accumulated, traffic once a window; the default) or at every "
+                  "micro-step (only this rank's shard kept between windows, traffic k times)")
+      ->check(CLI::IsMember({"boundary", "micro-step"}));
   app_.add_option("--pipeline", c_.pipeline,
                   "Cut the model's layers into this many stages on as many ranks and schedule "
                   "each window's micro-batches through them (needs --accum-steps >= it)")
@@ -592,6 +599,8 @@ void Flags::read_typed_values() {
   if (!weight_decay_.empty()) c_.weight_decay = decimal_number(weight_decay_).value();
   c_.bucket_kib.reset();
   if (!bucket_kib_.empty()) c_.bucket_kib = decimal_integer(bucket_kib_).value();
+  c_.zero_reduce.reset();
+  if (!zero_reduce_.empty()) c_.zero_reduce = distributed::parse_zero_reduce(zero_reduce_);
 }
 
 void Flags::check() {

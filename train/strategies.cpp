@@ -16,32 +16,24 @@ namespace accrue::train {
 
 namespace {
 
-// Bytes a ring moves per rank to sum (or gather) `bytes` over `ranks`: 2 (P - 1) / P of them for
-// an all-reduce, half of that for a reduce-scatter or an all-gather.
-size_t ring_bytes(size_t bytes, int ranks, double passes) {
-  return ranks <= 1
-             ? 0
-             : static_cast<size_t>(passes * static_cast<double>(bytes) * (ranks - 1) / ranks);
-}
-
-// The bytes of the arena's master copy, and of its 16-bit working copy (0 without one).
-size_t master_bytes(const optim::ParameterArena& arena) {
-  return static_cast<size_t>(arena.size()) * dtype_size(arena.dtype());
-}
-size_t working_bytes(const optim::ParameterArena& arena) {
-  return arena.working().defined() ? arena.working().nbytes() : 0;
-}
-
-// A strategy over the ranks the one before it left (all three below).
+// A strategy over the ranks the one before it left, which it talks to through a counter of the
+// bytes it hands the collectives (distributed/counting.h).
 class OverRanks : public Strategy {
  public:
   distributed::Communicator& place(distributed::Communicator& ranks) override {
-    ranks_ = &ranks;
+    counted_ = std::make_unique<distributed::CountingCommunicator>(ranks);
+    ranks_ = counted_.get();
     return ranks;
+  }
+  distributed::CollectiveBytes collective_bytes() const override {
+    return counted_ ? counted_->bytes() : distributed::CollectiveBytes{};
   }
 
  protected:
   distributed::Communicator* ranks_ = nullptr;
+
+ private:
+  std::unique_ptr<distributed::CountingCommunicator> counted_;
 };
 
 // Several ranks replicate the model and sum the window's gradient once: whole at the boundary,
@@ -56,40 +48,47 @@ class DataParallel final : public OverRanks {
   }
   optim::GradientConsumer* gradients() override { return all_reduce_.get(); }
   optim::PartialSumReducer* loss_reducer() override { return all_reduce_.get(); }
-  Footprint footprint(const optim::ParameterArena& arena, const optim::Optimizer&) const override {
-    return {0, 0, 0, ring_bytes(master_bytes(arena), ranks_->world_size(), 2)};
-  }
 
  private:
   std::unique_ptr<distributed::GradientAllReduce> all_reduce_;
 };
 
-// ZeRO stage 1: the arena padded to equal shards, each rank keeping the optimizer state of its
-// own; the gradient reduce-scattered, the updated shards all-gathered.
-class ZeroStageOne final : public OverRanks {
+// ZeRO stages 1 and 2: the arena padded to equal shards, each rank keeping the optimizer state
+// (and under stage 2 the gradient) of its own; the gradient reduce-scattered, the updated shards
+// all-gathered (distributed/zero.h).
+class ZeroShards final : public OverRanks {
  public:
+  ZeroShards(int stage, distributed::ZeroReduce reduce) : stage_(stage), reduce_(reduce) {}
   std::string name() const override {
-    return str_cat("ZeRO-1: optimizer state in ", ranks_->world_size(), " shards");
+    return stage_ == 1
+               ? str_cat("ZeRO-1: optimizer state in ", ranks_->world_size(), " shards")
+               : str_cat("ZeRO-2: optimizer state and gradients in ", ranks_->world_size(),
+                         " shards, reduce-scattered at ",
+                         reduce_ == distributed::ZeroReduce::kBoundary ? "the boundary"
+                                                                       : "every micro-step");
   }
   std::unique_ptr<optim::ParameterArena> make_arena(nn::Module& model) override {
     return std::make_unique<optim::ParameterArena>(model, ranks_->world_size());
   }
   void attach(optim::Optimizer& optimizer) override {
-    zero_ = std::make_unique<distributed::ZeroOptimizerState>(optimizer, *ranks_);
+    zero_ = std::make_unique<distributed::ZeroOptimizerState>(optimizer, *ranks_, stage_, reduce_);
   }
   optim::GradientConsumer* gradients() override { return zero_.get(); }
   optim::PartialSumReducer* loss_reducer() override { return zero_.get(); }
-  Footprint footprint(const optim::ParameterArena& arena, const optim::Optimizer&) const override {
-    const size_t elements = static_cast<size_t>(arena.size());
-    const size_t grads = elements * dtype_size(arena.dtype());
-    const size_t weights =
-        grads + (arena.working().defined() ? elements * dtype_size(arena.working().dtype()) : 0);
-    return {
-        0, 0, 0,
-        ring_bytes(grads, ranks_->world_size(), 1) + ring_bytes(weights, ranks_->world_size(), 1)};
+  void begin_window(const optim::Window& window) override {
+    zero_->begin_window(window.most_micro);
+  }
+  bool works_in_micro_steps() const override {
+    return stage_ == 2 && reduce_ == distributed::ZeroReduce::kMicroStep;
+  }
+  void describe(nlohmann::json& run_config) const override {
+    // Stage 1's checkpoints have no such key, and resume as before.
+    if (stage_ == 2) run_config["zero_reduce"] = distributed::zero_reduce_name(reduce_);
   }
 
  private:
+  int stage_;
+  distributed::ZeroReduce reduce_;
   std::unique_ptr<distributed::ZeroOptimizerState> zero_;
 };
 
@@ -119,11 +118,6 @@ class Offload final : public OverRanks {
                    " copies during backward, ", s.offload.fetched_at_step, " at the boundary), ",
                    per_step(s.offload.from_host_bytes), " back");
   }
-  Footprint footprint(const optim::ParameterArena& arena, const optim::Optimizer&) const override {
-    // The gradient to the host, the 16-bit working copy (or the masters) back.
-    const size_t back = arena.working().defined() ? working_bytes(arena) : master_bytes(arena);
-    return {0, 0, 0, master_bytes(arena) + back};
-  }
 
  private:
   Device device_;
@@ -135,6 +129,7 @@ class Consumers final : public optim::GradientConsumer {
  public:
   explicit Consumers(std::vector<optim::GradientConsumer*> list) : list_(std::move(list)) {}
   void ready(int64_t begin, int64_t end) override { list_.front()->ready(begin, end); }
+  void micro_step_done() override { list_.front()->micro_step_done(); }
   void finish() override {
     for (optim::GradientConsumer* c : list_) c->finish();
   }
@@ -157,13 +152,13 @@ struct Exclusion {
 };
 
 const Exclusion kExclusions[] = {
-    {"--zero 1", "--bucket-kib",
-     [](const Config& c) { return c.zero == 1 && c.bucket_kib.value_or(0) > 0; },
-     "ZeRO-1 reduce-scatters the gradient at the boundary, it overlaps no all-reduce"},
-    {"--offload-optimizer", "--zero 1",
-     [](const Config& c) { return c.offload_optimizer && c.zero == 1; },
+    {"--zero 1 or 2", "--bucket-kib",
+     [](const Config& c) { return c.zero > 0 && c.bucket_kib.value_or(0) > 0; },
+     "ZeRO reduce-scatters the whole gradient, it overlaps no all-reduce"},
+    {"--offload-optimizer", "--zero",
+     [](const Config& c) { return c.offload_optimizer && c.zero > 0; },
      "the offloaded optimizer keeps the whole optimizer state on the host, not a shard"},
-    {"--pipeline", "--zero 1", [](const Config& c) { return c.pipeline > 1 && c.zero == 1; },
+    {"--pipeline", "--zero", [](const Config& c) { return c.pipeline > 1 && c.zero > 0; },
      "a stage's arena is its own layers'"},
     {"--pipeline", "--offload-optimizer",
      [](const Config& c) { return c.pipeline > 1 && c.offload_optimizer; },
@@ -177,11 +172,21 @@ const Exclusion kExclusions[] = {
     {"--pipeline", "--cuda-graphs on",
      [](const Config& c) { return c.pipeline > 1 && c.cuda_graphs == CudaGraphs::kOn; },
      "pipeline stages run eagerly"},
+    {"--zero-reduce micro-step", "--cuda-graphs on",
+     [](const Config& c) {
+       return c.zero_reduce == distributed::ZeroReduce::kMicroStep &&
+              c.cuda_graphs == CudaGraphs::kOn;
+     },
+     "a micro-step's reduce-scatter is a collective no graph holds"},
 };
 
 }  // namespace
 
 void check_strategies(const Config& config) {
+  if (config.zero_reduce && config.zero != 2) {
+    throw ValueError(str_cat("--zero-reduce needs --zero 2 (this run has --zero ", config.zero,
+                             "): only ZeRO-2 shards the gradient"));
+  }
   for (const Exclusion& e : kExclusions) {
     if (e.both(config)) {
       throw ValueError(str_cat(e.first, " does not combine with ", e.second, " (", e.why, ")"));
@@ -202,8 +207,9 @@ distributed::Communicator& Strategies::place(distributed::Communicator& world) {
   };
   if (c.pipeline > 1) add(std::make_shared<PipelineStages>(ctx_));
   // Whether the parameters are replicated is known once the stages have taken their ranks.
-  if (c.zero == 1) {
-    add(std::make_shared<ZeroStageOne>());
+  if (c.zero == 1 || c.zero == 2) {
+    add(std::make_shared<ZeroShards>(c.zero,
+                                     c.zero_reduce.value_or(distributed::ZeroReduce::kBoundary)));
   } else if (ranks->world_size() > 1) {
     add(std::make_shared<DataParallel>());
   }
@@ -311,14 +317,42 @@ std::string Strategies::summary_part(const Summary& summary) const {
   return out;
 }
 
+// What the tensors hold, not a formula: the masters and the copy the model computes with, the
+// gradient arena while it is held and a slice buffer of the optimizer's own, the state.
 Footprint Strategies::footprint(const optim::ParameterArena& arena,
                                 const optim::Optimizer& optimizer) const {
+  const auto held = [](const Tensor& t) {
+    return t.defined() && t.impl()->storage->held() ? t.impl()->storage->nbytes() : size_t{0};
+  };
   Footprint f;
-  f.parameters = master_bytes(arena) + working_bytes(arena);
-  f.gradients = master_bytes(arena);
+  f.parameters = held(const_cast<optim::ParameterArena&>(arena).masters()) + held(arena.working());
+  f.gradients = held(const_cast<optim::ParameterArena&>(arena).grads());
+  const Tensor& slice = optimizer.slice_grads();
+  if (optimizer.restricted() &&
+      slice.impl()->storage != const_cast<optim::ParameterArena&>(arena).grads().impl()->storage) {
+    f.gradients += held(slice);
+  }
   f.optimizer_state = optimizer.state_bytes();
-  for (const auto& s : list_) f.moved_per_window += s->footprint(arena, optimizer).moved_per_window;
+  for (const auto& s : list_) {
+    f.parameters += s->parameter_bytes_beyond_arena();
+    const distributed::CollectiveBytes b = s->collective_bytes();
+    f.collectives.all_reduce += b.all_reduce;
+    f.collectives.reduce_scatter += b.reduce_scatter;
+    f.collectives.all_gather += b.all_gather;
+    f.collectives.broadcast += b.broadcast;
+  }
   return f;
+}
+
+void Strategies::begin_window(const optim::Window& window) {
+  for (const auto& s : list_) s->begin_window(window);
+}
+
+bool Strategies::works_in_micro_steps() const {
+  for (const auto& s : list_) {
+    if (s->works_in_micro_steps()) return true;
+  }
+  return false;
 }
 
 nn::LossSum Strategy::run_micro_batches(nn::Module&, const WindowRun&) {

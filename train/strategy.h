@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "distributed/communicator.h"
+#include "distributed/counting.h"
 #include "nn/loss.h"
 #include "nn/module.h"
 #include "optim/arena.h"
@@ -50,10 +51,12 @@ struct WindowRun {
   int64_t step;
 };
 
-// What this rank holds for training, and what a window moves between ranks or devices, in bytes.
+// What this rank holds for training after a step (the masters and the copy the model computes
+// with, the gradient, the optimizer's state), and what it handed to the collectives, in bytes.
 struct Footprint {
   size_t parameters = 0, gradients = 0, optimizer_state = 0;
-  size_t moved_per_window = 0;
+  distributed::CollectiveBytes collectives;
+  size_t model_state() const { return parameters + gradients + optimizer_state; }
 };
 
 class Strategy {
@@ -86,6 +89,11 @@ class Strategy {
   // The bucket size when --bucket-kib is not given.
   virtual int64_t default_bucket_kib() const { return 0; }
 
+  // Before each window's micro-steps (every rank, whether or not it has samples in it).
+  virtual void begin_window(const optim::Window& /*window*/) {}
+  // Whether a micro-step holds host work or collectives of its own (ZeRO-2's reduce-scatter at
+  // every micro-step, ZeRO-3's gathers): no CUDA graph can hold it.
+  virtual bool works_in_micro_steps() const { return false; }
   // Whether it runs each window itself (run_micro_batches) instead of the engine's micro-steps.
   virtual bool runs_windows() const { return false; }
   // Runs the window's micro-batches on this rank and returns the loss sum and item count of
@@ -110,11 +118,10 @@ class Strategy {
   virtual void report(Summary& /*summary*/, MetricsLog& /*metrics*/) {}
   // Its part of the summary's line (" | offloaded: ..."), after report().
   virtual std::string summary_part(const Summary& /*summary*/) const { return ""; }
-  // What it makes this rank hold and move (added up over the composition).
-  virtual Footprint footprint(const optim::ParameterArena& /*arena*/,
-                              const optim::Optimizer& /*optimizer*/) const {
-    return {};
-  }
+  // The bytes it handed to the collectives (added up over the composition).
+  virtual distributed::CollectiveBytes collective_bytes() const { return {}; }
+  // Parameter bytes it holds beyond the arena's (ZeRO-3's gathered layers).
+  virtual size_t parameter_bytes_beyond_arena() const { return 0; }
 };
 
 }  // namespace accrue::train

@@ -1,0 +1,180 @@
+// ZeRO stages 1 and 2 with gradient accumulation, under `mpiexec -n 2` and `-n 4`
+// (tests/CMakeLists.txt): every allowed combination of stage and reduce policy, at k = 1 and
+// k > 1, trains in float64 to one process's per-step loss and norm and final weights (1e-10
+// relative), with micro-batches of unequal counts on the ranks in the short last window; the
+// 16-bit precisions match data parallelism's own run within a stated tolerance; each resumes bit
+// for bit; the memory each rank holds and the bytes it hands the collectives follow the
+// formulas of docs/zero.md.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <iostream>
+#include <string>
+
+#include "distributed/communicator.h"
+#include "g2p.h"
+#include "g2p_fixture.h"
+#include "mnist_fixture.h"
+#include "test_util.h"
+
+namespace accrue {
+namespace {
+
+using testing::Recorded;
+using testing::train_recorded;
+
+distributed::Communicator& comm() {
+  return distributed::world();
+}
+
+// A ZeRO setting: the stage and, for stage 2, the reduce policy.
+struct Zero {
+  int stage;
+  std::optional<distributed::ZeroReduce> reduce;
+  std::string str() const {
+    return str_cat("--zero ", stage,
+                   reduce ? str_cat(" --zero-reduce ", zero_reduce_name(*reduce)) : std::string());
+  }
+};
+
+const Zero kCombinations[] = {{1, std::nullopt},
+                              {2, distributed::ZeroReduce::kBoundary},
+                              {2, distributed::ZeroReduce::kMicroStep}};
+
+// 929 samples: 7 windows of 128, then 33. On 2 ranks with micro-batches of 16 the last window
+// gives rank 0 two micro-batches (16 + 1) and rank 1 one (16): ZeRO-2's reduce-scatter at every
+// micro-step must still meet.
+constexpr int64_t kSamples = 929, kBatch = 128;
+
+mnist::Config mlp_config(const std::filesystem::path& data, const std::string& precision) {
+  mnist::Config c;
+  c.data = data.string();
+  c.hidden = {48, 24};
+  c.quiet = true;
+  c.seed = 3;
+  c.epochs = 2;  // 16 steps
+  c.threads = 1;
+  c.precision = train::parse_precision(precision);
+  c.batch = kBatch;
+  return c;
+}
+
+void set_zero(mnist::Config& c, const Zero& z) {
+  c.zero = z.stage;
+  c.zero_reduce = z.reduce;
+}
+
+// The per-step losses and norms within `tolerance` relative.
+void expect_relative_steps(const Recorded& got, const Recorded& one, double tolerance) {
+  ASSERT_EQ(got.step_losses.size(), one.step_losses.size());
+  for (size_t i = 0; i < got.step_losses.size(); ++i) {
+    EXPECT_NEAR(got.step_losses[i], one.step_losses[i], tolerance * one.step_losses[i]) << i;
+    EXPECT_NEAR(got.step_grad_norms[i], one.step_grad_norms[i], tolerance * one.step_grad_norms[i])
+        << i;
+  }
+}
+
+void expect_same_on_every_rank(uint64_t h) {
+  const Tensor mine = Tensor::from_vector<int32_t>(
+      {2}, {static_cast<int32_t>(h >> 32), static_cast<int32_t>(h & 0xffffffffu)});
+  Tensor all = Tensor::zeros({2 * comm().world_size()}, DType::kInt32);
+  comm().all_gather(mine, all);
+  const auto v = all.to_vector<int32_t>();
+  for (int r = 1; r < comm().world_size(); ++r) {
+    EXPECT_EQ(v[2 * r], v[0]) << "rank " << r;
+    EXPECT_EQ(v[2 * r + 1], v[1]) << "rank " << r;
+  }
+}
+
+// The MNIST MLP in float64: each combination at k = 1 and k > 1 equals one process (micro-batch
+// 32, k 4) to 1e-10.
+TEST(Zero, MlpEveryCombinationEqualsOneProcessInFp64) {
+  const int world = comm().world_size();
+  const auto data = testing::make_dataset("zero-mlp", kSamples, 64);
+  mnist::Config c = mlp_config(data, "fp64");
+  const auto single = distributed::make_single_process();
+  mnist::Config one = c;
+  one.comm = single.get();
+  one.micro_batch = 32;
+  one.save = (data / "one.safetensors").string();
+  const Recorded reference = train_recorded(one, std::cout);
+  ASSERT_EQ(reference.step_losses.size(), 16u);
+  for (const int64_t k : {int64_t{1}, int64_t{kBatch / (16 * world)}}) {
+    for (const Zero& z : kCombinations) {
+      SCOPED_TRACE(str_cat(world, " ranks, k ", k, ", ", z.str()));
+      mnist::Config r = c;
+      set_zero(r, z);
+      r.micro_batch = kBatch / (world * k);
+      r.save = (data / "zero.safetensors").string();
+      const Recorded got = train_recorded(r, std::cout);
+      expect_relative_steps(got, reference, 1e-10);
+      expect_same_on_every_rank(got.parameter_hash);
+      if (comm().rank() == 0) {
+        testing::expect_same_weights(r.save, one.save, 1e-10);
+      }
+      comm().barrier();
+    }
+  }
+}
+
+// In float32 and bfloat16 the reduce-scatter sums each element over the ranks in another order
+// than the all-reduce of data parallelism (MPI picks its algorithm per collective), so a step is
+// not bitwise; every combination stays within 1e-5 (float32) and 1e-3 (bfloat16) of data
+// parallelism's per-step loss over 16 steps, and every rank ends with the same bits.
+TEST(Zero, SixteenBitAndFloat32TrainAsDataParallelism) {
+  const int world = comm().world_size();
+  const auto data = testing::make_dataset("zero-precisions", kSamples, 64);
+  for (const auto& [precision, tolerance] :
+       {std::pair<const char*, double>{"fp32", 1e-5}, {"bf16", 1e-3}}) {
+    mnist::Config c = mlp_config(data, precision);
+    c.micro_batch = kBatch / (world * 2);
+    const Recorded plain = train_recorded(c, std::cout);
+    for (const Zero& z : kCombinations) {
+      SCOPED_TRACE(str_cat(precision, ", ", z.str()));
+      mnist::Config r = c;
+      set_zero(r, z);
+      const Recorded got = train_recorded(r, std::cout);
+      expect_relative_steps(got, plain, tolerance);
+      EXPECT_EQ(got.step_loss_scales, plain.step_loss_scales);
+      expect_same_on_every_rank(got.parameter_hash);
+    }
+  }
+}
+
+// Trains `c` to step 5 with a checkpoint, then resumes it to step 10: the bits of the run that
+// was never stopped.
+TEST(Zero, EachCombinationResumesBitForBit) {
+  const int world = comm().world_size();
+  const auto data = testing::make_dataset("zero-resume", kSamples, 64);
+  for (const Zero& z : kCombinations) {
+    SCOPED_TRACE(z.str());
+    mnist::Config c = mlp_config(data, "fp32");
+    set_zero(c, z);
+    c.micro_batch = kBatch / (world * 2);
+    c.max_steps = 10;
+    const Recorded whole = train_recorded(c, std::cout);
+    const std::filesystem::path dir =
+        std::filesystem::temp_directory_path() / str_cat("accrue-zero-resume-", world);
+    if (comm().rank() == 0) std::filesystem::remove_all(dir);
+    comm().barrier();
+    c.max_steps = 5;
+    c.checkpoint = dir.string();
+    c.checkpoint_every = 5;
+    train_recorded(c, std::cout);
+    c.max_steps = 10;
+    c.checkpoint.clear();
+    c.resume = dir.string();
+    const Recorded resumed = train_recorded(c, std::cout);
+    EXPECT_EQ(resumed.parameter_hash, whole.parameter_hash);
+    expect_same_on_every_rank(resumed.parameter_hash);
+    // Another stage is refused, naming both.
+    mnist::Config other = c;
+    set_zero(other, z.stage == 1 ? Zero{2, distributed::ZeroReduce::kBoundary} : Zero{1, {}});
+    testing::expect_error<ValueError>([&] { train_recorded(other, std::cout); },
+                                      {"zero = ", "this run has"});
+    comm().barrier();
+  }
+}
+
+}  // namespace
+}  // namespace accrue
