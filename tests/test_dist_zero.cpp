@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <iostream>
+#include <sstream>
 #include <string>
 
 #include "distributed/communicator.h"
@@ -112,6 +113,64 @@ TEST(Zero, MlpEveryCombinationEqualsOneProcessInFp64) {
       if (comm().rank() == 0) {
         testing::expect_same_weights(r.save, one.save, 1e-10);
       }
+      comm().barrier();
+    }
+  }
+}
+
+// The G2P GPT (its head tied to the token embedding: one parameter, one shard) in float64 on
+// variable-length sequences normalised by their target tokens: each combination equals one
+// process to 1e-10, at k = 1 and k = 2.
+TEST(Zero, G2pEveryCombinationEqualsOneProcessInFp64) {
+  const int world = comm().world_size();
+  // One folder for every rank, written by rank 0.
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / str_cat("accrue-zero-g2p-", world);
+  if (comm().rank() == 0) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    testing::write_g2p_fixture(dir, 200);
+  }
+  comm().barrier();
+  g2p::Config c;
+  c.data = (dir / "dict.txt").string();
+  c.layers = 2, c.heads = 2, c.width = 8, c.quiet = true;
+  c.precision = train::Precision::kFp64;
+  c.epochs = 6, c.warmup = 0, c.threads = 1;  // 18 steps
+  c.batch = 64;
+  const auto train = [&](g2p::Config r, const std::string& tag, std::vector<double>& losses) {
+    r.save = (dir / (tag + "-" + std::to_string(comm().rank()) + ".safetensors")).string();
+    train::Callbacks callbacks;
+    callbacks.on_step = [&](const train::StepEvent& e) {
+      losses.push_back(e.loss);
+      losses.push_back(e.grad_norm);
+    };
+    std::ostringstream out;
+    const train::Summary s = g2p::train(r, out, callbacks);
+    expect_same_on_every_rank(s.parameter_hash);
+    return r.save;
+  };
+  const auto single = distributed::make_single_process();
+  g2p::Config one = c;
+  one.comm = single.get();
+  one.micro_batch = 16;
+  std::vector<double> reference;
+  const std::string one_file = train(one, "one", reference);
+  ASSERT_GT(reference.size(), 8u);
+  for (const int64_t k : {1, 2}) {
+    for (const Zero& z : kCombinations) {
+      SCOPED_TRACE(str_cat(world, " ranks, k ", k, ", ", z.str()));
+      g2p::Config r = c;
+      r.zero = z.stage;
+      r.zero_reduce = z.reduce;
+      r.micro_batch = c.batch / (world * k);
+      std::vector<double> got;
+      const std::string file = train(r, "zero", got);
+      ASSERT_EQ(got.size(), reference.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        EXPECT_NEAR(got[i], reference[i], 1e-10 * std::abs(reference[i])) << i;
+      }
+      if (comm().rank() == 0) testing::expect_same_weights(file, one_file, 1e-10);
       comm().barrier();
     }
   }
