@@ -1,4 +1,4 @@
-// ZeRO stages 1 and 2 with gradient accumulation, under `mpiexec -n 2` and `-n 4`
+// ZeRO stages 1, 2 and 3 with gradient accumulation, under `mpiexec -n 2` and `-n 4`
 // (tests/CMakeLists.txt): every allowed combination of stage and reduce policy, at k = 1 and
 // k > 1, trains in float64 to one process's per-step loss and norm and final weights (1e-10
 // relative), with micro-batches of unequal counts on the ranks in the short last window; the
@@ -40,7 +40,8 @@ struct Zero {
 
 const Zero kCombinations[] = {{1, std::nullopt},
                               {2, distributed::ZeroReduce::kBoundary},
-                              {2, distributed::ZeroReduce::kMicroStep}};
+                              {2, distributed::ZeroReduce::kMicroStep},
+                              {3, std::nullopt}};
 
 // 929 samples: 7 windows of 128, then 33. On 2 ranks with micro-batches of 16 the last window
 // gives rank 0 two micro-batches (16 + 1) and rank 1 one (16): ZeRO-2's reduce-scatter at every
@@ -226,11 +227,27 @@ TEST(Zero, EachCombinationResumesBitForBit) {
     const Recorded resumed = train_recorded(c, std::cout);
     EXPECT_EQ(resumed.parameter_hash, whole.parameter_hash);
     expect_same_on_every_rank(resumed.parameter_hash);
+    if (z.stage == 3) {
+      EXPECT_TRUE(std::filesystem::exists(dir / str_cat("rank-", comm().rank(), "-of-", world) /
+                                          "step-0000000005.json"));
+    }
     // Another stage is refused, naming both.
     mnist::Config other = c;
     set_zero(other, z.stage == 1 ? Zero{2, distributed::ZeroReduce::kBoundary} : Zero{1, {}});
-    testing::expect_error<ValueError>([&] { train_recorded(other, std::cout); },
-                                      {"zero = ", "this run has"});
+    if (z.stage == 3) {
+      testing::expect_error<FileError>([&] { train_recorded(other, std::cout); },
+                                       {"per-rank checkpoints", "--zero 3", "--zero 1"});
+      other = c;
+      other.zero = 3;
+      // A world of one on each rank: another rank count.
+      const auto single = distributed::make_single_process();
+      other.comm = single.get();
+      testing::expect_error<FileError>([&] { train_recorded(other, std::cout); },
+                                       {"rank 0 of 1", "another rank count"});
+    } else {
+      testing::expect_error<ValueError>([&] { train_recorded(other, std::cout); },
+                                        {"zero = ", "this run has"});
+    }
     comm().barrier();
   }
 }

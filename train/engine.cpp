@@ -70,7 +70,7 @@ void Run::setup_ranks_and_threads() {
   if (!lead_ && !profile_trace_path().empty()) {
     set_profile_trace_path(str_cat(profile_trace_path(), ".rank-", world_->rank()));
   }
-  writes_checkpoints_ = comm_->rank() == 0;
+  writes_checkpoints_ = comm_->rank() == 0 || strategies_->checkpoints_per_rank();
   const std::string subfolder = strategies_->checkpoint_subfolder();
   checkpoint_dir_ = c_.checkpoint.empty() ? "" : c_.checkpoint + subfolder;
   resume_dir_ = c_.resume.empty() ? "" : c_.resume + subfolder;

@@ -128,7 +128,7 @@ void Run::fill_summary() {
   const double seconds = summary_.train_seconds;
   summary_.samples_per_second = seconds > 0 ? static_cast<double>(samples_trained_) / seconds : 0;
   summary_.tokens_per_second = seconds > 0 ? static_cast<double>(tokens_trained_) / seconds : 0;
-  summary_.footprint = strategies_->footprint(*arena_, *optimizer_);
+  if (summary_.windows_run == 0) summary_.footprint = strategies_->footprint(*arena_, *optimizer_);
   if (best_.any) {
     summary_.best = best_measure_;
     summary_.best_step = best_.step;

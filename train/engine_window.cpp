@@ -93,6 +93,8 @@ optim::StepResult Run::run_window_once(const optim::Window& w, const Tensor& ord
   }
   if (stop_requested() != 0) acc_->request_stop();
   const optim::StepResult r = acc_->step();
+  // What the rank holds after a step (ZeRO-3's layers are released by then).
+  summary_.footprint = strategies_->footprint(*arena_, *optimizer_);
   // The step read the device, after every copy staged for this window.
   if (stager_) stager_->release_waited();
   broadcast_buffers();

@@ -217,7 +217,7 @@ void Flags::add_parallel_flags() {
   app_.add_option("--zero", c_.zero,
                   "Shard over the data-parallel ranks: 1 the optimizer state, 2 the gradients "
                   "too, 3 the parameters too (ZeRO stages; docs/zero.md)")
-      ->transform(int_in(0, 2));
+      ->transform(int_in(0, 3));
   if (c_.zero_reduce) zero_reduce_ = distributed::zero_reduce_name(*c_.zero_reduce);
   app_.add_option("--zero-reduce", zero_reduce_,
                   "With --zero 2: reduce-scatter the gradient at the boundary (the whole "

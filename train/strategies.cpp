@@ -11,30 +11,11 @@
 #include "train/engine.h"
 #include "train/pipeline_strategy.h"
 #include "train/report.h"
+#include "train/zero3_strategy.h"
 
 namespace accrue::train {
 
 namespace {
-
-// A strategy over the ranks the one before it left, which it talks to through a counter of the
-// bytes it hands the collectives (distributed/counting.h).
-class OverRanks : public Strategy {
- public:
-  distributed::Communicator& place(distributed::Communicator& ranks) override {
-    counted_ = std::make_unique<distributed::CountingCommunicator>(ranks);
-    ranks_ = counted_.get();
-    return ranks;
-  }
-  distributed::CollectiveBytes collective_bytes() const override {
-    return counted_ ? counted_->bytes() : distributed::CollectiveBytes{};
-  }
-
- protected:
-  distributed::Communicator* ranks_ = nullptr;
-
- private:
-  std::unique_ptr<distributed::CountingCommunicator> counted_;
-};
 
 // Several ranks replicate the model and sum the window's gradient once: whole at the boundary,
 // or bucket by bucket during the last backward (--bucket-kib).
@@ -152,9 +133,15 @@ struct Exclusion {
 };
 
 const Exclusion kExclusions[] = {
-    {"--zero 1 or 2", "--bucket-kib",
+    {"--zero", "--bucket-kib",
      [](const Config& c) { return c.zero > 0 && c.bucket_kib.value_or(0) > 0; },
-     "ZeRO reduce-scatters the whole gradient, it overlaps no all-reduce"},
+     "ZeRO reduce-scatters the gradient, it overlaps no all-reduce"},
+    {"--zero 3", "--memory-budget",
+     [](const Config& c) { return c.zero == 3 && c.memory_budget.has_value(); },
+     "the probes run the whole model's micro-step, not the sharded layers"},
+    {"--zero 3", "--cuda-graphs on",
+     [](const Config& c) { return c.zero == 3 && c.cuda_graphs == CudaGraphs::kOn; },
+     "a layer's gathers are collectives no graph holds"},
     {"--offload-optimizer", "--zero",
      [](const Config& c) { return c.offload_optimizer && c.zero > 0; },
      "the offloaded optimizer keeps the whole optimizer state on the host, not a shard"},
@@ -210,6 +197,8 @@ distributed::Communicator& Strategies::place(distributed::Communicator& world) {
   if (c.zero == 1 || c.zero == 2) {
     add(std::make_shared<ZeroShards>(c.zero,
                                      c.zero_reduce.value_or(distributed::ZeroReduce::kBoundary)));
+  } else if (c.zero == 3) {
+    add(make_zero_stage_three(ctx_));
   } else if (ranks->world_size() > 1) {
     add(std::make_shared<DataParallel>());
   }
@@ -235,6 +224,16 @@ void Strategies::check_resume_folder(const std::string& resume) const {
     throw FileError(str_cat("--resume ", resume,
                             ": it holds the checkpoints of pipeline "
                             "stages (written with --pipeline); this run has --pipeline 1"));
+  }
+  if (!checkpoints_per_rank() && std::filesystem::is_directory(resume)) {
+    for (const auto& entry : std::filesystem::directory_iterator(resume)) {
+      if (entry.is_directory() && entry.path().filename().string().rfind("rank-", 0) == 0) {
+        throw FileError(str_cat("--resume ", resume, ": it holds per-rank checkpoints (",
+                                entry.path().filename().string(),
+                                ", written with --zero 3); this run has --zero ",
+                                ctx_.config.zero));
+      }
+    }
   }
   for (const auto& s : list_) s->check_resume_folder(resume);
 }
@@ -346,6 +345,13 @@ Footprint Strategies::footprint(const optim::ParameterArena& arena,
 
 void Strategies::begin_window(const optim::Window& window) {
   for (const auto& s : list_) s->begin_window(window);
+}
+
+bool Strategies::checkpoints_per_rank() const {
+  for (const auto& s : list_) {
+    if (s->checkpoints_per_rank()) return true;
+  }
+  return false;
 }
 
 bool Strategies::works_in_micro_steps() const {

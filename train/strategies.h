@@ -1,6 +1,7 @@
 // The strategies of a run, composed in one place from one table. From the outermost in:
 //   pipeline stages (--pipeline P > 1)    pipeline_strategy.h
 //   ZeRO-1, 2 (--zero 1, 2)               each rank updates one shard (distributed/zero.h)
+//   ZeRO-3 (--zero 3)                      the parameters sharded too (zero3_strategy.h)
 //   or data parallel (several ranks)      the gradient all-reduce (distributed/data_parallel.h)
 //   the offloaded optimizer               masters and state on the host (optim/offload.h)
 //   the user's own (Config::strategies)
@@ -49,6 +50,7 @@ class Strategies {
 
   void begin_window(const optim::Window& window);
   bool works_in_micro_steps() const;
+  bool checkpoints_per_rank() const;
   // The strategy that runs each window itself, or null: the engine's micro-steps.
   Strategy* window_runner() const;
   void check_plan(const optim::ResolvedBatch& batch, int64_t epoch) const;

@@ -110,6 +110,9 @@ class Strategy {
                                                                     nn::Module&) {
     return std::nullopt;
   }
+  // Whether every rank writes its own checkpoint (into checkpoint_subfolder()): its state is a
+  // shard no other rank holds. Else the data-parallel group's first rank writes.
+  virtual bool checkpoints_per_rank() const { return false; }
   // After the checkpoint's state was loaded at `step`.
   virtual void after_resume(int64_t /*step*/) {}
   // What a resume must match, added to the run's configuration.
@@ -122,6 +125,26 @@ class Strategy {
   virtual distributed::CollectiveBytes collective_bytes() const { return {}; }
   // Parameter bytes it holds beyond the arena's (ZeRO-3's gathered layers).
   virtual size_t parameter_bytes_beyond_arena() const { return 0; }
+};
+
+// A strategy over the ranks the one before it left, which it talks to through a counter of the
+// bytes it hands the collectives (distributed/counting.h): data parallelism and the ZeRO stages.
+class OverRanks : public Strategy {
+ public:
+  distributed::Communicator& place(distributed::Communicator& ranks) override {
+    counted_ = std::make_unique<distributed::CountingCommunicator>(ranks);
+    ranks_ = counted_.get();
+    return ranks;
+  }
+  distributed::CollectiveBytes collective_bytes() const override {
+    return counted_ ? counted_->bytes() : distributed::CollectiveBytes{};
+  }
+
+ protected:
+  distributed::Communicator* ranks_ = nullptr;
+
+ private:
+  std::unique_ptr<distributed::CountingCommunicator> counted_;
 };
 
 }  // namespace accrue::train

@@ -205,6 +205,10 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
                                " samples"));
     }
     // --pipeline cuts the MLP's layers into stages (before any data is read: D10).
+    if (c.zero == 3 && c.model == "cnn") {
+      throw ValueError(
+          "--zero 3 gathers the MLP's layers one at a time; --model cnn is not cut into layers");
+    }
     if (c.pipeline > 1 && c.model == "cnn") {
       throw ValueError(str_cat("--pipeline ", c.pipeline,
                                " cuts the MLP's layers into stages; --model cnn is not cut"));

@@ -1,0 +1,278 @@
+// ZeRO stage 3 (see zero3.h).
+#include "distributed/zero3.h"
+
+#include <algorithm>
+#include <unordered_map>
+
+#include "core/error.h"
+#include "kernels/backend.h"
+#include "kernels/factories.h"
+#include "ops/autograd.h"
+
+namespace accrue::distributed {
+
+namespace {
+
+constexpr int64_t kAlign = optim::ParameterArena::kAlign;
+
+int64_t round_up(int64_t n, int64_t multiple) {
+  return (n + multiple - 1) / multiple * multiple;
+}
+
+// A tensor of `shape` over `storage` from element `offset`.
+Tensor view_of(const std::shared_ptr<Storage>& storage, const Shape& shape, DType dtype,
+               int64_t offset = 0) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = storage;
+  impl->offset = offset;
+  impl->shape = shape;
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
+// The identity at a layer's output whose backward gathers the layer before it runs.
+struct GatherBeforeBackward final : Node {
+  ShardedLayers* layers = nullptr;
+  int layer = 0;
+  const char* name() const override { return "zero3_gather"; }
+  void backward(const Tensor& grad_out, GradSink& sink) override {
+    layers->before_backward(layer);
+    sink.add(0, grad_out);
+  }
+};
+
+}  // namespace
+
+// A unit's layout: its parameters at aligned offsets in a flat buffer of `size` elements
+// (padded to N equal slices of `slice`), the gathered values and the gradient buffer.
+struct ShardedLayers::Placed {
+  std::string name;
+  std::vector<Tensor> params;
+  std::vector<int64_t> offsets;
+  int64_t size = 0, slice = 0;
+  int64_t arena_offset = -1;
+  std::shared_ptr<Storage> values, grads;
+  Tensor initial;  // [size] the master values before bind(), for shards()
+};
+
+ShardedLayers::ShardedLayers(std::vector<Unit> units, std::vector<std::vector<int>> uses,
+                             const std::vector<nn::NamedTensor>& model_parameters,
+                             Communicator& comm, DType master, DType compute, Device device)
+    : comm_(comm), master_(master), compute_(compute), device_(device), uses_(std::move(uses)) {
+  if (uses_.size() != units.size()) {
+    throw ValueError(str_cat("[zero3] ", units.size(), " units and ", uses_.size(), " layers"));
+  }
+  std::unordered_map<const TensorImpl*, int> owners;
+  for (const Unit& u : units) {
+    for (const Tensor& p : u.params) ++owners[p.impl().get()];
+  }
+  for (const auto& [name, p] : model_parameters) {
+    order_.emplace_back(name, p.impl().get());
+    const auto it = owners.find(p.impl().get());
+    const int n = it == owners.end() ? 0 : it->second;
+    if (n != 1) {
+      throw ValueError(str_cat("[zero3] parameter ", name, " belongs to ", n,
+                               " of the model's layers (Task::layers), not one"));
+    }
+  }
+  const int64_t world = comm.world_size();
+  for (Unit& u : units) {
+    auto placed = std::make_unique<Placed>();
+    placed->name = u.name;
+    int64_t n = 0;
+    for (const Tensor& p : u.params) {
+      placed->offsets.push_back(n);
+      n = round_up(n + p.numel(), kAlign);
+    }
+    placed->size = n == 0 ? 0 : round_up(n, kAlign * world);
+    placed->slice = placed->size / world;
+    placed->params = std::move(u.params);
+    if (placed->size > 0) {
+      placed->initial = Tensor::zeros({placed->size}, master, device);
+      for (size_t i = 0; i < placed->params.size(); ++i) {
+        const Tensor& p = placed->params[i];
+        placed->initial.narrow(placed->offsets[i], p.numel())
+            .copy_(to_dtype(p, master).to(device).view({p.numel()}));
+      }
+      placed->values = std::make_shared<Storage>(
+          device, static_cast<size_t>(placed->size) * dtype_size(compute));
+      placed->grads =
+          std::make_shared<Storage>(device, static_cast<size_t>(placed->size) * dtype_size(master));
+      placed->grads->release();
+    }
+    units_.push_back(std::move(placed));
+  }
+  last_use_.assign(units_.size(), -1);
+  for (int i = static_cast<int>(uses_.size()) - 1; i >= 0; --i) {
+    for (int u : uses_[static_cast<size_t>(i)]) {
+      if (u < 0 || u >= static_cast<int>(units_.size())) {
+        throw ValueError(str_cat("[zero3] layer ", i, " uses unit ", u, " of ", units_.size()));
+      }
+      last_use_[static_cast<size_t>(u)] = i;
+    }
+  }
+}
+
+ShardedLayers::~ShardedLayers() = default;
+
+std::vector<nn::NamedTensor> ShardedLayers::shards() const {
+  std::vector<nn::NamedTensor> out;
+  for (const auto& u : units_) {
+    if (u->size == 0) continue;
+    out.emplace_back("zero3/" + u->name,
+                     u->initial.narrow(comm_.rank() * u->slice, u->slice).clone());
+  }
+  return out;
+}
+
+void ShardedLayers::bind(optim::ParameterArena& arena) {
+  arena_ = &arena;
+  for (auto& u : units_) {
+    if (u->size == 0) continue;
+    for (const auto& e : arena.entries()) {
+      if (e.name == "zero3/" + u->name) u->arena_offset = e.offset;
+    }
+    if (u->arena_offset < 0) throw std::logic_error("[zero3] the arena lacks unit " + u->name);
+    Tensor values = view_of(u->values, {u->size}, compute_);
+    values.copy_(to_dtype(u->initial, compute_));
+    u->initial = Tensor();
+    for (size_t i = 0; i < u->params.size(); ++i) {
+      TensorImpl& impl = *u->params[i].impl();
+      impl.storage = u->values;
+      impl.offset = u->offsets[i];
+      impl.dtype = compute_;
+      impl.grad = view_of(u->grads, impl.shape, master_, u->offsets[i]).impl();
+    }
+  }
+}
+
+void ShardedLayers::gather(int unit) {
+  Placed& u = *units_[static_cast<size_t>(unit)];
+  if (u.size == 0 || u.values->held()) return;
+  u.values->reacquire();
+  const Tensor& source = arena_->working().defined() ? arena_->working() : arena_->masters();
+  Tensor whole = view_of(u.values, {u.size}, compute_);
+  comm_.all_gather(source.narrow(u.arena_offset, u.slice), whole);
+}
+
+void ShardedLayers::release(int unit) {
+  Placed& u = *units_[static_cast<size_t>(unit)];
+  if (u.size > 0) u.values->release();
+}
+
+// The unit's gradient summed over the ranks, this rank's slice added to the arena's.
+void ShardedLayers::reduce_scatter(int unit) {
+  Placed& u = *units_[static_cast<size_t>(unit)];
+  if (u.size == 0) return;
+  if (!u.grads->held()) {  // no backward reached it: zeros, the collective still runs
+    u.grads->reacquire();
+    view_of(u.grads, {u.size}, master_).zero_();
+  }
+  Tensor whole = view_of(u.grads, {u.size}, master_);
+  Tensor own = whole.narrow(comm_.rank() * u.slice, u.slice);
+  comm_.reduce_scatter(whole, own);
+  Tensor shard = arena_->grads().narrow(u.arena_offset, u.slice);
+  backend_for(device_).axpy(1.0, own, shard);
+  u.grads->release();
+}
+
+void ShardedLayers::begin_window() {
+  for (size_t u = 0; u < units_.size(); ++u) release(static_cast<int>(u));
+}
+
+void ShardedLayers::before_forward(int layer) {
+  for (int u : uses_[static_cast<size_t>(layer)]) gather(u);
+  if (layer + 1 < layers()) {
+    for (int u : uses_[static_cast<size_t>(layer + 1)]) gather(u);  // prefetched
+  }
+}
+
+void ShardedLayers::after_forward(int layer) {
+  for (int u : uses_[static_cast<size_t>(layer)]) {
+    const bool next_uses =
+        layer + 1 < layers() && std::count(uses_[static_cast<size_t>(layer + 1)].begin(),
+                                           uses_[static_cast<size_t>(layer + 1)].end(), u) > 0;
+    if (!next_uses) release(u);
+  }
+}
+
+Tensor ShardedLayers::mark(const Tensor& output, int layer) {
+  if (!should_record({&output})) return output;
+  Tensor out = output.view(output.shape());
+  auto node = std::make_unique<GatherBeforeBackward>();
+  node->layers = this;
+  node->layer = layer;
+  record(std::move(node), {&output}, out);
+  return out;
+}
+
+void ShardedLayers::before_backward(int layer) {
+  const std::vector<int>& mine = uses_[static_cast<size_t>(layer)];
+  if (layer + 1 < layers()) {
+    // Layer i + 1's backward is done: its units leave, reduce-scattered where it was their last.
+    for (int u : uses_[static_cast<size_t>(layer + 1)]) {
+      if (std::count(mine.begin(), mine.end(), u) > 0) continue;
+      if (last_use_[static_cast<size_t>(u)] == layer + 1) reduce_scatter(u);
+      release(u);
+    }
+  }
+  for (int u : mine) {
+    gather(u);
+    Placed& p = *units_[static_cast<size_t>(u)];
+    if (p.size > 0 && !p.grads->held()) {
+      p.grads->reacquire();
+      view_of(p.grads, {p.size}, master_).zero_();
+    }
+  }
+  if (layer > 0) {
+    for (int u : uses_[static_cast<size_t>(layer - 1)]) gather(u);  // prefetched
+  }
+}
+
+void ShardedLayers::after_backward() {
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (last_use_[u] == 0) reduce_scatter(static_cast<int>(u));
+  }
+  begin_window();  // every unit released
+}
+
+void ShardedLayers::phantom_micro_step() {
+  for (int i = 0; i < layers(); ++i) {
+    before_forward(i);
+    after_forward(i);
+  }
+  for (int i = layers() - 1; i >= 0; --i) before_backward(i);
+  after_backward();
+}
+
+void ShardedLayers::gather_all() {
+  for (size_t u = 0; u < units_.size(); ++u) gather(static_cast<int>(u));
+}
+
+std::vector<nn::NamedTensor> ShardedLayers::whole_masters() {
+  std::unordered_map<const TensorImpl*, Tensor> whole;  // parameter -> its master values
+  for (const auto& u : units_) {
+    if (u->size == 0) continue;
+    Tensor full = Tensor::empty({u->size}, master_, arena_->masters().device());
+    comm_.all_gather(arena_->masters().narrow(u->arena_offset, u->slice), full);
+    for (size_t i = 0; i < u->params.size(); ++i) {
+      const Tensor& p = u->params[i];
+      whole.emplace(p.impl().get(), full.narrow(u->offsets[i], p.numel()).view(p.shape()));
+    }
+  }
+  std::vector<nn::NamedTensor> out;
+  for (const auto& [name, impl] : order_) out.emplace_back(name, whole.at(impl).clone());
+  return out;
+}
+
+size_t ShardedLayers::held_bytes() const {
+  size_t n = 0;
+  for (const auto& u : units_) {
+    if (u->size == 0) continue;
+    if (u->values->held()) n += u->values->nbytes();
+    if (u->grads->held()) n += u->grads->nbytes();
+  }
+  return n;
+}
+
+}  // namespace accrue::distributed
