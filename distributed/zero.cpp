@@ -31,9 +31,14 @@ ZeroOptimizerState::ZeroOptimizerState(optim::Optimizer& optimizer, Communicator
   }
   n_ = arena.size() / world;
   offset_ = comm.rank() * n_;
-  // Stage 2 at the boundary reads its slice of the arena; the micro-step policy keeps a slice of
-  // its own, as stage 1 does, since the arena is released between windows.
-  optimizer.restrict_to_slice(offset_, n_, stage == 2 && reduce == ZeroReduce::kBoundary);
+  // Stage 2 (and stage 1 with an offloaded optimizer) reduce-scatters in place and the
+  // optimizer reads its slice of the arena (or of the arena's host copy); stage 1 keeps a slice
+  // of its own. The micro-step policy adds each micro-step's slice into `accumulated_`, and
+  // puts the window's sum into the arena's slice at the boundary.
+  optimizer.restrict_to_slice(offset_, n_, stage == 2);
+  if (stage == 2 && reduce == ZeroReduce::kMicroStep) {
+    accumulated_ = Tensor::zeros({n_}, arena.dtype(), arena.device());
+  }
   optimizer.set_partial_sum_reducer(this);
   optimizer.set_parameter_sync(this);
   optimizer.set_slice_gather(this);
@@ -79,33 +84,39 @@ void ZeroOptimizerState::micro_step_done() {
   }
   optim::ParameterArena& arena = optimizer_.arena();
   reduce_scatter_in_place();
-  backend_for(arena.device())
-      .axpy(1.0, arena.grads().narrow(offset_, n_), optimizer_.slice_grads());
+  backend_for(arena.device()).axpy(1.0, arena.grads().narrow(offset_, n_), accumulated_);
   arena.zero_grad();
   ++micro_done_;
 }
 
 void ZeroOptimizerState::finish() {
   optim::ParameterArena& arena = optimizer_.arena();
-  if (stage_ == 1) {
+  if (stage_ == 1 && !arena.offloaded()) {
     // This rank's slice of the window gradient summed over ranks, in a buffer of its own.
     comm_.reduce_scatter(arena.grads(), optimizer_.slice_grads());
     reduced_ += arena.grads().numel();
     arena.zero_grad();
   } else if (reduce_ == ZeroReduce::kBoundary) {
-    // In place; the update zeroes the slice it reads, the rest is zeroed here.
+    // In place; the update (or the offload's copy) zeroes the slice, the rest is zeroed here.
     reduce_scatter_in_place();
     zero_outside_slice();
   } else {
-    // The reduce-scatters of micro-steps other ranks ran and this one did not (a short window).
+    // The reduce-scatters of micro-steps other ranks ran and this one did not (a short window),
+    // then the window's sum where the optimizer (or the offload's copy) reads it. The arena is
+    // released once the update has read it.
     while (micro_done_ < most_micro_) micro_step_done();
-    arena.release_grads();
+    arena.grads().narrow(offset_, n_).copy_(accumulated_);
+    accumulated_.zero_();
     most_micro_ = -1;
+    release_after_update_ = true;
   }
 }
 
 bool ZeroOptimizerState::abandon() {
-  optimizer_.slice_grads().zero_();  // the micro-steps' partial sums
+  // The micro-steps' partial sums; a slice of the arena is zeroed with it.
+  if (accumulated_.defined()) accumulated_.zero_();
+  Tensor& slice = optimizer_.slice_grads();
+  if (slice.impl()->storage->held()) slice.zero_();
   most_micro_ = -1;
   return true;
 }
@@ -115,6 +126,10 @@ void ZeroOptimizerState::after_update() {
   comm_.all_gather(arena.masters().narrow(offset_, n_), arena.masters());  // in place
   if (arena.working().defined()) {
     comm_.all_gather(arena.working().narrow(offset_, n_), arena.working());
+  }
+  if (release_after_update_) {
+    arena.release_grads();
+    release_after_update_ = false;
   }
 }
 

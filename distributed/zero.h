@@ -9,6 +9,9 @@
 //   stage 2, micro-step every micro-step's gradient is reduce-scattered and added into a
 //                       persistent slice [Psi / N]; the whole gradient exists only during a
 //                       window (ParameterArena::release_grads), and the traffic is k times.
+// With the offloaded optimizer (optim/offload.h) the masters and the state's slice live on the
+// host: the slice of the gradient is copied there, updated, and copied back, then gathered on
+// the device (stage 1 then exchanges in place as stage 2 does).
 // ZeRO-3 (parameters sharded too) is zero3.h. One object plays the four seams of optim/seams.h;
 // hand it to the accumulator as its GradientConsumer and PartialSumReducer. Read next:
 // zero3.h.
@@ -73,6 +76,8 @@ class ZeroOptimizerState : public optim::GradientConsumer,
   int64_t most_micro_ = -1;     // of the open window (micro-step policy); -1: none open
   int64_t micro_done_ = 0;      // reduce-scatters of the open window
   int64_t reduced_ = 0;
+  Tensor accumulated_;  // [n] the micro-step policy's sum of this window's slices
+  bool release_after_update_ = false;
 };
 
 }  // namespace accrue::distributed

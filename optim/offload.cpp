@@ -41,6 +41,15 @@ void HostOffload::copy_range(int64_t begin, int64_t end) {
   traffic_.to_host_bytes += src.nbytes();
 }
 
+void HostOffload::restrict_to(int64_t begin, int64_t end) {
+  if (begin < 0 || end <= begin || end > arena_.size()) {
+    throw ValueError(
+        str_cat("[offload] slice [", begin, ", ", end, ") outside the arena of ", arena_.size()));
+  }
+  lo_ = begin;
+  hi_ = end;
+}
+
 void HostOffload::prefetch(int64_t begin, int64_t end) {
   if (begin < 0 || end < begin || end > arena_.size()) {
     throw ValueError(str_cat("[offload] prefetch of elements [", begin, ", ", end,
@@ -52,7 +61,11 @@ void HostOffload::prefetch(int64_t begin, int64_t end) {
                                b, ", ", e, "), already copied this window"));
     }
   }
-  if (begin == end) return;
+  if (hi_ >= 0) {  // only this rank's slice
+    begin = std::max(begin, lo_);
+    end = std::min(end, hi_);
+  }
+  if (begin >= end) return;
   copy_range(begin, end);
   ++traffic_.prefetched;
 }
@@ -60,7 +73,8 @@ void HostOffload::prefetch(int64_t begin, int64_t end) {
 void HostOffload::fetch() {
   std::vector<std::pair<int64_t, int64_t>> done = started_;
   std::sort(done.begin(), done.end());
-  int64_t next = 0;  // everything before it has been copied
+  const int64_t last = hi_ >= 0 ? hi_ : arena_.size();
+  int64_t next = lo_;  // everything in [lo_, next) has been copied
   for (const auto& [b, e] : done) {
     if (b > next) {
       copy_range(next, b);
@@ -68,8 +82,8 @@ void HostOffload::fetch() {
     }
     next = std::max(next, e);
   }
-  if (next < arena_.size()) {
-    copy_range(next, arena_.size());
+  if (next < last) {
+    copy_range(next, last);
     ++traffic_.fetched_at_step;
   }
   wait(true);
@@ -92,8 +106,11 @@ void HostOffload::discard() {
 
 void HostOffload::push(bool skipped) {
   if (skipped) return;  // the weights did not change
-  send(working_.defined() ? working_ : arena_.masters(), arena_.working());
-  traffic_.from_host_bytes += arena_.working().nbytes();
+  const Tensor& host = working_.defined() ? working_ : arena_.masters();
+  const int64_t begin = hi_ >= 0 ? lo_ : 0, n = (hi_ >= 0 ? hi_ : arena_.size()) - begin;
+  Tensor device = arena_.working().narrow(begin, n);
+  send(host.narrow(begin, n), device);
+  traffic_.from_host_bytes += device.nbytes();
 }
 
 void HostOffload::send(const Tensor& host, Tensor& device) {

@@ -53,6 +53,9 @@ class HostOffload : public GradientConsumer, public ParameterSync {
   void prefetch(int64_t begin, int64_t end);
   // Copies every element not prefetched, waits for all copies, zeroes the device gradient.
   void fetch();
+  // Under ZeRO (the optimizer restricted to a slice): copies only elements [begin, end) of the
+  // gradient to the host and of the weights back; ZeRO gathers the rest.
+  void restrict_to(int64_t begin, int64_t end);
   // Waits for copies in flight and forgets them: the window was abandoned.
   void discard();
   // GradientConsumer: ready() is prefetch(), finish() is fetch(), abandon() is discard() (false
@@ -86,7 +89,8 @@ class HostOffload : public GradientConsumer, public ParameterSync {
   Tensor grads_, working_;  // the arena's host copies of the gradient and the 16-bit copy
   Tensor device_scale_;     // the loss scale on the device, for the backward seed
   std::vector<std::pair<int64_t, int64_t>> started_;  // this window's copied ranges
-  bool in_flight_ = false;  // copies to or from the host may still be running (a GPU)
+  bool in_flight_ = false;    // copies to or from the host may still be running (a GPU)
+  int64_t lo_ = 0, hi_ = -1;  // the elements copied (restrict_to); hi_ < 0: all
   OffloadTraffic traffic_;
 };
 

@@ -29,20 +29,17 @@ Tensor Optimizer::loss_scale() const {
 
 void Optimizer::restrict_to_slice(int64_t offset, int64_t n, bool in_arena) {
   if (stepped_) throw ValueError("[optimizer] restrict_to_slice() after the first step");
-  if (arena_.offloaded()) {
-    throw ValueError(
-        "[optimizer] an offloaded optimizer is not sharded (ZeRO stage 1 with offloading is not "
-        "supported): offload or shard, not both");
-  }
   if (offset < 0 || n <= 0 || n > arena_.size() - offset) {
     throw ValueError(str_cat("[optimizer] slice [", offset, ", ", offset + n,
                              ") is not inside an arena of ", arena_.size(), " elements"));
   }
   slice_offset_ = offset;
   params_ = arena_.masters().narrow(offset, n);
-  grads_ = in_arena ? arena_.grads().narrow(offset, n)
-                    : Tensor::zeros({n}, arena_.dtype(), arena_.device());
-  if (working_.defined()) working_ = arena_.working().narrow(offset, n);
+  // Offloaded, the slice of the host gradient the offload's copy fills.
+  grads_ = arena_.offloaded() ? arena_.master_grads().narrow(offset, n)
+           : in_arena         ? arena_.grads().narrow(offset, n)
+                              : Tensor::zeros({n}, arena_.dtype(), arena_.device());
+  if (working_.defined()) working_ = arena_.master_working().narrow(offset, n);
   resize_state(n);
 }
 

@@ -72,17 +72,20 @@ class Optimizer {
 
   // From now on this process updates only elements [offset, offset + n) of the arena and keeps
   // optimizer state for them alone, reading their gradient from slice_grads() (which a
-  // GradientConsumer fills before each step). Before the first step; not when offloaded.
+  // GradientConsumer fills before each step). Before the first step. Offloaded, the slice's
+  // gradient is that of the arena's host copy (the offload copies the slice there).
   // in_arena: slice_grads() is that slice of the gradient arena itself (ZeRO-2's in-place
   // reduce-scatter) instead of a buffer of its own.
   void restrict_to_slice(int64_t offset, int64_t n, bool in_arena = false);
   bool restricted() const { return slice_offset_ >= 0; }
+  int64_t slice_offset() const { return slice_offset_; }
   // [n] the gradient of this process's slice (restrict_to_slice), undefined otherwise.
   Tensor& slice_grads() { return grads_; }
   const Tensor& slice_grads() const { return grads_; }
   // The seams (optim/seams.h), null: none. Set before the first step; not owned.
   void set_partial_sum_reducer(PartialSumReducer* reducer) { reducer_ = reducer; }
   void set_parameter_sync(ParameterSync* sync) { sync_ = sync; }
+  ParameterSync* parameter_sync() const { return sync_; }
   void set_slice_gather(SliceGather* gather) { gather_ = gather; }
   // A copy of the loss scale on the compute device, which the ParameterSync keeps current (the
   // offloaded optimizer's scaler is on the host): the backward seed reads it instead.

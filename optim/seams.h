@@ -78,6 +78,30 @@ class ConsumerChain : public GradientConsumer {
   GradientConsumer& second_;
 };
 
+// Two parameter syncs in turn: the offload's copy of the updated slice to the device, then
+// ZeRO's all-gather of the slices.
+class ParameterSyncChain : public ParameterSync {
+ public:
+  ParameterSyncChain(ParameterSync& first, ParameterSync& second)
+      : first_(first), second_(second) {}
+  void after_update() override {
+    first_.after_update();
+    second_.after_update();
+  }
+  void scalars_changed() override {
+    first_.scalars_changed();
+    second_.scalars_changed();
+  }
+  void quiesce() override {
+    first_.quiesce();
+    second_.quiesce();
+  }
+
+ private:
+  ParameterSync& first_;
+  ParameterSync& second_;
+};
+
 class SliceGather {
  public:
   virtual ~SliceGather() = default;

@@ -394,8 +394,6 @@ TEST(BadInput, CommandLineMistakesExitTwoBeforeReadingData) {
       {{"--zero", "2", "--zero-reduce", "sometimes"}, {"--zero-reduce", "sometimes"}},
       {{"--zero", "2", "--zero-reduce", "micro-step", "--cuda-graphs", "on"},
        {"--zero-reduce micro-step", "--cuda-graphs on"}},
-      {{"--offload-optimizer", "--zero", "1"}, {"--offload-optimizer", "--zero"}},
-      {{"--offload-optimizer", "--zero", "2"}, {"--offload-optimizer", "--zero"}},
       {{"--offload-optimizer=maybe"}, {"--offload-optimizer"}},
       {{"--pipeline", "0"}, {"--pipeline"}},
       {{"--pipeline", "2"}, {"--pipeline 2", "multiple of 2 ranks", "started 1"}},

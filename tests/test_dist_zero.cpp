@@ -28,20 +28,26 @@ distributed::Communicator& comm() {
   return distributed::world();
 }
 
-// A ZeRO setting: the stage and, for stage 2, the reduce policy.
+// A ZeRO setting: the stage, for stage 2 the reduce policy, and the offloaded optimizer.
 struct Zero {
   int stage;
   std::optional<distributed::ZeroReduce> reduce;
+  bool offload = false;
   std::string str() const {
     return str_cat("--zero ", stage,
-                   reduce ? str_cat(" --zero-reduce ", zero_reduce_name(*reduce)) : std::string());
+                   reduce ? str_cat(" --zero-reduce ", zero_reduce_name(*reduce)) : std::string(),
+                   offload ? " --offload-optimizer" : "");
   }
 };
 
 const Zero kCombinations[] = {{1, std::nullopt},
                               {2, distributed::ZeroReduce::kBoundary},
                               {2, distributed::ZeroReduce::kMicroStep},
-                              {3, std::nullopt}};
+                              {3, std::nullopt},
+                              {1, std::nullopt, true},
+                              {2, distributed::ZeroReduce::kBoundary, true},
+                              {2, distributed::ZeroReduce::kMicroStep, true},
+                              {3, std::nullopt, true}};
 
 // 929 samples: 7 windows of 128, then 33. On 2 ranks with micro-batches of 16 the last window
 // gives rank 0 two micro-batches (16 + 1) and rank 1 one (16): ZeRO-2's reduce-scatter at every
@@ -61,9 +67,11 @@ mnist::Config mlp_config(const std::filesystem::path& data, const std::string& p
   return c;
 }
 
-void set_zero(mnist::Config& c, const Zero& z) {
+template <typename C>
+void set_zero(C& c, const Zero& z) {
   c.zero = z.stage;
   c.zero_reduce = z.reduce;
+  c.offload_optimizer = z.offload;
 }
 
 // The per-step losses and norms within `tolerance` relative.
@@ -162,8 +170,7 @@ TEST(Zero, G2pEveryCombinationEqualsOneProcessInFp64) {
     for (const Zero& z : kCombinations) {
       SCOPED_TRACE(str_cat(world, " ranks, k ", k, ", ", z.str()));
       g2p::Config r = c;
-      r.zero = z.stage;
-      r.zero_reduce = z.reduce;
+      set_zero(r, z);
       r.micro_batch = c.batch / (world * k);
       std::vector<double> got;
       const std::string file = train(r, "zero", got);
@@ -233,12 +240,12 @@ TEST(Zero, EachCombinationResumesBitForBit) {
     }
     // Another stage is refused, naming both.
     mnist::Config other = c;
-    set_zero(other, z.stage == 1 ? Zero{2, distributed::ZeroReduce::kBoundary} : Zero{1, {}});
+    set_zero(other, z.stage == 1 ? Zero{2, distributed::ZeroReduce::kBoundary, z.offload}
+                                 : Zero{1, {}, z.offload});
     if (z.stage == 3) {
       testing::expect_error<FileError>([&] { train_recorded(other, std::cout); },
                                        {"per-rank checkpoints", "--zero 3", "--zero 1"});
       other = c;
-      other.zero = 3;
       // A world of one on each rank: another rank count.
       const auto single = distributed::make_single_process();
       other.comm = single.get();

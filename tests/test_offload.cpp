@@ -288,12 +288,12 @@ TEST(Offload, MisuseIsRejectedWithTheReason) {
          optim::HostOffload h(*s.optimizer);
        },
        {"offload_masters()"}},
-      {"sharding an offloaded optimizer",
+      {"a ZeRO slice outside the arena",
        [&] {
          Trainee s = make_trainee(v, true);
-         distributed::ZeroOptimizerState zero(*s.optimizer, distributed::world());
+         s.offload->restrict_to(0, s.arena->size() + 1);
        },
-       {"offloaded optimizer is not sharded"}},
+       {"[offload] slice [0, ", "outside the arena"}},
       {"a prefetch outside the arena",
        [&] {
          Trainee s = make_trainee(v, true);

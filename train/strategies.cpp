@@ -78,16 +78,29 @@ class ZeroShards final : public OverRanks {
 // weights copied back.
 class Offload final : public OverRanks {
  public:
-  explicit Offload(Device device) : device_(device) {}
+  Offload(Device device, int zero) : device_(device), zero_(zero) {}
   std::string name() const override { return "offloaded optimizer: masters and state on the host"; }
   void place_parameters(nn::Module&, optim::ParameterArena& arena) override {
     arena.offload_masters();
   }
+  // Under ZeRO-1 and 2 only this rank's slice goes to the host and back, and ZeRO's all-gather
+  // follows the copy back.
   void attach(optim::Optimizer& optimizer) override {
+    optim::ParameterSync* zero = optimizer.parameter_sync();
     offload_ = std::make_unique<optim::HostOffload>(optimizer);
+    if (zero != nullptr) {
+      chain_ = std::make_unique<optim::ParameterSyncChain>(*offload_, *zero);
+      optimizer.set_parameter_sync(chain_.get());
+    }
+    if (optimizer.restricted()) {
+      offload_->restrict_to(optimizer.slice_offset(),
+                            optimizer.slice_offset() + optimizer.slice_grads().numel());
+    }
   }
   optim::GradientConsumer* gradients() override { return offload_.get(); }
-  int64_t default_bucket_kib() const override { return ranks_->world_size() == 1 ? 1024 : 0; }
+  int64_t default_bucket_kib() const override {
+    return ranks_->world_size() == 1 && zero_ == 0 ? 1024 : 0;
+  }
   void report(Summary& summary, MetricsLog&) override { summary.offload = offload_->traffic(); }
   std::string summary_part(const Summary& s) const override {
     const auto per_step = [&](size_t bytes) {
@@ -102,7 +115,9 @@ class Offload final : public OverRanks {
 
  private:
   Device device_;
+  int zero_;
   std::unique_ptr<optim::HostOffload> offload_;
+  std::unique_ptr<optim::ParameterSyncChain> chain_;
 };
 
 // Consumers in turn (strategies.h): the buckets go to the first, and each finishes in order.
@@ -142,9 +157,6 @@ const Exclusion kExclusions[] = {
     {"--zero 3", "--cuda-graphs on",
      [](const Config& c) { return c.zero == 3 && c.cuda_graphs == CudaGraphs::kOn; },
      "a layer's gathers are collectives no graph holds"},
-    {"--offload-optimizer", "--zero",
-     [](const Config& c) { return c.offload_optimizer && c.zero > 0; },
-     "the offloaded optimizer keeps the whole optimizer state on the host, not a shard"},
     {"--pipeline", "--zero", [](const Config& c) { return c.pipeline > 1 && c.zero > 0; },
      "a stage's arena is its own layers'"},
     {"--pipeline", "--offload-optimizer",
@@ -202,7 +214,7 @@ distributed::Communicator& Strategies::place(distributed::Communicator& world) {
   } else if (ranks->world_size() > 1) {
     add(std::make_shared<DataParallel>());
   }
-  if (c.offload_optimizer) add(std::make_shared<Offload>(c.device));
+  if (c.offload_optimizer) add(std::make_shared<Offload>(c.device, c.zero));
   for (const std::shared_ptr<Strategy>& s : c.strategies) add(s);
   return *ranks;
 }
