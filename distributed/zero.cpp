@@ -61,7 +61,6 @@ void ZeroOptimizerState::reduce_scatter_in_place() {
   Tensor& grads = optimizer_.arena().grads();
   Tensor own = grads.narrow(offset_, n_);
   comm_.reduce_scatter(grads, own);
-  reduced_ += grads.numel();
 }
 
 void ZeroOptimizerState::zero_outside_slice() {
@@ -94,7 +93,6 @@ void ZeroOptimizerState::finish() {
   if (stage_ == 1 && !arena.offloaded()) {
     // This rank's slice of the window gradient summed over ranks, in a buffer of its own.
     comm_.reduce_scatter(arena.grads(), optimizer_.slice_grads());
-    reduced_ += arena.grads().numel();
     arena.zero_grad();
   } else if (reduce_ == ZeroReduce::kBoundary) {
     // In place; the update (or the offload's copy) zeroes the slice, the rest is zeroed here.

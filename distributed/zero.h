@@ -59,8 +59,8 @@ class ZeroOptimizerState : public optim::GradientConsumer,
   void after_update() override;
   void gather(const Tensor& slice, Tensor& full) override { comm_.all_gather(slice, full); }
 
-  // Elements this rank hands to the reduce-scatters so far (the gradient's traffic).
-  int64_t reduced_elements() const { return reduced_; }
+  // Bytes of the micro-step policy's persistent slice (0 otherwise).
+  size_t accumulated_bytes() const { return accumulated_.defined() ? accumulated_.nbytes() : 0; }
 
  private:
   // The gradient arena reduce-scattered in place: this rank's slice holds the sum over ranks.
@@ -75,8 +75,7 @@ class ZeroOptimizerState : public optim::GradientConsumer,
   int64_t offset_ = 0, n_ = 0;  // this rank's slice
   int64_t most_micro_ = -1;     // of the open window (micro-step policy); -1: none open
   int64_t micro_done_ = 0;      // reduce-scatters of the open window
-  int64_t reduced_ = 0;
-  Tensor accumulated_;  // [n] the micro-step policy's sum of this window's slices
+  Tensor accumulated_;          // [n] the micro-step policy's sum of this window's slices
   bool release_after_update_ = false;
 };
 

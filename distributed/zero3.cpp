@@ -182,9 +182,6 @@ void ShardedLayers::begin_window() {
 
 void ShardedLayers::before_forward(int layer) {
   for (int u : uses_[static_cast<size_t>(layer)]) gather(u);
-  if (layer + 1 < layers()) {
-    for (int u : uses_[static_cast<size_t>(layer + 1)]) gather(u);  // prefetched
-  }
 }
 
 void ShardedLayers::after_forward(int layer) {
@@ -224,9 +221,6 @@ void ShardedLayers::before_backward(int layer) {
       view_of(p.grads, {p.size}, master_).zero_();
     }
   }
-  if (layer > 0) {
-    for (int u : uses_[static_cast<size_t>(layer - 1)]) gather(u);  // prefetched
-  }
 }
 
 void ShardedLayers::after_backward() {
@@ -265,12 +259,18 @@ std::vector<nn::NamedTensor> ShardedLayers::whole_masters() {
   return out;
 }
 
-size_t ShardedLayers::held_bytes() const {
+size_t ShardedLayers::held_parameter_bytes() const {
   size_t n = 0;
   for (const auto& u : units_) {
-    if (u->size == 0) continue;
-    if (u->values->held()) n += u->values->nbytes();
-    if (u->grads->held()) n += u->grads->nbytes();
+    if (u->size > 0 && u->values->held()) n += u->values->nbytes();
+  }
+  return n;
+}
+
+size_t ShardedLayers::held_gradient_bytes() const {
+  size_t n = 0;
+  for (const auto& u : units_) {
+    if (u->size > 0 && u->grads->held()) n += u->grads->nbytes();
   }
   return n;
 }

@@ -4,13 +4,15 @@
 // (masters, the 16-bit working copy, gradients, optimizer state: Psi / N each). A unit's
 // parameters exist whole only around its use:
 //   forward   before layer i: its units all-gathered (the working copy, in 16 bits when there is
-//             one) and the next layer's too (prefetched); after it: released unless layer i + 1
-//             uses them;
+//             one); after it: released unless layer i + 1 uses them;
 //   backward  a recorded identity at each layer's output (mark()) runs before that layer's
 //             backward: the units whose last use was layer i + 1 are reduce-scattered (their
-//             gradient, summed over the ranks, added to this rank's slice) and released; layer
-//             i's units are gathered again, with a zeroed gradient buffer, and layer i - 1's
-//             prefetched; after the backward (after_backward) the rest is reduce-scattered.
+//             gradient, summed over the ranks, added to this rank's slice) and released, and
+//             layer i's units are gathered again, with a zeroed gradient buffer; after the
+//             backward (after_backward) the rest is reduce-scattered.
+// The gathers are on demand, not prefetched a layer ahead: accrue's collectives block on the MPI
+// backend and run on the compute stream under NCCL, so a prefetch would overlap nothing and
+// only hold a second layer (docs/zero.md).
 // So k micro-steps cost 2k gathers of every unit and k reduce-scatters a window. A unit that a
 // later layer borrows (the G2P head tied to the token embedding) is gathered for each use and
 // reduce-scattered once, after its earliest layer's backward. The memory comes and goes through
@@ -69,8 +71,9 @@ class ShardedLayers {
   void gather_all();
   // The whole masters of the model, in its order (collective).
   std::vector<nn::NamedTensor> whole_masters();
-  // Bytes the units hold now (gathered parameters and gradient buffers).
-  size_t held_bytes() const;
+  // Bytes the units hold now: gathered parameters, and gradient buffers.
+  size_t held_parameter_bytes() const;
+  size_t held_gradient_bytes() const;
   int layers() const { return static_cast<int>(uses_.size()); }
 
  private:

@@ -385,7 +385,6 @@ TEST(BadInput, CommandLineMistakesExitTwoBeforeReadingData) {
       {{"--zero", "2", "--bucket-kib", "64"}, {"--zero", "--bucket-kib"}},
       {{"--zero", "4"}, {"--zero"}},
       {{"--zero", "3", "--model", "cnn"}, {"--zero 3", "--model cnn is not cut into layers"}},
-      {{"--zero", "3", "--memory-budget", "64MiB"}, {"--zero 3", "--memory-budget"}},
       {{"--zero", "3", "--cuda-graphs", "on"}, {"--zero 3", "--cuda-graphs on"}},
       {{"--zero", "3", "--bucket-kib", "64"}, {"--zero", "--bucket-kib"}},
       {{"--zero", "3", "--pipeline", "2"}, {"--pipeline", "--zero"}},

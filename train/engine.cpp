@@ -104,6 +104,20 @@ void Run::build_model() {
   strategies_->place_parameters(*model_, *arena_);
 }
 
+namespace {
+
+// The largest of every rank's `bytes`: the ranks' probes decide alike.
+size_t largest_over_ranks(distributed::Communicator& comm, size_t bytes) {
+  const Tensor mine = Tensor::from_vector<int64_t>({1}, {static_cast<int64_t>(bytes)});
+  Tensor all = Tensor::zeros({comm.world_size()}, DType::kInt64);
+  comm.all_gather(mine, all);
+  int64_t most = 0;
+  for (int64_t v : all.to_vector<int64_t>()) most = std::max(most, v);
+  return static_cast<size_t>(most);
+}
+
+}  // namespace
+
 // --memory-budget: the optimizer's state is allocated first (it is part of the baseline), then
 // probe micro-steps of the first b samples pick the micro-batch; everything after sees it in c_.
 // A probe's gradients are zeroed and the model's buffers restored, so training starts as
@@ -127,20 +141,30 @@ void Run::fit_memory_budget() {
     CachingAllocator& alloc = allocator_for(c_.device);
     const size_t before = alloc.stats().live_bytes;
     alloc.reset_peak();
-    {
+    if (Strategy* runner = strategies_->window_runner()) {
+      // The strategy's own micro-step (ZeRO-3: the layers gathered one at a time).
+      const optim::Window w{0, b, {{0, b}}, 1};
+      const Tensor seed = Tensor::from_vector<double>(
+          {}, {1.0 / static_cast<double>(std::max<int64_t>(items, 1))}, c_.device);
+      strategies_->begin_window(w);
+      runner->run_micro_batches(*model_, WindowRun{w, index, to_dtype(seed, master_), 0, true});
+    } else {
       const nn::SampleKeys keys(0, 0, index);
       const Samples batch =
           task_.largest_samples ? task_.largest_samples(index) : task_.samples(index);
       const nn::LossSum loss = task_.loss(*model_, batch, master_);
       backward(loss.sum, 1.0 / static_cast<double>(std::max<int64_t>(items, 1)));
     }
-    const size_t peak = alloc.stats().peak_bytes - before;
+    size_t peak = alloc.stats().peak_bytes - before;
     arena_->zero_grad();
+    if (comm_->world_size() > 1) peak = largest_over_ranks(*comm_, peak);  // one decision
     size_t i = 0;
     for (auto& [name, t] : model_->named_buffers()) t.copy_(buffers[i++]);
     return peak;
   };
   const int64_t budget = *c_.memory_budget;
+  // A strategy's own layout from the start (ZeRO-3 releases the layers it gathered to build).
+  if (strategies_->window_runner()) strategies_->begin_window(optim::Window{0, 0, {}, 0});
   budget_ = fit_micro_batch(budget, batch_size / comm_->world_size(),
                             allocator_for(c_.device).stats().live_bytes, probe);
   c_.batch = batch_size;

@@ -56,6 +56,11 @@ class ZeroShards final : public OverRanks {
   }
   optim::GradientConsumer* gradients() override { return zero_.get(); }
   optim::PartialSumReducer* loss_reducer() override { return zero_.get(); }
+  Footprint held_beyond_arena() const override {
+    Footprint f;
+    f.gradients = zero_ ? zero_->accumulated_bytes() : 0;
+    return f;
+  }
   void begin_window(const optim::Window& window) override {
     zero_->begin_window(window.most_micro);
   }
@@ -151,9 +156,6 @@ const Exclusion kExclusions[] = {
     {"--zero", "--bucket-kib",
      [](const Config& c) { return c.zero > 0 && c.bucket_kib.value_or(0) > 0; },
      "ZeRO reduce-scatters the gradient, it overlaps no all-reduce"},
-    {"--zero 3", "--memory-budget",
-     [](const Config& c) { return c.zero == 3 && c.memory_budget.has_value(); },
-     "the probes run the whole model's micro-step, not the sharded layers"},
     {"--zero 3", "--cuda-graphs on",
      [](const Config& c) { return c.zero == 3 && c.cuda_graphs == CudaGraphs::kOn; },
      "a layer's gathers are collectives no graph holds"},
@@ -345,7 +347,9 @@ Footprint Strategies::footprint(const optim::ParameterArena& arena,
   }
   f.optimizer_state = optimizer.state_bytes();
   for (const auto& s : list_) {
-    f.parameters += s->parameter_bytes_beyond_arena();
+    const Footprint beyond = s->held_beyond_arena();
+    f.parameters += beyond.parameters;
+    f.gradients += beyond.gradients;
     const distributed::CollectiveBytes b = s->collective_bytes();
     f.collectives.all_reduce += b.all_reduce;
     f.collectives.reduce_scatter += b.reduce_scatter;

@@ -42,13 +42,15 @@ struct StrategyContext {
 };
 
 // A window that a strategy runs itself (pipeline stages: every micro-batch through every stage
-// at once): the plan's window, the epoch's sample order on the device, the backward seed (1 / N,
-// or S / N: optim::Accumulator::pipelined_window) and the optimizer steps taken (dropout's key).
+// at once; ZeRO-3: layer by layer): the plan's window, the epoch's sample order on the device,
+// the backward seed (1 / N, or S / N: optim::Accumulator::pipelined_window) and the optimizer
+// steps taken (dropout's key).
 struct WindowRun {
   const optim::Window& window;
   const Tensor& order;
   const Tensor& seed;
   int64_t step;
+  bool largest = false;  // --memory-budget's probe: Task::largest_samples, when the task has it
 };
 
 // What this rank holds for training after a step (the masters and the copy the model computes
@@ -123,8 +125,9 @@ class Strategy {
   virtual std::string summary_part(const Summary& /*summary*/) const { return ""; }
   // The bytes it handed to the collectives (added up over the composition).
   virtual distributed::CollectiveBytes collective_bytes() const { return {}; }
-  // Parameter bytes it holds beyond the arena's (ZeRO-3's gathered layers).
-  virtual size_t parameter_bytes_beyond_arena() const { return 0; }
+  // Parameter and gradient bytes it holds beyond the arena's and the optimizer's (ZeRO-2's
+  // micro-step sum, ZeRO-3's gathered layers); collectives unused.
+  virtual Footprint held_beyond_arena() const { return {}; }
 };
 
 // A strategy over the ranks the one before it left, which it talks to through a counter of the

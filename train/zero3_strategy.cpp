@@ -23,7 +23,7 @@ class ZeroStageThree final : public OverRanks {
 
   std::string name() const override {
     return str_cat("ZeRO-3: parameters, gradients and optimizer state in ", ranks_->world_size(),
-                   " shards, ", layers_.size(), " layers gathered one ahead");
+                   " shards, ", layers_.size(), " layers gathered around their use");
   }
 
   // The units: each layer's own parameters; a layer also uses the units of those it borrows.
@@ -88,7 +88,8 @@ class ZeroStageThree final : public OverRanks {
     for (const optim::MicroBatch& mb : w.micro) {
       const Tensor index = run.order.narrow(mb.start, mb.count);
       const nn::SampleKeys keys(c_.seed, run.step, index);
-      const Samples batch = task_.samples(index);
+      const Samples batch = run.largest && task_.largest_samples ? task_.largest_samples(index)
+                                                                 : task_.samples(index);
       Tensor h = batch.input;
       for (int i = 0; i < sharded_->layers(); ++i) {
         sharded_->before_forward(i);
@@ -116,7 +117,12 @@ class ZeroStageThree final : public OverRanks {
                                                             nn::Module&) override {
     return sharded_->whole_masters();
   }
-  size_t parameter_bytes_beyond_arena() const override { return sharded_->held_bytes(); }
+  Footprint held_beyond_arena() const override {
+    Footprint f;
+    f.parameters = sharded_->held_parameter_bytes();
+    f.gradients = sharded_->held_gradient_bytes();
+    return f;
+  }
 
   std::string checkpoint_subfolder() const override {
     return str_cat("/rank-", ranks_->rank(), "-of-", ranks_->world_size());
