@@ -20,34 +20,42 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 field() { grep '"event":"summary"' "$1" | sed -e "s/.*\"$2\":\([^,}]*\).*/\1/" | tr -d '"'; }
 epoch_field() { grep '"event":"epoch"' "$1" | tail -1 | sed -e "s/.*\"$2\":\([^,}]*\).*/\1/"; }
+zero_ranks=2  # the ZeRO-3 row's ranks (mpirun), each a process of this machine
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+launch=()  # empty: one process; (mpirun -np N): the ZeRO-3 row
 run() {  # name, batch, extra flags...
   local name=$1 batch=$2
   shift 2
   local steps=$((samples / batch))
-  "$build/examples/accrue-g2p" --data "$data" --memory-budget "$budget" --batch "$batch" \
+  "${launch[@]}" "$build/examples/accrue-g2p" --data "$data" --memory-budget "$budget" --batch "$batch" \
     --max-steps "$steps" --epochs 1 --eval validation --eval-limit 2000 --warmup 0 --quiet \
     --metrics "$tmp/$name.jsonl" "$@" >/dev/null
-  echo "$name,$(field "$tmp/$name.jsonl" peak_bytes),$(field "$tmp/$name.jsonl" micro_batch),$(field "$tmp/$name.jsonl" batch),$(field "$tmp/$name.jsonl" accum_steps),$(field "$tmp/$name.jsonl" tokens_per_second),$(epoch_field "$tmp/$name.jsonl" val_loss),$(field "$tmp/$name.jsonl" offload_to_host_bytes),$steps"
+  echo "$name,$(field "$tmp/$name.jsonl" peak_bytes),$(field "$tmp/$name.jsonl" micro_batch),$(field "$tmp/$name.jsonl" batch),$(field "$tmp/$name.jsonl" accum_steps),$(field "$tmp/$name.jsonl" tokens_per_second),$(epoch_field "$tmp/$name.jsonl" val_loss),$(field "$tmp/$name.jsonl" offload_to_host_bytes),$steps,$(field "$tmp/$name.jsonl" ranks)"
 }
 # The largest micro-batch that fits the budget (a power of two dividing 1024), from one probe run.
 "$build/examples/accrue-g2p" --data "$data" --memory-budget "$budget" --batch 1024 --max-steps 1 \
   --epochs 1 --eval validation --eval-limit 1 --quiet --metrics "$tmp/probe.jsonl" >/dev/null
 micro=$(field "$tmp/probe.jsonl" micro_batch)
 {
-  echo "config,peak_bytes,micro_batch,batch,accum_steps,tokens_per_second,val_loss,offload_to_host_bytes,steps"
+  echo "config,peak_bytes,micro_batch,batch,accum_steps,tokens_per_second,val_loss,offload_to_host_bytes,steps,ranks"
   run plain "$micro"
   run accumulate_4 $((4 * micro))
   run accumulate_4_offload $((4 * micro)) --offload-optimizer
   run bf16_accumulate_offload $((4 * micro)) --offload-optimizer --precision bf16
+  launch=(mpirun -np "$zero_ranks")
+  run "zero3_offload_${zero_ranks}_ranks" $((4 * micro * zero_ranks)) --zero 3 \
+    --offload-optimizer
+  launch=()
 } > "$out.csv"
 {
-  echo "G2P GPT (4 x 128, 815k parameters) on $device under --memory-budget $budget, $samples training samples each (\`bench/g2p-table.sh\`). On a CPU the \"device\" and the \"host\" are the same memory: offloading shows the bytes moved, not a speed-up."
+  echo "G2P GPT (4 x 128, 815k parameters) on $device under --memory-budget $budget, $samples training samples each (\`bench/g2p-table.sh\`). On a CPU the \"device\" and the \"host\" are the same memory: offloading shows the bytes moved, not a speed-up. The ZeRO-3 row runs on $zero_ranks ranks (mpirun, every rank a process of this machine): its peak, micro-batch, bytes to host and tokens/s are one rank's (rank 0), its batch the whole window's."
   echo
   echo "| config | peak bytes | micro-batch x k = batch | tokens/s | validation loss / token | bytes to host per run | steps |"
   echo "|---|---|---|---|---|---|---|"
   tail -n +2 "$out.csv" | awk -F, '{
-    printf "| %s | %.1f MiB | %s x %s = %s | %.0f | %.4f | %.1f MiB | %s |\n",
-      $1, $2 / 1048576, $3, $5, $4, $6, $7, $8 / 1048576, $9 }'
+    printf "| %s | %.1f MiB | %s x %s%s = %s | %.0f | %.4f | %.1f MiB | %s |\n",
+      $1, $2 / 1048576, $3, $5, ($10 > 1 ? " x " $10 " ranks" : ""), $4, $6, $7, $8 / 1048576, $9 }'
 } > "$out.md"
 [ -n "${ACCRUE_SKIP_DEPS:-}" ] || scripts/install-deps.sh --with-plot
 bench/plot-g2p-table.sh "$out.csv" "$out.png" \
