@@ -88,8 +88,10 @@ std::vector<Window> plan_windows(int64_t num_samples, const ResolvedBatch& batch
     const int64_t base = samples / batch.world_size, extra = samples % batch.world_size;
     const int64_t share_start = start + rank * base + std::min<int64_t>(rank, extra);
     const int64_t share = base + (rank < extra ? 1 : 0);
-    Window w{start, samples, {}, (base + (extra > 0 ? 1 : 0) + batch.micro_batch - 1) /
-                                     batch.micro_batch};
+    Window w{start,
+             samples,
+             {},
+             (base + (extra > 0 ? 1 : 0) + batch.micro_batch - 1) / batch.micro_batch};
     for (int64_t m = share_start; m < share_start + share; m += batch.micro_batch) {
       w.micro.push_back({m, std::min(batch.micro_batch, share_start + share - m)});
     }

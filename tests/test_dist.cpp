@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "dist_util.h"
 #include "distributed/communicator.h"
 #include "distributed/ops.h"
 #include "distributed/pipeline.h"
@@ -35,9 +36,9 @@ namespace {
 using testing::Recorded;
 using testing::train_recorded;
 
-distributed::Communicator& comm() {
-  return distributed::world();
-}
+using testing::checkpoint_and_resume;
+using testing::comm;
+using testing::expect_same_on_every_rank;
 
 TEST(Dist, TheLauncherStartedTwoRanks) {
   ASSERT_EQ(comm().world_size(), 2) << "run under mpiexec -n 2";
@@ -527,19 +528,6 @@ TEST(Dist, TwoRanksTimesKTwoEqualOneRankTimesKFourInFloat32) {
   }
 }
 
-// Gathers a 64-bit value (a parameter hash) from every rank and expects them all equal.
-void expect_same_on_every_rank(uint64_t h) {
-  const Tensor mine = Tensor::from_vector<int32_t>(
-      {2}, {static_cast<int32_t>(h >> 32), static_cast<int32_t>(h & 0xffffffffu)});
-  Tensor all = Tensor::zeros({2 * comm().world_size()}, DType::kInt32);
-  comm().all_gather(mine, all);
-  const auto v = all.to_vector<int32_t>();
-  for (int r = 1; r < comm().world_size(); ++r) {
-    EXPECT_EQ(v[2 * r], v[0]) << "rank " << r;
-    EXPECT_EQ(v[2 * r + 1], v[1]) << "rank " << r;
-  }
-}
-
 // After training, every rank holds the same parameters to the bit.
 TEST(Dist, ParametersAreBitwiseEqualOnEveryRank) {
   const auto data = testing::make_dataset("dist-hash", 1001, 64);
@@ -652,24 +640,6 @@ TEST(Dist, MixedPrecisionShardedOrNotTrainsTheSame) {
     expect_same_on_every_rank(plain.parameter_hash);
     expect_same_on_every_rank(sharded.parameter_hash);
   }
-}
-
-// Trains `c` to step 5 with a checkpoint at step 5 in a fresh folder shared by the ranks (each
-// rank's fixture folder has its own name), as on a cluster's shared file system; then resumes it
-// to step 10 with `c` as `adjust` leaves it. Returns the resumed run; `c` is the resuming config.
-Recorded checkpoint_and_resume(mnist::Config& c, const std::filesystem::path& dir,
-                               const std::function<void(mnist::Config&)>& adjust = {}) {
-  if (comm().rank() == 0) std::filesystem::remove_all(dir);
-  comm().barrier();
-  c.max_steps = 5;
-  c.checkpoint = dir.string();
-  c.checkpoint_every = 5;
-  train_recorded(c, std::cout);
-  c.max_steps = 10;
-  c.checkpoint.clear();
-  c.resume = dir.string();
-  if (adjust) adjust(c);
-  return train_recorded(c, std::cout);
 }
 
 // A checkpoint written by --zero 1 across the ranks (each rank's slice of the optimizer state

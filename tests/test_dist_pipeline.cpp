@@ -7,6 +7,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "dist_util.h"
 #include "distributed/communicator.h"
 #include "mnist_fixture.h"
 #include "optim/safetensors.h"
@@ -18,9 +19,7 @@ namespace {
 using testing::Recorded;
 using testing::train_recorded;
 
-distributed::Communicator& comm() {
-  return distributed::world();
-}
+using testing::comm;
 
 // Trains `pipelined` on the four ranks and `single` (the same run, one process) and compares.
 void expect_same_training(mnist::Config pipelined, mnist::Config single, const std::string& name) {

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "dist_util.h"
 #include "distributed/communicator.h"
 #include "g2p.h"
 #include "g2p_fixture.h"
@@ -26,9 +27,8 @@ namespace {
 using testing::Recorded;
 using testing::train_recorded;
 
-distributed::Communicator& comm() {
-  return distributed::world();
-}
+using testing::comm;
+using testing::expect_same_on_every_rank;
 
 // A ZeRO setting: the stage, for stage 2 the reduce policy, and the offloaded optimizer.
 struct Zero {
@@ -83,18 +83,6 @@ void expect_relative_steps(const Recorded& got, const Recorded& one, double tole
     EXPECT_NEAR(got.step_losses[i], one.step_losses[i], tolerance * one.step_losses[i]) << i;
     EXPECT_NEAR(got.step_grad_norms[i], one.step_grad_norms[i], tolerance * one.step_grad_norms[i])
         << i;
-  }
-}
-
-void expect_same_on_every_rank(uint64_t h) {
-  const Tensor mine = Tensor::from_vector<int32_t>(
-      {2}, {static_cast<int32_t>(h >> 32), static_cast<int32_t>(h & 0xffffffffu)});
-  Tensor all = Tensor::zeros({2 * comm().world_size()}, DType::kInt32);
-  comm().all_gather(mine, all);
-  const auto v = all.to_vector<int32_t>();
-  for (int r = 1; r < comm().world_size(); ++r) {
-    EXPECT_EQ(v[2 * r], v[0]) << "rank " << r;
-    EXPECT_EQ(v[2 * r + 1], v[1]) << "rank " << r;
   }
 }
 
@@ -240,16 +228,7 @@ TEST(Zero, EachCombinationResumesBitForBit) {
     const Recorded whole = train_recorded(c, std::cout);
     const std::filesystem::path dir =
         std::filesystem::temp_directory_path() / str_cat("accrue-zero-resume-", world);
-    if (comm().rank() == 0) std::filesystem::remove_all(dir);
-    comm().barrier();
-    c.max_steps = 5;
-    c.checkpoint = dir.string();
-    c.checkpoint_every = 5;
-    train_recorded(c, std::cout);
-    c.max_steps = 10;
-    c.checkpoint.clear();
-    c.resume = dir.string();
-    const Recorded resumed = train_recorded(c, std::cout);
+    const Recorded resumed = testing::checkpoint_and_resume(c, dir);
     EXPECT_EQ(resumed.parameter_hash, whole.parameter_hash);
     expect_same_on_every_rank(resumed.parameter_hash);
     if (z.stage == 3) {
