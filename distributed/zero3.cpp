@@ -177,7 +177,11 @@ void ShardedLayers::reduce_scatter(int unit) {
 }
 
 void ShardedLayers::begin_window() {
-  for (size_t u = 0; u < units_.size(); ++u) release(static_cast<int>(u));
+  for (auto& u : units_) {
+    if (u->size == 0) continue;
+    u->values->release();
+    u->grads->release();  // a window abandoned halfway left partial sums
+  }
 }
 
 void ShardedLayers::before_forward(int layer) {

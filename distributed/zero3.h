@@ -58,7 +58,9 @@ class ShardedLayers {
   void bind(optim::ParameterArena& arena);
 
   // The schedule of one micro-step (see the top of this file).
-  void begin_window();  // releases every unit: each window starts from the shards alone
+  // Releases every unit and gradient buffer: each window starts from the shards alone (and a
+  // resume's or an abandoned window's leftovers go).
+  void begin_window();
   void before_forward(int layer);
   void after_forward(int layer);
   Tensor mark(const Tensor& output, int layer);  // identity; its backward: before_backward

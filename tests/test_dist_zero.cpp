@@ -256,5 +256,40 @@ TEST(Zero, EachCombinationResumesBitForBit) {
   }
 }
 
+// ZeRO-3's per-rank checkpoints: a finished run resumed evaluates the checkpoint's weights (not
+// the layers gathered before the resume), and ranks whose newest checkpoints differ (one stopped
+// while writing) are refused, naming both steps.
+TEST(Zero, ThirdStageResumesFromTheStepEveryRankHas) {
+  const int world = comm().world_size();
+  const auto data = testing::make_dataset("zero3-resume", kSamples, 64);
+  mnist::Config c = mlp_config(data, "fp32");
+  set_zero(c, Zero{3, std::nullopt});
+  c.micro_batch = kBatch / (world * 2);
+  c.max_steps = 10;
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / str_cat("accrue-zero3-resume-", world);
+  if (comm().rank() == 0) std::filesystem::remove_all(dir);
+  comm().barrier();
+  c.checkpoint = dir.string();
+  c.checkpoint_every = 5;
+  const Recorded whole = train_recorded(c, std::cout);
+  c.resume = dir.string();
+  const Recorded again = train_recorded(c, std::cout);  // at step 10 already: evaluates only
+  EXPECT_EQ(again.parameter_hash, whole.parameter_hash);
+  EXPECT_EQ(again.test_accuracy, whole.test_accuracy);
+  comm().barrier();
+  if (comm().rank() == 1) {
+    for (const char* ext : {".json", ".safetensors"}) {
+      std::filesystem::remove(dir / str_cat("rank-1-of-", world) /
+                              (std::string("step-0000000010") + ext));
+    }
+  }
+  comm().barrier();
+  c.max_steps = 12;
+  testing::expect_error<FileError>([&] { train_recorded(c, std::cout); },
+                                   {"different steps", "step-10"});
+  comm().barrier();
+}
+
 }  // namespace
 }  // namespace accrue

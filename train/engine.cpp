@@ -165,8 +165,9 @@ void Run::fit_memory_budget() {
   const int64_t budget = *c_.memory_budget;
   // A strategy's own layout from the start (ZeRO-3 releases the layers it gathered to build).
   if (strategies_->window_runner()) strategies_->begin_window(optim::Window{0, 0, {}, 0});
-  budget_ = fit_micro_batch(budget, batch_size / comm_->world_size(),
-                            allocator_for(c_.device).stats().live_bytes, probe);
+  size_t baseline = allocator_for(c_.device).stats().live_bytes;
+  if (comm_->world_size() > 1) baseline = largest_over_ranks(*comm_, baseline);
+  budget_ = fit_micro_batch(budget, batch_size / comm_->world_size(), baseline, probe);
   c_.batch = batch_size;
   c_.micro_batch = budget_->micro_batch;
   c_.accum_steps = 0;

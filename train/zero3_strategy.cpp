@@ -128,6 +128,27 @@ class ZeroStageThree final : public OverRanks {
     return str_cat("/rank-", ranks_->rank(), "-of-", ranks_->world_size());
   }
   bool checkpoints_per_rank() const override { return true; }
+  // Each rank read its own newest checkpoint: a rank stopped while writing may have one fewer,
+  // and the ranks must start from the same step. The layers gathered before the resume hold the
+  // values from before it: released, the next use gathers the resumed ones.
+  void after_resume(int64_t step) override {
+    const Tensor mine = Tensor::from_vector<int64_t>({1}, {step});
+    Tensor all = Tensor::zeros({ranks_->world_size()}, DType::kInt64);
+    ranks_->all_gather(mine, all);
+    const std::vector<int64_t> steps = all.to_vector<int64_t>();
+    for (size_t r = 0; r < steps.size(); ++r) {
+      if (steps[r] != step) {
+        throw FileError(str_cat("--resume ", c_.resume,
+                                ": the ranks' newest complete checkpoints are at different "
+                                "steps (rank ",
+                                ranks_->rank(), ": ", step, ", rank ", r, ": ", steps[r],
+                                "); a rank stopped while writing: remove the newer step-",
+                                std::max(step, steps[r]),
+                                " files to resume from the step every rank has"));
+      }
+    }
+    sharded_->begin_window();
+  }
   void check_resume_folder(const std::string& resume) const override {
     const std::string mine = resume + checkpoint_subfolder();
     if (!std::filesystem::is_directory(mine)) {
