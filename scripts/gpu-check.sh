@@ -19,6 +19,10 @@
 #             the allocator tests check that live bytes return to their baseline instead)
 #   sanitize  racecheck, synccheck and initcheck over the CUDA cases of the kernel tests
 #   bench     the CUDA rows of accrue-bench beside the device's own GEMM rate and bandwidth
+# and, only when named (about 60 s):
+#   zero      every ZeRO stage, policy and offload on the GPU in a world of one rank, each
+#             step's loss against the plain run's (scripts/lib/zero-smoke.sh): the released and
+#             reacquired buffers, ZeRO-3's layer-by-layer window, the restricted host copies
 # Modes may be named to run only those. To rerun what failed, narrow each step:
 #   GPU_CHECK_TARGETS   build only these targets (default: all)
 #   GPU_CHECK_TESTS     CTest's -R regular expression (default: every test)
@@ -278,6 +282,17 @@ for mode in "${modes[@]}"; do
       fits 120 "training on the device" || continue
       train_on_device
       ;;
+    zero)
+      fits 60 "the ZeRO smoke" || continue
+      [ -f data/mnist/train-images-idx3-ubyte ] && [ -f data/cmudict/dict.txt ] ||
+        { mkdir -p data && tar -xzf .gpu-deps/data/datasets.tar.gz -C data; } ||
+        { fail "no datasets: run scripts/gpu-bundle.sh here first"; continue; }
+      timeout "$(left 120)" scripts/lib/zero-smoke.sh cuda build-gpu data/mnist \
+        data/cmudict/dict.txt "$out/zero" > "$out/zero.txt" 2>&1 || fail "the ZeRO smoke failed"
+      grep -c " ok$" "$out/zero.txt" | sed 's/^/zero smoke: runs within 1e-4: /' | tee -a "$summary"
+      grep -v " ok$" "$out/zero.txt" | head -20 >> "$summary"
+      rm -rf "$out/zero"  # the device tool brings back at most 8 files
+      ;;
     bench)
       fits 110 "the CUDA benchmarks" || continue
       timeout "$(left 150)" build-gpu/bench/accrue-bench --benchmark_filter=/cuda \
@@ -289,7 +304,7 @@ for mode in "${modes[@]}"; do
       note "bench done"
       ;;
     *)
-      echo "gpu-check: unknown mode '$mode' (train, tests, memcheck, sanitize, bench)"
+      echo "gpu-check: unknown mode '$mode' (train, tests, memcheck, sanitize, bench, zero)"
       exit 2
       ;;
   esac
