@@ -246,8 +246,9 @@ TEST(Zero, EachCombinationResumesBitForBit) {
       // A world of one on each rank: another rank count.
       const auto single = distributed::make_single_process();
       other.comm = single.get();
-      testing::expect_error<FileError>([&] { train_recorded(other, std::cout); },
-                                       {"rank 0 of 1", "another rank count"});
+      testing::expect_error<FileError>(
+          [&] { train_recorded(other, std::cout); },
+          {"rank 0 of 1", str_cat("the checkpoints of ", world, " ranks"), "on 1 ranks"});
     } else {
       testing::expect_error<ValueError>([&] { train_recorded(other, std::cout); },
                                         {"zero = ", "this run has"});

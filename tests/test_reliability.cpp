@@ -398,6 +398,24 @@ TEST(Reliability, ACheckpointFolderOfAnotherLayoutIsRefused) {
   EXPECT_EQ(into_single.status, 2) << into_single.err;
   expect_words(into_single.err, {"a run without --pipeline", "--pipeline 2"});
   EXPECT_FALSE(fs::exists(single / "stage-0"));
+  // ZeRO-3's per-rank folders: refused for a run without --zero 3, and a run's own checkpoints
+  // for one with it; --resume of the folder alone reads the flags of rank 0's.
+  const fs::path sharded = data / "sharded";
+  fs::create_directories(sharded);
+  fs::copy(single, sharded / "rank-0-of-2");
+  r = run(data, {"--checkpoint", sharded.string(), "--max-steps", "2"});
+  EXPECT_EQ(r.status, 2) << r.err;
+  expect_words(
+      r.err, {"--checkpoint " + sharded.string(),
+              "a ZeRO-3 run's per-rank checkpoints (rank-0-of-2)", "--resume " + sharded.string()});
+  r = run(data, {"--checkpoint", single.string(), "--zero", "3", "--max-steps", "2"});
+  EXPECT_EQ(r.status, 2) << r.err;
+  expect_words(r.err, {"a run without --zero 3", "one per rank"});
+  // Its flags (a run without --zero: the copy above) read, the engine names the layout.
+  r = run(data, {"--resume", sharded.string(), "--max-steps", "3"});
+  EXPECT_EQ(r.status, 1) << r.err;
+  expect_words(r.err, {"--resume " + sharded.string(), "per-rank checkpoints (rank-0-of-2",
+                       "this run has --zero 0"});
 }
 
 // Every field of a checkpoint's JSON is checked: exit 1 naming the file and the field, and the

@@ -330,11 +330,42 @@ std::vector<int> stages_with_checkpoints(const std::string& dir) {
   return stages;
 }
 
+// A dir/rank-<r>-of-<N> folder that holds checkpoints (a ZeRO-3 run's), rank 0's first; "" if
+// none.
+std::string rank_folder_with_checkpoints(const std::string& dir) {
+  std::error_code ec;
+  std::string found;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    int rank = -1, ranks = -1;
+    char tail = 0;
+    const std::string name = entry.path().filename().string();
+    if (std::sscanf(name.c_str(), "rank-%d-of-%d%c", &rank, &ranks, &tail) == 2 && rank >= 0 &&
+        rank < ranks && name == str_cat("rank-", rank, "-of-", ranks) &&
+        !listed_steps(entry.path().string()).empty() && (found.empty() || rank == 0)) {
+      found = name;
+    }
+  }
+  return found;
+}
+
 }  // namespace
 
-void check_checkpoint_folder(const std::string& dir, const std::string& resume, int pipeline) {
+void check_checkpoint_folder(const std::string& dir, const std::string& resume, int pipeline,
+                             bool per_rank) {
   const std::string flag = "--checkpoint " + dir;
   std::error_code ec;
+  if (fs::is_directory(dir, ec)) {
+    const std::string ranks = rank_folder_with_checkpoints(dir);
+    if (!per_rank && !ranks.empty()) {
+      throw FileError(str_cat(flag, ": holds a ZeRO-3 run's per-rank checkpoints (", ranks,
+                              "): continue it with --resume ", dir, ", or choose another folder"));
+    }
+    if (per_rank && !listed_steps(dir).empty()) {
+      throw FileError(str_cat(flag,
+                              ": holds the checkpoints of a run without --zero 3; this run "
+                              "writes one per rank: choose another folder"));
+    }
+  }
   if (pipeline > 1 && fs::is_directory(dir, ec) && !listed_steps(dir).empty()) {
     throw FileError(str_cat(flag,
                             ": holds the checkpoints of a run without --pipeline; this run "
@@ -470,6 +501,10 @@ nlohmann::json recorded_flags(const std::string& dir) {
   std::error_code ec;
   if (listed_steps(folder).empty() && fs::is_directory(fs::path(dir) / "stage-0", ec)) {
     folder = (fs::path(dir) / "stage-0").string();
+  }
+  if (listed_steps(folder).empty() && fs::is_directory(dir, ec)) {  // a ZeRO-3 run's
+    const std::string ranks = rank_folder_with_checkpoints(dir);
+    if (!ranks.empty()) folder = (fs::path(dir) / ranks).string();
   }
   const std::vector<int64_t> steps = listed_steps(folder);
   if (steps.empty()) throw FileError("--resume " + dir + ": no checkpoint (step-*.json) in it");

@@ -49,8 +49,11 @@ std::string new_run_id();
 // checkpoints of a run other than the one `resume` continues (empty: a new run). A run of
 // `pipeline` stages writes into dir/stage-N: a folder of a run with another layout (stage
 // folders for one without --pipeline, a run's own checkpoints for a pipelined one, more stages)
-// is refused, and each stage folder is checked as a folder of its own.
-void check_checkpoint_folder(const std::string& dir, const std::string& resume, int pipeline = 1);
+// is refused, and each stage folder is checked as a folder of its own. per_rank (--zero 3: every
+// rank writes dir/rank-<r>-of-<N>, which the engine checks as a folder of its own): a folder
+// holding checkpoints of its own is refused; without it, one holding per-rank folders is.
+void check_checkpoint_folder(const std::string& dir, const std::string& resume, int pipeline = 1,
+                             bool per_rank = false);
 
 // The lock a run holds on its checkpoint folder while it runs (created if missing). Throws
 // FileError when another live process holds it. Stale temporaries of killed writers go.
@@ -92,7 +95,8 @@ struct Checkpoint {
 Checkpoint read_latest_checkpoint(const std::string& dir,
                                   const std::function<void(const Checkpoint&)>& validate = {});
 
-// The flags recorded in the newest checkpoint of dir (of dir/stage-0 for a pipelined run) whose
+// The flags recorded in the newest checkpoint of dir (of dir/stage-0 for a pipelined run, of
+// dir/rank-0-of-N for a ZeRO-3 run) whose
 // description reads as JSON with a well-formed record (an object of non-empty string lists), for
 // --resume DIR to take before any data is read (flag -> values); an empty object when that
 // checkpoint records none (written before the flags were, or by a run configured in code). A

@@ -309,7 +309,7 @@ void Flags::check_outputs() {
                        check_output(c_.save_init, "--save-init") == OutputKind::kStream});
   }
   if (!c_.checkpoint.empty()) {
-    check_checkpoint_folder(c_.checkpoint, c_.resume, c_.pipeline);
+    check_checkpoint_folder(c_.checkpoint, c_.resume, c_.pipeline, c_.zero == 3);
     outputs.push_back({"--checkpoint", c_.checkpoint, false});
     // --keep-best writes DIR/best.safetensors: a file there that the resumed run did not write
     // (a fresh run, or a resume from another folder) is the user's, and stays.

@@ -149,15 +149,22 @@ class ZeroStageThree final : public OverRanks {
     }
     sharded_->begin_window();
   }
+  // Names what the folder holds when this rank's is missing: per-rank folders of another rank
+  // count, or none (another stage).
   void check_resume_folder(const std::string& resume) const override {
     const std::string mine = resume + checkpoint_subfolder();
-    if (!std::filesystem::is_directory(mine)) {
-      throw FileError(str_cat("--resume ", resume, ": no checkpoint of rank ", ranks_->rank(),
-                              " of ", ranks_->world_size(), " (", mine,
-                              "): it was written with another rank count or another --zero "
-                              "stage; this run has --zero 3 on ",
-                              ranks_->world_size(), " ranks"));
+    if (std::filesystem::is_directory(mine)) return;
+    std::string held = "no per-rank checkpoints (written without --zero 3)";
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(resume, ec)) {
+      const std::string name = entry.path().filename().string();
+      if (entry.is_directory() && name.rfind("rank-0-of-", 0) == 0) {
+        held = str_cat("the checkpoints of ", name.substr(10), " ranks (", name, ")");
+      }
     }
+    throw FileError(str_cat("--resume ", resume, ": no checkpoint of rank ", ranks_->rank(), " of ",
+                            ranks_->world_size(), " (", mine, "); it holds ", held,
+                            "; this run has --zero 3 on ", ranks_->world_size(), " ranks"));
   }
 
  private:
