@@ -1,6 +1,7 @@
 // One all-gather of per-setting hashes (see agreement.h).
 #include "train/agreement.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "core/error.h"
@@ -53,6 +54,24 @@ void check_ranks_agree(distributed::Communicator& comm, const nlohmann::ordered_
       throw ValueError(str_cat("the ranks disagree on ", key, ": rank ", r,
                                " differs from rank 0 (this rank, ", comm.rank(), ", has ",
                                first < keys.size() ? settings[keys[first]].dump() : "?", ")"));
+    }
+  }
+}
+
+void check_same_resume_step(distributed::Communicator& comm, int64_t step,
+                            const std::string& resume, const char* who) {
+  const Tensor mine = Tensor::from_vector<int64_t>({1}, {step});
+  Tensor all = Tensor::zeros({comm.world_size()}, DType::kInt64);
+  comm.all_gather(mine, all);
+  const std::vector<int64_t> steps = all.to_vector<int64_t>();
+  for (size_t r = 0; r < steps.size(); ++r) {
+    if (steps[r] != step) {
+      throw FileError(str_cat("--resume ", resume, ": the ", who,
+                              "s' newest complete checkpoints are at different steps (rank ",
+                              comm.rank(), ": ", step, ", rank ", r, ": ", steps[r], "); a ", who,
+                              " stopped while writing: remove the newer step-",
+                              std::max(step, steps[r]), " files to resume from the step every ",
+                              who, " has"));
     }
   }
 }

@@ -7,7 +7,9 @@
 // once, and throws naming the first setting that differs and the ranks. Read next: engine.cpp.
 #pragma once
 
+#include <cstdint>
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "distributed/communicator.h"
 
@@ -17,5 +19,11 @@ namespace accrue::train {
 // for the first key (in the object's order) whose value is not the same on every rank. A
 // collective: every rank calls it at the same point. Nothing happens on one rank.
 void check_ranks_agree(distributed::Communicator& comm, const nlohmann::ordered_json& settings);
+
+// After a resume where each rank read its own newest checkpoint (pipeline stages, ZeRO-3's
+// shards): throws FileError naming both steps when a rank (`who`: "stage", "rank") read another
+// step than this one, which a rank stopped while writing leaves. Collective.
+void check_same_resume_step(distributed::Communicator& comm, int64_t step,
+                            const std::string& resume, const char* who);
 
 }  // namespace accrue::train

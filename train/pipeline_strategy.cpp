@@ -10,6 +10,7 @@
 #include "kernels/factories.h"
 #include "nn/norm.h"
 #include "ops/autograd.h"
+#include "train/agreement.h"
 #include "train/engine.h"
 #include "train/report.h"
 
@@ -219,22 +220,7 @@ std::optional<std::vector<nn::NamedTensor>> PipelineStages::whole_masters(
 // stopped while writing may have one fewer. The copies of tied parameters take the owner's values.
 void PipelineStages::after_resume(int64_t step) {
   if (tied_) tied_->after_update();
-  Tensor mine = Tensor::from_vector<int64_t>({1}, {step});
-  Tensor all = Tensor::zeros({world_->world_size()}, DType::kInt64);
-  world_->all_gather(mine, all);
-  const std::vector<int64_t> steps = all.to_vector<int64_t>();
-  for (size_t r = 0; r < steps.size(); ++r) {
-    if (steps[r] != step) {
-      throw FileError(str_cat("--resume ", c_.resume,
-                              ": the pipeline stages' newest complete "
-                              "checkpoints are at different steps (rank ",
-                              world_->rank(), ": ", step, ", rank ", r, ": ", steps[r],
-                              "); a stage stopped while "
-                              "writing: remove the newer step-",
-                              std::max(step, steps[r]),
-                              " files to resume from the step every stage has"));
-    }
-  }
+  check_same_resume_step(*world_, step, c_.resume, "stage");
 }
 
 // This stage's part of a window: its micro-batches through the stage's layers under the

@@ -11,6 +11,7 @@
 #include "kernels/factories.h"
 #include "nn/norm.h"
 #include "ops/autograd.h"
+#include "train/agreement.h"
 
 namespace accrue::train {
 
@@ -132,21 +133,7 @@ class ZeroStageThree final : public OverRanks {
   // and the ranks must start from the same step. The layers gathered before the resume hold the
   // values from before it: released, the next use gathers the resumed ones.
   void after_resume(int64_t step) override {
-    const Tensor mine = Tensor::from_vector<int64_t>({1}, {step});
-    Tensor all = Tensor::zeros({ranks_->world_size()}, DType::kInt64);
-    ranks_->all_gather(mine, all);
-    const std::vector<int64_t> steps = all.to_vector<int64_t>();
-    for (size_t r = 0; r < steps.size(); ++r) {
-      if (steps[r] != step) {
-        throw FileError(str_cat("--resume ", c_.resume,
-                                ": the ranks' newest complete checkpoints are at different "
-                                "steps (rank ",
-                                ranks_->rank(), ": ", step, ", rank ", r, ": ", steps[r],
-                                "); a rank stopped while writing: remove the newer step-",
-                                std::max(step, steps[r]),
-                                " files to resume from the step every rank has"));
-      }
-    }
+    check_same_resume_step(*ranks_, step, c_.resume, "rank");
     sharded_->begin_window();
   }
   // Names what the folder holds when this rank's is missing: per-rank folders of another rank
