@@ -292,5 +292,26 @@ TEST(Zero, ThirdStageResumesFromTheStepEveryRankHas) {
   comm().barrier();
 }
 
+// --memory-budget's baseline is the sharded layout: each ZeRO stage's probes start from less than
+// data parallelism's (the optimizer state in slices, then the gradient, then the parameters).
+TEST(Zero, TheMemoryBudgetMeasuresTheShardedLayout) {
+  const auto data = testing::make_dataset("zero-budget", kSamples, 64);
+  std::vector<size_t> baselines;
+  for (const int stage : {0, 1, 2, 3}) {
+    mnist::Config c = mlp_config(data, "fp32");
+    c.hidden = {256};
+    c.zero = stage;
+    c.memory_budget = int64_t{64} << 20;
+    c.max_steps = 2;
+    const Recorded r = train_recorded(c, std::cout);
+    baselines.push_back(r.memory_baseline_bytes);
+    SCOPED_TRACE(str_cat("--zero ", stage));
+    EXPECT_GT(r.memory_baseline_bytes, 0u);
+  }
+  EXPECT_LT(baselines[1], baselines[0]);
+  EXPECT_LT(baselines[2], baselines[1]);
+  EXPECT_LT(baselines[3], baselines[2]);
+}
+
 }  // namespace
 }  // namespace accrue

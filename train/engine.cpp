@@ -118,7 +118,8 @@ size_t largest_over_ranks(distributed::Communicator& comm, size_t bytes) {
 
 }  // namespace
 
-// --memory-budget: the optimizer's state is allocated first (it is part of the baseline), then
+// --memory-budget: the optimizer's state is allocated first, in the strategies' layout (it is part
+// of the baseline), then
 // probe micro-steps of the first b samples pick the micro-batch; everything after sees it in c_.
 // A probe's gradients are zeroed and the model's buffers restored, so training starts as
 // without it.
@@ -126,6 +127,8 @@ void Run::fit_memory_budget() {
   if (!c_.memory_budget) return;
   const int64_t batch_size = c_.batch > 0 ? c_.batch : kDefaultBatch;
   optimizer_ = make_optimizer(c_, *arena_, run_lr(c_, batch_size));
+  // The strategies' layout is the baseline: ZeRO's slice of the state, not the whole.
+  strategies_->attach(*optimizer_);
   check_batch_splits(batch_size, comm_->world_size());
   const auto probe = [&](int64_t b) -> size_t {
     b = std::min<int64_t>(b, train_samples_);
@@ -198,8 +201,10 @@ const EpochPlan& Run::plan_for(int64_t epoch) {
 // reducer, a parameter sync), then the loss scale, which those pieces may have to pass on.
 void Run::build_optimizer() {
   k_schedule_ = c_.accum_schedule;
-  if (!optimizer_) optimizer_ = make_optimizer(c_, *arena_, plan_for(0).lr);
-  strategies_->attach(*optimizer_);
+  if (!optimizer_) {  // else fit_memory_budget() built and attached it
+    optimizer_ = make_optimizer(c_, *arena_, plan_for(0).lr);
+    strategies_->attach(*optimizer_);
+  }
   if (scaling_.on) optimizer_->set_loss_scaling(scaling_.scaling, scaling_.initial);
 }
 
