@@ -21,8 +21,8 @@ trap 'rm -rf "$tmp"' EXIT
 field() { grep '"event":"summary"' "$1" | sed -e "s/.*\"$2\":\([^,}]*\).*/\1/" | tr -d '"'; }
 epoch_field() { grep '"event":"epoch"' "$1" | tail -1 | sed -e "s/.*\"$2\":\([^,}]*\).*/\1/"; }
 zero_ranks=2  # the ZeRO-3 row's ranks (mpirun), each a process of this machine
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+# shellcheck source=scripts/lib/mpi-env.sh
+source scripts/lib/mpi-env.sh
 launch=()  # empty: one process; (mpirun -np N): the ZeRO-3 row
 run() {  # name, batch, extra flags...
   local name=$1 batch=$2

@@ -16,7 +16,8 @@ data=${ACCRUE_CMUDICT:-data/cmudict/dict.txt}
 out=bench/results/pipeline-cpu
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+# shellcheck source=scripts/lib/mpi-env.sh
+source scripts/lib/mpi-env.sh
 field() { grep "\"event\":\"$2\"" "$1" | tail -1 | sed -e "s/.*\"$3\":\([^,}]*\).*/\1/"; }
 stage() { grep '"event":"pipeline"' "$1" | sed -e 's/.*"stages":\[//' | tr '}' '\n' |
   grep "\"stage\":$2" | sed -e "s/.*\"$3\":\([^,}]*\).*/\1/"; }

@@ -18,8 +18,8 @@ build=${1:?usage: bench/zero.sh BUILD_DIR [STEPS]}
 steps=${2:-2}
 data=${ACCRUE_CMUDICT:-data/cmudict/dict.txt}
 [ -f "$data" ] || scripts/fetch-cmudict.sh "$(dirname "$data")"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+# shellcheck source=scripts/lib/mpi-env.sh
+source scripts/lib/mpi-env.sh
 out=bench/results/zero-cpu
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

@@ -45,6 +45,12 @@ void Storage::reacquire() {
   if (data_ == nullptr && nbytes_ > 0) data_ = allocator_->allocate(nbytes_);
 }
 
+void Storage::reacquire_zeroed(Tensor& t) {
+  if (held()) return;
+  reacquire();
+  t.zero_();
+}
+
 namespace {
 
 void check_shape(const Shape& shape, const char* op) {

@@ -27,6 +27,8 @@ int64_t shape_numel(const Shape& shape);
 // One block of device memory, returned to its allocator when the last reference goes.
 class CachingAllocator;
 
+class Tensor;
+
 class Storage {
  public:
   // From the device's allocator (allocator_for), or from `allocator` (pinned host memory).
@@ -52,6 +54,8 @@ class Storage {
   void release();
   void reacquire();
   bool held() const { return data_ != nullptr || nbytes_ == 0; }
+  // reacquire() when released, then zeroes t (a view of this storage, all of it).
+  void reacquire_zeroed(Tensor& t);
 
  private:
   Device device_;

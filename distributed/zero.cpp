@@ -36,7 +36,7 @@ ZeroOptimizerState::ZeroOptimizerState(optim::Optimizer& optimizer, Communicator
   // of its own. The micro-step policy adds each micro-step's slice into `accumulated_`, and
   // puts the window's sum into the arena's slice at the boundary.
   optimizer.restrict_to_slice(offset_, n_, stage == 2);
-  if (stage == 2 && reduce == ZeroReduce::kMicroStep) {
+  if (reduces_each_micro_step()) {
     accumulated_ = Tensor::zeros({n_}, arena.dtype(), arena.device());
   }
   optimizer.set_partial_sum_reducer(this);
@@ -45,7 +45,7 @@ ZeroOptimizerState::ZeroOptimizerState(optim::Optimizer& optimizer, Communicator
 }
 
 void ZeroOptimizerState::begin_window(int64_t most_micro_steps) {
-  if (stage_ != 2 || reduce_ != ZeroReduce::kMicroStep) return;
+  if (!reduces_each_micro_step()) return;
   optimizer_.arena().acquire_grads();
   most_micro_ = most_micro_steps;
   micro_done_ = 0;
@@ -73,7 +73,7 @@ void ZeroOptimizerState::zero_outside_slice() {
 // Micro-step policy: this micro-step's gradient summed over ranks into this rank's slice, added
 // to the window's, and the arena zeroed for the next micro-step.
 void ZeroOptimizerState::micro_step_done() {
-  if (stage_ != 2 || reduce_ != ZeroReduce::kMicroStep) return;
+  if (!reduces_each_micro_step()) return;
   if (most_micro_ < 0) {
     throw std::logic_error("[zero] a micro-step outside a window (begin_window was not called)");
   }

@@ -63,6 +63,8 @@ class ZeroOptimizerState : public optim::GradientConsumer,
   size_t accumulated_bytes() const { return accumulated_.defined() ? accumulated_.nbytes() : 0; }
 
  private:
+  // ZeRO-2's micro-step policy: what the window's hooks do beyond the boundary's exchange.
+  bool reduces_each_micro_step() const { return stage_ == 2 && reduce_ == ZeroReduce::kMicroStep; }
   // The gradient arena reduce-scattered in place: this rank's slice holds the sum over ranks.
   void reduce_scatter_in_place();
   // Zeroes the gradient arena outside this rank's slice.

@@ -19,17 +19,6 @@ int64_t round_up(int64_t n, int64_t multiple) {
   return (n + multiple - 1) / multiple * multiple;
 }
 
-// A tensor of `shape` over `storage` from element `offset`.
-Tensor view_of(const std::shared_ptr<Storage>& storage, const Shape& shape, DType dtype,
-               int64_t offset = 0) {
-  auto impl = std::make_shared<TensorImpl>();
-  impl->storage = storage;
-  impl->offset = offset;
-  impl->shape = shape;
-  impl->dtype = dtype;
-  return Tensor(std::move(impl));
-}
-
 // The identity at a layer's output whose backward gathers the layer before it runs.
 struct GatherBeforeBackward final : Node {
   ShardedLayers* layers = nullptr;
@@ -44,15 +33,18 @@ struct GatherBeforeBackward final : Node {
 }  // namespace
 
 // A unit's layout: its parameters at aligned offsets in a flat buffer of `size` elements
-// (padded to N equal slices of `slice`), the gathered values and the gradient buffer.
+// (padded to N equal slices of `slice`), the gathered values and the gradient buffer ([size]
+// each, their storage released between uses).
 struct ShardedLayers::Placed {
   std::string name;
   std::vector<Tensor> params;
   std::vector<int64_t> offsets;
   int64_t size = 0, slice = 0;
   int64_t arena_offset = -1;
-  std::shared_ptr<Storage> values, grads;
+  Tensor values, grads;
   Tensor initial;  // [size] the master values before bind(), for shards()
+  Storage& values_storage() const { return *values.impl()->storage; }
+  Storage& grads_storage() const { return *grads.impl()->storage; }
 };
 
 ShardedLayers::ShardedLayers(std::vector<Unit> units, std::vector<std::vector<int>> uses,
@@ -94,11 +86,9 @@ ShardedLayers::ShardedLayers(std::vector<Unit> units, std::vector<std::vector<in
         placed->initial.narrow(placed->offsets[i], p.numel())
             .copy_(to_dtype(p, master).to(device).view({p.numel()}));
       }
-      placed->values = std::make_shared<Storage>(
-          device, static_cast<size_t>(placed->size) * dtype_size(compute));
-      placed->grads =
-          std::make_shared<Storage>(device, static_cast<size_t>(placed->size) * dtype_size(master));
-      placed->grads->release();
+      placed->values = Tensor::empty({placed->size}, compute, device);
+      placed->grads = Tensor::empty({placed->size}, master, device);
+      placed->grads_storage().release();
     }
     units_.push_back(std::move(placed));
   }
@@ -133,54 +123,49 @@ void ShardedLayers::bind(optim::ParameterArena& arena) {
       if (e.name == "zero3/" + u->name) u->arena_offset = e.offset;
     }
     if (u->arena_offset < 0) throw std::logic_error("[zero3] the arena lacks unit " + u->name);
-    Tensor values = view_of(u->values, {u->size}, compute_);
-    values.copy_(to_dtype(u->initial, compute_));
+    u->values.copy_(to_dtype(u->initial, compute_));
     u->initial = Tensor();
     for (size_t i = 0; i < u->params.size(); ++i) {
       TensorImpl& impl = *u->params[i].impl();
-      impl.storage = u->values;
+      const int64_t n = shape_numel(impl.shape);
+      impl.storage = u->values.impl()->storage;
       impl.offset = u->offsets[i];
       impl.dtype = compute_;
-      impl.grad = view_of(u->grads, impl.shape, master_, u->offsets[i]).impl();
+      impl.grad = u->grads.narrow(u->offsets[i], n).view(impl.shape).impl();
     }
   }
 }
 
 void ShardedLayers::gather(int unit) {
   Placed& u = *units_[static_cast<size_t>(unit)];
-  if (u.size == 0 || u.values->held()) return;
-  u.values->reacquire();
+  if (u.size == 0 || u.values_storage().held()) return;
+  u.values_storage().reacquire();
   const Tensor& source = arena_->working().defined() ? arena_->working() : arena_->masters();
-  Tensor whole = view_of(u.values, {u.size}, compute_);
-  comm_.all_gather(source.narrow(u.arena_offset, u.slice), whole);
+  comm_.all_gather(source.narrow(u.arena_offset, u.slice), u.values);
 }
 
 void ShardedLayers::release(int unit) {
   Placed& u = *units_[static_cast<size_t>(unit)];
-  if (u.size > 0) u.values->release();
+  if (u.size > 0) u.values_storage().release();
 }
 
 // The unit's gradient summed over the ranks, this rank's slice added to the arena's.
 void ShardedLayers::reduce_scatter(int unit) {
   Placed& u = *units_[static_cast<size_t>(unit)];
   if (u.size == 0) return;
-  if (!u.grads->held()) {  // no backward reached it: zeros, the collective still runs
-    u.grads->reacquire();
-    view_of(u.grads, {u.size}, master_).zero_();
-  }
-  Tensor whole = view_of(u.grads, {u.size}, master_);
-  Tensor own = whole.narrow(comm_.rank() * u.slice, u.slice);
-  comm_.reduce_scatter(whole, own);
+  u.grads_storage().reacquire_zeroed(u.grads);  // no backward reached it: the collective still runs
+  Tensor own = u.grads.narrow(comm_.rank() * u.slice, u.slice);
+  comm_.reduce_scatter(u.grads, own);
   Tensor shard = arena_->grads().narrow(u.arena_offset, u.slice);
   backend_for(device_).axpy(1.0, own, shard);
-  u.grads->release();
+  u.grads_storage().release();
 }
 
 void ShardedLayers::begin_window() {
   for (auto& u : units_) {
     if (u->size == 0) continue;
-    u->values->release();
-    u->grads->release();  // a window abandoned halfway left partial sums
+    u->values_storage().release();
+    u->grads_storage().release();  // a window abandoned halfway left partial sums
   }
 }
 
@@ -220,10 +205,7 @@ void ShardedLayers::before_backward(int layer) {
   for (int u : mine) {
     gather(u);
     Placed& p = *units_[static_cast<size_t>(u)];
-    if (p.size > 0 && !p.grads->held()) {
-      p.grads->reacquire();
-      view_of(p.grads, {p.size}, master_).zero_();
-    }
+    if (p.size > 0) p.grads_storage().reacquire_zeroed(p.grads);
   }
 }
 
@@ -266,7 +248,7 @@ std::vector<nn::NamedTensor> ShardedLayers::whole_masters() {
 size_t ShardedLayers::held_parameter_bytes() const {
   size_t n = 0;
   for (const auto& u : units_) {
-    if (u->size > 0 && u->values->held()) n += u->values->nbytes();
+    if (u->size > 0 && u->values_storage().held()) n += u->values.nbytes();
   }
   return n;
 }
@@ -274,7 +256,7 @@ size_t ShardedLayers::held_parameter_bytes() const {
 size_t ShardedLayers::held_gradient_bytes() const {
   size_t n = 0;
   for (const auto& u : units_) {
-    if (u->size > 0 && u->grads->held()) n += u->grads->nbytes();
+    if (u->size > 0 && u->grads_storage().held()) n += u->grads.nbytes();
   }
   return n;
 }

@@ -133,9 +133,7 @@ void ParameterArena::release_grads() {
 }
 
 void ParameterArena::acquire_grads() {
-  if (grads_held()) return;
-  grads_.impl()->storage->reacquire();
-  grads_.zero_();
+  grads_.impl()->storage->reacquire_zeroed(grads_);
 }
 
 bool ParameterArena::grads_held() const {

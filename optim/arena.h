@@ -67,7 +67,9 @@ class ParameterArena {
   Tensor state_zeros(const Shape& shape, DType dtype) const;
 
   Tensor& masters() { return params_; }  // [size()] the master values (on the host if offloaded)
-  Tensor& grads() { return grads_; }     // [size()]
+  const Tensor& masters() const { return params_; }
+  Tensor& grads() { return grads_; }  // [size()]
+  const Tensor& grads() const { return grads_; }
   // [size()] what the model computes with when it is not masters(): the 16-bit copy, or the
   // device copy of offloaded masters; undefined otherwise.
   Tensor& working() { return working_; }

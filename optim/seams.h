@@ -9,8 +9,9 @@
 //   ParameterSync     runs after the fused update (an all-gather of the updated shards);
 //   SliceGather       builds the full optimizer state from the slices, for checkpoints.
 // Implementations: distributed/data_parallel.h and distributed/zero.h over a communicator,
-// optim/offload.h for the host copy (a GradientConsumer and a ParameterSync), ConsumerChain below
-// for both. Read next: optimizer.h.
+// optim/offload.h for the host copy (a GradientConsumer and a ParameterSync); train/strategies.cpp
+// chains the consumers of a composition, ParameterSyncChain below two syncs. Read next:
+// optimizer.h.
 #pragma once
 
 #include <cstdint>
@@ -53,29 +54,6 @@ class ParameterSync {
   virtual void scalars_changed() {}
   // Before the optimizer's state is overwritten: nothing in flight may still read it.
   virtual void quiesce() {}
-};
-
-// Two consumers in turn, for a gradient that is first summed over the ranks and then copied to
-// the host: ranges go to the first only (the second must see the sum); at the boundary the first
-// finishes, then the second takes the whole arena.
-class ConsumerChain : public GradientConsumer {
- public:
-  ConsumerChain(GradientConsumer& first, GradientConsumer& second)
-      : first_(first), second_(second) {}
-  void ready(int64_t begin, int64_t end) override { first_.ready(begin, end); }
-  void micro_step_done() override { first_.micro_step_done(); }
-  void finish() override {
-    first_.finish();
-    second_.finish();
-  }
-  bool abandon() override {
-    const bool first = first_.abandon();
-    return second_.abandon() && first;
-  }
-
- private:
-  GradientConsumer& first_;
-  GradientConsumer& second_;
 };
 
 // Two parameter syncs in turn: the offload's copy of the updated slice to the device, then

@@ -7,8 +7,8 @@
 # Usage: scripts/zero-matrix.sh BUILD_DIR
 set -euo pipefail
 build=${1:?usage: scripts/zero-matrix.sh BUILD_DIR}
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+# shellcheck source=scripts/lib/mpi-env.sh
+source "$(dirname "$0")/lib/mpi-env.sh"
 export ACCRUE_ZERO_MATRIX=1
 for ranks in 2 4; do
   start=$(date +%s.%N)

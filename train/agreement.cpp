@@ -58,12 +58,16 @@ void check_ranks_agree(distributed::Communicator& comm, const nlohmann::ordered_
   }
 }
 
-void check_same_resume_step(distributed::Communicator& comm, int64_t step,
-                            const std::string& resume, const char* who) {
-  const Tensor mine = Tensor::from_vector<int64_t>({1}, {step});
+std::vector<int64_t> gather_from_ranks(distributed::Communicator& comm, int64_t value) {
+  const Tensor mine = Tensor::from_vector<int64_t>({1}, {value});
   Tensor all = Tensor::zeros({comm.world_size()}, DType::kInt64);
   comm.all_gather(mine, all);
-  const std::vector<int64_t> steps = all.to_vector<int64_t>();
+  return all.to_vector<int64_t>();
+}
+
+void check_same_resume_step(distributed::Communicator& comm, int64_t step,
+                            const std::string& resume, const char* who) {
+  const std::vector<int64_t> steps = gather_from_ranks(comm, step);
   for (size_t r = 0; r < steps.size(); ++r) {
     if (steps[r] != step) {
       throw FileError(str_cat("--resume ", resume, ": the ", who,

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "distributed/communicator.h"
 
@@ -19,6 +20,9 @@ namespace accrue::train {
 // for the first key (in the object's order) whose value is not the same on every rank. A
 // collective: every rank calls it at the same point. Nothing happens on one rank.
 void check_ranks_agree(distributed::Communicator& comm, const nlohmann::ordered_json& settings);
+
+// Every rank's `value`, in rank order (one all-gather). Collective.
+std::vector<int64_t> gather_from_ranks(distributed::Communicator& comm, int64_t value);
 
 // After a resume where each rank read its own newest checkpoint (pipeline stages, ZeRO-3's
 // shards): throws FileError naming both steps when a rank (`who`: "stage", "rank") read another

@@ -330,8 +330,12 @@ std::vector<int> stages_with_checkpoints(const std::string& dir) {
   return stages;
 }
 
-// A dir/rank-<r>-of-<N> folder that holds checkpoints (a ZeRO-3 run's), rank 0's first; "" if
-// none.
+}  // namespace
+
+std::string rank_folder(int rank, int ranks) {
+  return str_cat("rank-", rank, "-of-", ranks);
+}
+
 std::string rank_folder_with_checkpoints(const std::string& dir) {
   std::error_code ec;
   std::string found;
@@ -340,15 +344,13 @@ std::string rank_folder_with_checkpoints(const std::string& dir) {
     char tail = 0;
     const std::string name = entry.path().filename().string();
     if (std::sscanf(name.c_str(), "rank-%d-of-%d%c", &rank, &ranks, &tail) == 2 && rank >= 0 &&
-        rank < ranks && name == str_cat("rank-", rank, "-of-", ranks) &&
+        rank < ranks && name == rank_folder(rank, ranks) &&
         !listed_steps(entry.path().string()).empty() && (found.empty() || rank == 0)) {
       found = name;
     }
   }
   return found;
 }
-
-}  // namespace
 
 void check_checkpoint_folder(const std::string& dir, const std::string& resume, int pipeline,
                              bool per_rank) {

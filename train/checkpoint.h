@@ -104,6 +104,12 @@ Checkpoint read_latest_checkpoint(const std::string& dir,
 // FileError when dir holds no checkpoint, or none whose description can be read.
 nlohmann::json recorded_flags(const std::string& dir);
 
+// ZeRO-3's per-rank folder under a checkpoint folder: "rank-<r>-of-<N>".
+std::string rank_folder(int rank, int ranks);
+// The name of a dir/rank-<r>-of-<N> folder that holds checkpoints, rank 0's when there is one;
+// "" when none does.
+std::string rank_folder_with_checkpoints(const std::string& dir);
+
 // Throws ValueError naming every setting in which the two configurations differ. A key of
 // kLaterKeys that `saved` lacks is not compared: checkpoints written before it resume as before.
 void check_compatible(const nlohmann::json& saved, const nlohmann::json& current,

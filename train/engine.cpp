@@ -108,12 +108,8 @@ namespace {
 
 // The largest of every rank's `bytes`: the ranks' probes decide alike.
 size_t largest_over_ranks(distributed::Communicator& comm, size_t bytes) {
-  const Tensor mine = Tensor::from_vector<int64_t>({1}, {static_cast<int64_t>(bytes)});
-  Tensor all = Tensor::zeros({comm.world_size()}, DType::kInt64);
-  comm.all_gather(mine, all);
-  int64_t most = 0;
-  for (int64_t v : all.to_vector<int64_t>()) most = std::max(most, v);
-  return static_cast<size_t>(most);
+  const std::vector<int64_t> all = gather_from_ranks(comm, static_cast<int64_t>(bytes));
+  return static_cast<size_t>(*std::max_element(all.begin(), all.end()));
 }
 
 }  // namespace

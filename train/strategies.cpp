@@ -8,6 +8,7 @@
 
 #include "distributed/data_parallel.h"
 #include "distributed/zero.h"
+#include "train/checkpoint.h"
 #include "train/engine.h"
 #include "train/pipeline_strategy.h"
 #include "train/report.h"
@@ -239,15 +240,10 @@ void Strategies::check_resume_folder(const std::string& resume) const {
                             ": it holds the checkpoints of pipeline "
                             "stages (written with --pipeline); this run has --pipeline 1"));
   }
-  if (!checkpoints_per_rank() && std::filesystem::is_directory(resume)) {
-    for (const auto& entry : std::filesystem::directory_iterator(resume)) {
-      if (entry.is_directory() && entry.path().filename().string().rfind("rank-", 0) == 0) {
-        throw FileError(str_cat("--resume ", resume, ": it holds per-rank checkpoints (",
-                                entry.path().filename().string(),
-                                ", written with --zero 3); this run has --zero ",
-                                ctx_.config.zero));
-      }
-    }
+  const std::string ranks = checkpoints_per_rank() ? "" : rank_folder_with_checkpoints(resume);
+  if (!ranks.empty()) {
+    throw FileError(str_cat("--resume ", resume, ": it holds per-rank checkpoints (", ranks,
+                            ", written with --zero 3); this run has --zero ", ctx_.config.zero));
   }
   for (const auto& s : list_) s->check_resume_folder(resume);
 }
@@ -338,11 +334,10 @@ Footprint Strategies::footprint(const optim::ParameterArena& arena,
     return t.defined() && t.impl()->storage->held() ? t.impl()->storage->nbytes() : size_t{0};
   };
   Footprint f;
-  f.parameters = held(const_cast<optim::ParameterArena&>(arena).masters()) + held(arena.working());
-  f.gradients = held(const_cast<optim::ParameterArena&>(arena).grads());
+  f.parameters = held(arena.masters()) + held(arena.working());
+  f.gradients = held(arena.grads());
   const Tensor& slice = optimizer.slice_grads();
-  if (optimizer.restricted() &&
-      slice.impl()->storage != const_cast<optim::ParameterArena&>(arena).grads().impl()->storage) {
+  if (optimizer.restricted() && slice.impl()->storage != arena.grads().impl()->storage) {
     f.gradients += held(slice);
   }
   f.optimizer_state = optimizer.state_bytes();

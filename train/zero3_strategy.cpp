@@ -12,6 +12,7 @@
 #include "nn/norm.h"
 #include "ops/autograd.h"
 #include "train/agreement.h"
+#include "train/checkpoint.h"
 
 namespace accrue::train {
 
@@ -126,7 +127,7 @@ class ZeroStageThree final : public OverRanks {
   }
 
   std::string checkpoint_subfolder() const override {
-    return str_cat("/rank-", ranks_->rank(), "-of-", ranks_->world_size());
+    return "/" + rank_folder(ranks_->rank(), ranks_->world_size());
   }
   bool checkpoints_per_rank() const override { return true; }
   // Each rank read its own newest checkpoint: a rank stopped while writing may have one fewer,
@@ -141,14 +142,11 @@ class ZeroStageThree final : public OverRanks {
   void check_resume_folder(const std::string& resume) const override {
     const std::string mine = resume + checkpoint_subfolder();
     if (std::filesystem::is_directory(mine)) return;
-    std::string held = "no per-rank checkpoints (written without --zero 3)";
-    std::error_code ec;
-    for (const auto& entry : std::filesystem::directory_iterator(resume, ec)) {
-      const std::string name = entry.path().filename().string();
-      if (entry.is_directory() && name.rfind("rank-0-of-", 0) == 0) {
-        held = str_cat("the checkpoints of ", name.substr(10), " ranks (", name, ")");
-      }
-    }
+    const std::string other = rank_folder_with_checkpoints(resume);
+    const std::string held =
+        other.empty() ? "no per-rank checkpoints (written without --zero 3)"
+                      : str_cat("the checkpoints of ", other.substr(other.rfind("-of-") + 4),
+                                " ranks (", other, ")");
     throw FileError(str_cat("--resume ", resume, ": no checkpoint of rank ", ranks_->rank(), " of ",
                             ranks_->world_size(), " (", mine, "); it holds ", held,
                             "; this run has --zero 3 on ", ranks_->world_size(), " ranks"));
