@@ -35,6 +35,12 @@ int env_int(const char* name, int fallback) {
   return static_cast<int>(value);
 }
 
+// A transfer that completed before it was returned.
+struct Completed final : Transfer {
+  void wait() override {}
+  bool done() override { return true; }
+};
+
 class SingleProcess final : public Communicator {
  public:
   int rank() const override { return 0; }
@@ -68,6 +74,11 @@ class SingleProcess final : public Communicator {
 };
 
 }  // namespace
+
+std::unique_ptr<Transfer> Communicator::start_all_gather(const Tensor& in, Tensor& out) {
+  all_gather(in, out);
+  return std::make_unique<Completed>();
+}
 
 std::string watchdog_message(int rank, const std::string& op, int64_t wait, double limit,
                              double longest_gap) {

@@ -63,6 +63,13 @@ class Communicator {
   // untouched until wait_all() returns. (The overlap of the boundary all-reduce with backward.)
   virtual void start_all_reduce_sum(Tensor& t) { all_reduce_sum(t); }
   virtual void wait_all() {}
+  // Starts all_gather(in, out) without waiting (ZeRO-3's gather of the next layer while this one
+  // computes); the returned Transfer's wait() completes it: on the MPI backend the host waits,
+  // under the watchdog; under NCCL the gather runs on a side stream after the work the compute
+  // stream has queued so far, and wait() makes the compute stream wait for it. in stays
+  // untouched and out unread until then; every rank starts the same collectives in the same
+  // order. By default the gather completes before this returns.
+  virtual std::unique_ptr<Transfer> start_all_gather(const Tensor& in, Tensor& out);
   // Returns once the collectives queued so far have completed, under the watchdog: before the
   // host reads what they produced (the boundary's sums), a plain read would wait forever for a
   // stopped peer. A no-op where collectives complete before they return (MPI, one process).

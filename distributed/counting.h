@@ -42,6 +42,10 @@ class CountingCommunicator final : public Communicator {
     bytes_.all_gather += out.nbytes();
     inner_.all_gather(in, out);
   }
+  std::unique_ptr<Transfer> start_all_gather(const Tensor& in, Tensor& out) override {
+    bytes_.all_gather += out.nbytes();
+    return inner_.start_all_gather(in, out);
+  }
   void reduce_scatter(const Tensor& in, Tensor& out) override {
     bytes_.reduce_scatter += in.nbytes();
     inner_.reduce_scatter(in, out);

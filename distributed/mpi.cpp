@@ -138,16 +138,15 @@ class Mpi final : public Communicator {
     wait(&request, 1, "broadcast");
   }
   void all_gather(const Tensor& in, Tensor& out) override {
-    check_gather("all_gather", in, out, size_, rank_);
-    const int n = mpi_count(in, "all_gather");
-    const MPI_Datatype type = mpi_type(in, "all_gather", Use::kMoved);
-    // In place when in is this rank's slice of out (MPI forbids other aliasing).
-    const bool in_place = static_cast<const char*>(in.raw()) ==
-                          static_cast<const char*>(out.raw()) + rank_ * in.nbytes();
-    MPI_Request request = MPI_REQUEST_NULL;
-    ACCRUE_MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : in.raw(), n, type, out.raw(), n, type,
-                                    comm_, &request));
+    MPI_Request request = begin_all_gather(in, out);
     wait(&request, 1, "all_gather");
+  }
+  std::unique_ptr<Transfer> start_all_gather(const Tensor& in, Tensor& out) override {
+    auto transfer = std::make_unique<MpiTransfer>(*this, out, "all_gather (started ahead)");
+    transfer->input = in;
+    transfer->collective = true;
+    transfer->request = begin_all_gather(in, out);
+    return transfer;
   }
   void reduce_scatter(const Tensor& in, Tensor& out) override {
     check_gather("reduce_scatter", out, in, size_, rank_);
@@ -238,28 +237,44 @@ class Mpi final : public Communicator {
     }
   }
 
-  // A started MPI_Isend or MPI_Irecv; holds the tensor until it completes.
+  // MPI_Iallgather on in and out, in place when in is this rank's slice of out (MPI forbids
+  // other aliasing).
+  MPI_Request begin_all_gather(const Tensor& in, Tensor& out) {
+    check_gather("all_gather", in, out, size_, rank_);
+    const int n = mpi_count(in, "all_gather");
+    const MPI_Datatype type = mpi_type(in, "all_gather", Use::kMoved);
+    const bool in_place = static_cast<const char*>(in.raw()) ==
+                          static_cast<const char*>(out.raw()) + rank_ * in.nbytes();
+    MPI_Request request = MPI_REQUEST_NULL;
+    ACCRUE_MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : in.raw(), n, type, out.raw(), n, type,
+                                    comm_, &request));
+    return request;
+  }
+
+  // A started MPI_Isend, MPI_Irecv or nonblocking collective; holds its tensors until it
+  // completes.
   struct MpiTransfer final : Transfer {
     MpiTransfer(Mpi& owner, const Tensor& t, const char* op) : owner(owner), tensor(t), op(op) {}
-    // A transfer dropped unfinished (a stage unwinding after an error): cancelled, and given a
-    // second to finish. MPI may go on reading (a send it cannot cancel) or writing (a matched
-    // receive) the buffer after MPI_Request_free, so then the tensor is kept alive for good
-    // rather than handed back to the allocator; the job is ending anyway.
+    // A transfer dropped unfinished (a stage unwinding after an error): cancelled (a collective
+    // cannot be) and given a second to finish. MPI may go on reading (a send it cannot cancel)
+    // or writing (a matched receive, a collective) the buffers after that, so then the tensors
+    // are kept alive for good rather than handed back to the allocator; the job is ending anyway.
     ~MpiTransfer() override {
       int finalized = 1;
       if (request == MPI_REQUEST_NULL || MPI_Finalized(&finalized) != MPI_SUCCESS || finalized) {
         return;
       }
-      MPI_Cancel(&request);
+      if (!collective) MPI_Cancel(&request);
       const auto start = std::chrono::steady_clock::now();
       int done = 0;
       while (!done && std::chrono::steady_clock::now() - start < std::chrono::seconds(1)) {
         if (MPI_Test(&request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
       }
       if (done) return;
-      MPI_Request_free(&request);
+      if (!collective) MPI_Request_free(&request);  // erroneous for a collective's request
       static std::vector<Tensor>* kept = new std::vector<Tensor>();  // never freed, on purpose
       kept->push_back(tensor);
+      kept->push_back(input);
     }
     void wait() override { owner.wait(&request, 1, op); }
     bool done() override {
@@ -269,6 +284,8 @@ class Mpi final : public Communicator {
     }
     Mpi& owner;
     Tensor tensor;
+    Tensor input;             // a collective's other buffer
+    bool collective = false;  // cannot be cancelled or freed
     const char* op;
     MPI_Request request = MPI_REQUEST_NULL;
   };

@@ -209,6 +209,22 @@ class Nccl final : public Communicator {
     ACCRUE_CUDA_CHECK(cudaEventRecord(done_, side_));
     ACCRUE_CUDA_CHECK(cudaStreamWaitEvent(cuda::context(device_).stream, done_, 0));
   }
+  // On the side stream, after what the main stream has enqueued so far: the kernels that wrote
+  // `in`, and those still reading the memory `out` was handed from (the allocator reuses a
+  // buffer in the main stream's order). Its wait() orders the main stream after the gather.
+  std::unique_ptr<Transfer> start_all_gather(const Tensor& in, Tensor& out) override {
+    if (in.device().is_cpu() && out.device().is_cpu()) return mpi_->start_all_gather(in, out);
+    check_gather("all_gather", in, out, world_size(), rank());
+    const cudaStream_t main = stream(in);
+    ACCRUE_CUDA_CHECK(cudaEventRecord(ready_, main));
+    ACCRUE_CUDA_CHECK(cudaStreamWaitEvent(side_, ready_, 0));
+    complete(ncclAllGather(in.raw(), out.raw(), size_t(in.numel()), nccl_type(in, "all_gather"),
+                           comm_, side_),
+             "ncclAllGather (started ahead)");
+    auto transfer = std::make_unique<SideStreamGather>(in, out, main);
+    ACCRUE_CUDA_CHECK(cudaEventRecord(transfer->gathered, side_));
+    return transfer;
+  }
 
   void barrier() override {
     settle();
@@ -273,6 +289,21 @@ class Nccl final : public Communicator {
     }
     return cuda::context(device_).stream;
   }
+
+  // A gather queued on the side stream; holds its tensors (so their memory is not handed out
+  // again before the main stream has waited for it).
+  struct SideStreamGather final : Transfer {
+    SideStreamGather(const Tensor& in, const Tensor& out, cudaStream_t main)
+        : in(in), out(out), main(main) {
+      ACCRUE_CUDA_CHECK(cudaEventCreateWithFlags(&gathered, cudaEventDisableTiming));
+    }
+    ~SideStreamGather() override { cudaEventDestroy(gathered); }  // released once it completes
+    void wait() override { ACCRUE_CUDA_CHECK(cudaStreamWaitEvent(main, gathered, 0)); }
+    bool done() override { return ACCRUE_CUDA_QUERY(cudaEventQuery(gathered)); }
+    Tensor in, out;
+    cudaStream_t main;
+    cudaEvent_t gathered = nullptr;
+  };
 
   // Received into host memory over MPI; wait() copies it into the device tensor.
   struct StagedReceive final : Transfer {

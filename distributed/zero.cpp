@@ -16,6 +16,27 @@ ZeroReduce parse_zero_reduce(const std::string& name) {
   throw ValueError(str_cat("[zero] unknown reduce policy '", name, "' (boundary, micro-step)"));
 }
 
+const char* zero_prefetch_name(ZeroPrefetch prefetch) {
+  switch (prefetch) {
+    case ZeroPrefetch::kNone:
+      return "none";
+    case ZeroPrefetch::kForward:
+      return "forward";
+    case ZeroPrefetch::kForwardAndBackward:
+      break;
+  }
+  return "forward-and-backward";
+}
+
+ZeroPrefetch parse_zero_prefetch(const std::string& name) {
+  for (ZeroPrefetch p :
+       {ZeroPrefetch::kNone, ZeroPrefetch::kForward, ZeroPrefetch::kForwardAndBackward}) {
+    if (name == zero_prefetch_name(p)) return p;
+  }
+  throw ValueError(
+      str_cat("[zero] unknown prefetch '", name, "' (none, forward, forward-and-backward)"));
+}
+
 ZeroOptimizerState::ZeroOptimizerState(optim::Optimizer& optimizer, Communicator& comm, int stage,
                                        ZeroReduce reduce)
     : optimizer_(optimizer), comm_(comm), stage_(stage), reduce_(reduce) {

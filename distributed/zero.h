@@ -31,6 +31,12 @@ const char* zero_reduce_name(ZeroReduce reduce);  // "boundary", "micro-step"
 // Throws ValueError naming the choices.
 ZeroReduce parse_zero_reduce(const std::string& name);
 
+// Which of ZeRO-3's gathers start a layer ahead (--zero-prefetch; zero3.h).
+enum class ZeroPrefetch { kNone, kForward, kForwardAndBackward };
+const char* zero_prefetch_name(ZeroPrefetch prefetch);  // "none", "forward", "forward-and-backward"
+// Throws ValueError naming the choices.
+ZeroPrefetch parse_zero_prefetch(const std::string& name);
+
 class ZeroOptimizerState : public optim::GradientConsumer,
                            public optim::PartialSumReducer,
                            public optim::ParameterSync,

@@ -49,8 +49,14 @@ struct ShardedLayers::Placed {
 
 ShardedLayers::ShardedLayers(std::vector<Unit> units, std::vector<std::vector<int>> uses,
                              const std::vector<nn::NamedTensor>& model_parameters,
-                             Communicator& comm, DType master, DType compute, Device device)
-    : comm_(comm), master_(master), compute_(compute), device_(device), uses_(std::move(uses)) {
+                             Communicator& comm, DType master, DType compute, Device device,
+                             ZeroPrefetch prefetch)
+    : comm_(comm),
+      master_(master),
+      compute_(compute),
+      device_(device),
+      prefetch_(prefetch),
+      uses_(std::move(uses)) {
   if (uses_.size() != units.size()) {
     throw ValueError(str_cat("[zero3] ", units.size(), " units and ", uses_.size(), " layers"));
   }
@@ -92,6 +98,7 @@ ShardedLayers::ShardedLayers(std::vector<Unit> units, std::vector<std::vector<in
     }
     units_.push_back(std::move(placed));
   }
+  started_.resize(units_.size());
   last_use_.assign(units_.size(), -1);
   for (int i = static_cast<int>(uses_.size()) - 1; i >= 0; --i) {
     for (int u : uses_[static_cast<size_t>(i)]) {
@@ -137,6 +144,11 @@ void ShardedLayers::bind(optim::ParameterArena& arena) {
 }
 
 void ShardedLayers::gather(int unit) {
+  if (std::unique_ptr<Transfer>& started = started_[static_cast<size_t>(unit)]) {
+    started->wait();
+    started.reset();
+    return;
+  }
   Placed& u = *units_[static_cast<size_t>(unit)];
   if (u.size == 0 || u.values_storage().held()) return;
   u.values_storage().reacquire();
@@ -144,7 +156,23 @@ void ShardedLayers::gather(int unit) {
   comm_.all_gather(source.narrow(u.arena_offset, u.slice), u.values);
 }
 
+void ShardedLayers::start_gather(int unit) {
+  Placed& u = *units_[static_cast<size_t>(unit)];
+  if (u.size == 0 || u.values_storage().held()) return;  // held, or already on its way
+  u.values_storage().reacquire();
+  const Tensor& source = arena_->working().defined() ? arena_->working() : arena_->masters();
+  started_[static_cast<size_t>(unit)] =
+      comm_.start_all_gather(source.narrow(u.arena_offset, u.slice), u.values);
+}
+
+void ShardedLayers::start_gathers(int layer) {
+  if (layer < 0 || layer >= layers()) return;
+  for (int u : uses_[static_cast<size_t>(layer)]) start_gather(u);
+}
+
+// A gather still on its way completes first: its buffer must not be handed out meanwhile.
 void ShardedLayers::release(int unit) {
+  if (started_[static_cast<size_t>(unit)]) gather(unit);
   Placed& u = *units_[static_cast<size_t>(unit)];
   if (u.size > 0) u.values_storage().release();
 }
@@ -162,15 +190,16 @@ void ShardedLayers::reduce_scatter(int unit) {
 }
 
 void ShardedLayers::begin_window() {
-  for (auto& u : units_) {
-    if (u->size == 0) continue;
-    u->values_storage().release();
-    u->grads_storage().release();  // a window abandoned halfway left partial sums
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (units_[u]->size == 0) continue;
+    release(static_cast<int>(u));
+    units_[u]->grads_storage().release();  // a window abandoned halfway left partial sums
   }
 }
 
 void ShardedLayers::before_forward(int layer) {
   for (int u : uses_[static_cast<size_t>(layer)]) gather(u);
+  if (prefetch_ != ZeroPrefetch::kNone) start_gathers(layer + 1);
 }
 
 void ShardedLayers::after_forward(int layer) {
@@ -207,6 +236,7 @@ void ShardedLayers::before_backward(int layer) {
     Placed& p = *units_[static_cast<size_t>(u)];
     if (p.size > 0) p.grads_storage().reacquire_zeroed(p.grads);
   }
+  if (prefetch_ == ZeroPrefetch::kForwardAndBackward) start_gathers(layer - 1);
 }
 
 void ShardedLayers::after_backward() {

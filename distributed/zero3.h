@@ -10,9 +10,11 @@
 //             gradient, summed over the ranks, added to this rank's slice) and released, and
 //             layer i's units are gathered again, with a zeroed gradient buffer; after the
 //             backward (after_backward) the rest is reduce-scattered.
-// The gathers are on demand, not prefetched a layer ahead: accrue's collectives block on the MPI
-// backend and run on the compute stream under NCCL, so a prefetch would overlap nothing and
-// only hold a second layer (docs/zero.md).
+// The prefetch (ZeroPrefetch) starts a gather a layer ahead, so it runs while this layer
+// computes (Communicator::start_all_gather: a side stream under NCCL): in the forward, the next
+// layer's units before this layer's forward, holding two layers' parameters as the backward
+// already does (one layer's parameters and gradient); with kForwardAndBackward also the lower
+// layer's before this one's backward, holding a third. Without it each gather is on demand.
 // So k micro-steps cost 2k gathers of every unit and k reduce-scatters a window. A unit that a
 // later layer borrows (the G2P head tied to the token embedding) is gathered for each use and
 // reduce-scattered once, after its earliest layer's backward. The memory comes and goes through
@@ -28,6 +30,7 @@
 #include <vector>
 
 #include "distributed/communicator.h"
+#include "distributed/zero.h"
 #include "nn/module.h"
 #include "optim/arena.h"
 
@@ -45,7 +48,8 @@ class ShardedLayers {
   // or the masters').
   ShardedLayers(std::vector<Unit> units, std::vector<std::vector<int>> uses,
                 const std::vector<nn::NamedTensor>& model_parameters, Communicator& comm,
-                DType master, DType compute, Device device);
+                DType master, DType compute, Device device,
+                ZeroPrefetch prefetch = ZeroPrefetch::kNone);
   ~ShardedLayers();
   ShardedLayers(const ShardedLayers&) = delete;
   ShardedLayers& operator=(const ShardedLayers&) = delete;
@@ -80,17 +84,21 @@ class ShardedLayers {
 
  private:
   struct Placed;
-  void gather(int unit);
+  void gather(int unit);        // completes the unit's started gather, or gathers it now
+  void start_gather(int unit);  // unless the unit is held or on its way
+  void start_gathers(int layer);
   void release(int unit);
   void reduce_scatter(int unit);
 
   Communicator& comm_;
   DType master_, compute_;
   Device device_;
+  ZeroPrefetch prefetch_;
   optim::ParameterArena* arena_ = nullptr;
   std::vector<std::vector<int>> uses_;
   std::vector<int> last_use_;  // the lowest layer using each unit: where its backward ends
   std::vector<std::unique_ptr<Placed>> units_;
+  std::vector<std::unique_ptr<Transfer>> started_;  // per unit: its gather started ahead
   std::vector<std::pair<std::string, const TensorImpl*>> order_;  // the model's parameters
 };
 

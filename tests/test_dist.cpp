@@ -64,6 +64,17 @@ TEST(Dist, CollectivesOnCpuTensors) {
     comm().all_gather(mine, all);
     EXPECT_EQ(to_dtype(all, DType::kFloat64).to_vector<double>(),
               (std::vector<double>{0, 1, 10, 11}));
+    // started ahead (ZeRO-3's prefetch), two at once, completed out of order
+    Tensor ahead = Tensor::zeros({4}, dtype), second = Tensor::zeros({4}, dtype);
+    auto first_gather = comm().start_all_gather(mine, ahead);
+    auto second_gather = comm().start_all_gather(mine, second);
+    second_gather->wait();
+    first_gather->wait();
+    EXPECT_TRUE(first_gather->done());
+    EXPECT_EQ(to_dtype(ahead, DType::kFloat64).to_vector<double>(),
+              (std::vector<double>{0, 1, 10, 11}));
+    EXPECT_EQ(to_dtype(second, DType::kFloat64).to_vector<double>(),
+              (std::vector<double>{0, 1, 10, 11}));
     // reduce_scatter: [4] per rank, summed, rank r keeps elements [2r, 2r + 2)
     const Tensor whole = to_dtype(Tensor::from_vector<double>({4}, {1, 2, 3, 4}), dtype);
     Tensor part = Tensor::zeros({2}, dtype);
@@ -99,6 +110,18 @@ TEST(Dist, NcclCollectivesOnCudaTensors) {
   Tensor all = Tensor::zeros({4}, DType::kFloat32, gpu);
   nccl.all_gather(Tensor::from_vector<float>({2}, {10.0f * r, 10.0f * r + 1}).to(gpu), all);
   EXPECT_EQ(all.to(Device::cpu()).to_vector<float>(), (std::vector<float>{0, 1, 10, 11}));
+  // Started ahead on the side stream, in 16 bits (ZeRO-3's working copy), then read on the main
+  // stream after wait().
+  Tensor ahead = Tensor::zeros({4}, DType::kBFloat16, gpu);
+  auto gathering = nccl.start_all_gather(
+      to_dtype(Tensor::from_vector<float>({2}, {10.0f * r, 10.0f * r + 1}), DType::kBFloat16)
+          .to(gpu),
+      ahead);
+  gathering->wait();
+  EXPECT_EQ(to_dtype(ahead, DType::kFloat32).to(Device::cpu()).to_vector<float>(),
+            (std::vector<float>{0, 1, 10, 11}));
+  nccl.settle();
+  EXPECT_TRUE(gathering->done());
   Tensor part = Tensor::zeros({2}, DType::kFloat32, gpu);
   nccl.reduce_scatter(Tensor::from_vector<float>({4}, {1, 2, 3, 4}).to(gpu), part);
   EXPECT_EQ(part.to(Device::cpu()).to_vector<float>(),

@@ -185,6 +185,59 @@ TEST(Zero, G2pEveryCombinationEqualsOneProcessInFp64) {
   }
 }
 
+// ZeRO-3's prefetch changes when a gather starts, not what it brings: the G2P GPT (its tied head
+// gathered ahead of both uses) in bfloat16, whose working copy is gathered in 16 bits, and the
+// MLP with the offloaded optimizer in float32 train to the same bits and hand the collectives
+// the same bytes with every prefetch policy; the forward's prefetch holds no more at the peak
+// than gathering on demand (the backward's layer and its gradient are the larger).
+TEST(Zero, ThirdStagePrefetchChangesNoBit) {
+  const int world = comm().world_size();
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / str_cat("accrue-zero3-prefetch-", world);
+  if (comm().rank() == 0) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    testing::write_g2p_fixture(dir, 200);
+  }
+  comm().barrier();
+  const auto policies = {distributed::ZeroPrefetch::kNone, distributed::ZeroPrefetch::kForward,
+                         distributed::ZeroPrefetch::kForwardAndBackward};
+  std::vector<train::Summary> g2p_runs;
+  for (const distributed::ZeroPrefetch p : policies) {
+    g2p::Config c;
+    c.data = (dir / "dict.txt").string();
+    c.layers = 2, c.heads = 2, c.width = 64, c.quiet = true;
+    c.precision = train::Precision::kBf16;
+    c.epochs = 2, c.warmup = 0, c.threads = 1, c.batch = 64;
+    c.micro_batch = c.batch / (world * 2);
+    c.zero = 3;
+    c.zero_prefetch = p;
+    std::ostringstream out;
+    g2p_runs.push_back(g2p::train(c, out, {}));
+  }
+  const auto data = testing::make_dataset("zero3-prefetch", kSamples, 64);
+  std::vector<Recorded> mlp_runs;
+  for (const distributed::ZeroPrefetch p : policies) {
+    mnist::Config c = mlp_config(data, "fp32");
+    set_zero(c, Zero{3, std::nullopt, true});
+    c.zero_prefetch = p;
+    c.micro_batch = kBatch / (world * 2);
+    c.max_steps = 6;
+    mlp_runs.push_back(train_recorded(c, std::cout));
+  }
+  for (size_t i = 1; i < g2p_runs.size(); ++i) {
+    SCOPED_TRACE(distributed::zero_prefetch_name(*(policies.begin() + i)));
+    EXPECT_EQ(g2p_runs[i].parameter_hash, g2p_runs[0].parameter_hash);
+    EXPECT_EQ(g2p_runs[i].footprint.collectives.all_gather,
+              g2p_runs[0].footprint.collectives.all_gather);
+    EXPECT_EQ(mlp_runs[i].parameter_hash, mlp_runs[0].parameter_hash);
+    EXPECT_EQ(mlp_runs[i].step_losses, mlp_runs[0].step_losses);
+  }
+  EXPECT_EQ(g2p_runs[1].peak_bytes, g2p_runs[0].peak_bytes);
+  EXPECT_GT(g2p_runs[2].peak_bytes, g2p_runs[0].peak_bytes);
+  comm().barrier();
+}
+
 // In float32, bfloat16 and float16 (with its loss scale) ZeRO sums each element in another
 // order than data parallelism: over the ranks per micro-step and then over the micro-steps
 // (ZeRO-2's micro-step policy, ZeRO-3) where data parallelism sums the micro-steps first, and at

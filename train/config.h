@@ -85,6 +85,9 @@ struct Config {
   // When ZeRO-2 reduce-scatters the gradient (--zero-reduce; only with zero = 2); unset:
   // kBoundary (docs/zero.md says why).
   std::optional<distributed::ZeroReduce> zero_reduce;
+  // Which of ZeRO-3's gathers start a layer ahead (--zero-prefetch; only with zero = 3); unset:
+  // kForward (docs/zero.md says why).
+  std::optional<distributed::ZeroPrefetch> zero_prefetch;
   // > 1: the model's layers (Task::layers) cut into this many stages on as many ranks, the
   // window's micro-batches scheduled through them (distributed/pipeline.h); the ranks are
   // data-parallel groups of `pipeline` consecutive ranks. Needs k >= pipeline.

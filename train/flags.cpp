@@ -224,6 +224,13 @@ void Flags::add_parallel_flags() {
                   "gradient accumulated, traffic once a window; the default) or at every "
                   "micro-step (only this rank's shard kept between windows, traffic k times)")
       ->check(CLI::IsMember({"boundary", "micro-step"}));
+  if (c_.zero_prefetch) zero_prefetch_ = distributed::zero_prefetch_name(*c_.zero_prefetch);
+  app_.add_option("--zero-prefetch", zero_prefetch_,
+                  "With --zero 3: which layers' gathers start a layer ahead, to run while the "
+                  "layer before computes: 'forward' (the default: holds two layers' parameters, "
+                  "as the backward does anyway), 'forward-and-backward' (one more layer held "
+                  "during the backward) or 'none' (every gather on demand)")
+      ->check(CLI::IsMember({"none", "forward", "forward-and-backward"}));
   app_.add_option("--pipeline", c_.pipeline,
                   "Cut the model's layers into this many stages on as many ranks and schedule "
                   "each window's micro-batches through them (needs --accum-steps >= it)")
@@ -601,6 +608,8 @@ void Flags::read_typed_values() {
   if (!bucket_kib_.empty()) c_.bucket_kib = decimal_integer(bucket_kib_).value();
   c_.zero_reduce.reset();
   if (!zero_reduce_.empty()) c_.zero_reduce = distributed::parse_zero_reduce(zero_reduce_);
+  c_.zero_prefetch.reset();
+  if (!zero_prefetch_.empty()) c_.zero_prefetch = distributed::parse_zero_prefetch(zero_prefetch_);
 }
 
 void Flags::check() {

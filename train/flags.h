@@ -50,7 +50,7 @@ class Flags {
   // The text of the flags the configuration holds typed (read_typed_values() parses them).
   std::string device_, cuda_graphs_ = "auto", precision_, loss_scale_, accum_schedule_,
                        memory_budget_, lr_scaling_, schedule_, pipeline_schedule_, weight_decay_,
-                       bucket_kib_, zero_reduce_;
+                       bucket_kib_, zero_reduce_, zero_prefetch_;
   bool no_shuffle_ = false;
   std::vector<std::string> taken_from_checkpoint_;  // the flags take_resumed_flags() set
 };

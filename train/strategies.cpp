@@ -189,6 +189,10 @@ void check_strategies(const Config& config) {
     throw ValueError(str_cat("--zero-reduce needs --zero 2 (this run has --zero ", config.zero,
                              "): only ZeRO-2 shards the gradient"));
   }
+  if (config.zero_prefetch && config.zero != 3) {
+    throw ValueError(str_cat("--zero-prefetch needs --zero 3 (this run has --zero ", config.zero,
+                             "): only ZeRO-3 gathers parameters"));
+  }
   for (const Exclusion& e : kExclusions) {
     if (e.both(config)) {
       throw ValueError(str_cat(e.first, " does not combine with ", e.second, " (", e.why, ")"));

@@ -25,7 +25,8 @@ class ZeroStageThree final : public OverRanks {
 
   std::string name() const override {
     return str_cat("ZeRO-3: parameters, gradients and optimizer state in ", ranks_->world_size(),
-                   " shards, ", layers_.size(), " layers gathered around their use");
+                   " shards, ", layers_.size(), " layers gathered around their use (prefetch: ",
+                   distributed::zero_prefetch_name(prefetch()), ")");
   }
 
   // The units: each layer's own parameters; a layer also uses the units of those it borrows.
@@ -60,9 +61,9 @@ class ZeroStageThree final : public OverRanks {
         if (it->second != static_cast<int>(i)) uses[i].push_back(it->second);
       }
     }
-    sharded_ = std::make_unique<distributed::ShardedLayers>(std::move(units), std::move(uses),
-                                                            model.named_parameters(), *ranks_,
-                                                            master_, compute_, c_.device);
+    sharded_ = std::make_unique<distributed::ShardedLayers>(
+        std::move(units), std::move(uses), model.named_parameters(), *ranks_, master_, compute_,
+        c_.device, prefetch());
     return std::make_unique<optim::ParameterArena>(sharded_->shards(), 1);
   }
   void place_parameters(nn::Module&, optim::ParameterArena& arena) override {
@@ -153,6 +154,10 @@ class ZeroStageThree final : public OverRanks {
   }
 
  private:
+  distributed::ZeroPrefetch prefetch() const {
+    return c_.zero_prefetch.value_or(distributed::ZeroPrefetch::kForward);
+  }
+
   const Config& c_;
   Task& task_;
   DType compute_, master_;
