@@ -57,7 +57,8 @@ END {
   print "|---|---|---|---|---|---|"
   for (i = 2; i <= last; ++i) {
     if (kind[i] != "memory-micro-1") continue
-    printf "| %s | %s | %s | %s | %s | %.3f |\n", w[i], n[i], c[i], mib(tot[i]), mib(peak[i]),
+    name = c[i] == "zero3" ? "zero3 (prefetch forward, the default)" : c[i]
+    printf "| %s | %s | %s | %s | %s | %.3f |\n", w[i], n[i], name, mib(tot[i]), mib(peak[i]),
       peak[i] / one1_peak[w[i]]
   }
   print ""

@@ -6,7 +6,7 @@
 #            rank holds after a step (parameters, gradients, optimizer state; the summary's
 #            model_state_bytes, read from the tensors), and the allocator's peak during a window
 #            (micro-batch 8, k = 4 on every rank count; and micro-batch 1 for ZeRO 0 and 3,
-#            where the activations are fewest);
+#            where the activations are fewest, ZeRO-3 with each --zero-prefetch policy);
 #   traffic  the bytes each rank hands the collectives per window at k = 1, 4 and 16 (2 and 4
 #            ranks, width 128), beside the formula and the ring's wire bytes.
 # M is one process's master bytes (4 per parameter, padded as its arena pads them). Writes
@@ -30,7 +30,9 @@ flags_of() {  # config name -> flags
     zero1) echo "--zero 1" ;;
     zero2-boundary) echo "--zero 2 --zero-reduce boundary" ;;
     zero2-micro-step) echo "--zero 2 --zero-reduce micro-step" ;;
-    zero3) echo "--zero 3" ;;
+    zero3) echo "--zero 3" ;;  # its default prefetch, forward
+    zero3-prefetch-none) echo "--zero 3 --zero-prefetch none" ;;
+    zero3-prefetch-forward-and-backward) echo "--zero 3 --zero-prefetch forward-and-backward" ;;
   esac
 }
 run() {  # file, ranks, width, k, config, micro-batch
@@ -57,10 +59,13 @@ for width in 128 512; do
     for config in $configs; do row memory "$width" "$ranks" 4 "$config"; done
   done
 done
-# Micro-batch 1: the peak with the fewest activations, beside the model state.
+# Micro-batch 1: the peak with the fewest activations, beside the model state; ZeRO-3 with each
+# prefetch policy.
 for width in 128 512; do
   for ranks in 1 4; do
-    for config in zero0 zero3; do row memory-micro-1 "$width" "$ranks" 4 "$config" 1; done
+    for config in zero0 zero3-prefetch-none zero3 zero3-prefetch-forward-and-backward; do
+      row memory-micro-1 "$width" "$ranks" 4 "$config" 1
+    done
   done
 done
 for ranks in 2 4; do
