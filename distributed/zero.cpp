@@ -142,7 +142,8 @@ bool ZeroOptimizerState::abandon() {
 
 void ZeroOptimizerState::after_update() {
   optim::ParameterArena& arena = optimizer_.arena();
-  comm_.all_gather(arena.masters().narrow(offset_, n_), arena.masters());  // in place
+  // In place. Offloaded, each rank's host keeps its slice of the masters alone.
+  if (arena.masters_whole()) comm_.all_gather(arena.masters().narrow(offset_, n_), arena.masters());
   if (arena.working().defined()) {
     comm_.all_gather(arena.working().narrow(offset_, n_), arena.working());
   }

@@ -94,18 +94,29 @@ void ParameterArena::use_working_copy(DType dtype) {
 }
 
 void ParameterArena::offload_masters() {
+  offload_masters(0, size());
+}
+
+void ParameterArena::offload_masters(int64_t begin, int64_t end) {
   if (offloaded_) throw ValueError("[ParameterArena] the masters are offloaded already");
-  Tensor host = Tensor::zeros_pinned({size()}, dtype());
-  host.copy_(params_);
+  if (begin < 0 || end <= begin || end > size()) {
+    throw ValueError(str_cat("[ParameterArena] cannot offload elements [", begin, ", ", end,
+                             ") of an arena of ", size()));
+  }
+  const int64_t n = end - begin;
+  Tensor host = Tensor::zeros_pinned({n}, dtype());
+  host.copy_(params_.narrow(begin, n));
   // Without a 16-bit copy the model's handles keep the device buffer, which becomes the
   // working copy; with one, the device masters are dropped.
   if (!working_.defined()) working_ = params_;
   params_ = host;
+  masters_begin_ = begin;
   for (Entry& e : entries_) {
-    e.master = params_.narrow(e.offset, e.param.numel()).view(e.param.shape());
+    e.master = masters_whole() ? params_.narrow(e.offset, e.param.numel()).view(e.param.shape())
+                               : Tensor();  // on the ranks that hold it
   }
-  host_grads_ = Tensor::zeros_pinned({size()}, dtype());
-  if (working_.dtype() != dtype()) host_working_ = Tensor::zeros_pinned({size()}, working_.dtype());
+  host_grads_ = Tensor::zeros_pinned({n}, dtype());
+  if (working_.dtype() != dtype()) host_working_ = Tensor::zeros_pinned({n}, working_.dtype());
   offloaded_ = true;
 }
 
@@ -114,8 +125,25 @@ Tensor ParameterArena::state_zeros(const Shape& shape, DType dtype) const {
 }
 
 std::vector<nn::NamedTensor> ParameterArena::named_masters() const {
+  if (!masters_whole()) {
+    throw ValueError(str_cat("[ParameterArena] this process holds elements [", masters_begin_, ", ",
+                             masters_begin_ + params_.numel(), ") of the ", size(),
+                             " masters; the others are on other ranks"));
+  }
   std::vector<nn::NamedTensor> out;
   for (const Entry& e : entries_) out.emplace_back(e.name, e.master);
+  return out;
+}
+
+std::vector<nn::NamedTensor> ParameterArena::named_views(const Tensor& whole) const {
+  if (whole.shape() != Shape{size()}) {
+    throw ShapeError(
+        str_cat("[ParameterArena] named_views of ", whole.describe(), ", not [", size(), "]"));
+  }
+  std::vector<nn::NamedTensor> out;
+  for (const Entry& e : entries_) {
+    out.emplace_back(e.name, whole.narrow(e.offset, e.param.numel()).view(e.param.shape()));
+  }
   return out;
 }
 

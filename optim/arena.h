@@ -13,7 +13,9 @@
 // values, and host copies of the gradient and the working copy, live in pinned host memory and the
 // compute device keeps only what forward and backward touch: the gradient arena and the working
 // copy, which is then the 16-bit copy or, without mixed precision, a device copy of the masters in
-// their own dtype. device() stays the compute device. Read next: seams.h.
+// their own dtype. device() stays the compute device. Under ZeRO-1 and 2 a rank offloads only its
+// slice (offload_masters(begin, end)): its host holds those elements of the masters and of the
+// host copies, and the rest of the masters lives on the other ranks. Read next: seams.h.
 #pragma once
 
 #include <string>
@@ -52,9 +54,15 @@ class ParameterArena {
   // values: see the top of this file. Once, before an optimizer is built on the arena.
   void use_working_copy(DType dtype);
   // Moves the master values to pinned host memory (see the top of this file). Once, after
-  // use_working_copy when there is one, before an optimizer is built on the arena.
+  // use_working_copy when there is one, before an optimizer is built on the arena. With a range,
+  // only elements [begin, end) of the masters, and of the host copies of the gradient and the
+  // 16-bit copy, are kept (a ZeRO rank's slice): masters() is then [end - begin], starting at
+  // element masters_begin(), and named_masters() throws (the strategy gathers the slices).
   void offload_masters();
+  void offload_masters(int64_t begin, int64_t end);
   bool offloaded() const { return offloaded_; }
+  int64_t masters_begin() const { return masters_begin_; }
+  bool masters_whole() const { return params_.numel() == size(); }
 
   // Where the optimizer works: beside the masters. The gradient it reads and the 16-bit copy it
   // writes are grads() and working() themselves or, when offloaded, their counterparts in pinned
@@ -66,7 +74,8 @@ class ParameterArena {
   // Zeros for optimizer state, beside the masters (pinned host memory when offloaded).
   Tensor state_zeros(const Shape& shape, DType dtype) const;
 
-  Tensor& masters() { return params_; }  // [size()] the master values (on the host if offloaded)
+  // [size()] the master values (on the host if offloaded; a slice if offloaded to a range)
+  Tensor& masters() { return params_; }
   const Tensor& masters() const { return params_; }
   Tensor& grads() { return grads_; }  // [size()]
   const Tensor& grads() const { return grads_; }
@@ -74,10 +83,13 @@ class ParameterArena {
   // device copy of offloaded masters; undefined otherwise.
   Tensor& working() { return working_; }
   const Tensor& working() const { return working_; }
-  // The master values under the parameters' names: what is saved and hashed.
+  // The master values under the parameters' names: what is saved and hashed. Throws when this
+  // process holds a slice of them (masters_whole() is false).
   std::vector<nn::NamedTensor> named_masters() const;
+  // The parameters' views of `whole`, any [size()] tensor laid out as the arena is.
+  std::vector<nn::NamedTensor> named_views(const Tensor& whole) const;
   const std::vector<Entry>& entries() const { return entries_; }
-  int64_t size() const { return params_.numel(); }
+  int64_t size() const { return grads_.numel(); }
   DType dtype() const { return params_.dtype(); }    // of the masters and the gradients
   Device device() const { return grads_.device(); }  // where forward and backward run
   // One memset over the gradient arena (none while it is released).
@@ -94,6 +106,7 @@ class ParameterArena {
   Tensor host_grads_, host_working_;  // offloaded: the gradient's and working copy's host copies
   std::vector<Entry> entries_;
   bool offloaded_ = false;
+  int64_t masters_begin_ = 0;
 };
 
 }  // namespace accrue::optim

@@ -17,6 +17,8 @@ HostOffload::HostOffload(Optimizer& optimizer)
   }
   grads_ = arena_.master_grads();
   working_ = arena_.master_working();
+  if (!arena_.masters_whole())
+    restrict_to(arena_.masters_begin(), arena_.masters_begin() + arena_.masters().numel());
   optimizer.set_parameter_sync(this);
   send_loss_scale();
 }
@@ -30,7 +32,7 @@ HostOffload::~HostOffload() {
 
 void HostOffload::copy_range(int64_t begin, int64_t end) {
   const Tensor src = arena_.grads().narrow(begin, end - begin);
-  Tensor dst = grads_.narrow(begin, end - begin);
+  Tensor dst = grads_.narrow(begin - arena_.masters_begin(), end - begin);
   if (src.device().is_cuda()) {
     copy_to_host_async(dst.raw(), src.raw(), src.device(), src.nbytes());
     in_flight_ = true;
@@ -45,6 +47,11 @@ void HostOffload::restrict_to(int64_t begin, int64_t end) {
   if (begin < 0 || end <= begin || end > arena_.size()) {
     throw ValueError(
         str_cat("[offload] slice [", begin, ", ", end, ") outside the arena of ", arena_.size()));
+  }
+  const int64_t held = arena_.masters_begin(), held_end = held + arena_.masters().numel();
+  if (begin < held || end > held_end) {
+    throw ValueError(str_cat("[offload] slice [", begin, ", ", end, ") outside the masters on the ",
+                             "host, [", held, ", ", held_end, ")"));
   }
   lo_ = begin;
   hi_ = end;
@@ -109,7 +116,7 @@ void HostOffload::push(bool skipped) {
   const Tensor& host = working_.defined() ? working_ : arena_.masters();
   const int64_t begin = hi_ >= 0 ? lo_ : 0, n = (hi_ >= 0 ? hi_ : arena_.size()) - begin;
   Tensor device = arena_.working().narrow(begin, n);
-  send(host.narrow(begin, n), device);
+  send(host.narrow(begin - arena_.masters_begin(), n), device);
   traffic_.from_host_bytes += device.nbytes();
 }
 

@@ -33,13 +33,20 @@ void Optimizer::restrict_to_slice(int64_t offset, int64_t n, bool in_arena) {
     throw ValueError(str_cat("[optimizer] slice [", offset, ", ", offset + n,
                              ") is not inside an arena of ", arena_.size(), " elements"));
   }
+  // The masters (and their host copies) may hold a slice of the arena only: this one.
+  const int64_t begin = arena_.masters_begin();
+  if (offset < begin || offset + n > begin + arena_.masters().numel()) {
+    throw ValueError(str_cat("[optimizer] slice [", offset, ", ", offset + n,
+                             ") is not inside the masters this process holds, [", begin, ", ",
+                             begin + arena_.masters().numel(), ")"));
+  }
   slice_offset_ = offset;
-  params_ = arena_.masters().narrow(offset, n);
+  params_ = arena_.masters().narrow(offset - begin, n);
   // Offloaded, the slice of the host gradient the offload's copy fills.
-  grads_ = arena_.offloaded() ? arena_.master_grads().narrow(offset, n)
+  grads_ = arena_.offloaded() ? arena_.master_grads().narrow(offset - begin, n)
            : in_arena         ? arena_.grads().narrow(offset, n)
                               : Tensor::zeros({n}, arena_.dtype(), arena_.device());
-  if (working_.defined()) working_ = arena_.master_working().narrow(offset, n);
+  if (working_.defined()) working_ = arena_.master_working().narrow(offset - begin, n);
   resize_state(n);
 }
 

@@ -345,6 +345,35 @@ TEST(Zero, ThirdStageResumesFromTheStepEveryRankHas) {
   comm().barrier();
 }
 
+// ZeRO-1 and 2 with the offloaded optimizer keep each rank's slice of the masters, of the host
+// gradient and of the 16-bit copy on its host, beside its slice of the state: the pinned bytes
+// a rank holds are one process's over the rank count (within the few scalars every optimizer
+// keeps), in float32 and in bfloat16.
+TEST(Zero, OffloadedShardsKeepTheirSliceOfTheMastersOnTheHost) {
+  const int world = comm().world_size();
+  const auto data = testing::make_dataset("zero-offload-host", kSamples, 64);
+  for (const char* precision : {"fp32", "bf16"}) {
+    mnist::Config c = mlp_config(data, precision);
+    c.hidden = {256};
+    c.max_steps = 2;
+    c.micro_batch = kBatch / (world * 2);
+    c.offload_optimizer = true;
+    const auto single = distributed::make_single_process();
+    mnist::Config one = c;
+    one.comm = single.get();
+    const size_t one_host = train_recorded(one, std::cout).host_state_bytes;
+    for (const Zero& z :
+         {Zero{1, std::nullopt, true}, Zero{2, distributed::ZeroReduce::kBoundary, true}}) {
+      SCOPED_TRACE(str_cat(precision, ", ", z.str()));
+      mnist::Config r = c;
+      set_zero(r, z);
+      const size_t host = train_recorded(r, std::cout).host_state_bytes;
+      std::cout << precision << " " << z.str() << ": " << host << " of " << one_host << "\n";
+      EXPECT_NEAR(static_cast<double>(host), static_cast<double>(one_host) / world, 4096.0);
+    }
+  }
+}
+
 // --memory-budget's baseline is the sharded layout: each ZeRO stage's probes start from less than
 // data parallelism's (the optimizer state in slices, then the gradient, then the parameters).
 TEST(Zero, TheMemoryBudgetMeasuresTheShardedLayout) {

@@ -105,7 +105,11 @@ void Run::check_ranks_agree_before_training() {
 // is), the optimizer's state and the step clock.
 void Run::resume() {
   if (c_.resume.empty()) return;
-  auto state = with_buffers(arena_->named_masters(), *model_);
+  // Masters offloaded in slices (ZeRO-1 and 2): read whole, each rank keeping its slice.
+  Tensor whole;
+  if (!arena_->masters_whole()) whole = Tensor::zeros({arena_->size()}, arena_->dtype());
+  auto state =
+      with_buffers(whole.defined() ? arena_->named_views(whole) : arena_->named_masters(), *model_);
   // A checkpoint with a model tensor this model lacks is at fault itself: the older one is tried.
   const auto only_known_tensors = [&](const Checkpoint& c) {
     for (const auto& [name, t] : c.model) {
@@ -136,8 +140,12 @@ void Run::resume() {
     }
     t.copy_(to_dtype(it->second, t.dtype()).to(t.device()));
   }
+  if (whole.defined()) {
+    arena_->masters().copy_(whole.narrow(arena_->masters_begin(), arena_->masters().numel()));
+  }
   if (arena_->working().defined()) {
-    arena_->working().copy_(to_dtype(arena_->masters(), arena_->working().dtype()));
+    const Tensor& masters = whole.defined() ? whole : arena_->masters();
+    arena_->working().copy_(to_dtype(masters, arena_->working().dtype()));
   }
   try {
     optimizer_->load_state(saved.optimizer);
@@ -217,7 +225,10 @@ void Run::validate_position(const Checkpoint& saved) {
 void Run::write_checkpoint(const TrainPosition& position) {
   if (c_.checkpoint.empty() || position.step == last_checkpoint_) return;
   const auto optimizer_state = optimizer_->save_state();
-  const auto model_state = with_buffers(arena_->named_masters(), *model_);
+  const auto model_state =
+      with_buffers(arena_->masters_whole() ? arena_->named_masters()
+                                           : strategies_->whole_masters(*arena_, *model_),
+                   *model_);
   // The metrics first: killed between the two, the resume starts from the previous checkpoint
   // and drops the records past it; the other way round, records would be lost.
   if (lead_) metrics_->publish();

@@ -81,13 +81,26 @@ class ZeroShards final : public OverRanks {
 
 // The offloaded optimizer: masters and state in pinned host memory, the gradient copied there
 // (by buckets during the last backward, 1 MiB by default on one rank), the step on the CPU, the
-// weights copied back.
+// weights copied back. Under ZeRO-1 and 2 each rank's host holds its slice of the masters (the
+// slices ZeroOptimizerState gives the ranks), and the whole masters are gathered when saved.
 class Offload final : public OverRanks {
  public:
   Offload(Device device, int zero) : device_(device), zero_(zero) {}
   std::string name() const override { return "offloaded optimizer: masters and state on the host"; }
   void place_parameters(nn::Module&, optim::ParameterArena& arena) override {
-    arena.offload_masters();
+    if (zero_ == 1 || zero_ == 2) {
+      const int64_t n = arena.size() / ranks_->world_size(), begin = ranks_->rank() * n;
+      arena.offload_masters(begin, begin + n);
+    } else {
+      arena.offload_masters();
+    }
+  }
+  std::optional<std::vector<nn::NamedTensor>> whole_masters(optim::ParameterArena& arena,
+                                                            nn::Module&) override {
+    if (arena.masters_whole()) return std::nullopt;
+    Tensor whole = Tensor::empty({arena.size()}, arena.dtype());
+    ranks_->all_gather(arena.masters(), whole);
+    return arena.named_views(whole);
   }
   // Under ZeRO-1 and 2 only this rank's slice goes to the host and back, and ZeRO's all-gather
   // follows the copy back.
