@@ -216,12 +216,12 @@ class Nccl final : public Communicator {
     if (in.device().is_cpu() && out.device().is_cpu()) return mpi_->start_all_gather(in, out);
     check_gather("all_gather", in, out, world_size(), rank());
     const cudaStream_t main = stream(in);
+    auto transfer = std::make_unique<SideStreamGather>(in, out, main);  // its event first
     ACCRUE_CUDA_CHECK(cudaEventRecord(ready_, main));
     ACCRUE_CUDA_CHECK(cudaStreamWaitEvent(side_, ready_, 0));
     complete(ncclAllGather(in.raw(), out.raw(), size_t(in.numel()), nccl_type(in, "all_gather"),
                            comm_, side_),
              "ncclAllGather (started ahead)");
-    auto transfer = std::make_unique<SideStreamGather>(in, out, main);
     ACCRUE_CUDA_CHECK(cudaEventRecord(transfer->gathered, side_));
     return transfer;
   }
@@ -290,14 +290,19 @@ class Nccl final : public Communicator {
     return cuda::context(device_).stream;
   }
 
-  // A gather queued on the side stream; holds its tensors (so their memory is not handed out
-  // again before the main stream has waited for it).
+  // A gather queued on the side stream. It holds its tensors' handles; a Storage released while
+  // the gather runs would still go back to the allocator, so its owner completes the gather
+  // first (ShardedLayers::release). Dropped unwaited (unwinding after an error), it still orders
+  // the main stream after the gather, so the memory is not reused under it.
   struct SideStreamGather final : Transfer {
     SideStreamGather(const Tensor& in, const Tensor& out, cudaStream_t main)
         : in(in), out(out), main(main) {
       ACCRUE_CUDA_CHECK(cudaEventCreateWithFlags(&gathered, cudaEventDisableTiming));
     }
-    ~SideStreamGather() override { cudaEventDestroy(gathered); }  // released once it completes
+    ~SideStreamGather() override {
+      cudaStreamWaitEvent(main, gathered, 0);  // no error to report from here
+      cudaEventDestroy(gathered);              // released once it completes
+    }
     void wait() override { ACCRUE_CUDA_CHECK(cudaStreamWaitEvent(main, gathered, 0)); }
     bool done() override { return ACCRUE_CUDA_QUERY(cudaEventQuery(gathered)); }
     Tensor in, out;

@@ -149,20 +149,32 @@ void ShardedLayers::gather(int unit) {
     started.reset();
     return;
   }
-  Placed& u = *units_[static_cast<size_t>(unit)];
-  if (u.size == 0 || u.values_storage().held()) return;
-  u.values_storage().reacquire();
-  const Tensor& source = arena_->working().defined() ? arena_->working() : arena_->masters();
-  comm_.all_gather(source.narrow(u.arena_offset, u.slice), u.values);
+  const Placed& u = *units_[static_cast<size_t>(unit)];
+  if (u.size > 0 && !u.values_storage().held()) gather_into_buffer(unit, false);
 }
 
 void ShardedLayers::start_gather(int unit) {
+  const Placed& u = *units_[static_cast<size_t>(unit)];
+  if (u.size > 0 && !u.values_storage().held()) gather_into_buffer(unit, true);
+}
+
+// The buffer is held from here (a started gather counts as held); a gather that fails to start
+// leaves it released, so a later gather does not skip it.
+void ShardedLayers::gather_into_buffer(int unit, bool ahead) {
   Placed& u = *units_[static_cast<size_t>(unit)];
-  if (u.size == 0 || u.values_storage().held()) return;  // held, or already on its way
   u.values_storage().reacquire();
   const Tensor& source = arena_->working().defined() ? arena_->working() : arena_->masters();
-  started_[static_cast<size_t>(unit)] =
-      comm_.start_all_gather(source.narrow(u.arena_offset, u.slice), u.values);
+  const Tensor mine = source.narrow(u.arena_offset, u.slice);
+  try {
+    if (ahead) {
+      started_[static_cast<size_t>(unit)] = comm_.start_all_gather(mine, u.values);
+    } else {
+      comm_.all_gather(mine, u.values);
+    }
+  } catch (...) {
+    u.values_storage().release();
+    throw;
+  }
 }
 
 void ShardedLayers::start_gathers(int layer) {

@@ -86,6 +86,7 @@ class ShardedLayers {
   struct Placed;
   void gather(int unit);        // completes the unit's started gather, or gathers it now
   void start_gather(int unit);  // unless the unit is held or on its way
+  void gather_into_buffer(int unit, bool ahead);
   void start_gathers(int layer);
   void release(int unit);
   void reduce_scatter(int unit);

@@ -47,7 +47,7 @@ for program in mnist g2p; do
     run "$program" "$base-plain" --precision "$precision" || continue
     for zero in "1" "2 --zero-reduce boundary" "2 --zero-reduce micro-step" "3" \
       "1 --offload-optimizer" "2 --zero-reduce micro-step --offload-optimizer" \
-      "3 --offload-optimizer"; do
+      "3 --offload-optimizer" "3 --zero-prefetch forward-and-backward"; do
       name="$base-zero-${zero// /_}"
       # shellcheck disable=SC2086
       run "$program" "$name" --precision "$precision" --zero $zero &&
