@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "nn/init.h"
+#include "ops/autograd.h"
 #include "ops/ops.h"
 
 namespace accrue::nn {
@@ -48,19 +49,43 @@ CausalSelfAttention::CausalSelfAttention(const GPTConfig& c, DType dtype)
   c_proj_ = register_module("c_proj", std::make_shared<Linear>(c.n_embd, c.n_embd, true, dtype));
 }
 
-Tensor CausalSelfAttention::forward(const Tensor& x) {
-  check_sequence("CausalSelfAttention", x, n_embd_);
-  const int64_t b = x.size(0), t = x.size(1), c = n_embd_, h = n_head_, d = c / h;
+Tensor CausalSelfAttention::heads(const Tensor& qkv, int64_t b, int64_t t) const {
   // [B T, 3C] -> [B, T, 3, H, D] -> [3, B, H, T, D]: q, k, v as B H matrices [T, D] each
-  const Tensor qkv = (*c_attn_)(reshape(x, {b * t, c}));
-  const Tensor heads =
-      reshape(permute(reshape(qkv, {b, t, 3, h, d}), {2, 0, 3, 1, 4}), {3, b * h, t, d});
-  const Tensor q = select(heads, 0), k = select(heads, 1), v = select(heads, 2);
-  const Tensor weights = causal_softmax(bmm(q, k, true), 1.0 / std::sqrt(double(d)));  // [BH,T,T]
-  const Tensor y = bmm(weights, v);                                                    // [BH,T,D]
+  const int64_t h = n_head_, d = n_embd_ / h;
+  return reshape(permute(reshape(qkv, {b, t, 3, h, d}), {2, 0, 3, 1, 4}), {3, b * h, t, d});
+}
+
+Tensor CausalSelfAttention::merge(const Tensor& y, int64_t b, int64_t t) {
   // [B, H, T, D] -> [B, T, H, D] = [B T, C]
+  const int64_t c = n_embd_, h = n_head_, d = c / h;
   const Tensor merged = reshape(permute(reshape(y, {b, h, t, d}), {0, 2, 1, 3}), {b * t, c});
   return reshape((*c_proj_)(merged), {b, t, c});
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x) {
+  check_sequence("CausalSelfAttention", x, n_embd_);
+  const int64_t b = x.size(0), t = x.size(1), d = n_embd_ / n_head_;
+  const Tensor qkv = heads((*c_attn_)(reshape(x, {b * t, n_embd_})), b, t);
+  const Tensor q = select(qkv, 0), k = select(qkv, 1), v = select(qkv, 2);
+  const Tensor weights = causal_softmax(bmm(q, k, true), 1.0 / std::sqrt(double(d)));  // [BH,T,T]
+  return merge(bmm(weights, v), b, t);                                                 // [BH,T,D]
+}
+
+Tensor CausalSelfAttention::forward_cached(const Tensor& x, int64_t start, Tensor& keys,
+                                           Tensor& values) {
+  check_sequence("CausalSelfAttention", x, n_embd_);
+  const NoGradGuard no_grad;
+  const int64_t b = x.size(0), t = x.size(1), h = n_head_, d = n_embd_ / h, length = start + t;
+  const Tensor qkv = heads((*c_attn_)(reshape(x, {b * t, n_embd_})), b, t);
+  // The new keys and values [B H, T, D] into the cache's positions [start, start + T), which is
+  // position-major; then the first `length` positions back as [B H, length, D].
+  keys.narrow(start, t).copy_(permute(select(qkv, 1), {1, 0, 2}));
+  values.narrow(start, t).copy_(permute(select(qkv, 2), {1, 0, 2}));
+  const Tensor k = permute(keys.narrow(0, length), {1, 0, 2});
+  const Tensor v = permute(values.narrow(0, length), {1, 0, 2});
+  // [B H, T, length]: the T queries are the last T of the length positions
+  const Tensor weights = causal_softmax(bmm(select(qkv, 0), k, true), 1.0 / std::sqrt(double(d)));
+  return merge(bmm(weights, v), b, t);
 }
 
 Block::Block(const GPTConfig& c, DType dtype) {
@@ -74,8 +99,15 @@ Block::Block(const GPTConfig& c, DType dtype) {
 }
 
 Tensor Block::forward(const Tensor& x) {
-  const int64_t b = x.size(0), t = x.size(1), c = x.size(2);
-  const Tensor a = add(x, (*attn_)((*ln_1_)(x)));
+  return mlp_residual(add(x, (*attn_)((*ln_1_)(x))));
+}
+
+Tensor Block::forward_cached(const Tensor& x, int64_t start, Tensor& keys, Tensor& values) {
+  return mlp_residual(add(x, attn_->forward_cached((*ln_1_)(x), start, keys, values)));
+}
+
+Tensor Block::mlp_residual(const Tensor& a) {
+  const int64_t b = a.size(0), t = a.size(1), c = a.size(2);
   const Tensor hidden = gelu((*c_fc_)(reshape((*ln_2_)(a), {b * t, c})));
   return add(a, reshape((*c_proj_)(hidden), {b, t, c}));
 }
@@ -112,6 +144,40 @@ GPT::GPT(const GPTConfig& c, DType dtype) : config_(c) {
 Tensor GPT::forward(const Tensor& idx) {
   Tensor x = embed(idx);
   for (size_t i = 0; i < blocks_.size(); ++i) x = block(i, x);
+  return head(x);
+}
+
+KVCache GPT::make_cache(int64_t batch, Device device) const {
+  if (batch < 1) throw ShapeError(str_cat("[GPT] a cache needs a batch >= 1, got ", batch));
+  const int64_t h = config_.n_head, d = config_.n_embd / h;
+  const DType dtype = wte_->weight().dtype();
+  KVCache cache;
+  cache.batch = batch;
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    cache.keys.push_back(Tensor::zeros({config_.block_size, batch * h, d}, dtype, device));
+    cache.values.push_back(Tensor::zeros({config_.block_size, batch * h, d}, dtype, device));
+  }
+  return cache;
+}
+
+Tensor GPT::forward_cached(const Tensor& idx, int64_t start, KVCache& cache) {
+  if (idx.dim() != 2 || idx.dtype() != DType::kInt32 || idx.size(0) != cache.batch ||
+      cache.keys.size() != blocks_.size() || start < 0 || idx.size(1) < 1 ||
+      start + idx.size(1) > config_.block_size) {
+    throw ShapeError(str_cat("[GPT] forward_cached expects int32 tokens [", cache.batch,
+                             ", T] at positions [start, start + T) within the context of ",
+                             config_.block_size, ", got ", idx.describe(), " at start ", start,
+                             " (a cache of ", cache.keys.size(), " blocks for a model of ",
+                             blocks_.size(), ")"));
+  }
+  const NoGradGuard no_grad;
+  const int64_t b = idx.size(0), t = idx.size(1);
+  std::vector<int32_t> at(static_cast<size_t>(b * t));
+  for (size_t i = 0; i < at.size(); ++i) at[i] = static_cast<int32_t>(start + int64_t(i) % t);
+  Tensor x = add((*wte_)(idx), (*wpe_)(Tensor::from_vector<int32_t>({b, t}, at, idx.device())));
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    x = blocks_[i]->forward_cached(x, start, cache.keys[i], cache.values[i]);
+  }
   return head(x);
 }
 

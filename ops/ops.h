@@ -52,9 +52,10 @@ using fn::kIgnoreLabel;
 // number of its rows are ignored. kMean divides by N, every row (ignored ones too).
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels,
                      Reduction reduction = Reduction::kSum);
-// Attention's weights: scores [B, T, T] (query, key) -> softmax over the keys of scale * scores,
-// each query seeing only the keys up to itself (the rest 0). Mask and scale are fused into the
-// softmax and its backward (kernels/functors.h CausalSoftmax).
+// Attention's weights: scores [B, T, L] (query, key; T <= L) -> softmax over the keys of scale *
+// scores, the T queries being the last T of the L positions (a decoder's new tokens after L - T
+// cached ones; L = T in training), each seeing only the keys up to itself (the rest 0). Mask and
+// scale are fused into the softmax and its backward (kernels/functors.h CausalSoftmax).
 Tensor causal_softmax(const Tensor& scores, double scale);
 // Index of the largest entry of each row: [N, C] -> int32 [N]. Not differentiable.
 Tensor argmax(const Tensor& x);

@@ -113,8 +113,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, Reduction reduc
 
 Tensor causal_softmax(const Tensor& scores, double scale) {
   check::floating("causal_softmax", "scores", scores);
-  if (scores.dim() != 3 || scores.size(1) != scores.size(2)) {
-    throw ShapeError(str_cat("[causal_softmax] scores must be [B, T, T], got shape ",
+  if (scores.dim() != 3 || scores.size(1) > scores.size(2)) {
+    throw ShapeError(str_cat("[causal_softmax] scores must be [B, T, L] with T <= L, got shape ",
                              shape_str(scores.shape())));
   }
   if (!std::isfinite(scale)) {

@@ -330,6 +330,12 @@ std::vector<Row> rows() {
          m.be().causal_softmax(0.7, m.uniform({3, kCols, kCols}, 43, -5, 5), y);
          return Outputs{y};
        }},
+      {"causal_softmax_after_cached_keys",  // 3 queries, the last of kCols positions
+       [](const Maker& m) {
+         Tensor y = m.empty({2, 3, kCols});
+         m.be().causal_softmax(0.7, m.uniform({2, 3, kCols}, 46, -5, 5), y);
+         return Outputs{y};
+       }},
       {"causal_softmax_backward",
        [](const Maker& m) {
          Tensor y = m.empty({3, kCols, kCols}), dx = m.empty({3, kCols, kCols});

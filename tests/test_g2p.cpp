@@ -543,6 +543,13 @@ TEST(G2PTraining, ATinyModelLearnsItsTrainingWordsAndPredictsThem) {
   optim::load_parameters(model, c.save);
   model.eval();
   const auto batch = g2p::decode(model, d.vocab, words, Device::cpu());
+  // The cache changes no word of any split against the whole prefix recomputed at every step.
+  std::vector<std::string> every_word;
+  for (const g2p::Word& w : lex.words) every_word.push_back(w.spelling);
+  const auto cached = g2p::decode(model, d.vocab, every_word, Device::cpu());
+  const auto whole =
+      g2p::decode(model, d.vocab, every_word, Device::cpu(), g2p::Decoding::kWholePrefix);
+  for (size_t i = 0; i < every_word.size(); ++i) EXPECT_EQ(cached[i], whole[i]) << every_word[i];
   int correct = 0;
   for (size_t i = 0; i < words.size(); ++i) {
     correct += g2p::score(batch[i], *refs[i]).correct > 0;

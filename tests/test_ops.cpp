@@ -70,6 +70,10 @@ Dims two_matrices(int64_t r, int64_t c) {
 Dims attention_scores(int64_t, int64_t c) {  // [B, T, T] with T from the size's columns
   return {{2, c, c}};
 }
+// [B, T, L]: the last T of L positions query (a decoder's new tokens after cached ones)
+Dims cached_attention_scores(int64_t, int64_t c) {
+  return {{2, (c + 1) / 2, c}};
+}
 Dims head_split_shapes(int64_t r, int64_t c) {
   return {{2, r, 2, c}};
 }
@@ -192,6 +196,8 @@ std::vector<OpCase> op_table() {
          return bmm(reshape(x[0], {r, 1, c}), reshape(x[1], {r, 1, c}), true);
        }},
       {"causal_softmax", attention_scores,
+       [](const Inputs& x) { return causal_softmax(scale(x[0], 3.0), 0.5); }},
+      {"causal_softmax_after_cached_keys", cached_attention_scores,
        [](const Inputs& x) { return causal_softmax(scale(x[0], 3.0), 0.5); }},
       {"permute", head_split_shapes,  // [B, T, 2, D] -> [2, B, T, D]
        [](const Inputs& x) {
@@ -447,12 +453,18 @@ TEST(Ops, CausalSoftmaxMasksTheKeysAfterEachQuery) {
                                    f1 / (f0 + f1 + f2),
                                    f2 / (f0 + f1 + f2)};
     for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(v[i], want[i], 1e-15) << i << device.str();
+    // The last two queries alone, after a cached first key: the same rows, bit for bit.
+    const std::vector<double> last(x.begin() + 3, x.end());
+    const auto cached = causal_softmax(Tensor::from_vector<double>({1, 2, 3}, last, device), 0.5)
+                            .to(Device::cpu())
+                            .to_vector<double>();
+    EXPECT_EQ(cached, std::vector<double>(v.begin() + 3, v.end())) << device.str();
   }
   expect_error<ShapeError>(
       [] {
-        causal_softmax(Tensor::zeros({2, 3, 4}, DType::kFloat32), 1.0);
+        causal_softmax(Tensor::zeros({2, 4, 3}, DType::kFloat32), 1.0);
       },
-      {"causal_softmax", "[B, T, T]", "[2, 3, 4]"});
+      {"causal_softmax", "[B, T, L] with T <= L", "[2, 4, 3]"});
 }
 
 // An embedding's gradient: each row of the table receives the sum of the gradients of its uses

@@ -163,6 +163,65 @@ TEST(Transformer, LaterTokensNeverChangeEarlierLogits) {
   EXPECT_NE(va[3 * 11], vb[3 * 11]);
 }
 
+// Decoding with the cache: a prompt of 3 tokens, then one token a step, then a step that starts
+// two positions before the cache's end (a row whose padding became a token) with those
+// positions changed: every step's logits equal forward() over the whole prefix (1e-12 in
+// float64: the products have other shapes), on every device, and the cache does not record.
+TEST(Transformer, CachedDecodingGivesTheWholePrefixsLogits) {
+  nn::manual_seed(9);
+  const nn::GPTConfig c = tiny_config();
+  for (Device device : devices()) {
+    nn::GPT gpt(c, DType::kFloat64);
+    gpt.to(device);
+    std::vector<int32_t> seq{1, 2, 3, 4, 5, 6, 7, 8, 9}, other{1, 2, 3, 4, 5, 10, 10, 2, 5};
+    const int64_t b = 2;
+    nn::KVCache cache = gpt.make_cache(b, device);
+    // (start, end) of each step; the step at 5 rewrites positions 5 and 6 with `other`'s tokens
+    const std::vector<std::pair<int64_t, int64_t>> steps{{0, 3}, {3, 4}, {4, 5},
+                                                         {5, 7}, {5, 8}, {8, 9}};
+    for (size_t s = 0; s < steps.size(); ++s) {
+      const auto [start, end] = steps[s];
+      const std::vector<int32_t>& row = s >= 4 ? other : seq;
+      std::vector<int32_t> whole, part;
+      for (int64_t i = 0; i < b; ++i) {
+        whole.insert(whole.end(), row.begin(), row.begin() + end);
+        part.insert(part.end(), row.begin() + start, row.begin() + end);
+      }
+      const Tensor cached = gpt.forward_cached(
+          Tensor::from_vector<int32_t>({b, end - start}, part, device), start, cache);
+      EXPECT_FALSE(cached.requires_grad());
+      Tensor reference;
+      {
+        NoGradGuard no_grad;
+        reference = gpt(Tensor::from_vector<int32_t>({b, end}, whole, device));
+      }
+      const auto got = cached.to(Device::cpu()).to_vector<double>();
+      const auto want = reference.to(Device::cpu()).to_vector<double>();
+      const int64_t v = c.vocab_size;
+      ASSERT_EQ(static_cast<int64_t>(got.size()), b * (end - start) * v);
+      for (int64_t i = 0; i < b; ++i) {
+        for (int64_t p = start; p < end; ++p) {
+          for (int64_t k = 0; k < v; ++k) {
+            EXPECT_NEAR(got[static_cast<size_t>((i * (end - start) + p - start) * v + k)],
+                        want[static_cast<size_t>((i * end + p) * v + k)], 1e-12)
+                << device.str() << " step " << s << " row " << i << " position " << p;
+          }
+        }
+      }
+    }
+    expect_error<ShapeError>(
+        [&] {
+          gpt.forward_cached(Tensor::from_vector<int32_t>({b, 2}, {1, 2, 3, 4}, device), 8, cache);
+        },
+        {"forward_cached", "[2, T]", "start 8", "context of 9"});
+    expect_error<ShapeError>(
+        [&] {
+          gpt.forward_cached(Tensor::from_vector<int32_t>({1, 1}, {1}, device), 0, cache);
+        },
+        {"forward_cached", "[2, T]", "[1, 1]"});
+  }
+}
+
 // GELU's float32 exp and erf (kernels/functors.h) against float64's, over every input a GELU
 // meets: relative error of exp ~1e-7 in its normal range, absolute error of erf <= 1.5e-7 (plus
 // 3e-7 of float rounding); the clamps give the limits far out.

@@ -167,7 +167,8 @@ Errors score(const Pronunciation& predicted, const Word& word) {
 }
 
 std::vector<Pronunciation> decode(nn::GPT& model, const Vocabulary& v,
-                                  const std::vector<std::string>& spellings, Device device) {
+                                  const std::vector<std::string>& spellings, Device device,
+                                  Decoding how) {
   NoGradGuard no_grad;
   const int64_t context = model.config().block_size;
   std::vector<Pronunciation> out(spellings.size());
@@ -189,34 +190,50 @@ std::vector<Pronunciation> decode(nn::GPT& model, const Vocabulary& v,
                                  " tokens of context, the model has ", context));
       }
     }
-    // Open rows hold at most `context` tokens; each step feeds the longest open row's length
-    // (finished rows ride along, truncated, their outputs unread).
+    // Open rows hold at most `context` tokens; each step feeds positions [from, t), t the
+    // longest open row's length (finished rows ride along, truncated, their outputs unread;
+    // shorter rows are padded). Without the cache `from` is 0. With it the cache holds every
+    // open row's tokens before `from`: the lowest position a row wrote since the last step (a
+    // shorter row's new token replaces a padding whose keys and values are cached).
+    nn::KVCache cache;
+    if (how == Decoding::kCached) cache = model.make_cache(static_cast<int64_t>(n), device);
+    int64_t from = 0;
     for (;;) {
       int64_t t = 0;
       for (size_t i = 0; i < n; ++i) {
         if (!done[i]) t = std::max<int64_t>(t, static_cast<int64_t>(rows[i].size()));
       }
       if (t == 0) break;
-      std::vector<int32_t> input(n * static_cast<size_t>(t), Vocabulary::kEos);
+      const int64_t width = t - from;
+      std::vector<int32_t> input(n * static_cast<size_t>(width), Vocabulary::kEos);
       for (size_t i = 0; i < n; ++i) {
-        const size_t len = std::min<size_t>(rows[i].size(), static_cast<size_t>(t));
-        std::copy(rows[i].begin(), rows[i].begin() + static_cast<int64_t>(len),
-                  input.begin() + static_cast<int64_t>(i * static_cast<size_t>(t)));
+        const int64_t len = std::min<int64_t>(static_cast<int64_t>(rows[i].size()), t);
+        if (len > from) {
+          std::copy(rows[i].begin() + from, rows[i].begin() + len,
+                    input.begin() + static_cast<int64_t>(i) * width);
+        }
       }
+      const Tensor tokens =
+          Tensor::from_vector<int32_t>({static_cast<int64_t>(n), width}, input, device);
       const Tensor logits =
-          model(Tensor::from_vector<int32_t>({static_cast<int64_t>(n), t}, input, device));
+          how == Decoding::kCached ? model.forward_cached(tokens, from, cache) : model(tokens);
       const std::vector<int32_t> next = argmax(logits).to(Device::cpu()).to_vector<int32_t>();
+      int64_t lowest_written = t;
       for (size_t i = 0; i < n; ++i) {
         if (done[i]) continue;
-        const int32_t token = next[i * static_cast<size_t>(t) + rows[i].size() - 1];
+        const int64_t last = static_cast<int64_t>(rows[i].size()) - 1;
+        const int32_t token =
+            next[static_cast<size_t>(static_cast<int64_t>(i) * width + last - from)];
         if (token == Vocabulary::kEos) {
           done[i] = true;
           continue;
         }
         rows[i].push_back(token);
+        lowest_written = std::min(lowest_written, last + 1);
         // The context is full: this was the last token the model can predict.
         if (static_cast<int64_t>(rows[i].size()) > context) done[i] = true;
       }
+      if (how == Decoding::kCached) from = lowest_written;
     }
     for (size_t i = 0; i < n; ++i) {
       const auto sep = std::find(rows[i].begin(), rows[i].end(), Vocabulary::kSep);

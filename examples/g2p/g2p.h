@@ -69,10 +69,16 @@ int64_t target_tokens(const std::vector<int32_t>& sequence);
 train::Samples make_samples(const std::vector<const std::vector<int32_t>*>& seqs, int64_t pad_to,
                             Device device);
 
+// How decode() runs the model: with each block's keys and values cached (a step computes the new
+// positions only), or over the whole prefix at every step (the reference the cache is tested
+// against).
+enum class Decoding { kCached, kWholePrefix };
+
 // Greedy decoding of many words at once: each prompt grows by its argmax token until <eos> or
 // the context is full. Deterministic. Returns the phonemes of each word (without <eos>).
 std::vector<Pronunciation> decode(nn::GPT& model, const Vocabulary& v,
-                                  const std::vector<std::string>& spellings, Device device);
+                                  const std::vector<std::string>& spellings, Device device,
+                                  Decoding how = Decoding::kCached);
 
 // Edit distance between two phoneme sequences (insertions, deletions, substitutions cost 1).
 int64_t edit_distance(const Pronunciation& a, const Pronunciation& b);

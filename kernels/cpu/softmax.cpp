@@ -181,15 +181,16 @@ void CpuBackend::cross_entropy_backward(const Tensor& probs, const Tensor& label
 }
 
 void CpuBackend::causal_softmax(double scale, const Tensor& x, Tensor& y) {
-  // x, y [B, T, T]: row r is query r % T of its matrix; keys after it are masked
+  // x, y [B, T, L]: row r is the query at position r % T + L - T among the L keys (the last T
+  // positions: a decoder's new tokens after L - T cached ones); keys after it are masked
   ACCRUE_DISPATCH_FLOATING(x.dtype(), "causal_softmax", [&] {
-    const int64_t t = x.size(2), rows = x.numel() / std::max<int64_t>(t, 1);
+    const int64_t queries = x.size(1), t = x.size(2), rows = x.numel() / std::max<int64_t>(t, 1);
     const T* in = x.data<T>();
     T* out = y.data<T>();
     const T s = static_cast<T>(scale);
     for_rows(rows, t, [=](int64_t r) {
       const T* xr = in + r * t;
-      const int64_t query = r % t;
+      const int64_t query = r % queries + t - queries;
       const T max = row_max<true>(xr, query + 1, s);
       // fn::CausalSoftmax's values from each visible key's exp(s x - max), computed once (s x -
       // max as the compiled functor rounds it: scaled_shift) and kept in y until the sum is known

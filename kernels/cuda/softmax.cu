@@ -86,14 +86,16 @@ __global__ void cross_entropy_kernel(const T* x, const int32_t* labels, T* probs
   }
 }
 
-// x [B, T, T] -> y: row r is query r % T; the softmax of scale * x over keys k <= query, 0 after
+// x [B, Q, T] (Q <= T) -> y: row r is the query at position r % Q + T - Q among the T keys; the
+// softmax of scale * x over keys k <= query, 0 after
 template <typename T>
-__global__ void causal_softmax_kernel(const T* x, T* y, T scale, int64_t rows, int64_t t) {
+__global__ void causal_softmax_kernel(const T* x, T* y, T scale, int64_t rows, int64_t queries,
+                                      int64_t t) {
   const int64_t r = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (r >= rows) return;
   const T* row = x + r * t;
-  const int64_t query = r % t;
+  const int64_t query = r % queries + t - queries;
   T m = -INFINITY;
   for (int64_t k = lane; k <= query; k += kWarp) m = max(m, scale * row[k]);
   m = warp_max(m);
@@ -149,7 +151,7 @@ void CudaBackend::causal_softmax(double scale, const Tensor& x, Tensor& y) {
     const int64_t t = x.size(2), rows = t ? x.numel() / t : 0;
     if (rows == 0) return;
     causal_softmax_kernel<<<row_blocks(rows), kThreads, 0, stream_of(x)>>>(
-        x.data<T>(), y.data<T>(), static_cast<T>(scale), rows, t);
+        x.data<T>(), y.data<T>(), static_cast<T>(scale), rows, x.size(1), t);
     ACCRUE_CUDA_LAUNCH_CHECK();
   });
 }
