@@ -105,20 +105,19 @@ void softmax_ce(State& state, Device d) {
   report_bytes(state, d, seconds, 16.0 * rows * cols, 12.0 * rows * cols);
 }
 
-// ReLU forward: read x, write y = 8 bytes per element.
-void relu_forward(State& state, Device d) {
+// An activation's forward (ReLU, tanh, GELU): read x, write y = 8 bytes per element.
+void activation_forward(State& state, Device d, UnaryOp op) {
   const int64_t n = state.range(0);
   Tensor x = filled({n}, d), y = Tensor::empty({n}, DType::kFloat32, d);
-  const double seconds = run_timed(state, d, [&] { backend_for(d).unary(UnaryOp::kRelu, x, y); });
+  const double seconds = run_timed(state, d, [&] { backend_for(d).unary(op, x, y); });
   report_bytes(state, d, seconds, 8.0 * n, 8.0 * n);
 }
 
-// ReLU backward: read x and dy, write dx = 12 bytes per element.
-void relu_backward(State& state, Device d) {
+// Its backward: read what the forward saved and dy, write dx = 12 bytes per element.
+void activation_backward(State& state, Device d, UnaryOp op) {
   const int64_t n = state.range(0);
   Tensor x = filled({n}, d, 1), dy = filled({n}, d, 2), dx = Tensor::empty({n}, DType::kFloat32, d);
-  const double seconds =
-      run_timed(state, d, [&] { backend_for(d).unary_backward(UnaryOp::kRelu, x, dy, dx); });
+  const double seconds = run_timed(state, d, [&] { backend_for(d).unary_backward(op, x, dy, dx); });
   report_bytes(state, d, seconds, 12.0 * n, 12.0 * n);
 }
 
@@ -307,8 +306,17 @@ void register_kernel_benchmarks() {
       add("adam", [](State& s, Device dd) { adam(s, dd, false); })->Arg(n);
       add("adamw", [](State& s, Device dd) { adam(s, dd, true); })->Arg(n);
       add("boundary_step", boundary_step)->Arg(n);
-      add("relu_forward", relu_forward)->Arg(n);
-      add("relu_backward", relu_backward)->Arg(n);
+      for (const auto& [name, op] : {std::pair<const char*, UnaryOp>{"relu", UnaryOp::kRelu},
+                                     {"tanh", UnaryOp::kTanh},
+                                     {"gelu", UnaryOp::kGelu}}) {
+        const UnaryOp o = op;
+        add(str_cat(name, "_forward"), [o](State& s, Device dd) {
+          activation_forward(s, dd, o);
+        })->Arg(n);
+        add(str_cat(name, "_backward"), [o](State& s, Device dd) {
+          activation_backward(s, dd, o);
+        })->Arg(n);
+      }
       add("softmax_ce", softmax_ce)->Args({n / 1000 > 0 ? n / 1000 : 1, 1000});
     }
     if (!smoke()) {

@@ -540,31 +540,37 @@ void check_sizes_match_tensors(const nn::GPTConfig& g, const std::map<std::strin
 
 }  // namespace
 
-void predict(const Config& c, std::ostream& out) {
+std::unique_ptr<nn::GPT> load_saved_model(const std::string& path) {
   std::map<std::string, std::string> meta;
-  const std::map<std::string, Tensor> tensors = optim::read_safetensors(c.init, &meta);
+  const std::map<std::string, Tensor> tensors = optim::read_safetensors(path, &meta);
   const Vocabulary vocab;
   nn::GPTConfig g;
-  g.vocab_size = metadata_size(meta, "vocab_size", c.init);
-  g.block_size = metadata_size(meta, "block_size", c.init);
-  g.n_layer = metadata_size(meta, "n_layer", c.init);
-  g.n_head = metadata_size(meta, "n_head", c.init);
-  g.n_embd = metadata_size(meta, "n_embd", c.init);
+  g.vocab_size = metadata_size(meta, "vocab_size", path);
+  g.block_size = metadata_size(meta, "block_size", path);
+  g.n_layer = metadata_size(meta, "n_layer", path);
+  g.n_head = metadata_size(meta, "n_head", path);
+  g.n_embd = metadata_size(meta, "n_embd", path);
   std::string expected;
   for (const std::string& s : vocab.symbols) expected += (expected.empty() ? "" : " ") + s;
   if (g.vocab_size != vocab.size() || meta["accrue.g2p.vocabulary"] != expected) {
-    throw FileError(str_cat(c.init, ": its vocabulary is not this program's"));
+    throw FileError(str_cat(path, ": its vocabulary is not this program's"));
   }
-  check_sizes_match_tensors(g, tensors, c.init);
-  std::unique_ptr<nn::GPT> built;
+  check_sizes_match_tensors(g, tensors, path);
+  std::unique_ptr<nn::GPT> model;
   try {
-    built = std::make_unique<nn::GPT>(g, DType::kFloat32);
+    model = std::make_unique<nn::GPT>(g, DType::kFloat32);
   } catch (const ValueError& e) {
-    throw FileError(str_cat(c.init, ": its metadata does not describe a model: ", e.what()));
+    throw FileError(str_cat(path, ": its metadata does not describe a model: ", e.what()));
   }
+  optim::load_parameters(*model, path);
+  model->eval();
+  return model;
+}
+
+void predict(const Config& c, std::ostream& out) {
+  const Vocabulary vocab;
+  const std::unique_ptr<nn::GPT> built = load_saved_model(c.init);
   nn::GPT& model = *built;
-  optim::load_parameters(model, c.init);
-  model.eval();
   std::vector<std::string> words;
   for (std::string w : c.predict) {
     for (char& ch : w) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));

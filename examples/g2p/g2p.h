@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <iosfwd>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,11 @@ int64_t target_tokens(const std::vector<int32_t>& sequence);
 // the batch, or pad_to when larger (the memory budget's probes pad to the context).
 train::Samples make_samples(const std::vector<const std::vector<int32_t>*>& seqs, int64_t pad_to,
                             Device device);
+
+// The model a run saved (--save): its sizes from the file's metadata, checked against its
+// tensors and this program's vocabulary (FileError naming the file otherwise); float32, on the
+// CPU, in evaluation mode.
+std::unique_ptr<nn::GPT> load_saved_model(const std::string& path);
 
 // How decode() runs the model: with each block's keys and values cached (a step computes the new
 // positions only), or over the whole prefix at every step (the reference the cache is tested
