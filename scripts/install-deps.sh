@@ -4,8 +4,8 @@
 # Usage: scripts/install-deps.sh [--with-fetch] [--with-plot] [--with-peers]
 set -euo pipefail
 
-packages=(cmake ninja-build g++ pkg-config libopenblas-openmp-dev libgtest-dev libgmock-dev
-          libbenchmark-dev libcli11-dev nlohmann-json3-dev openmpi-bin libopenmpi-dev)
+packages=(cmake ninja-build g++ pkg-config libopenblas-openmp-dev libdnnl-dev libgtest-dev
+          libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev openmpi-bin libopenmpi-dev)
 for extra in "$@"; do
   case "$extra" in
     --with-fetch) packages+=(npm ca-certificates) ;;

@@ -14,6 +14,7 @@
 #include <omp.h>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/bf16_products.h"
 #include "kernels/cpu/blas_core.h"
 #include "kernels/cpu/conv.h"
 #include "kernels/cpu/exp_probe.h"
@@ -1173,6 +1174,83 @@ TEST(Backend, MicroBatchProductsKeepTheBytesOfTheirUntransposedBlocks) {
 // (the CNN's conv2 filter gradient per chunk, the MLP's forward blocks). Where it does not
 // (OpenBLAS's AVX2 kernels) the backend keeps every product as written, and there is nothing to
 // check.
+// bfloat16 products on both paths (bf16_products.h): the library that multiplies bfloat16
+// natively where this CPU and build have one, and sgemm on float32 panels. On each path the bits
+// are the same on 1, 2 and 4 threads (accrue's fixed cut, one library call per block). The two
+// paths sum the same exact products in other orders: within 1e-5 of the inner dimension (the
+// products are ~N(0, 1), their magnitudes summed about k), and one bfloat16 rounding where C is
+// bfloat16. Shapes of the MNIST MLP (forward x w^T, data gradient dy w, weight gradient dy^T x
+// into float32 with beta 1) and of attention (a batch of q k^T into bfloat16).
+TEST(Backend, Bf16ProductsAgreeOnBothPathsAndRepeatOnEveryThreadCount) {
+  Backend& be = backend_for(Device::cpu());
+  const auto bf = [](const Shape& shape, uint64_t seed) {
+    return to_dtype(random(shape, seed, DType::kFloat32), DType::kBFloat16);
+  };
+  const Tensor x = bf({32, 784}, 1), w = bf({512, 784}, 2), dy = bf({32, 512}, 3),
+               q = bf({8, 20, 16}, 4), k = bf({8, 20, 16}, 5);
+  const Tensor grad0 = random({512, 784}, 6, DType::kFloat32);
+  struct Case {
+    const char* name;
+    int k;
+    bool bf16_out;
+    std::function<Tensor()> run;
+  };
+  const std::vector<Case> cases{
+      {"forward x w^T", 784, true,
+       [&] {
+         Tensor y = Tensor::empty({32, 512}, DType::kBFloat16);
+         be.gemm(false, true, 1.0, x, w, 0.0, y);
+         return to_dtype(y, DType::kFloat32);
+       }},
+      {"data gradient dy w", 512, false,
+       [&] {
+         Tensor dx = Tensor::empty({32, 784}, DType::kFloat32);
+         be.gemm(false, false, 1.0, dy, w, 0.0, dx);
+         return dx;
+       }},
+      {"weight gradient dy^T x, beta 1", 32, false,
+       [&] {
+         Tensor dw = grad0.clone();
+         be.gemm(true, false, 0.5, dy, x, 1.0, dw);
+         return dw;
+       }},
+      {"attention q k^T", 16, true,
+       [&] {
+         Tensor s = Tensor::empty({8, 20, 20}, DType::kBFloat16);
+         be.gemm_batched(false, true, 1.0, q, k, 0.0, s);
+         return to_dtype(s, DType::kFloat32);
+       }},
+  };
+  const int saved = cpu_threads();
+  const cpu::Bf16Products before = cpu::bf16_products();
+  for (const Case& c : cases) {
+    std::vector<std::vector<float>> paths;
+    for (cpu::Bf16Products p : {cpu::Bf16Products::kNative, cpu::Bf16Products::kConverted}) {
+      cpu::set_bf16_products(p);
+      SCOPED_TRACE(str_cat(c.name, " on ", cpu::bf16_products_library()));
+      std::vector<std::vector<float>> runs;
+      for (int threads : {1, 2, 4}) {
+        set_cpu_threads(threads);
+        runs.push_back(c.run().to_vector<float>());
+      }
+      EXPECT_EQ(runs[0], runs[1]);
+      EXPECT_EQ(runs[0], runs[2]);
+      paths.push_back(runs[0]);
+    }
+    for (size_t i = 0; i < paths[0].size(); ++i) {
+      const double bound = 1e-5 * c.k + (c.bf16_out ? std::abs(paths[1][i]) / 128 : 0.0);
+      EXPECT_NEAR(paths[0][i], paths[1][i], bound) << c.name << " element " << i;
+    }
+  }
+  cpu::set_bf16_products(before);
+  set_cpu_threads(saved);
+  std::cout << "bfloat16 products natively on: " << [] {
+    cpu::set_bf16_products(cpu::Bf16Products::kNative);
+    return cpu::bf16_products_library();
+  }() << "\n";
+  cpu::set_bf16_products(before);
+}
+
 TEST(Backend, BlasTransposesExactlyWhereTheBackendTransposes) {
   if (!cpu::blas_transposes_exactly()) {
     GTEST_SKIP() << "OpenBLAS " << cpu::blas_core()

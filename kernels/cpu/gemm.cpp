@@ -4,21 +4,27 @@
 //
 // 16-bit operands (mixed precision) multiply in float32 with float32 accumulation, into a
 // float32 C (the weight gradient into the arena, beta = 1) or a 16-bit C rounded once at the
-// end. With an OpenBLAS built with BUILD_BFLOAT16 on a CPU with AVX512-BF16 or AMX, bfloat16
-// goes to cblas_sbgemm; otherwise (Debian's OpenBLAS 0.3.21 exports no sbgemm, and float16 has
-// no BLAS call at all) each block's panels of A and B are converted to float32 into a per-thread
+// end. On a CPU with AVX512-BF16 or AMX, bfloat16 goes to a library that multiplies it natively
+// (bf16_products.h): cblas_sbgemm from an OpenBLAS built with BUILD_BFLOAT16, else oneDNN's
+// matmul (Debian's OpenBLAS 0.3.21 exports no sbgemm). Otherwise, and for float16, which has no
+// BLAS call at all, each block's panels of A and B are converted to float32 into a per-thread
 // scratch, exactly (every 16-bit value is a float32), and multiplied by cblas_sgemm: the same
-// products and sums as a native call, at the cost of one conversion pass over the panels.
+// products, summed in another order, at the cost of one conversion pass over the panels.
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
 
+#include "kernels/cpu/bf16_products.h"
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/blas_core.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/gemm_cut.h"
+#include "kernels/cpu/onednn.h"
 #include "kernels/cpu/rows.h"
 #include "kernels/cpu/vec.h"
 #include "kernels/dispatch.h"
@@ -110,10 +116,11 @@ T* scratch(size_t count) {
   return buffer.data();
 }
 
-// Whether bfloat16 GEMMs go to cblas_sbgemm: the library exports it and the CPU multiplies
-// bfloat16 natively (AVX512-BF16; AMX CPUs have it too). Decided once.
-bool native_bf16_gemm() {
-#if defined(ACCRUE_HAVE_SBGEMM) && (defined(__x86_64__) || defined(__i386__))
+// The libraries that multiply bfloat16 natively, and the switch of bf16_products.h.
+enum class Bf16Library { kNone, kSbgemm, kOneDnn };
+
+bool cpu_multiplies_bf16() {
+#if defined(__x86_64__) || defined(__i386__)
   static const bool native = __builtin_cpu_supports("avx512bf16");
   return native;
 #else
@@ -121,37 +128,66 @@ bool native_bf16_gemm() {
 #endif
 }
 
-// C [m, n] = alpha op(A) op(B) + beta C for bfloat16 A and B through cblas_sbgemm under accrue's
-// cut; C float32 or bfloat16 (through a float32 scratch block), epilogue as half_gemm's.
-template <typename O, typename Epilogue>
-void sbgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const bf16* a, int lda,
-            const bf16* b, int ldb, float beta, O* c, Epilogue epilogue) {
+std::atomic<Bf16Products>& products_choice() {
+  static std::atomic<Bf16Products> choice{[] {
+    const char* env = std::getenv("ACCRUE_BF16_PRODUCTS");
+    return env != nullptr && std::strcmp(env, "converted") == 0 ? Bf16Products::kConverted
+                                                                : Bf16Products::kNative;
+  }()};
+  return choice;
+}
+
+Bf16Library bf16_library() {
+  if (products_choice().load() == Bf16Products::kConverted || !cpu_multiplies_bf16()) {
+    return Bf16Library::kNone;
+  }
 #if defined(ACCRUE_HAVE_SBGEMM)
-  const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
-  const CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
+  return Bf16Library::kSbgemm;
+#else
+  return onednn_bf16_available() ? Bf16Library::kOneDnn : Bf16Library::kNone;
+#endif
+}
+
+// One block of C (float32, ldc apart) = alpha op(A) op(B) + beta C on `library`.
+void native_bf16_block(Bf16Library library, bool trans_a, bool trans_b, int rows, int cols, int k,
+                       float alpha, const bf16* a, int lda, const bf16* b, int ldb, float beta,
+                       float* c, int ldc) {
+  if (library == Bf16Library::kOneDnn) {
+    onednn_bf16_gemm(trans_a, trans_b, rows, cols, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+#if defined(ACCRUE_HAVE_SBGEMM)
+  const auto* pa = reinterpret_cast<const bfloat16*>(a);  // OpenBLAS's uint16_t bits
+  const auto* pb = reinterpret_cast<const bfloat16*>(b);
+  cblas_sbgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+               trans_b ? CblasTrans : CblasNoTrans, rows, cols, k, alpha, pa, lda, pb, ldb, beta, c,
+               ldc);
+#else
+  throw std::logic_error("cblas_sbgemm is not available in this build");
+#endif
+}
+
+// C [m, n] = alpha op(A) op(B) + beta C for bfloat16 A and B on `library` under accrue's cut; C
+// float32 or bfloat16 (through a float32 scratch block), epilogue as half_gemm's.
+template <typename O, typename Epilogue>
+void native_bf16_gemm(Bf16Library library, bool trans_a, bool trans_b, int m, int n, int k,
+                      float alpha, const bf16* a, int lda, const bf16* b, int ldb, float beta, O* c,
+                      Epilogue epilogue) {
   cut_gemm_call(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, [&](const GemmBlock<bf16, O>& blk) {
-    const auto* pa = reinterpret_cast<const bfloat16*>(blk.a);  // OpenBLAS's uint16_t bits
-    const auto* pb = reinterpret_cast<const bfloat16*>(blk.b);
     if constexpr (std::is_same_v<O, float>) {
-      float* pc = blk.c;
-      cblas_sbgemm(CblasRowMajor, ta, tb, blk.rows, blk.cols, k, alpha, pa, lda, pb, ldb, beta, pc,
-                   n);
-      epilogue(pc, blk.rows, blk.cols, n, blk.col0);
+      native_bf16_block(library, trans_a, trans_b, blk.rows, blk.cols, k, alpha, blk.a, lda, blk.b,
+                        ldb, beta, blk.c, n);
+      epilogue(blk.c, blk.rows, blk.cols, n, blk.col0);
     } else {
       float* pc = scratch(size_t(blk.rows) * blk.cols);
       O* cb = blk.c;
       if (beta != 0) to_float_panel(cb, n, 0, blk.rows, 0, blk.cols, pc);
-      cblas_sbgemm(CblasRowMajor, ta, tb, blk.rows, blk.cols, k, alpha, pa, lda, pb, ldb, beta, pc,
-                   blk.cols);
+      native_bf16_block(library, trans_a, trans_b, blk.rows, blk.cols, k, alpha, blk.a, lda, blk.b,
+                        ldb, beta, pc, blk.cols);
       epilogue(pc, blk.rows, blk.cols, blk.cols, blk.col0);
       from_float_panel(pc, blk.rows, blk.cols, cb, n);
     }
   });
-#else
-  (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda;
-  (void)b, (void)ldb, (void)beta, (void)c, (void)epilogue;
-  throw std::logic_error("cblas_sbgemm is not available in this build");
-#endif
 }
 
 // C [m, n] = alpha op(A) op(B) + beta C for 16-bit A and B, C being float32 or H; then
@@ -160,8 +196,10 @@ template <typename H, typename O, typename Epilogue>
 void half_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const H* a, int lda,
                const H* b, int ldb, float beta, O* c, Epilogue epilogue) {
   if constexpr (std::is_same_v<H, bf16>) {
-    if (native_bf16_gemm()) {
-      sbgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, epilogue);
+    const Bf16Library library = bf16_library();
+    if (library != Bf16Library::kNone && k > 0) {
+      native_bf16_gemm(library, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c,
+                       epilogue);
       return;
     }
   }
@@ -336,6 +374,26 @@ void CpuBackend::gemm_batched(bool trans_a, bool trans_b, double alpha, const Te
     return;
   }
   for (int64_t i = 0; i < count; ++i) one(i);
+}
+
+void set_bf16_products(Bf16Products products) {
+  products_choice().store(products);
+}
+
+Bf16Products bf16_products() {
+  return products_choice().load();
+}
+
+const char* bf16_products_library() {
+  switch (bf16_library()) {
+    case Bf16Library::kSbgemm:
+      return "cblas_sbgemm";
+    case Bf16Library::kOneDnn:
+      return "oneDNN";
+    case Bf16Library::kNone:
+      break;
+  }
+  return "sgemm on float32 panels";
 }
 
 }  // namespace accrue::cpu
