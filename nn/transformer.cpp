@@ -65,7 +65,8 @@ Tensor CausalSelfAttention::merge(const Tensor& y, int64_t b, int64_t t) {
 Tensor CausalSelfAttention::forward(const Tensor& x) {
   check_sequence("CausalSelfAttention", x, n_embd_);
   const int64_t b = x.size(0), t = x.size(1), d = n_embd_ / n_head_;
-  const Tensor qkv = heads((*c_attn_)(reshape(x, {b * t, n_embd_})), b, t);
+  const Tensor projected = (*c_attn_)(reshape(x, {b * t, n_embd_}));  // [B T, 3C]
+  const Tensor qkv = heads(projected, b, t);
   const Tensor q = select(qkv, 0), k = select(qkv, 1), v = select(qkv, 2);
   const Tensor weights = causal_softmax(bmm(q, k, true), 1.0 / std::sqrt(double(d)));  // [BH,T,T]
   return merge(bmm(weights, v), b, t);                                                 // [BH,T,D]
@@ -98,12 +99,16 @@ Block::Block(const GPTConfig& c, DType dtype) {
       register_module("mlp.c_proj", std::make_shared<Linear>(4 * c.n_embd, c.n_embd, true, dtype));
 }
 
+// The attention's sum is named so that its temporaries (ln_1's output, the attention's) are
+// freed before the MLP runs, not at the end of one long expression.
 Tensor Block::forward(const Tensor& x) {
-  return mlp_residual(add(x, (*attn_)((*ln_1_)(x))));
+  const Tensor a = add(x, (*attn_)((*ln_1_)(x)));
+  return mlp_residual(a);
 }
 
 Tensor Block::forward_cached(const Tensor& x, int64_t start, Tensor& keys, Tensor& values) {
-  return mlp_residual(add(x, attn_->forward_cached((*ln_1_)(x), start, keys, values)));
+  const Tensor a = add(x, attn_->forward_cached((*ln_1_)(x), start, keys, values));
+  return mlp_residual(a);
 }
 
 Tensor Block::mlp_residual(const Tensor& a) {

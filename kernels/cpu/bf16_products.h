@@ -8,6 +8,9 @@
 
 namespace accrue::cpu {
 
+// Whether this CPU multiplies bfloat16 natively (AVX512-BF16). Decided once.
+bool cpu_multiplies_bf16();
+
 enum class Bf16Products { kNative, kConverted };
 void set_bf16_products(Bf16Products products);
 Bf16Products bf16_products();

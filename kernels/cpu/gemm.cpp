@@ -119,15 +119,6 @@ T* scratch(size_t count) {
 // The libraries that multiply bfloat16 natively, and the switch of bf16_products.h.
 enum class Bf16Library { kNone, kSbgemm, kOneDnn };
 
-bool cpu_multiplies_bf16() {
-#if defined(__x86_64__) || defined(__i386__)
-  static const bool native = __builtin_cpu_supports("avx512bf16");
-  return native;
-#else
-  return false;
-#endif
-}
-
 std::atomic<Bf16Products>& products_choice() {
   static std::atomic<Bf16Products> choice{[] {
     const char* env = std::getenv("ACCRUE_BF16_PRODUCTS");
@@ -374,6 +365,15 @@ void CpuBackend::gemm_batched(bool trans_a, bool trans_b, double alpha, const Te
     return;
   }
   for (int64_t i = 0; i < count; ++i) one(i);
+}
+
+bool cpu_multiplies_bf16() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool native = __builtin_cpu_supports("avx512bf16");
+  return native;
+#else
+  return false;
+#endif
 }
 
 void set_bf16_products(Bf16Products products) {

@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "core/error.h"
+#include "kernels/cpu/bf16_products.h"
 
 #if defined(ACCRUE_HAVE_ONEDNN)
 #include <oneapi/dnnl/dnnl.hpp>
@@ -65,12 +66,7 @@ Product& product_for(const Key& key) {
 }  // namespace
 
 bool onednn_bf16_available() {
-#if defined(__x86_64__) || defined(__i386__)
-  static const bool available = __builtin_cpu_supports("avx512bf16");
-  return available;
-#else
-  return false;
-#endif
+  return cpu_multiplies_bf16();
 }
 
 void onednn_bf16_gemm(bool trans_a, bool trans_b, int rows, int cols, int k, float alpha,
