@@ -9,6 +9,7 @@
 #include "common.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/conv.h"
+#include "kernels/cpu/onednn.h"
 
 namespace accrue::bench {
 
@@ -140,6 +141,21 @@ void gemm_weight_grad(State& state, Device d, DType dtype = DType::kFloat32) {
          dw = Tensor::zeros({out, in}, DType::kFloat32, d);
   const double seconds =
       run_timed(state, d, [&] { backend_for(d).gemm(true, false, 1.0, dy, x, 1.0, dw); });
+  report_flops(state, d, seconds, 2.0 * b * in * out);
+}
+
+// The bf16 forward GEMM as one oneDNN matmul that threads itself over the whole product, the
+// reference for accrue's cut with one single-threaded matmul per block (gemm_forward_bf16 where
+// bfloat16 products go to oneDNN: kernels/cpu/bf16_products.h). CPU only.
+void gemm_forward_bf16_onednn_threaded(State& state, Device d) {
+  const int64_t b = state.range(0), in = state.range(1), out = state.range(2);
+  Tensor x = to_dtype(filled({b, in}, d, 1), DType::kBFloat16),
+         w = to_dtype(filled({out, in}, d, 2), DType::kBFloat16),
+         y = Tensor::empty({b, out}, DType::kFloat32, d);
+  const double seconds = run_timed(state, d, [&] {
+    cpu::onednn_bf16_gemm(false, true, int(b), int(out), int(in), 1.0f, x.data<bf16>(), int(in),
+                          w.data<bf16>(), int(in), 0.0f, y.data<float>(), int(out));
+  });
   report_flops(state, d, seconds, 2.0 * b * in * out);
 }
 
@@ -344,6 +360,9 @@ void register_kernel_benchmarks() {
     for (const auto& l : layers) {
       add("gemm_forward", f32(gemm_forward))->Args(l);
       add("gemm_forward_bf16", bf16(gemm_forward))->Args(l);
+      if (d.is_cpu() && cpu::onednn_bf16_available()) {
+        add("gemm_forward_bf16_onednn_threaded", gemm_forward_bf16_onednn_threaded)->Args(l);
+      }
       add("gemm_weight_grad", f32(gemm_weight_grad))->Args(l);
       add("gemm_weight_grad_bf16", bf16(gemm_weight_grad))->Args(l);
       if (l[1] != 784) add("gemm_data_grad", gemm_data_grad)->Args(l);

@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "common.h"
+#include "kernels/cpu/bf16_products.h"
 #include "kernels/cpu/blas_core.h"
 
 namespace accrue::bench {
@@ -37,7 +38,10 @@ void measure_every_limit() {
     benchmark::AddCustomContext("copy_bandwidth_GBps:" + d.str(), copies);
     benchmark::AddCustomContext("gemm_GFLOPs:" + d.str(),
                                 std::to_string(l.gemm_flops_per_second / 1e9));
-    if (d.is_cpu()) benchmark::AddCustomContext("blas_core:cpu", cpu::blas_core());
+    if (d.is_cpu()) {
+      benchmark::AddCustomContext("blas_core:cpu", cpu::blas_core());
+      benchmark::AddCustomContext("bf16_products:cpu", cpu::bf16_products_library());
+    }
     std::cerr << d.str() << " (" << device_name(d) << "): copy GB/s by footprint {" << copies
               << "}, large GEMM " << l.gemm_flops_per_second / 1e9 << " GFLOP/s\n";
   }

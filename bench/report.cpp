@@ -60,6 +60,10 @@ int main(int argc, char** argv) {
     std::cout << "\nOpenBLAS kernels on the CPU: " << ctx["blas_core:cpu"].get<std::string>()
               << " (the GEMM rate depends on them: AVX2 or AVX-512).\n";
   }
+  if (ctx.contains("bf16_products:cpu")) {
+    std::cout << "bfloat16 products on the CPU: " << ctx["bf16_products:cpu"].get<std::string>()
+              << " (kernels/cpu/bf16_products.h).\n";
+  }
   if (ctx.contains("cuda")) std::cout << "\nCUDA: " << ctx["cuda"].get<std::string>() << "\n";
   std::cout
       << "\n`roofline` is the fraction of the same-run memory bandwidth (bandwidth-bound "

@@ -11,7 +11,12 @@
 // match them: the same model), then after `steps` optimizer steps:
 // "train_seconds <s> tokens <n> tokens_per_second <r> threads <t> last_loss <l> gemm_flops <f>"
 // (the GEMM FLOPs of those steps, the same micro-batches as accrue-g2p's: for the GEMM floor).
+// With `bf16` the forward runs under CPU autocast in bfloat16, as a PyTorch user writes mixed
+// precision on the CPU (torch.autocast("cpu", torch.bfloat16)): the parameters stay float32, the
+// products run in bfloat16, and the logits go to float32 for the loss.
 // Usage: accrue-torch-g2p <dict.txt> <init.safetensors> <threads (0: libtorch's default)> <steps>
+//        [fp32|bf16]
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -85,10 +90,17 @@ torch::Tensor from_accrue(const accrue::Tensor& t) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 5) {
-    std::cerr << "usage: accrue-torch-g2p <dict.txt> <init.safetensors> <threads> <steps>\n";
+  if (argc != 5 && argc != 6) {
+    std::cerr << "usage: accrue-torch-g2p <dict.txt> <init.safetensors> <threads> <steps> "
+                 "[fp32|bf16]\n";
     return 2;
   }
+  const std::string precision = argc == 6 ? argv[5] : "fp32";
+  if (precision != "fp32" && precision != "bf16") {
+    std::cerr << "accrue-torch-g2p: the precision is fp32 or bf16, got '" << precision << "'\n";
+    return 2;
+  }
+  const bool bf16 = precision == "bf16";
   const int threads = std::stoi(argv[3]);
   const int64_t steps = std::stoll(argv[4]);
   if (threads > 0) {
@@ -139,7 +151,14 @@ int main(int argc, char** argv) {
       const double b = double(seqs.size()), t = double(batch.input.size(1));
       counts.gemm_flops +=
           3 * (double(layers) * (24 * b * t * c * c + 4 * b * t * t * c) + 2 * b * t * c * vocab);
-      const auto logits = forward(p, from_accrue(batch.input), layers, heads);
+      torch::Tensor logits;
+      {
+        at::autocast::set_cpu_enabled(bf16);
+        at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+        logits = forward(p, from_accrue(batch.input), layers, heads).to(torch::kFloat);
+        at::autocast::set_cpu_enabled(false);
+        at::autocast::clear_cache();
+      }
       const auto sum =
           torch::nn::functional::cross_entropy(logits, from_accrue(batch.target),
                                                torch::nn::functional::CrossEntropyFuncOptions()
