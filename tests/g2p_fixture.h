@@ -10,6 +10,7 @@
 #include <string>
 
 #include "cmudict.h"
+#include "distributed/communicator.h"
 
 namespace accrue::testing {
 
@@ -55,6 +56,20 @@ inline std::string write_g2p_fixture(const std::filesystem::path& dir, int words
     }
   }
   return (dir / "dict.txt").string();
+}
+
+// One fixture of 200 words for every rank of `comm` (the ranks' settings, the data path
+// included, must agree), in the temporary folder `name`, written by rank 0.
+inline std::filesystem::path shared_g2p_fixture(distributed::Communicator& comm,
+                                                const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / name;
+  if (comm.rank() == 0) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    write_g2p_fixture(dir, 200);
+  }
+  comm.barrier();
+  return dir;
 }
 
 }  // namespace accrue::testing

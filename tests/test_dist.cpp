@@ -39,6 +39,7 @@ using testing::train_recorded;
 using testing::checkpoint_and_resume;
 using testing::comm;
 using testing::expect_same_on_every_rank;
+using testing::shared_g2p_fixture;
 
 TEST(Dist, TheLauncherStartedTwoRanks) {
   ASSERT_EQ(comm().world_size(), 2) << "run under mpiexec -n 2";
@@ -778,19 +779,6 @@ TEST(Dist, TheEngineOnTwoRanksNormalisesByTheTokensOfBoth) {
   EXPECT_GT(a.steps[0].items, a.steps[0].samples);
 }
 
-// One G2P fixture for both ranks (the ranks' settings, the data path included, must agree),
-// written by rank 0.
-std::filesystem::path shared_g2p_fixture(const std::string& name) {
-  const auto dir = std::filesystem::temp_directory_path() / name;
-  if (comm().rank() == 0) {
-    std::filesystem::remove_all(dir);
-    std::filesystem::create_directories(dir);
-    testing::write_g2p_fixture(dir, 200);
-  }
-  comm().barrier();
-  return dir;
-}
-
 // A GPT of `layers` blocks, width 8 and 2 heads on the fixture in dir, one epoch, quiet, one
 // thread, no warm-up.
 g2p::Config small_g2p(const std::filesystem::path& dir, const std::string& precision, int layers) {
@@ -818,7 +806,7 @@ train::Summary train_g2p(g2p::Config c, const std::filesystem::path& dir, const 
 // matrix sends its gradient to the embedding's stage and gets the update back every step (were
 // it stale, the second step's loss would already differ).
 TEST(Dist, G2PPipelineStagesEqualOneProcessWithTheTiedMatrix) {
-  const auto dir = shared_g2p_fixture("accrue-g2p-pipeline");
+  const auto dir = shared_g2p_fixture(comm(), "accrue-g2p-pipeline");
   g2p::Config c = small_g2p(dir, "fp64", 2);
   c.epochs = 2, c.micro_batch = 16, c.accum_steps = 4;
   const auto run = [&](const std::string& tag, distributed::Communicator* comm, int pipeline,
@@ -857,7 +845,7 @@ TEST(Dist, G2PPipelineStagesEqualOneProcessWithTheTiedMatrix) {
 // not bitwise one process's; the loss scale takes the same steps and the per-step losses stay
 // within 1e-4 of one process's (measured on the real dictionary: 4.5e-6 after 30 steps).
 TEST(Dist, G2PPipelineStagesTrainInFp16WithTheLossScale) {
-  const auto dir = shared_g2p_fixture("accrue-g2p-pipeline-fp16");
+  const auto dir = shared_g2p_fixture(comm(), "accrue-g2p-pipeline-fp16");
   g2p::Config c = small_g2p(dir, "fp16", 2);
   c.epochs = 2, c.micro_batch = 16, c.accum_steps = 4;
   const auto single = distributed::make_single_process();
@@ -881,7 +869,7 @@ TEST(Dist, G2PPipelineStagesTrainInFp16WithTheLossScale) {
 // x micro 32 x k 2 against one process with 128 x 1, float64, per-step loss and norm and final
 // weights to 1e-10; the evaluation, shared between the ranks, equals the one-process result.
 TEST(Dist, G2PTwoRanksEqualOneProcessAndShareTheEvaluation) {
-  const auto dir = shared_g2p_fixture("accrue-g2p-dist");
+  const auto dir = shared_g2p_fixture(comm(), "accrue-g2p-dist");
   g2p::Config c = small_g2p(dir, "fp64", 1);
   c.eval = "both";
   const auto run = [&](int64_t micro, int64_t k, distributed::Communicator* comm, const char* tag,

@@ -97,20 +97,6 @@ std::vector<int64_t> accumulation_steps(std::vector<int64_t> ci, int64_t share) 
   return all;
 }
 
-// A G2P fixture of 200 words in a folder every rank reads, named `prefix` and the rank count,
-// written by rank 0.
-std::filesystem::path shared_g2p_fixture(const std::string& prefix) {
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / str_cat(prefix, comm().world_size());
-  if (comm().rank() == 0) {
-    std::filesystem::remove_all(dir);
-    std::filesystem::create_directories(dir);
-    testing::write_g2p_fixture(dir, 200);
-  }
-  comm().barrier();
-  return dir;
-}
-
 // The MNIST MLP in float64: each combination at k = 1 and k > 1 equals one process (micro-batch
 // 32, k 4) to 1e-10.
 TEST(Zero, MlpEveryCombinationEqualsOneProcessInFp64) {
@@ -147,7 +133,8 @@ TEST(Zero, MlpEveryCombinationEqualsOneProcessInFp64) {
 // process to 1e-10, at k = 1 and k = 2.
 TEST(Zero, G2pEveryCombinationEqualsOneProcessInFp64) {
   const int world = comm().world_size();
-  const std::filesystem::path dir = shared_g2p_fixture("accrue-zero-g2p-");
+  const std::filesystem::path dir =
+      testing::shared_g2p_fixture(comm(), str_cat("accrue-zero-g2p-", world));
   g2p::Config c;
   c.data = (dir / "dict.txt").string();
   c.layers = 2, c.heads = 2, c.width = 8, c.quiet = true;
@@ -198,7 +185,8 @@ TEST(Zero, G2pEveryCombinationEqualsOneProcessInFp64) {
 // than gathering on demand (the backward's layer and its gradient are the larger).
 TEST(Zero, ThirdStagePrefetchChangesNoBit) {
   const int world = comm().world_size();
-  const std::filesystem::path dir = shared_g2p_fixture("accrue-zero3-prefetch-");
+  const std::filesystem::path dir =
+      testing::shared_g2p_fixture(comm(), str_cat("accrue-zero3-prefetch-", world));
   const auto policies = {distributed::ZeroPrefetch::kNone, distributed::ZeroPrefetch::kForward,
                          distributed::ZeroPrefetch::kForwardAndBackward};
   std::vector<train::Summary> g2p_runs;
