@@ -139,6 +139,13 @@ Bf16Library bf16_library() {
 #endif
 }
 
+// Products smaller than this many multiply-adds stay on the float32 panels: a library call's own
+// cost (oneDNN's primitive lookup, memory objects and wait, ~1.5 us) outweighs its speed there.
+// G2P's attention products ([20, 32] x [32, 20], 128 of them per call) ran at 17 GFLOP/s on
+// oneDNN against 48 on the panels; the MLP's last layer ([32, 128] x [128, 10]) at 46 against 54.
+// A shape decides it, so the bits still do not depend on the thread count.
+constexpr int64_t kNativeBf16MinMacs = int64_t{1} << 16;
+
 // One block of C (float32, ldc apart) = alpha op(A) op(B) + beta C on `library`.
 void native_bf16_block(Bf16Library library, bool trans_a, bool trans_b, int rows, int cols, int k,
                        float alpha, const bf16* a, int lda, const bf16* b, int ldb, float beta,
@@ -188,7 +195,7 @@ void half_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, con
                const H* b, int ldb, float beta, O* c, Epilogue epilogue) {
   if constexpr (std::is_same_v<H, bf16>) {
     const Bf16Library library = bf16_library();
-    if (library != Bf16Library::kNone && k > 0) {
+    if (library != Bf16Library::kNone && k > 0 && int64_t{m} * n * k >= kNativeBf16MinMacs) {
       native_bf16_gemm(library, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c,
                        epilogue);
       return;
