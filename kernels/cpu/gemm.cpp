@@ -139,11 +139,9 @@ Bf16Library bf16_library() {
 #endif
 }
 
-// Products smaller than this many multiply-adds stay on the float32 panels: a library call's own
-// cost (oneDNN's primitive lookup, memory objects and wait, ~1.5 us) outweighs its speed there.
-// G2P's attention products ([20, 32] x [32, 20], 128 of them per call) ran at 17 GFLOP/s on
-// oneDNN against 48 on the panels; the MLP's last layer ([32, 128] x [128, 10]) at 46 against 54.
-// A shape decides it, so the bits still do not depend on the thread count.
+// Products smaller than this many multiply-adds stay on the float32 panels: there a library
+// call's fixed cost outweighs its speed (measured in docs/cpu-speed.md, "bfloat16 on the matrix
+// units"). A shape decides it, so the bits still do not depend on the thread count.
 constexpr int64_t kNativeBf16MinMacs = int64_t{1} << 16;
 
 // One block of C (float32, ldc apart) = alpha op(A) op(B) + beta C on `library`.
