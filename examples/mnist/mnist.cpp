@@ -224,12 +224,17 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
     if (c.model == "cnn" && app.count("--hidden") > 0) {
       throw ValueError("--hidden " + hidden + " sizes the MLP; --model cnn has fixed layers");
     }
-    if (c.model == "cnn" &&
-        (c.precision == train::Precision::kBf16 || c.precision == train::Precision::kFp16)) {
-      throw ValueError(
-          "--model cnn runs in fp32 or fp64 (its convolution and normalisation kernels have no "
-          "16-bit versions), got --precision " +
-          std::string(train::precision_name(c.precision)));
+    const bool sixteen_bits =
+        c.precision == train::Precision::kBf16 || c.precision == train::Precision::kFp16;
+    if (c.model == "cnn" && sixteen_bits && (c.norm != "none" || c.device.is_cuda())) {
+      throw ValueError(str_cat(
+          "--model cnn runs --precision ", train::precision_name(c.precision),
+          c.norm != "none" ? str_cat(" without --norm (its normalisation kernels have no 16-bit "
+                                     "versions), got --norm ",
+                                     c.norm)
+                           : str_cat(" on the CPU (the CUDA convolution and pooling kernels take "
+                                     "fp32 and fp64), got --device ",
+                                     c.device.str())));
     }
   });
 }

@@ -24,6 +24,7 @@
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/blas_core.h"
 #include "kernels/cpu/conv.h"
+#include "kernels/cpu/conv_lowering.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/gemm_cut.h"
 #include "kernels/cpu/parallel.h"
@@ -35,41 +36,11 @@ namespace accrue::cpu {
 
 namespace {
 
+using namespace lowering;
+
 ConvShape conv_shape(const Tensor& x, const Tensor& w, const Tensor& y) {
   return {x.size(0), x.size(1), x.size(2), x.size(3), w.size(0),
           w.size(2), w.size(3), y.size(2), y.size(3)};
-}
-
-// The output columns [lo, hi) whose input column ow * stride + offset lies in [0, in).
-struct Span {
-  int64_t lo, hi;
-};
-Span inside(int64_t out, int64_t in, int64_t stride, int64_t offset) {
-  const int64_t lo = offset >= 0 ? 0 : (-offset + stride - 1) / stride;
-  const int64_t hi = in - offset <= 0 ? 0 : (in - offset + stride - 1) / stride;
-  return {std::min(lo, out), std::max(std::min(lo, out), std::min(hi, out))};
-}
-
-// body(oh, ih, span, col0) for each output row oh of tap (ki, kj) whose input row ih exists: its
-// output columns in span read input columns ow * stride_w + col0.
-template <typename F>
-void for_tap_rows(const ConvShape& s, const Conv2dGeometry& g, int64_t ki, int64_t kj, F body) {
-  const int64_t col0 = kj * g.dilation_w - g.pad_w;
-  const Span span = inside(s.ow, s.w, g.stride_w, col0);
-  for (int64_t oh = 0; oh < s.oh; ++oh) {
-    const int64_t ih = oh * g.stride_h - g.pad_h + ki * g.dilation_h;
-    if (ih >= 0 && ih < s.h) body(oh, ih, span, col0);
-  }
-}
-
-// body(row, c, ki, kj) for every tap, row = its index in [C KH KW] (the weight's inner order).
-template <typename F>
-void for_taps(const ConvShape& s, F body) {
-  for (int64_t c = 0; c < s.c; ++c) {
-    for (int64_t ki = 0; ki < s.kh; ++ki) {
-      for (int64_t kj = 0; kj < s.kw; ++kj) body((c * s.kh + ki) * s.kw + kj, c, ki, kj);
-    }
-  }
 }
 
 // The three products of a sample's unfolded patches, each one single-threaded BLAS call.
@@ -112,83 +83,6 @@ void multiply_filter(const T* dy, const T* cols, const ConvShape& s, int64_t p, 
   }
 }
 
-// One input plane [H, W] inside its zero padding: [H + 2 pad_h, W + 2 pad_w]. im2col copies each
-// tap's rows out of it, so no tap needs bounds or fills of its own.
-struct PaddedPlane {
-  int64_t rows, cols;
-  int64_t size() const { return rows * cols; }
-};
-PaddedPlane padded_plane(const ConvShape& s, const Conv2dGeometry& g) {
-  return {s.h + 2 * g.pad_h, s.w + 2 * g.pad_w};
-}
-
-// cols [C KH KW, OH OW] (rows ld apart) = the patches of one sample x [C, H, W], zeros where a
-// patch reaches into the padding. Each channel is copied into the padded plane (whose border
-// stays zero from the first fill), then each tap is OH rows of OW values read from it.
-// Measured (bench, b = 32) against the earlier spans of the unpadded input, whose short row copies
-// were library calls: conv2's filter gradient 2.26 -> 1.79 ms, conv1's im2col forward 186 -> 146
-// us.
-// The padded plane's inside = one input plane [H, W]; its border is left as it is (zero).
-template <typename T>
-void pad_plane(const T* in, const ConvShape& s, const Conv2dGeometry& g, T* padded) {
-  const PaddedPlane plane = padded_plane(s, g);
-  for (int64_t ih = 0; ih < s.h; ++ih) {
-    vec::copy_row(in + ih * s.w, s.w, padded + (ih + g.pad_h) * plane.cols + g.pad_w);
-  }
-}
-
-template <typename T>
-void im2col(const T* x, const ConvShape& s, const Conv2dGeometry& g, T* padded, T* cols,
-            int64_t ld) {
-  const PaddedPlane plane = padded_plane(s, g);
-  std::fill(padded, padded + plane.size(), T(0));
-  for (int64_t c = 0; c < s.c; ++c) {
-    pad_plane(x + c * s.h * s.w, s, g, padded);
-    for (int64_t ki = 0; ki < s.kh; ++ki) {
-      for (int64_t kj = 0; kj < s.kw; ++kj) {
-        const T* tap = padded + ki * g.dilation_h * plane.cols + kj * g.dilation_w;
-        T* out = cols + ((c * s.kh + ki) * s.kw + kj) * ld;
-        for (int64_t oh = 0; oh < s.oh; ++oh) {
-          const T* src = tap + oh * g.stride_h * plane.cols;
-          T* dst = out + oh * s.ow;
-          if (g.stride_w == 1) {
-            vec::copy_row(src, s.ow, dst);
-          } else {
-            for (int64_t ow = 0; ow < s.ow; ++ow) dst[ow] = src[ow * g.stride_w];
-          }
-        }
-      }
-    }
-  }
-}
-
-// dx [C, H, W] of one sample = the patches' gradients dcols [C KH KW, OH OW] folded back, taps
-// in order.
-template <typename T>
-void col2im(const T* dcols, const ConvShape& s, const Conv2dGeometry& g, T* dx) {
-  std::memset(dx, 0, sizeof(T) * s.image());
-  for_taps(s, [&](int64_t row, int64_t c, int64_t ki, int64_t kj) {
-    const T* in = dcols + row * s.pixels();
-    T* plane = dx + c * s.h * s.w;
-    for_tap_rows(s, g, ki, kj, [&](int64_t oh, int64_t ih, Span span, int64_t col0) {
-      const int64_t first = ih * s.w + col0;  // + ow * stride_w >= 0 for ow in span
-      const T* src = in + oh * s.ow;
-      if (g.stride_w == 1) {
-        for (int64_t ow = span.lo; ow < span.hi; ++ow) plane[first + ow] += src[ow];
-      } else {
-        for (int64_t ow = span.lo; ow < span.hi; ++ow) plane[first + ow * g.stride_w] += src[ow];
-      }
-    });
-  });
-}
-
-// The shape's sizes as BLAS's int (or a ShapeError naming the op), checked once per call.
-void check_blas_sizes(const ConvShape& s, const char* op) {
-  blas_int(s.o, op, "out channels");
-  blas_int(s.pixels(), op, "output pixels");
-  blas_int(s.patch(), op, "patch size");
-}
-
 template <typename T>
 void forward(const T* x, const T* w, const T* bias, const ConvShape& s, const Conv2dGeometry& g,
              DType dtype, T* y) {
@@ -215,15 +109,6 @@ void backward_data(const T* dy, const T* w, const ConvShape& s, const Conv2dGeom
   });
 }
 
-// The filter gradient's sum over samples is cut into at most this many chunks (each a partial sum
-// in its own buffer), so 2, 4 or 8 threads share them evenly; the chunks are added in order.
-constexpr int64_t kFilterChunks = 8;
-// Within a chunk, samples are unfolded side by side (and their dy gathered beside them) into
-// one product of up to this many bytes of operands, so a call sums over several samples' pixels.
-// Measured (bench, conv2d_backward_filter): conv1's (K = 9, a short product per sample) runs at
-// 4 samples a call in about 300 us against 540 at one; conv2's (3 a call) is bound by the GEMM
-// itself and runs alike either way.
-constexpr int64_t kFilterLoweringBytes = int64_t{1} << 20;
 // Columns of the partial sums added side by side when the chunks are combined.
 constexpr int64_t kSumSpan = 64;
 
@@ -233,12 +118,10 @@ void backward_filter(const T* dy, const T* x, const ConvShape& s, const Conv2dGe
   // dw [O, C KH KW] = beta dw + sum over chunks of (sum over the chunk's samples of
   // dy[n] [O, OH OW] @ cols(x[n])^T), each chunk's partial sum [O, C KH KW] or its transpose
   check_blas_sizes(s, "conv2d_backward_filter");
-  const int64_t per_chunk = std::max<int64_t>(1, (s.n + kFilterChunks - 1) / kFilterChunks);
-  const int64_t chunks = (s.n + per_chunk - 1) / per_chunk, weights = s.o * s.patch();
-  const int64_t operands = (s.patch() + s.o) * s.pixels();  // per sample: cols and dy
-  const int64_t lowered = std::clamp<int64_t>(
-      kFilterLoweringBytes / std::max<int64_t>(1, operands * int64_t(sizeof(T))), 1, per_chunk);
-  ThreadScratch<T> scratch(1, lowered * operands + padded_plane(s, g).size(), dtype);
+  const FilterChunks fc = filter_chunks(s, sizeof(T));
+  const int64_t per_chunk = fc.per_chunk, chunks = fc.chunks, lowered = fc.lowered;
+  const int64_t weights = s.o * s.patch();
+  ThreadScratch<T> scratch(1, fc.scratch(s, g), dtype);
   Tensor partials = Tensor::empty({chunks, weights}, dtype, Device::cpu());
   T* partial = partials.data<T>();
   const bool transposed = std::is_same_v<T, float> && blas_transposes_exactly();
@@ -248,14 +131,7 @@ void backward_filter(const T* dy, const T* x, const ConvShape& s, const Conv2dGe
       const int64_t m = std::min(lowered, end - group), p = m * s.pixels();
       T* cols = scratch.mine();            // [K, m P]
       T* gathered = cols + s.patch() * p;  // [O, m P]
-      for (int64_t j = 0; j < m; ++j) {
-        im2col(x + (group + j) * s.image(), s, g, gathered + s.o * p, cols + j * s.pixels(), p);
-        const T* sample = dy + (group + j) * s.output();
-        for (int64_t o = 0; o < s.o; ++o) {
-          std::copy(sample + o * s.pixels(), sample + (o + 1) * s.pixels(),
-                    gathered + o * p + j * s.pixels());
-        }
-      }
+      lower_samples(x, dy, s, g, group, m, cols, gathered);
       multiply_filter(gathered, cols, s, p, group == first ? T(0) : T(1), transposed,
                       partial + chunk * weights);
     }
@@ -344,8 +220,8 @@ void backward_filter_direct(const T* dy, const T* x, const ConvShape& s, const C
   // dw [O, K] = beta dw + sum over chunks of (sum over the chunk's samples of
   // dy[n] [O, OH OW] @ cols(x[n])^T), the chunks as in backward_filter; dbias [O] likewise from
   // the sums of dy's rows (dbias may be null)
-  const int64_t per_chunk = std::max<int64_t>(1, (s.n + kFilterChunks - 1) / kFilterChunks);
-  const int64_t chunks = (s.n + per_chunk - 1) / per_chunk, weights = s.o * s.patch();
+  const FilterChunks fc = filter_chunks(s, sizeof(T));
+  const int64_t per_chunk = fc.per_chunk, chunks = fc.chunks, weights = s.o * s.patch();
   const int64_t sums = weights + s.o;  // per chunk: dw's, then dbias's
   ThreadScratch<T> scratch(1, s.patch() * s.pixels() + padded_plane(s, g).size(), dtype);
   Tensor partials = Tensor::zeros({chunks, sums}, dtype, Device::cpu());
@@ -425,22 +301,6 @@ void forward_direct(const T* x, const T* w, const T* bias, const ConvShape& s,
   });
 }
 
-// dbias [O] = beta dbias + the sum of dy over samples (in order) and pixels (in vector lanes)
-template <typename T>
-void bias_gradient(const T* dy, const ConvShape& s, double beta, T* dbias) {
-  for_range(s.o, s.n * s.output(), [=](int64_t o) {
-    double total = 0;
-    for (int64_t n = 0; n < s.n; ++n) {
-      const T* row = dy + n * s.output() + o * s.pixels();
-      double sum = 0;  // in vector lanes: a fixed order, whatever the thread count
-#pragma omp simd reduction(+ : sum)
-      for (int64_t i = 0; i < s.pixels(); ++i) sum += static_cast<double>(row[i]);
-      total += sum;
-    }
-    dbias[o] = static_cast<T>(beta == 0 ? total : beta * static_cast<double>(dbias[o]) + total);
-  });
-}
-
 }  // namespace
 
 // Winograd where its 16 products per tile pay for the transforms (bench/kernels.cpp, conv2d_*,
@@ -505,6 +365,14 @@ void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& 
                                 const Conv2dGeometry& g, Tensor& y) {
   const ConvShape s = conv_shape(x, w, y);
   if (y.numel() == 0) return;
+  if (is_half(x.dtype())) {
+    ACCRUE_DISPATCH_FLOATING_AND_HALF(x.dtype(), "conv2d", [&] {
+      if constexpr (is_half_v<T>) {
+        half_conv::forward(x.data<T>(), w.data<T>(), optional_data<T>(bias), s, g, y.data<T>());
+      }
+    });
+    return;
+  }
   ACCRUE_DISPATCH_FLOATING(x.dtype(), "conv2d", [&] {
     const T* b = bias.defined() ? bias.data<T>() : nullptr;
     const ConvAlgorithm algorithm = conv_algorithm(s, g, ConvPass::kForward);
@@ -522,6 +390,14 @@ void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const C
                                       Tensor& dx) {
   const ConvShape s = conv_shape(dx, w, dy);
   if (dx.numel() == 0) return;
+  if (is_half(dy.dtype())) {
+    ACCRUE_DISPATCH_FLOATING_AND_HALF(dy.dtype(), "conv2d_backward_data", [&] {
+      if constexpr (is_half_v<T>) {
+        half_conv::backward_data(dy.data<T>(), w.data<T>(), s, g, dx.data<T>());
+      }
+    });
+    return;
+  }
   ACCRUE_DISPATCH_FLOATING(dy.dtype(), "conv2d_backward_data", [&] {
     if (conv_algorithm(s, g, ConvPass::kBackwardData) == ConvAlgorithm::kWinograd) {
       winograd::backward_data(dy.data<T>(), w.data<T>(), s, g, dy.dtype(), dx.data<T>());
@@ -534,6 +410,22 @@ void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& w, const C
 void CpuBackend::conv2d_backward_filter(const Tensor& dy, const Tensor& x, const Conv2dGeometry& g,
                                         double beta, Tensor& dw, Tensor& dbias) {
   const ConvShape s = conv_shape(x, dw, dy);
+  if (is_half(dy.dtype())) {
+    ACCRUE_DISPATCH_FLOATING_AND_HALF(dy.dtype(), "conv2d_backward_filter", [&] {
+      if constexpr (is_half_v<T>) {
+        if (dbias.defined() && dbias.dtype() != dw.dtype()) {
+          throw DTypeError(str_cat("[conv2d_backward_filter] dw is ", dtype_name(dw.dtype()),
+                                   " but dbias is ", dtype_name(dbias.dtype())));
+        }
+        with_wide_output<T>(dw, "conv2d_backward_filter", [&](auto* out) {
+          using O = std::remove_pointer_t<decltype(out)>;
+          half_conv::backward_filter(dy.data<T>(), x.data<T>(), s, g, beta, out,
+                                     dbias.defined() ? dbias.data<O>() : nullptr);
+        });
+      }
+    });
+    return;
+  }
   ACCRUE_DISPATCH_FLOATING(dy.dtype(), "conv2d_backward_filter", [&] {
     T* db = dbias.defined() ? dbias.data<T>() : nullptr;
     if (dw.numel() > 0 &&

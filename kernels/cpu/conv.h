@@ -74,4 +74,18 @@ void backward_data(const T* dy, const T* w, const ConvShape& s, const Conv2dGeom
                    DType dtype, T* dx);
 }  // namespace winograd
 
+// The 16-bit convolution (conv_half.cpp), H being bf16 or f16: im2col with every sum in float32,
+// rounded once. The filter gradient writes O = H, or float32 (the gradient arena). Deterministic
+// and independent of the thread count, as im2col's.
+namespace half_conv {
+template <typename H>
+void forward(const H* x, const H* w, const H* bias, const ConvShape& s, const Conv2dGeometry& g,
+             H* y);
+template <typename H>
+void backward_data(const H* dy, const H* w, const ConvShape& s, const Conv2dGeometry& g, H* dx);
+template <typename H, typename O>
+void backward_filter(const H* dy, const H* x, const ConvShape& s, const Conv2dGeometry& g,
+                     double beta, O* dw, O* dbias);
+}  // namespace half_conv
+
 }  // namespace accrue::cpu

@@ -15,15 +15,12 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
 #include "kernels/cpu/bf16_products.h"
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/blas_core.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/gemm_cut.h"
+#include "kernels/cpu/half_product.h"
 #include "kernels/cpu/onednn.h"
 #include "kernels/cpu/rows.h"
 #include "kernels/cpu/vec.h"
@@ -44,56 +41,6 @@ void bias_relu_block(T* c, int rows, int cols, int ldc, const B* bias, bool relu
   }
 }
 
-// float16 rows through the CPU's F16C conversions where it has them (every x86-64 CPU since
-// 2013): the same round-to-nearest-even results as core/half.h's, eight at a time.
-#if defined(__x86_64__)
-__attribute__((target("avx,f16c"))) void f16c_to_float(const f16* in, float* out, int64_t n) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
-    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
-  }
-  for (; i < n; ++i) out[i] = load(in[i]);
-}
-__attribute__((target("avx,f16c"))) void f16c_from_float(const float* in, f16* out, int64_t n) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), h);
-  }
-  for (; i < n; ++i) out[i] = store<f16>(in[i]);
-}
-bool has_f16c() {
-  static const bool yes = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
-  return yes;
-}
-#else
-void f16c_to_float(const f16*, float*, int64_t) {}
-void f16c_from_float(const float*, f16*, int64_t) {}
-bool has_f16c() {
-  return false;
-}
-#endif
-
-// out [n] = in [n] converted to float32
-template <typename H>
-void row_to_float(const H* in, float* out, int64_t n) {
-  if constexpr (std::is_same_v<H, f16>) {
-    if (has_f16c()) return f16c_to_float(in, out, n);
-  }
-#pragma omp simd
-  for (int64_t c = 0; c < n; ++c) out[c] = load(in[c]);
-}
-
-// out [n] = in [n] rounded to H
-template <typename H>
-void row_from_float(const float* in, H* out, int64_t n) {
-  if constexpr (std::is_same_v<H, f16>) {
-    if (has_f16c()) return f16c_from_float(in, out, n);
-  }
-  for (int64_t c = 0; c < n; ++c) out[c] = store<H>(in[c]);
-}
-
 // dst [rows, cols] (packed) = src [row0 .., col0 ..] of a matrix with leading dimension ld.
 template <typename H>
 void to_float_panel(const H* src, int64_t ld, int64_t row0, int64_t rows, int64_t col0,
@@ -108,8 +55,9 @@ void from_float_panel(const float* src, int64_t rows, int64_t cols, H* dst, int6
   for (int64_t r = 0; r < rows; ++r) row_from_float(src + r * cols, dst + r * ld, cols);
 }
 
-// A thread's scratch for the panels of one block (kept between calls).
-template <typename T = float>
+// A thread's scratch, kept between calls: slot 0 for the panels of A and B, slot 1 for a
+// float32 copy of C (half_block fills slot 0 while its caller holds slot 1).
+template <typename T = float, int Slot = 0>
 T* scratch(size_t count) {
   thread_local std::vector<T> buffer;
   if (buffer.size() < count) buffer.resize(count);
@@ -144,7 +92,8 @@ Bf16Library bf16_library() {
 // units"). A shape decides it, so the bits still do not depend on the thread count.
 constexpr int64_t kNativeBf16MinMacs = int64_t{1} << 16;
 
-// One block of C (float32, ldc apart) = alpha op(A) op(B) + beta C on `library`.
+// One block of C (float32, ldc apart) = alpha op(A) op(B) + beta C for bfloat16 A and B on a
+// native `library`.
 void native_bf16_block(Bf16Library library, bool trans_a, bool trans_b, int rows, int cols, int k,
                        float alpha, const bf16* a, int lda, const bf16* b, int ldb, float beta,
                        float* c, int ldc) {
@@ -163,78 +112,68 @@ void native_bf16_block(Bf16Library library, bool trans_a, bool trans_b, int rows
 #endif
 }
 
-// C [m, n] = alpha op(A) op(B) + beta C for bfloat16 A and B on `library` under accrue's cut; C
-// float32 or bfloat16 (through a float32 scratch block), epilogue as half_gemm's.
-template <typename O, typename Epilogue>
-void native_bf16_gemm(Bf16Library library, bool trans_a, bool trans_b, int m, int n, int k,
-                      float alpha, const bf16* a, int lda, const bf16* b, int ldb, float beta, O* c,
-                      Epilogue epilogue) {
-  cut_gemm_call(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, [&](const GemmBlock<bf16, O>& blk) {
-    if constexpr (std::is_same_v<O, float>) {
-      native_bf16_block(library, trans_a, trans_b, blk.rows, blk.cols, k, alpha, blk.a, lda, blk.b,
-                        ldb, beta, blk.c, n);
-      epilogue(blk.c, blk.rows, blk.cols, n, blk.col0);
-    } else {
-      float* pc = scratch(size_t(blk.rows) * blk.cols);
-      O* cb = blk.c;
-      if (beta != 0) to_float_panel(cb, n, 0, blk.rows, 0, blk.cols, pc);
-      native_bf16_block(library, trans_a, trans_b, blk.rows, blk.cols, k, alpha, blk.a, lda, blk.b,
-                        ldb, beta, pc, blk.cols);
-      epilogue(pc, blk.rows, blk.cols, blk.cols, blk.col0);
-      from_float_panel(pc, blk.rows, blk.cols, cb, n);
-    }
-  });
+// The native library a whole 16-bit product of [m, k] x [k, n] runs on, or kNone for the float32
+// panels: float16, a CPU or build without one, the switch, or a product too small to pay for the
+// library's call.
+template <typename H>
+Bf16Library library_for(int m, int n, int k) {
+  if constexpr (std::is_same_v<H, bf16>) {
+    if (k > 0 && int64_t{m} * n * k >= kNativeBf16MinMacs) return bf16_library();
+  }
+  return Bf16Library::kNone;
 }
 
-// C [m, n] = alpha op(A) op(B) + beta C for 16-bit A and B, C being float32 or H; then
-// epilogue(c_block, rows, cols, ldc, col0) on each float32 block before it is stored.
-template <typename H, typename O, typename Epilogue>
-void half_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const H* a, int lda,
-               const H* b, int ldb, float beta, O* c, Epilogue epilogue) {
+// One block of C (float32, ldc apart) = alpha op(A) op(B) + beta C for 16-bit A and B, on this
+// thread: on the native `library`, or with op(A) [rows, k] and op(B) [k, cols] converted to
+// float32 panels (exactly) and multiplied by sgemm. A stored [rows, k] (or [k, rows] when
+// trans_a), B stored [k, cols] (or [cols, k] when trans_b).
+template <typename H>
+void half_block(Bf16Library library, bool trans_a, bool trans_b, int rows, int cols, int k,
+                float alpha, const H* a, int lda, const H* b, int ldb, float beta, float* c,
+                int ldc) {
   if constexpr (std::is_same_v<H, bf16>) {
-    const Bf16Library library = bf16_library();
-    if (library != Bf16Library::kNone && k > 0 && int64_t{m} * n * k >= kNativeBf16MinMacs) {
-      native_bf16_gemm(library, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c,
-                       epilogue);
+    if (library != Bf16Library::kNone) {
+      native_bf16_block(library, trans_a, trans_b, rows, cols, k, alpha, a, lda, b, ldb, beta, c,
+                        ldc);
       return;
     }
   }
-  const GemmCut cut = cut_gemm(m, n, k);
-  const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
-  const CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
-  for_blocks(cut, [&](int i) {
-    const int begin = i * cut.width;
-    const int width = std::min(cut.width, (cut.along_rows ? m : n) - begin);
-    const int row0 = cut.along_rows ? begin : 0, rows = cut.along_rows ? width : m;
-    const int col0 = cut.along_rows ? 0 : begin, cols = cut.along_rows ? n : width;
-    const bool float_c = std::is_same_v<O, float>;
-    const size_t a_size = size_t(rows) * k, b_size = size_t(k) * cols;
-    float* pa = scratch(a_size + b_size + (float_c ? 0 : size_t(rows) * cols));
-    float* pb = pa + a_size;
-    // op(A) rows [row0, +rows): A stored [M, K], or [K, M] when transposed
-    if (trans_a) {
-      to_float_panel(a, lda, 0, k, row0, rows, pa);
-    } else {
-      to_float_panel(a, lda, row0, rows, 0, k, pa);
-    }
-    // op(B) columns [col0, +cols): B stored [K, N], or [N, K] when transposed
-    if (trans_b) {
-      to_float_panel(b, ldb, col0, cols, 0, k, pb);
-    } else {
-      to_float_panel(b, ldb, 0, k, col0, cols, pb);
-    }
-    O* cb = c + int64_t{row0} * n + col0;
+  const size_t a_size = size_t(rows) * k, b_size = size_t(k) * cols;
+  float* pa = scratch(a_size + b_size);
+  float* pb = pa + a_size;
+  if (trans_a) {
+    to_float_panel(a, lda, 0, k, 0, rows, pa);
+  } else {
+    to_float_panel(a, lda, 0, rows, 0, k, pa);
+  }
+  if (trans_b) {
+    to_float_panel(b, ldb, 0, cols, 0, k, pb);
+  } else {
+    to_float_panel(b, ldb, 0, k, 0, cols, pb);
+  }
+  blas(trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, rows, cols, k,
+       alpha, pa, trans_a ? rows : k, pb, trans_b ? k : cols, beta, c, ldc);
+}
+
+// C [m, n] = alpha op(A) op(B) + beta C for 16-bit A and B under accrue's cut, C being float32 or
+// H (through a float32 copy of each block, rounded once at the end); then epilogue(c_block, rows,
+// cols, ldc, col0) on each float32 block before it is stored.
+template <typename H, typename O, typename Epilogue>
+void half_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const H* a, int lda,
+               const H* b, int ldb, float beta, O* c, Epilogue epilogue) {
+  const Bf16Library library = library_for<H>(m, n, k);
+  cut_gemm_call(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, [&](const GemmBlock<H, O>& blk) {
     if constexpr (std::is_same_v<O, float>) {
-      blas(ta, tb, rows, cols, k, alpha, pa, trans_a ? rows : k, pb, trans_b ? k : cols, beta, cb,
-           n);
-      epilogue(cb, rows, cols, n, col0);
+      half_block(library, trans_a, trans_b, blk.rows, blk.cols, k, alpha, blk.a, lda, blk.b, ldb,
+                 beta, blk.c, n);
+      epilogue(blk.c, blk.rows, blk.cols, n, blk.col0);
     } else {
-      float* pc = pb + b_size;
-      if (beta != 0) to_float_panel(cb, n, 0, rows, 0, cols, pc);
-      blas(ta, tb, rows, cols, k, alpha, pa, trans_a ? rows : k, pb, trans_b ? k : cols, beta, pc,
-           cols);
-      epilogue(pc, rows, cols, cols, col0);
-      from_float_panel(pc, rows, cols, cb, n);
+      float* pc = scratch<float, 1>(size_t(blk.rows) * blk.cols);
+      if (beta != 0) to_float_panel(blk.c, n, 0, blk.rows, 0, blk.cols, pc);
+      half_block(library, trans_a, trans_b, blk.rows, blk.cols, k, alpha, blk.a, lda, blk.b, ldb,
+                 beta, pc, blk.cols);
+      epilogue(pc, blk.rows, blk.cols, blk.cols, blk.col0);
+      from_float_panel(pc, blk.rows, blk.cols, blk.c, n);
     }
   });
 }
@@ -371,6 +310,17 @@ void CpuBackend::gemm_batched(bool trans_a, bool trans_b, double alpha, const Te
   }
   for (int64_t i = 0; i < count; ++i) one(i);
 }
+
+template <typename H>
+void half_product(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const H* a, int lda,
+                  const H* b, int ldb, float beta, float* c, int ldc) {
+  half_block(library_for<H>(m, n, k), trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c,
+             ldc);
+}
+template void half_product(bool, bool, int, int, int, float, const bf16*, int, const bf16*, int,
+                           float, float*, int);
+template void half_product(bool, bool, int, int, int, float, const f16*, int, const f16*, int,
+                           float, float*, int);
 
 bool cpu_multiplies_bf16() {
 #if defined(__x86_64__) || defined(__i386__)

@@ -4,6 +4,12 @@
 // pooling compares relu(x) tap by tap (max_pool2d_relu: the ReLU's own pass over the full-size
 // input, forward and backward, disappears) and writes argmax -1 where the maximum is not
 // positive, where relu's gradient is zero; the backward routes nothing from there.
+//
+// 16-bit tensors (mixed precision) are pooled in float32: the input widened (exactly), the float32
+// kernel run, the result rounded once into the 16-bit output (max pooling's values come back
+// unchanged; the gradients of overlapping regions are summed in float32 before that rounding).
+// Max pooling, the CNN's, widens a task's planes at a time in a thread's scratch; average pooling
+// widens whole tensors.
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -13,6 +19,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/pool.h"
+#include "kernels/cpu/rows.h"
 #include "kernels/cpu/scratch.h"
 #include "kernels/cpu/vec.h"
 #include "kernels/dispatch.h"
@@ -21,6 +28,33 @@
 namespace accrue::cpu {
 
 namespace {
+
+// body(in, out) on in [in_n] and out [out_n] themselves for float and double; for 16-bit T on
+// float32 copies in a thread's `wide` scratch (in_n + out_n values), the input widened exactly
+// and the output (which body writes whole) rounded into out afterwards.
+template <typename T, typename F>
+void in_float_or_own(const T* in, int64_t in_n, T* out, int64_t out_n, ThreadScratch<float>& wide,
+                     F body) {
+  if constexpr (is_half_v<T>) {
+    float* wide_in = wide.mine();
+    float* wide_out = wide_in + in_n;
+    row_to_float(in, wide_in, in_n);
+    body(static_cast<const float*>(wide_in), wide_out);
+    row_from_float(wide_out, out, out_n);
+  } else {
+    body(in, out);
+  }
+}
+
+// A float32 copy of a 16-bit tensor, or an empty float32 tensor of its shape.
+Tensor widened(Backend& be, const Tensor& t) {
+  Tensor wide = Tensor::empty(t.shape(), DType::kFloat32, Device::cpu());
+  be.cast(t, wide);
+  return wide;
+}
+Tensor wide_like(const Tensor& t) {
+  return Tensor::empty(t.shape(), DType::kFloat32, Device::cpu());
+}
 
 PlaneShape plane_shape(const Tensor& x, const Tensor& y) {
   return {x.size(0) * x.size(1), x.size(2), x.size(3), y.size(2), y.size(3)};
@@ -492,15 +526,19 @@ void CpuBackend::max_pool2d(const Tensor& x, const Pool2dGeometry& g, bool relu,
   const PlaneShape s = plane_shape(x, y);
   constexpr int64_t group = 8;  // planes per task
   const int64_t n = s.oh * s.ow;
-  ACCRUE_DISPATCH_FLOATING(x.dtype(), "max_pool2d", [&] {
+  ACCRUE_DISPATCH_FLOATING_AND_HALF(x.dtype(), "max_pool2d", [&] {
     const T* in = x.data<T>();
     T* out = y.data<T>();
     int32_t* at = argmax.data<int32_t>();
     ThreadScratch<int32_t> scratch(1, max_pool_scratch(s), DType::kInt32);
+    ThreadScratch<float> wide(1, is_half_v<T> ? group * (s.h * s.w + n) : 0, DType::kFloat32);
     for_range((s.planes + group - 1) / group, s.planes * s.h * s.w, [&](int64_t task) {
       const int64_t p = task * group, count = std::min(group, s.planes - p);
-      max_pool_planes(in + p * s.h * s.w, count, s, g, relu, scratch.mine(), out + p * n,
-                      at + p * n);
+      in_float_or_own(in + p * s.h * s.w, count * s.h * s.w, out + p * n, count * n, wide,
+                      [&](const auto* planes, auto* pooled) {
+                        max_pool_planes(planes, count, s, g, relu, scratch.mine(), pooled,
+                                        at + p * n);
+                      });
     });
   });
 }
@@ -510,17 +548,26 @@ void CpuBackend::max_pool2d_backward(const Tensor& dy, const Tensor& argmax, Ten
   // (max_pool_backward_planes). No geometry here: the regions may overlap.
   const PlaneShape s = plane_shape(dx, dy);
   const int64_t planes = s.planes, area = s.h * s.w, outputs = s.oh * s.ow;
-  ACCRUE_DISPATCH_FLOATING(dy.dtype(), "max_pool2d_backward", [&] {
+  ACCRUE_DISPATCH_FLOATING_AND_HALF(dy.dtype(), "max_pool2d_backward", [&] {
     const T* grad = dy.data<T>();
     const int32_t* at = argmax.data<int32_t>();
     T* out = dx.data<T>();
-    for_range(planes, planes * (area + outputs), [=](int64_t p) {
-      max_pool_backward_planes(grad + p * outputs, at + p * outputs, 1, s, false, out + p * area);
+    ThreadScratch<float> wide(1, is_half_v<T> ? outputs + area : 0, DType::kFloat32);
+    for_range(planes, planes * (area + outputs), [&](int64_t p) {
+      in_float_or_own(grad + p * outputs, outputs, out + p * area, area, wide,
+                      [&](const auto* dy_plane, auto* dx_plane) {
+                        max_pool_backward_planes(dy_plane, at + p * outputs, 1, s, false, dx_plane);
+                      });
     });
   });
 }
 
 void CpuBackend::avg_pool2d(const Tensor& x, const Pool2dGeometry& g, Tensor& y) {
+  if (is_half(x.dtype())) {
+    Tensor wide = wide_like(y);
+    avg_pool2d(widened(*this, x), g, wide);
+    return cast(wide, y);
+  }
   const PlaneShape s = plane_shape(x, y);
   ACCRUE_DISPATCH_FLOATING(x.dtype(), "avg_pool2d", [&] {
     const T* in = x.data<T>();
@@ -540,6 +587,11 @@ void CpuBackend::avg_pool2d(const Tensor& x, const Pool2dGeometry& g, Tensor& y)
 }
 
 void CpuBackend::avg_pool2d_backward(const Tensor& dy, const Pool2dGeometry& g, Tensor& dx) {
+  if (is_half(dy.dtype())) {
+    Tensor wide = wide_like(dx);
+    avg_pool2d_backward(widened(*this, dy), g, wide);
+    return cast(wide, dx);
+  }
   const PlaneShape s = plane_shape(dx, dy);
   ACCRUE_DISPATCH_FLOATING(dy.dtype(), "avg_pool2d_backward", [&] {
     const T* grad = dy.data<T>();

@@ -9,6 +9,7 @@
 #include <immintrin.h>  // fma, max and splat's instructions, where the build targets them
 #endif
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -237,19 +238,41 @@ void transpose(Vec<T, N> (&v)[N]) {
 // (overlapping the one before it), so there is no scalar tail and nothing is read or written
 // outside the rows. GCC would turn the loops into memmove calls, which cost more than the copy for
 // rows of a few dozen values.
+// 16-bit elements (bf16, f16) move as their bits, 16 to a vector.
+typedef uint16_t Bits16 __attribute__((vector_size(32), aligned(2)));
 template <typename T>
 void copy_row(const T* __restrict src, int64_t n, T* __restrict dst) {
-  if (n < kLanes) {
-    for (int64_t i = 0; i < n; ++i) {
-      dst[i] = src[i];
-      asm("" : "+r"(i));  // hides the loop's pattern from GCC's memmove recognition; no code
+  if constexpr (sizeof(T) == 2) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    constexpr int64_t kBits16Lanes = 16;
+    const auto* in = reinterpret_cast<const uint16_t*>(src);
+    auto* out = reinterpret_cast<uint16_t*>(dst);
+    if (n < kBits16Lanes) {
+      for (int64_t i = 0; i < n; ++i) {
+        out[i] = in[i];
+        asm("" : "+r"(i));
+      }
+      return;
     }
-    return;
-  }
-  for (int64_t i = 0;; i += kLanes) {
-    if (i + kLanes >= n) return store(dst + n - kLanes, load(src + n - kLanes));
-    store(dst + i, load(src + i));
-    asm("" : "+r"(i));
+    for (int64_t i = 0;; i += kBits16Lanes) {
+      const int64_t at = std::min(i, n - kBits16Lanes);
+      *reinterpret_cast<Bits16*>(out + at) = *reinterpret_cast<const Bits16*>(in + at);
+      if (at + kBits16Lanes >= n) return;
+      asm("" : "+r"(i));
+    }
+  } else {
+    if (n < kLanes) {
+      for (int64_t i = 0; i < n; ++i) {
+        dst[i] = src[i];
+        asm("" : "+r"(i));  // hides the loop's pattern from GCC's memmove recognition; no code
+      }
+      return;
+    }
+    for (int64_t i = 0;; i += kLanes) {
+      if (i + kLanes >= n) return store(dst + n - kLanes, load(src + n - kLanes));
+      store(dst + i, load(src + i));
+      asm("" : "+r"(i));
+    }
   }
 }
 
