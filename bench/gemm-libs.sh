@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Compares the CPU GEMM libraries at the MNIST micro-step's shapes (W1, micro-batch 32) and at
 # 1024^3, each called once with its own threading ("lib") and under accrue's fixed cut ("cut"),
-# on one thread and on every core, and writes bench/results/gemm-libs-<machine>.md. Installs
+# on one thread and on every core, in float32 and (oneDNN, on a CPU with AVX512-BF16) bf16, and
+# writes bench/results/gemm-libs-<machine>.md. Installs
 # BLIS, oneDNN and libxsmm (Debian packages) when missing. Usage: bench/gemm-libs.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,6 +39,9 @@ for threads in 1 "$(nproc)"; do
   done
 done
 
+# bfloat16 columns where the oneDNN executable timed them (a CPU with AVX512-BF16)
+columns=("${libs[@]}")
+grep -q '"onednn_bf16/' "$csv" && columns+=(onednn_bf16)
 out="bench/results/gemm-libs-$name.md"
 {
   echo "# CPU GEMM libraries at accrue's shapes"
@@ -45,13 +49,15 @@ out="bench/results/gemm-libs-$name.md"
   echo "Produced by \`bench/gemm-libs.sh\` on $(date -u +%Y-%m-%d) ($cpu, $(nproc) cores). float32,"
   echo "GFLOP/s, median of 3. \`lib\`: one call threaded by the library; \`cut\`: accrue's fixed cut"
   echo "(kernels/cpu/gemm_cut.h), one single-threaded call per block, blocks on accrue's threads."
+  echo "\`onednn_bf16\`: the same products with bfloat16 A and B and float32 C on oneDNN's matmul"
+  echo "(kernels/cpu/onednn.h), where the CPU has AVX512-BF16; its \`cut\` is accrue's bf16 GEMM."
   echo "W1 rows are the 11 GEMMs of a micro-batch-32 step of the 784-512-256-128-10 MLP; the"
   echo "\`W1 step\` row is their summed time in microseconds (lower is better)."
   for threads in 1 "$(nproc)"; do
     echo
     echo "## $threads thread(s)"
     echo
-    awk -F, -v threads="$threads" -v libs="${libs[*]}" '
+    awk -F, -v threads="$threads" -v libs="${columns[*]}" '
       $1 == threads {
         gsub(/"/, "", $2); split($2, p, "/")  # lib/role/shape/mode_median
         mode = (p[4] ~ /^accrue_cut/) ? "cut" : "lib"

@@ -5,7 +5,11 @@
 // layers) and at 1024^3, two ways: one call threaded by the library itself, and accrue's fixed
 // cut (kernels/cpu/gemm_cut.h) with one single-threaded library call per block. The weight
 // gradient runs with beta = 1, as it accumulates into the arena. Thread count: OMP_NUM_THREADS.
-// These executables do not link accrue: BLIS exports the same cblas_* symbols as OpenBLAS.
+// These executables do not link accrue: BLIS exports the same cblas_* symbols as OpenBLAS. The
+// oneDNN one, in a build whose accrue has oneDNN, also times the bfloat16 products (A and B
+// bfloat16, C float32) on a CPU with AVX512-BF16, through accrue's own matmul wrapper
+// (kernels/cpu/onednn.h, so it links accrue's kernels): "lib" one matmul over the whole product,
+// threaded by oneDNN; "cut" one single-threaded matmul per block, as accrue's bf16 GEMM runs.
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
@@ -17,6 +21,9 @@
 #if defined(ACCRUE_GEMM_ONEDNN)
 #include <oneapi/dnnl/dnnl.h>
 #define ACCRUE_GEMM_LIBRARY "onednn"
+#if defined(ACCRUE_GEMM_BF16)
+#include "kernels/cpu/onednn.h"
+#endif
 #elif defined(ACCRUE_GEMM_LIBXSMM)
 #include <libxsmm.h>
 #define ACCRUE_GEMM_LIBRARY "libxsmm"
@@ -91,6 +98,39 @@ void run(benchmark::State& state, Shape s, bool cut) {
                                                 benchmark::Counter::kIsRate);
 }
 
+#if defined(ACCRUE_GEMM_BF16)
+// The same product in bfloat16 (float32 C) on oneDNN's matmul.
+void run_bf16(benchmark::State& state, Shape s, bool cut) {
+  using accrue::bf16;
+  std::vector<bf16> a(size_t(s.m) * s.k, bf16(0.5f)), b(size_t(s.k) * s.n, bf16(0.25f));
+  std::vector<float> c(size_t(s.m) * s.n, 0.0f);
+  const int lda = s.ta ? s.m : s.k, ldb = s.tb ? s.k : s.n;
+  for (auto _ : state) {
+    if (cut) {
+      accrue::cpu::cut_gemm_call(s.ta, s.tb, s.m, s.n, s.k, a.data(), lda, b.data(), ldb, c.data(),
+                                 [&](const accrue::cpu::GemmBlock<bf16, float>& blk) {
+                                   accrue::cpu::onednn_bf16_gemm(s.ta, s.tb, blk.rows, blk.cols,
+                                                                 s.k, 1.0f, blk.a, lda, blk.b, ldb,
+                                                                 s.beta, blk.c, s.n);
+                                 });
+    } else {
+      accrue::cpu::onednn_bf16_gemm(s.ta, s.tb, s.m, s.n, s.k, 1.0f, a.data(), lda, b.data(), ldb,
+                                    s.beta, c.data(), s.n);
+    }
+    benchmark::DoNotOptimize(c.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["FLOP/s"] = benchmark::Counter(2.0 * s.m * s.n * s.k * double(state.iterations()),
+                                                benchmark::Counter::kIsRate);
+}
+#endif
+
+// "<library>/<role>/<m>x<n>x<k>/<library|accrue_cut>", the name gemm-libs.sh parses.
+std::string name_of(const std::string& library, const Shape& s, bool cut) {
+  return library + "/" + s.role + "/" + std::to_string(s.m) + "x" + std::to_string(s.n) + "x" +
+         std::to_string(s.k) + (cut ? "/accrue_cut" : "/library");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -99,12 +139,18 @@ int main(int argc, char** argv) {
 #endif
   for (const Shape& s : shapes()) {
     for (bool cut : {false, true}) {
-      const std::string name = std::string(ACCRUE_GEMM_LIBRARY) + "/" + s.role + "/" +
-                               std::to_string(s.m) + "x" + std::to_string(s.n) + "x" +
-                               std::to_string(s.k) + (cut ? "/accrue_cut" : "/library");
-      benchmark::RegisterBenchmark(name.c_str(), run, s, cut);
+      benchmark::RegisterBenchmark(name_of(ACCRUE_GEMM_LIBRARY, s, cut).c_str(), run, s, cut);
     }
   }
+#if defined(ACCRUE_GEMM_BF16)
+  if (accrue::cpu::onednn_bf16_available()) {
+    for (const Shape& s : shapes()) {
+      for (bool cut : {false, true}) {
+        benchmark::RegisterBenchmark(name_of("onednn_bf16", s, cut).c_str(), run_bf16, s, cut);
+      }
+    }
+  }
+#endif
   benchmark::AddCustomContext("library", ACCRUE_GEMM_LIBRARY);
   benchmark::AddCustomContext("threads", std::to_string(omp_get_max_threads()));
   benchmark::Initialize(&argc, argv);

@@ -176,15 +176,20 @@ void gemm_data_grad(State& state, Device d) {
 // (conv1: 18 FLOP per output value, memory-bound) also reports the bytes it must move, the
 // tensors it reads and writes once, and its roofline is the fraction of the same-run copy
 // bandwidth. On the CPU, `forced` runs one algorithm where it applies (else the backend's choice).
+// In bf16 (mixed precision: the CPU's conv_half.cpp) the filter and bias gradients go into float32
+// buffers, as into the gradient arena.
 using cpu::ConvPass;
 void conv(State& state, Device d, ConvPass pass,
-          std::optional<cpu::ConvAlgorithm> forced = std::nullopt) {
+          std::optional<cpu::ConvAlgorithm> forced = std::nullopt, DType dtype = DType::kFloat32) {
   std::optional<cpu::ForcedConvAlgorithm> force;
   if (forced) force.emplace(*forced);
   const int64_t n = state.range(0), c = state.range(1), o = state.range(2), hw = state.range(3);
   const Conv2dGeometry g{1, 1, 1, 1, 1, 1};
-  Tensor x = filled({n, c, hw, hw}, d, 1), w = filled({o, c, 3, 3}, d, 2), b = filled({o}, d, 3);
-  Tensor y = filled({n, o, hw, hw}, d, 4), dx = Tensor::empty({n, c, hw, hw}, DType::kFloat32, d);
+  const auto make = [&](const Shape& shape, uint64_t seed) {
+    return to_dtype(filled(shape, d, seed), dtype);
+  };
+  Tensor x = make({n, c, hw, hw}, 1), w = make({o, c, 3, 3}, 2), b = make({o}, 3);
+  Tensor y = make({n, o, hw, hw}, 4), dx = Tensor::empty({n, c, hw, hw}, dtype, d);
   Tensor dw = Tensor::zeros({o, c, 3, 3}, DType::kFloat32, d),
          db = Tensor::zeros({o}, DType::kFloat32, d);
   Backend& be = backend_for(d);
@@ -197,9 +202,11 @@ void conv(State& state, Device d, ConvPass pass,
   if (c == 1) {
     const double weights = double(w.numel() + b.numel()), images = double(x.numel());
     const double outputs = double(y.numel());  // y or dy
-    const double bytes = 4.0 * (pass == ConvPass::kBackwardFilter
-                                    ? outputs + images + 2.0 * weights  // dw, db read and written
-                                    : outputs + images + weights);
+    const double element = double(dtype_size(dtype));
+    const double bytes = element * (outputs + images) +
+                         (pass == ConvPass::kBackwardFilter
+                              ? 2.0 * 4.0 * weights  // dw, db (float32) read and written
+                              : element * weights);
     report_bytes(state, d, seconds, bytes, bytes);
   }
 }
@@ -383,6 +390,9 @@ void register_kernel_benchmarks() {
           conv(s, dd, pass);
         })->Args(shape);
         if (!d.is_cpu()) continue;
+        add("conv2d_" + name + "_bf16", [pass = pass](State& s, Device dd) {
+          conv(s, dd, pass, std::nullopt, DType::kBFloat16);
+        })->Args(shape);
         // The CPU's algorithms forced: Winograd for the forward and data passes, the direct
         // forward and filter gradient where the patch is small (conv1: one input channel, 3 x 3).
         const bool filter = pass == ConvPass::kBackwardFilter, conv1 = shape[1] == 1;

@@ -5,8 +5,13 @@
 // 1e-3), micro-batch 32 x 4 accumulation steps with the loss scaled by 1 / (samples in the window),
 // the gradient norm clipped to 1 once per window, one epoch over a shuffled order. Written the way
 // a PyTorch user writes it (zero_grad after the step, clip_grad_norm_, the optimizer's own step).
-// Prints one line: "train_seconds <s> threads <n> test_accuracy <a>". Usage: accrue-torch-mnist
-// <mnist dir> [threads (0: libtorch's default)] [epochs] [mlp|cnn]
+// cnn-plain is the CNN without its GroupNorms (accrue's --model cnn --norm none). With bf16 the
+// forward runs under CPU autocast in bfloat16, as a PyTorch user writes mixed precision on the CPU
+// (torch.autocast("cpu", torch.bfloat16)): the parameters stay float32, the logits are cast back
+// to float32 for the loss. Prints one line: "train_seconds <s> threads <n> test_accuracy <a>".
+// Usage: accrue-torch-mnist <mnist dir> [threads (0: libtorch's default)] [epochs]
+//        [mlp|cnn|cnn-plain] [fp32|bf16]
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -65,12 +70,13 @@ struct Mlp : torch::nn::Module {
 };
 
 struct Cnn : torch::nn::Module {
+  bool norm;
   torch::nn::Conv2d conv1{torch::nn::Conv2dOptions(1, 32, 3).padding(1)};
   torch::nn::GroupNorm norm1{8, 32};
   torch::nn::Conv2d conv2{torch::nn::Conv2dOptions(32, 64, 3).padding(1)};
   torch::nn::GroupNorm norm2{8, 64};
   torch::nn::Linear fc1{64 * 7 * 7, 128}, fc2{128, 10};
-  Cnn() {
+  explicit Cnn(bool with_norm) : norm(with_norm) {
     register_module("conv1", conv1);
     register_module("norm1", norm1);
     register_module("conv2", conv2);
@@ -80,18 +86,31 @@ struct Cnn : torch::nn::Module {
   }
   torch::Tensor forward(torch::Tensor x) {
     x = x.view({-1, 1, 28, 28});
-    x = torch::max_pool2d(torch::relu(norm1(conv1(x))), 2);
-    x = torch::max_pool2d(torch::relu(norm2(conv2(x))), 2);
+    x = conv1(x);
+    x = torch::max_pool2d(torch::relu(norm ? norm1(x) : x), 2);
+    x = conv2(x);
+    x = torch::max_pool2d(torch::relu(norm ? norm2(x) : x), 2);
     x = torch::relu(fc1(x.flatten(1)));
     return fc2(x);
   }
 };
 
+// The model's logits in float32; under bf16 autocast when `bf16`.
+template <typename Model>
+torch::Tensor logits_of(Model& model, const torch::Tensor& x, bool bf16) {
+  at::autocast::set_cpu_enabled(bf16);
+  at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+  torch::Tensor logits = model.forward(x).to(torch::kFloat);
+  at::autocast::set_cpu_enabled(false);
+  at::autocast::clear_cache();
+  return logits;
+}
+
 // One epoch of the recipe per call: micro-batches of 32, 4 per window, the loss summed and divided
 // by the window's samples, the norm clipped to 1, Adam's step. Returns the seconds it took.
 template <typename Model>
 double train_epoch(Model& model, torch::optim::Optimizer& optimizer, const torch::Tensor& train_x,
-                   const torch::Tensor& train_y) {
+                   const torch::Tensor& train_y, bool bf16) {
   const int64_t micro = 32, k = 4, n = train_x.size(0);
   const auto order = torch::randperm(n, torch::kInt64);
   const auto start = std::chrono::steady_clock::now();
@@ -99,7 +118,7 @@ double train_epoch(Model& model, torch::optim::Optimizer& optimizer, const torch
     const int64_t window_samples = std::min(micro * k, n - window);
     for (int64_t s = window; s < window + window_samples; s += micro) {
       const auto index = order.slice(0, s, std::min(s + micro, window + window_samples));
-      const auto logits = model.forward(train_x.index_select(0, index));
+      const auto logits = logits_of(model, train_x.index_select(0, index), bf16);
       const auto loss =
           torch::nn::functional::cross_entropy(
               logits, train_y.index_select(0, index),
@@ -115,19 +134,19 @@ double train_epoch(Model& model, torch::optim::Optimizer& optimizer, const torch
 }
 
 template <typename Model>
-void run(Model& model, int epochs, const std::string& dir) {
+void run(Model& model, int epochs, const std::string& dir, bool bf16) {
   const auto [train_x, train_y] = load(dir, "train");
   const auto [test_x, test_y] = load(dir, "t10k");
   torch::optim::Adam optimizer(model.parameters(), torch::optim::AdamOptions(1e-3));
   double seconds = 0;
   for (int epoch = 0; epoch < epochs; ++epoch) {
-    seconds += train_epoch(model, optimizer, train_x, train_y);
+    seconds += train_epoch(model, optimizer, train_x, train_y, bf16);
   }
   torch::NoGradGuard no_grad;
   int64_t correct = 0;
   for (int64_t start = 0; start < test_x.size(0); start += 1000) {
     const auto x = test_x.slice(0, start, start + 1000), y = test_y.slice(0, start, start + 1000);
-    correct += model.forward(x).argmax(1).eq(y).sum().template item<int64_t>();
+    correct += logits_of(model, x, bf16).argmax(1).eq(y).sum().template item<int64_t>();
   }
   std::printf("train_seconds %.4f threads %d test_accuracy %.4f\n", seconds,
               torch::get_num_threads(), double(correct) / double(test_x.size(0)));
@@ -137,7 +156,8 @@ void run(Model& model, int epochs, const std::string& dir) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::cerr << "usage: accrue-torch-mnist <mnist dir> [threads] [epochs] [mlp|cnn]\n";
+    std::cerr << "usage: accrue-torch-mnist <mnist dir> [threads] [epochs] [mlp|cnn|cnn-plain] "
+                 "[fp32|bf16]\n";
     return 2;
   }
   const int threads = argc > 2 ? std::stoi(argv[2]) : 0;
@@ -147,17 +167,23 @@ int main(int argc, char** argv) {
     torch::set_num_interop_threads(1);
   }
   const std::string model = argc > 4 ? argv[4] : "mlp";
-  if (model != "mlp" && model != "cnn") {
-    std::cerr << "accrue-torch-mnist: model '" << model << "': expected mlp or cnn\n";
+  if (model != "mlp" && model != "cnn" && model != "cnn-plain") {
+    std::cerr << "accrue-torch-mnist: model '" << model << "': expected mlp, cnn or cnn-plain\n";
     return 2;
   }
+  const std::string precision = argc > 5 ? argv[5] : "fp32";
+  if (precision != "fp32" && precision != "bf16") {
+    std::cerr << "accrue-torch-mnist: the precision is fp32 or bf16, got '" << precision << "'\n";
+    return 2;
+  }
+  const bool bf16 = precision == "bf16";
   torch::manual_seed(0);
-  if (model == "cnn") {
-    Cnn cnn;
-    run(cnn, epochs, argv[1]);
-  } else {
+  if (model == "mlp") {
     Mlp mlp;
-    run(mlp, epochs, argv[1]);
+    run(mlp, epochs, argv[1], bf16);
+  } else {
+    Cnn cnn(model == "cnn");
+    run(cnn, epochs, argv[1], bf16);
   }
   return 0;
 }
