@@ -43,6 +43,15 @@ void global_norm(State& state, Device d) {
   report_bytes(state, d, seconds, 4.0 * n, 4.0 * n);
 }
 
+// A cast between float32 and bf16 (mixed precision's input batch and its logits): read one,
+// write the other, 6 bytes per element.
+void cast(State& state, Device d, DType from, DType to) {
+  const int64_t n = state.range(0);
+  Tensor src = to_dtype(filled({n}, d, 1), from), dst = Tensor::empty({n}, to, d);
+  const double seconds = run_timed(state, d, [&] { backend_for(d).cast(src, dst); });
+  report_bytes(state, d, seconds, 6.0 * n, 6.0 * n);
+}
+
 struct AdamState {
   Tensor p, g, m, v, norm_sq, boundary, steps, scaler, working;
   AdamState(int64_t n, Device d, bool with_working = false)
@@ -326,6 +335,12 @@ void register_kernel_benchmarks() {
     for (int64_t n : sizes(d)) {
       add("accumulate", accumulate)->Arg(n);
       add("global_norm", global_norm)->Arg(n);
+      add("cast_to_bf16", [](State& s, Device dd) {
+        cast(s, dd, DType::kFloat32, DType::kBFloat16);
+      })->Arg(n);
+      add("cast_from_bf16", [](State& s, Device dd) {
+        cast(s, dd, DType::kBFloat16, DType::kFloat32);
+      })->Arg(n);
       add("adam", [](State& s, Device dd) { adam(s, dd, false); })->Arg(n);
       add("adamw", [](State& s, Device dd) { adam(s, dd, true); })->Arg(n);
       add("boundary_step", boundary_step)->Arg(n);

@@ -189,15 +189,32 @@ Tensor normalize_groups(const char* op, const Tensor& x, int64_t groups, const T
   return out;
 }
 
+// Mixed precision's normalisations: a 16-bit input's statistics and affine run in float32, on
+// float32 copies of x and the affine parameters (recorded casts, so their gradients flow back in
+// 16 bits), the result cast back to x's dtype.
+Tensor widened(const Tensor& t) {
+  return t.defined() ? cast(t, DType::kFloat32) : t;
+}
+
 }  // namespace
 
 Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias,
                   double eps) {
+  if (is_half(x.dtype())) {
+    check_group_norm("group_norm", x, groups, weight, bias, eps);  // the 16-bit operands' dtypes
+    return cast(group_norm(widened(x), groups, widened(weight), widened(bias), eps), x.dtype());
+  }
   return normalize_groups("group_norm", x, groups, weight, bias, eps);
 }
 
 Tensor group_norm_relu_max_pool2d(const Tensor& x, int64_t groups, const Tensor& weight,
                                   const Tensor& bias, const Pool2dGeometry& pool, double eps) {
+  if (is_half(x.dtype())) {
+    check_group_norm("group_norm_relu_max_pool2d", x, groups, weight, bias, eps);
+    return cast(
+        group_norm_relu_max_pool2d(widened(x), groups, widened(weight), widened(bias), pool, eps),
+        x.dtype());
+  }
   const char* op = "group_norm_relu_max_pool2d";
   check_group_norm(op, x, groups, weight, bias, eps);
   const Shape shape = check::pool2d_shape(op, x, pool);
@@ -238,9 +255,8 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
                                " features (shape ", shape_str(x.shape()), ")"));
     }
   }
-  if (is_half(x.dtype())) {  // mixed precision: the statistics and the affine in float32
-    const auto wide = [](const Tensor& t) { return t.defined() ? cast(t, DType::kFloat32) : t; };
-    return cast(layer_norm(wide(x), wide(weight), wide(bias), eps), x.dtype());
+  if (is_half(x.dtype())) {
+    return cast(layer_norm(widened(x), widened(weight), widened(bias), eps), x.dtype());
   }
   return reshape(
       normalize_groups("layer_norm", reshape(x, {x.size(0), features, 1}), 1, weight, bias, eps),
