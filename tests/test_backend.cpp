@@ -674,6 +674,12 @@ std::vector<Row> rows() {
                        return Outputs{out};
                      }});
   }
+  table.push_back({"gemm/empty_inner", [](const Maker& m) {
+                     // [37, 0] @ [0, 45]: nothing to sum, C = beta C
+                     Tensor c = m.uniform({37, 45}, 27);
+                     m.be().gemm(false, false, 0.5, m.empty({37, 0}), m.empty({0, 45}), 0.5, c);
+                     return Outputs{c};
+                   }});
   for (bool ta : {false, true}) {
     for (bool tb : {false, true}) {
       table.push_back({str_cat("gemm/", ta ? "T" : "N", tb ? "T" : "N"), [=](const Maker& m) {

@@ -66,7 +66,8 @@ template <typename H, typename O>
 void backward_filter(const H* dy, const H* x, const ConvShape& s, const Conv2dGeometry& g,
                      double beta, O* dw, O* dbias) {
   // dw [O, C KH KW] = beta dw + sum over chunks of (sum over the chunk's samples of
-  // dy[n] [O, OH OW] @ cols(x[n])^T), each chunk's partial sum in float32; dbias likewise
+  // dy[n] [O, OH OW] @ cols(x[n])^T), each chunk's partial sum in float32; dbias the sum of dy
+  // over samples and pixels in float64, as the float32 path's
   check_blas_sizes(s, "conv2d_backward_filter");
   if (dbias) bias_gradient(dy, s, beta, dbias);
   if (s.o * s.patch() == 0) return;

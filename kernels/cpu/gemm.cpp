@@ -10,6 +10,7 @@
 // BLAS call at all, each block's panels of A and B are converted to float32 into a per-thread
 // scratch, exactly (every 16-bit value is a float32), and multiplied by cblas_sgemm: the same
 // products, summed in another order, at the cost of one conversion pass over the panels.
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -151,8 +152,11 @@ void half_block(Bf16Library library, bool trans_a, bool trans_b, int rows, int c
   } else {
     to_float_panel(b, ldb, 0, k, 0, cols, pb);
   }
+  // the panels' leading dimensions at least 1, as BLAS asks even when k or a size is 0
+  const int lda_panel = std::max(trans_a ? rows : k, 1),
+            ldb_panel = std::max(trans_b ? k : cols, 1);
   blas(trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, rows, cols, k,
-       alpha, pa, trans_a ? rows : k, pb, trans_b ? k : cols, beta, c, ldc);
+       alpha, pa, lda_panel, pb, ldb_panel, beta, c, ldc);
 }
 
 // C [m, n] = alpha op(A) op(B) + beta C for 16-bit A and B under accrue's cut, C being float32 or
