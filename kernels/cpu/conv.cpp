@@ -101,11 +101,11 @@ void backward_data(const T* dy, const T* w, const ConvShape& s, const Conv2dGeom
                    DType dtype, T* dx) {
   // per sample: dcols [C KH KW, OH OW] = w^T @ dy[n] [O, OH OW], folded back into dx[n]
   check_blas_sizes(s, "conv2d_backward_data");
-  ThreadScratch<T> dcols(s.patch(), s.pixels(), dtype);
+  ThreadScratch<T> dcols(1, s.patch() * s.pixels() + padded_plane(s, g).size(), dtype);
   for_library_calls(s.n, s.macs() >= kParallelMacs, [&](int64_t n) {
     T* folded = dcols.mine();
     multiply_data(w, dy + n * s.output(), s, folded);
-    col2im(folded, s, g, dx + n * s.image());
+    col2im(folded, s, g, folded + s.patch() * s.pixels(), dx + n * s.image());
   });
 }
 

@@ -51,13 +51,19 @@ void backward_data(const H* dy, const H* w, const ConvShape& s, const Conv2dGeom
   // per sample: dcols [C KH KW, OH OW] = w^T @ dy[n] [O, OH OW], folded back in float32, rounded
   check_blas_sizes(s, "conv2d_backward_data");
   const int64_t k = s.patch(), p = s.pixels();
-  ThreadScratch<float> scratch(1, k * p + s.image(), DType::kFloat32);
+  // w^T [C KH KW, O], once: each sample's product then reads both operands in their stored order
+  Tensor transposed = Tensor::empty({k, s.o}, dtype_of<H>(), Device::cpu());
+  H* wt = transposed.data<H>();
+  for_range(k, k * s.o, [=](int64_t row) {
+    for (int64_t o = 0; o < s.o; ++o) wt[row * s.o + o] = w[o * k + row];
+  });
+  ThreadScratch<float> scratch(1, k * p + s.image() + padded_plane(s, g).size(), DType::kFloat32);
   for_library_calls(s.n, s.macs() >= kParallelMacs, [&](int64_t n) {
     float* dcols = scratch.mine();
     float* image = dcols + k * p;
-    half_product(true, false, int(k), int(p), int(s.o), 1.0f, w, std::max<int>(k, 1),
+    half_product(false, false, int(k), int(p), int(s.o), 1.0f, wt, std::max<int>(s.o, 1),
                  dy + n * s.output(), int(p), 0.0f, dcols, int(p));
-    col2im(dcols, s, g, image);
+    col2im(dcols, s, g, image + s.image(), image);
     row_from_float(image, dx + n * s.image(), s.image());
   });
 }

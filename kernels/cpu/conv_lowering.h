@@ -16,28 +16,6 @@
 
 namespace accrue::cpu::lowering {
 
-// The output columns [lo, hi) whose input column ow * stride + offset lies in [0, in).
-struct Span {
-  int64_t lo, hi;
-};
-inline Span inside(int64_t out, int64_t in, int64_t stride, int64_t offset) {
-  const int64_t lo = offset >= 0 ? 0 : (-offset + stride - 1) / stride;
-  const int64_t hi = in - offset <= 0 ? 0 : (in - offset + stride - 1) / stride;
-  return {std::min(lo, out), std::max(std::min(lo, out), std::min(hi, out))};
-}
-
-// body(oh, ih, span, col0) for each output row oh of tap (ki, kj) whose input row ih exists: its
-// output columns in span read input columns ow * stride_w + col0.
-template <typename F>
-void for_tap_rows(const ConvShape& s, const Conv2dGeometry& g, int64_t ki, int64_t kj, F body) {
-  const int64_t col0 = kj * g.dilation_w - g.pad_w;
-  const Span span = inside(s.ow, s.w, g.stride_w, col0);
-  for (int64_t oh = 0; oh < s.oh; ++oh) {
-    const int64_t ih = oh * g.stride_h - g.pad_h + ki * g.dilation_h;
-    if (ih >= 0 && ih < s.h) body(oh, ih, span, col0);
-  }
-}
-
 // body(row, c, ki, kj) for every tap, row = its index in [C KH KW] (the weight's inner order).
 template <typename F>
 void for_taps(const ConvShape& s, F body) {
@@ -99,23 +77,38 @@ void im2col(const T* x, const ConvShape& s, const Conv2dGeometry& g, T* padded, 
 }
 
 // dx [C, H, W] of one sample = the patches' gradients dcols [C KH KW, OH OW] folded back, taps
-// in order.
+// in order. Each channel is summed in the padded plane `padded` (padded_plane's size, scratch):
+// every tap adds OH whole rows of OW values there, in vector lanes, with no bounds to clip (what
+// lands in the padding is dropped), and the plane's inside is copied to dx. Each element
+// receives its taps' values in tap order, so the sums are those of a bounds-checked fold.
+// Measured (accrue-bench, conv2d_backward_data_bf16 at conv2's shape, b = 32, 2 threads): 718 us
+// with each row clipped to the input and added a value at a time, 538 with those rows vectorised,
+// 503 as here (the product alone: 284).
 template <typename T>
-void col2im(const T* dcols, const ConvShape& s, const Conv2dGeometry& g, T* dx) {
-  std::memset(dx, 0, sizeof(T) * s.image());
-  for_taps(s, [&](int64_t row, int64_t c, int64_t ki, int64_t kj) {
-    const T* in = dcols + row * s.pixels();
-    T* plane = dx + c * s.h * s.w;
-    for_tap_rows(s, g, ki, kj, [&](int64_t oh, int64_t ih, Span span, int64_t col0) {
-      const int64_t first = ih * s.w + col0;  // + ow * stride_w >= 0 for ow in span
-      const T* src = in + oh * s.ow;
-      if (g.stride_w == 1) {
-        for (int64_t ow = span.lo; ow < span.hi; ++ow) plane[first + ow] += src[ow];
-      } else {
-        for (int64_t ow = span.lo; ow < span.hi; ++ow) plane[first + ow * g.stride_w] += src[ow];
+void col2im(const T* dcols, const ConvShape& s, const Conv2dGeometry& g, T* padded, T* dx) {
+  const PaddedPlane plane = padded_plane(s, g);
+  for (int64_t c = 0; c < s.c; ++c) {
+    std::fill(padded, padded + plane.size(), T(0));
+    for (int64_t ki = 0; ki < s.kh; ++ki) {
+      for (int64_t kj = 0; kj < s.kw; ++kj) {
+        const T* in = dcols + ((c * s.kh + ki) * s.kw + kj) * s.pixels();
+        T* tap = padded + ki * g.dilation_h * plane.cols + kj * g.dilation_w;
+        for (int64_t oh = 0; oh < s.oh; ++oh) {
+          const T* src = in + oh * s.ow;
+          T* __restrict out = tap + oh * g.stride_h * plane.cols;  // never a row of dcols
+          if (g.stride_w == 1) {
+#pragma omp simd
+            for (int64_t ow = 0; ow < s.ow; ++ow) out[ow] += src[ow];
+          } else {
+            for (int64_t ow = 0; ow < s.ow; ++ow) out[ow * g.stride_w] += src[ow];
+          }
+        }
       }
-    });
-  });
+    }
+    for (int64_t ih = 0; ih < s.h; ++ih) {
+      vec::copy_row(padded + (ih + g.pad_h) * plane.cols + g.pad_w, s.w, dx + (c * s.h + ih) * s.w);
+    }
+  }
 }
 
 // The shape's sizes as BLAS's int (or a ShapeError naming the op), checked once per call.
