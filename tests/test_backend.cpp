@@ -1225,7 +1225,8 @@ TEST(Backend, MicroBatchProductsKeepTheBytesOfTheirUntransposedBlocks) {
 // paths sum the same exact products in other orders: within 1e-5 of the inner dimension (the
 // products are ~N(0, 1), their magnitudes summed about k), and one bfloat16 rounding where C is
 // bfloat16. Shapes of the MNIST MLP (forward x w^T, data gradient dy w, weight gradient dy^T x
-// into float32 with beta 1), of attention (a batch of q k^T into bfloat16) and of the MNIST CNN's
+// into float32 with beta 1), of attention (a batch of q k^T into bfloat16, and of q^T k into
+// float32 with beta 1: batched matmuls on oneDNN, gemm.cpp) and of the MNIST CNN's
 // conv2 (its three passes, the filter gradient into float32 with beta 1; K = 32 3 3).
 TEST(Backend, Bf16ProductsAgreeOnBothPathsAndRepeatOnEveryThreadCount) {
   Backend& be = backend_for(Device::cpu());
@@ -1270,6 +1271,12 @@ TEST(Backend, Bf16ProductsAgreeOnBothPathsAndRepeatOnEveryThreadCount) {
          Tensor s = Tensor::empty({8, 20, 20}, DType::kBFloat16);
          be.gemm_batched(false, true, 1.0, q, k, 0.0, s);
          return to_dtype(s, DType::kFloat32);
+       }},
+      {"a batch of q^T k into float32, beta 1", 20, false,
+       [&] {
+         Tensor s = random({8, 16, 16}, 12, DType::kFloat32);
+         be.gemm_batched(true, false, 0.5, q, k, 1.0, s);
+         return s;
        }},
       {"conv2 forward", 288, true,
        [&] {

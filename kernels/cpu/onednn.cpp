@@ -29,6 +29,18 @@ dnnl::engine& cpu_engine() {
   return engine;
 }
 
+// alpha as the output scale, beta as a sum post-op: C = alpha (A B) + beta C.
+dnnl::primitive_attr scaled_sum(float alpha, float beta) {
+  dnnl::primitive_attr attr;
+  if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+  if (beta != 0.0f) {
+    dnnl::post_ops sum;
+    sum.append_sum(beta);
+    attr.set_post_ops(sum);
+  }
+  return attr;
+}
+
 struct Product {
   memory::desc a, b, c;
   dnnl::matmul matmul;
@@ -49,18 +61,52 @@ Product& product_for(const Key& key) {
   product->b = memory::desc({k, cols}, memory::data_type::bf16,
                             trans_b ? memory::dims{1, ldb} : memory::dims{ldb, 1});
   product->c = memory::desc({rows, cols}, memory::data_type::f32, memory::dims{ldc, 1});
-  dnnl::primitive_attr attr;
-  if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
-  if (beta != 0.0f) {
-    dnnl::post_ops sum;
-    sum.append_sum(beta);
-    attr.set_post_ops(sum);
-  }
   const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(product->a, product->b, product->c),
-                                        attr, cpu_engine());
+                                        scaled_sum(alpha, beta), cpu_engine());
   product->matmul = dnnl::matmul(pd);
   p = std::move(product);
   return *p;
+}
+
+// A batch of packed matrices (onednn_bf16_gemm_batched), made on first use by this thread.
+using BatchedKey = std::tuple<bool, bool, int, int, int, int, float, float, bool>;
+Product& batched_product_for(const BatchedKey& key) {
+  thread_local std::map<BatchedKey, std::unique_ptr<Product>> made;
+  std::unique_ptr<Product>& p = made[key];
+  if (p) return *p;
+  const auto [trans_a, trans_b, batch, rows, cols, k, alpha, beta, c_bf16] = key;
+  const memory::dim r = rows, n = cols, kk = k;
+  auto product = std::make_unique<Product>();
+  // op(A[i]) [rows, k], op(B[i]) [k, cols], C[i] [rows, cols], matrix i one stride further on
+  product->a = memory::desc({batch, r, kk}, memory::data_type::bf16,
+                            trans_a ? memory::dims{r * kk, 1, r} : memory::dims{r * kk, kk, 1});
+  product->b = memory::desc({batch, kk, n}, memory::data_type::bf16,
+                            trans_b ? memory::dims{kk * n, 1, kk} : memory::dims{kk * n, n, 1});
+  product->c =
+      memory::desc({batch, r, n}, c_bf16 ? memory::data_type::bf16 : memory::data_type::f32,
+                   memory::dims{r * n, n, 1});
+  product->matmul = dnnl::matmul(
+      dnnl::matmul::primitive_desc(dnnl::matmul::desc(product->a, product->b, product->c),
+                                   scaled_sum(alpha, beta), cpu_engine()));
+  p = std::move(product);
+  return *p;
+}
+
+// Runs one matmul on this thread's stream; a oneDNN failure becomes a BackendError naming it.
+void execute(Product& p, const void* a, const void* b, void* c, const char* what, int rows, int k,
+             int cols) {
+  try {
+    thread_local dnnl::stream stream(cpu_engine());
+    memory ma(p.a, cpu_engine(), const_cast<void*>(a));
+    memory mb(p.b, cpu_engine(), const_cast<void*>(b));
+    memory mc(p.c, cpu_engine(), c);
+    p.matmul.execute(stream, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
+    stream.wait();
+  } catch (const dnnl::error& e) {
+    throw BackendError(str_cat("oneDNN error ", static_cast<int>(e.status), " (", e.what(), ") in ",
+                               what, " [", rows, ", ", k, "] x [", k, ", ", cols, "] at ", __FILE__,
+                               ":", __LINE__));
+  }
 }
 
 }  // namespace
@@ -73,19 +119,29 @@ void onednn_bf16_gemm(bool trans_a, bool trans_b, int rows, int cols, int k, flo
                       const bf16* a, int lda, const bf16* b, int ldb, float beta, float* c,
                       int ldc) {
   if (rows == 0 || cols == 0) return;
+  Product* p = nullptr;
   try {
-    Product& p = product_for(Key{trans_a, trans_b, rows, cols, k, lda, ldb, ldc, alpha, beta});
-    thread_local dnnl::stream stream(cpu_engine());
-    memory ma(p.a, cpu_engine(), const_cast<bf16*>(a));
-    memory mb(p.b, cpu_engine(), const_cast<bf16*>(b));
-    memory mc(p.c, cpu_engine(), c);
-    p.matmul.execute(stream, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
-    stream.wait();
+    p = &product_for(Key{trans_a, trans_b, rows, cols, k, lda, ldb, ldc, alpha, beta});
   } catch (const dnnl::error& e) {
     throw BackendError(str_cat("oneDNN error ", static_cast<int>(e.status), " (", e.what(),
-                               ") in a bfloat16 matmul [", rows, ", ", k, "] x [", k, ", ", cols,
-                               "] at ", __FILE__, ":", __LINE__));
+                               ") making a bfloat16 matmul at ", __FILE__, ":", __LINE__));
   }
+  execute(*p, a, b, c, "a bfloat16 matmul", rows, k, cols);
+}
+
+void onednn_bf16_gemm_batched(bool trans_a, bool trans_b, int batch, int rows, int cols, int k,
+                              float alpha, const bf16* a, const bf16* b, float beta, void* c,
+                              bool c_bf16) {
+  if (batch == 0 || rows == 0 || cols == 0) return;
+  Product* p = nullptr;
+  try {
+    p = &batched_product_for(
+        BatchedKey{trans_a, trans_b, batch, rows, cols, k, alpha, beta, c_bf16});
+  } catch (const dnnl::error& e) {
+    throw BackendError(str_cat("oneDNN error ", static_cast<int>(e.status), " (", e.what(),
+                               ") making a batched bfloat16 matmul at ", __FILE__, ":", __LINE__));
+  }
+  execute(*p, a, b, c, "a batched bfloat16 matmul", rows, k, cols);
 }
 
 #else
@@ -96,6 +152,11 @@ bool onednn_bf16_available() {
 
 void onednn_bf16_gemm(bool, bool, int, int, int, float, const bf16*, int, const bf16*, int, float,
                       float*, int) {
+  throw std::logic_error("oneDNN is not in this build");
+}
+
+void onednn_bf16_gemm_batched(bool, bool, int, int, int, int, float, const bf16*, const bf16*,
+                              float, void*, bool) {
   throw std::logic_error("oneDNN is not in this build");
 }
 

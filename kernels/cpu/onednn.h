@@ -20,4 +20,13 @@ void onednn_bf16_gemm(bool trans_a, bool trans_b, int rows, int cols, int k, flo
                       const bf16* a, int lda, const bf16* b, int ldb, float beta, float* c,
                       int ldc);
 
+// C[i] [rows, cols] = alpha op(A[i]) op(B[i]) + beta C[i] for i in [0, batch), one matmul over a
+// batch of packed matrices: A[i] stored [rows, k] (or [k, rows] when trans_a) at a + i rows k, B[i]
+// stored [k, cols] (or [cols, k] when trans_b) at b + i k cols, C[i] at c + i rows cols, C float32
+// or (c_bf16) bfloat16, rounded once from the float32 sums. On this thread alone; throws as
+// onednn_bf16_gemm.
+void onednn_bf16_gemm_batched(bool trans_a, bool trans_b, int batch, int rows, int cols, int k,
+                              float alpha, const bf16* a, const bf16* b, float beta, void* c,
+                              bool c_bf16);
+
 }  // namespace accrue::cpu
