@@ -86,10 +86,12 @@ struct Cnn : torch::nn::Module {
   }
   torch::Tensor forward(torch::Tensor x) {
     x = x.view({-1, 1, 28, 28});
+    // GroupNorm in float32: under bf16 autocast the convolutions return bf16, which libtorch
+    // 1.13's CPU group_norm refuses beside float32 parameters (a user casts, as here)
     x = conv1(x);
-    x = torch::max_pool2d(torch::relu(norm ? norm1(x) : x), 2);
+    x = torch::max_pool2d(torch::relu(norm ? norm1(x.to(torch::kFloat)) : x), 2);
     x = conv2(x);
-    x = torch::max_pool2d(torch::relu(norm ? norm2(x) : x), 2);
+    x = torch::max_pool2d(torch::relu(norm ? norm2(x.to(torch::kFloat)) : x), 2);
     x = torch::relu(fc1(x.flatten(1)));
     return fc2(x);
   }
