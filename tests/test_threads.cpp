@@ -3,6 +3,7 @@
 // driven by synthetic timings, picks the faster count, leaves it when it slows down, and checks
 // again at growing intervals.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cstring>
@@ -11,6 +12,7 @@
 
 #include "core/threads.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/gemm_cut.h"
 #include "mnist_fixture.h"
 #include "test_util.h"
 
@@ -147,6 +149,30 @@ std::string file_bytes(const std::filesystem::path& path) {
 
 // The whole trainer: --threads 1, 2 and 0 (tuned, switching between 1 and 2 as it probes)
 // write the same weights to the byte.
+// A library call that throws inside the team (a oneDNN failure in a block of the cut) reaches
+// the caller as that exception, in parallel and on one thread alike, the other calls still run,
+// and the thread count is what it was.
+TEST(Threads, ALibraryCallThatThrowsReachesTheCallerAndKeepsTheThreadCount) {
+  const int saved = cpu_threads();
+  set_cpu_threads(2);
+  for (bool parallel : {true, false}) {
+    std::vector<int> ran(8, 0);
+    try {
+      cpu::for_library_calls(8, parallel, [&](int64_t i) {
+        ran[i] = 1;
+        if (i == 5) throw BackendError("block 5 failed");
+      });
+      ADD_FAILURE() << "no exception, parallel " << parallel;
+    } catch (const BackendError& e) {
+      EXPECT_STREQ(e.what(), "block 5 failed");
+    }
+    EXPECT_EQ(omp_get_max_threads(), 2) << "parallel " << parallel;
+    // in parallel every other call still ran; on one thread the calls after 5 did not
+    EXPECT_EQ(std::count(ran.begin(), ran.end(), 1), parallel ? 8 : 6) << "parallel " << parallel;
+  }
+  set_cpu_threads(saved);
+}
+
 TEST(Threads, TrainingWritesTheSameWeightsWhateverTheThreadCount) {
   ThreadsGuard guard;
   const auto dir = testing::make_dataset("threads", 1024, 64);

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <exception>
 
 namespace accrue::cpu {
 
@@ -67,17 +68,33 @@ inline GemmCut cut_gemm(int m, int n, int k) {
 // body(i) for i in [0, count), each a single-threaded library call: on the team's threads when
 // `parallel` (the work is worth a fork), else on this thread with BLAS held to one thread too
 // (outside an active parallel region OpenBLAS would otherwise fork by itself). Which thread runs
-// an i never changes what it computes.
+// an i never changes what it computes. A call that throws (a oneDNN failure) reaches the caller
+// once the team is done, instead of ending the process from inside the parallel region; the
+// thread count is restored either way.
 template <typename F>
 void for_library_calls(int64_t count, bool parallel, F body) {
   if (parallel && count > 1 && omp_get_max_threads() > 1) {
+    std::exception_ptr failure;
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < count; ++i) body(i);
+    for (int64_t i = 0; i < count; ++i) {
+      try {
+        body(i);
+      } catch (...) {
+#pragma omp critical(accrue_library_call_failure)
+        if (!failure) failure = std::current_exception();
+      }
+    }
+    if (failure) std::rethrow_exception(failure);
     return;
   }
   const int threads = omp_get_max_threads();
   omp_set_num_threads(1);
-  for (int64_t i = 0; i < count; ++i) body(i);
+  try {
+    for (int64_t i = 0; i < count; ++i) body(i);
+  } catch (...) {
+    omp_set_num_threads(threads);
+    throw;
+  }
   omp_set_num_threads(threads);
 }
 
