@@ -39,9 +39,8 @@ inline PaddedPlane padded_plane(const ConvShape& s, const Conv2dGeometry& g) {
 // cols [C KH KW, OH OW] (rows ld apart) = the patches of one sample x [C, H, W], zeros where a
 // patch reaches into the padding. Each channel is copied into the padded plane (whose border
 // stays zero from the first fill), then each tap is OH rows of OW values read from it.
-// Measured (bench, b = 32) against the earlier spans of the unpadded input, whose short row copies
-// were library calls: conv2's filter gradient 2.26 -> 1.79 ms, conv1's im2col forward 186 -> 146
-// us.
+// (The plane's rows are copied whole rather than as clipped spans: docs/cpu-speed.md, "The CNN in
+// 16 bits", has the measurements.)
 // The padded plane's inside = one input plane [H, W]; its border is left as it is (zero).
 template <typename T>
 void pad_plane(const T* in, const ConvShape& s, const Conv2dGeometry& g, T* padded) {
@@ -81,9 +80,7 @@ void im2col(const T* x, const ConvShape& s, const Conv2dGeometry& g, T* padded, 
 // every tap adds OH whole rows of OW values there, in vector lanes, with no bounds to clip (what
 // lands in the padding is dropped), and the plane's inside is copied to dx. Each element
 // receives its taps' values in tap order, so the sums are those of a bounds-checked fold.
-// Measured (accrue-bench, conv2d_backward_data_bf16 at conv2's shape, b = 32, 2 threads): 718 us
-// with each row clipped to the input and added a value at a time, 538 with those rows vectorised,
-// 503 as here (the product alone: 284).
+// Measurements: docs/cpu-speed.md, "The CNN in 16 bits".
 template <typename T>
 void col2im(const T* dcols, const ConvShape& s, const Conv2dGeometry& g, T* padded, T* dx) {
   const PaddedPlane plane = padded_plane(s, g);
@@ -123,9 +120,8 @@ inline void check_blas_sizes(const ConvShape& s, const char* op) {
 constexpr int64_t kFilterChunks = 8;
 // Within a chunk, samples are unfolded side by side (and their dy gathered beside them) into
 // one product of up to this many bytes of operands, so a call sums over several samples' pixels.
-// Measured (bench, conv2d_backward_filter): conv1's (K = 9, a short product per sample) runs at
-// 4 samples a call in about 300 us against 540 at one; conv2's (3 a call) is bound by the GEMM
-// itself and runs alike either way.
+// A product of one sample of conv1 (K = 9) is too short to run at the library's rate; conv2's are
+// not, and run alike either way (docs/cpu-speed.md, "The CNN in 16 bits").
 constexpr int64_t kFilterLoweringBytes = int64_t{1} << 20;
 
 // The filter gradient's chunks of samples (fixed by the shape alone) and the samples lowered into

@@ -238,15 +238,10 @@ void multiply_block(bool transposed, bool trans_a, bool trans_b, int k, T alpha,
 
 // Whether a batch of bfloat16 products [m, k] x [k, n], each too small for the library on its
 // own (kNativeBf16MinMacs), goes to oneDNN as batched matmuls: attention's per-head products.
-// One call per matrix cost more than the products (G2P's 128 [20, 32] x [32, 20] per call ran at
-// 32 GFLOP/s on the float32 panels).
+// A call per matrix costs more than the products (docs/cpu-speed.md has the measurements).
 bool batched_on_onednn(int64_t m, int64_t n, int64_t k) {
   return bf16_library() == Bf16Library::kOneDnn && k > 0 && m * n * k < kNativeBf16MinMacs;
 }
-
-// Matrices per batched matmul: about kNativeBf16MinMacs multiply-adds a call, a count fixed by
-// the shape alone, so which thread runs a call never changes a bit.
-constexpr int64_t kBatchedMacs = kNativeBf16MinMacs;
 
 // c [B, M, N] (bfloat16 or float32) = alpha op(a[i]) op(b[i]) + beta c[i] for bfloat16 a and b,
 // packed matrices: chunks of matrices fixed by the shape, each one single-threaded matmul.
@@ -254,7 +249,10 @@ void onednn_batches(bool trans_a, bool trans_b, float alpha, const Tensor& a, co
                     float beta, Tensor& c) {
   const int64_t count = c.size(0), m = c.size(1), n = c.size(2);
   const int64_t k = trans_a ? a.size(1) : a.size(2);
-  const int64_t per_call = std::max<int64_t>(1, kBatchedMacs / std::max<int64_t>(1, m * n * k));
+  // matrices per call: about kNativeBf16MinMacs multiply-adds, a count fixed by the shape alone,
+  // so which thread runs a call never changes a bit
+  const int64_t per_call =
+      std::max<int64_t>(1, kNativeBf16MinMacs / std::max<int64_t>(1, m * n * k));
   const int64_t calls = (count + per_call - 1) / per_call;
   const bool c_bf16 = !accumulates_in_float<bf16>("gemm_batched", c.dtype());
   const auto* pa = a.data<bf16>();
