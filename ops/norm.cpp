@@ -263,9 +263,50 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
       x.shape());
 }
 
+namespace {
+
+// A 16-bit input's batch norm: statistics and affine in float32 on recorded casts, as group_norm.
+// The running statistics may be float32 (mixed precision's buffers stay in the master dtype),
+// updated in place, or x's own 16-bit dtype (a model built in 16 bits), updated through float32
+// copies that are rounded back once per call.
+Tensor batch_norm_widened(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                          Tensor running_mean, Tensor running_var, bool training, double momentum,
+                          double eps) {
+  const int64_t channels = x.size(1);
+  check_affine("batch_norm", x, weight, "weight", channels);
+  check_affine("batch_norm", x, bias, "bias", channels);
+  const auto as_float = [&](const Tensor& stat, const char* what) {
+    if (!stat.defined() || stat.dtype() == DType::kFloat32) return stat;
+    if (stat.dtype() != x.dtype()) {
+      throw DTypeError(str_cat("[batch_norm] ", what, " of a ", dtype_name(x.dtype()),
+                               " input must be float32 or ", dtype_name(x.dtype()), ", got ",
+                               stat.describe()));
+    }
+    return to_dtype(stat, DType::kFloat32);
+  };
+  Tensor mean32 = as_float(running_mean, "running_mean");
+  Tensor var32 = as_float(running_var, "running_var");
+  Tensor out = cast(batch_norm(widened(x), widened(weight), widened(bias), mean32, var32, training,
+                               momentum, eps),
+                    x.dtype());
+  if (training) {
+    for (auto [stat, stat32] : {std::pair{running_mean, mean32}, std::pair{running_var, var32}}) {
+      if (stat.defined() && stat.dtype() != DType::kFloat32) {
+        stat.copy_(to_dtype(stat32, stat.dtype()));
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor running_mean,
                   Tensor running_var, bool training, double momentum, double eps) {
   check_batched("batch_norm", x, 2);
+  if (is_half(x.dtype())) {
+    return batch_norm_widened(x, weight, bias, running_mean, running_var, training, momentum, eps);
+  }
   const int64_t channels = x.size(1);
   check_affine("batch_norm", x, weight, "weight", channels);
   check_affine("batch_norm", x, bias, "bias", channels);

@@ -82,9 +82,10 @@ Tensor flatten(const Tensor& x);
 // dimension, affine per element (weight and bias with x's shape less the batch dimension).
 // batch_norm: statistics per channel over the batch (training: the batch's, and running_mean /
 // running_var, when defined, move by momentum with the unbiased variance, as PyTorch's; not
-// training: the running statistics). dropout: zeroes each element with probability key.p and
-// scales the rest by 1 / (1 - p); the mask is a hash of the key, the row's sample index
-// (samples, int32 [N]) and the element's index in its row.
+// training: the running statistics). A 16-bit x normalises in float32 (the statistics, the
+// affine and the running statistics, which may be float32 or x's dtype). dropout: zeroes each
+// element with probability key.p and scales the rest by 1 / (1 - p); the mask is a hash of the key,
+// the row's sample index (samples, int32 [N]) and the element's index in its row.
 Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias,
                   double eps = 1e-5);
 // max_pool2d_relu(group_norm(x, ...), pool) for x [N, C, H, W] as one op, the same bits forward

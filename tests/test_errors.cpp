@@ -340,6 +340,31 @@ TEST(Errors, NormArgumentsNameTheOpAndTheValues) {
         expect_error<ShapeError>([&] { nn::GroupNorm(3, 6).forward_relu_max_pool(flat, two); },
                                  {"[GroupNorm]", "[N, 6, H, W]", "[2, 6, 12]"});
       },
+      [&] {
+        expect_error<ShapeError>([&] { batch_norm(image, w5, w6, w6, w6, true); },
+                                 {"[batch_norm]", "weight", "[5]", "6 channels"});
+      },
+      [&] {
+        expect_error<ValueError>([&] { batch_norm(image, w6, w6, w6, w6, true, 1.5); },
+                                 {"[batch_norm]", "momentum in [0, 1]", "momentum 1.5"});
+      },
+      [&] {
+        expect_error<ValueError>([&] { batch_norm(image, w6, w6, Tensor(), Tensor(), false); },
+                                 {"[batch_norm]", "evaluation needs the running"});
+      },
+      [&] {  // a 16-bit input's running statistics: float32 or its own dtype, nothing else
+        const Tensor half = Tensor::zeros({2, 6, 3, 4}, DType::kBFloat16);
+        const Tensor h6 = Tensor::zeros({6}, DType::kBFloat16);
+        Tensor fp16_mean = Tensor::zeros({6}, DType::kFloat16);
+        expect_error<DTypeError>(
+            [&] { batch_norm(half, h6, h6, fp16_mean, w6, true); },
+            {"[batch_norm]", "running_mean", "bfloat16", "float32 or", "float16"});
+      },
+      [&] {  // the affine parameters of a 16-bit input share its dtype
+        const Tensor half = Tensor::zeros({2, 6, 3, 4}, DType::kBFloat16);
+        expect_error<DTypeError>([&] { batch_norm(half, w6, w6, w6, w6, true); },
+                                 {"[batch_norm]", "different dtypes", "float32"});
+      },
   });
 }
 

@@ -348,6 +348,50 @@ TEST(NormModules, EmptyBatchesGiveEmptyGradients) {
   }
 }
 
+// A 16-bit batch norm is the float32 one on the widened input, rounded once, on every device: the
+// output in training and evaluation, float32 running statistics updated in place as float32's
+// are, and 16-bit ones the float32 update rounded.
+TEST(NormModules, SixteenBitBatchNormIsTheFloat32OneOnTheWidenedInput) {
+  for (Device device : devices()) {
+    for (DType half : {DType::kBFloat16, DType::kFloat16}) {
+      SCOPED_TRACE(str_cat(dtype_name(half), " on ", device.str()));
+      const auto input = [&](const Shape& shape, uint64_t seed, double lo, double hi) {
+        return to_dtype(random(shape, seed, DType::kFloat32, lo, hi), half).to(device);
+      };
+      const Tensor x = input({4, 3, 5, 6}, 21, -2, 3), w = input({3}, 22, 0.5, 1.5);
+      const Tensor b = input({3}, 23, -1, 1);
+      const auto wide = [](const Tensor& t) { return to_dtype(t, DType::kFloat32); };
+      const auto stats = [&](DType dtype) {
+        return std::pair{Tensor::zeros({3}, dtype, device), full({3}, 1.0, dtype, device)};
+      };
+      auto [mean32, var32] = stats(DType::kFloat32);
+      auto [mean_ref, var_ref] = stats(DType::kFloat32);
+      auto [mean16, var16] = stats(half);
+      for (int call = 0; call < 2; ++call) {
+        const Tensor ref = batch_norm(wide(x), wide(w), wide(b), mean_ref, var_ref, true);
+        EXPECT_EQ(as_doubles(batch_norm(x, w, b, mean32, var32, true)),
+                  as_doubles(to_dtype(ref, half)));
+        EXPECT_EQ(as_doubles(mean32), as_doubles(mean_ref)) << "call " << call;
+        EXPECT_EQ(as_doubles(var32), as_doubles(var_ref)) << "call " << call;
+      }
+      // The 16-bit buffers round once per call: after one call, the float32 update rounded.
+      auto [mean_once, var_once] = stats(DType::kFloat32);
+      batch_norm(wide(x), wide(w), wide(b), mean_once, var_once, true);
+      batch_norm(x, w, b, mean16, var16, true);
+      EXPECT_EQ(mean16.dtype(), half);
+      EXPECT_EQ(as_doubles(mean16), as_doubles(to_dtype(mean_once, half)));
+      EXPECT_EQ(as_doubles(var16), as_doubles(to_dtype(var_once, half)));
+      EXPECT_EQ(as_doubles(batch_norm(x, w, b, mean32, var32, false)),
+                as_doubles(to_dtype(batch_norm(wide(x), wide(w), wide(b), mean_ref, var_ref, false),
+                                    half)));
+      EXPECT_EQ(
+          as_doubles(batch_norm(x, w, b, mean16, var16, false)),
+          as_doubles(to_dtype(
+              batch_norm(wide(x), wide(w), wide(b), wide(mean16), wide(var16), false), half)));
+    }
+  }
+}
+
 // Dropout: a sample's mask depends on (seed, step, sample, element) only, so 128 x 1 and
 // 32 x 4 accumulate the same gradient; the mask drops about p of the elements, changes with the
 // step, and eval() turns it off.

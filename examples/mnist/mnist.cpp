@@ -226,16 +226,11 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
     }
     const bool sixteen_bits =
         c.precision == train::Precision::kBf16 || c.precision == train::Precision::kFp16;
-    if (c.model == "cnn" && sixteen_bits && (c.norm == "batch" || c.device.is_cuda())) {
-      throw ValueError(str_cat(
-          "--model cnn runs --precision ", train::precision_name(c.precision),
-          c.norm == "batch" ? str_cat(" without --norm batch (BatchNorm's running statistics have "
-                                      "no 16-bit path; group and group1 normalise in float32), "
-                                      "got --norm ",
-                                      c.norm)
-                            : str_cat(" on the CPU (the CUDA convolution and pooling kernels take "
-                                      "fp32 and fp64), got --device ",
-                                      c.device.str())));
+    if (c.model == "cnn" && sixteen_bits && c.device.is_cuda()) {
+      throw ValueError(str_cat("--model cnn runs --precision ", train::precision_name(c.precision),
+                               " on the CPU (the CUDA convolution and pooling kernels take fp32 "
+                               "and fp64), got --device ",
+                               c.device.str()));
     }
   });
 }
