@@ -57,6 +57,12 @@ inline bool is_half(DType t) {
   return t == DType::kBFloat16 || t == DType::kFloat16;
 }
 
+// The dtype kernels compute a floating dtype's elements in (compute_t in half.h): float32 for the
+// 16-bit types, the dtype itself otherwise.
+inline DType compute_dtype(DType t) {
+  return is_half(t) ? DType::kFloat32 : t;
+}
+
 inline bool is_floating(DType t) {
   return t == DType::kFloat32 || t == DType::kFloat64 || is_half(t);
 }

@@ -4,7 +4,9 @@
 // accumulate the affine gradients straight into the parameters' gradient buffers when those
 // are leaves. BatchNorm normalises with the statistics of the batch it is given (a micro-batch
 // under accumulation: the caveat tests/test_norm_caveat.cpp measures) and updates the running
-// statistics in place on every training call. Dropout draws a counter-based mask
+// statistics in place on every training call. A 16-bit x normalises in float32: on the CPU the
+// kernels read it in 16 bits (normalised_in_sixteen_bits), elsewhere through recorded float32
+// copies (widened). Dropout draws a counter-based mask
 // (kernels/functors.h) from the key and each row's sample index. Read next: nn/conv.h.
 #include <memory>
 
@@ -24,33 +26,56 @@ Tensor as_ncs(const Tensor& x) {
   return x.view({n, c, n * c != 0 ? x.numel() / (n * c) : 0});
 }
 
-void check_affine(const char* op, const Tensor& x, const Tensor& t, const char* what,
-                  int64_t channels) {
-  if (!t.defined()) return;
-  check::compatible(op, x, t);
+void check_channels(const char* op, const Tensor& t, const char* what, int64_t channels) {
   if (t.numel() != channels) {
     throw ShapeError(str_cat("[", op, "] ", what, " has shape ", shape_str(t.shape()), " but ",
                              channels, " channels are normalised"));
   }
 }
 
-// Fetches the gradient buffers for the affine inputs (indices 1 and 2, of the given shapes): the
-// leaves' own when they all are leaves (beta = 1), else fresh tensors added to the sink after
-// `run`.
+void check_affine(const char* op, const Tensor& x, const Tensor& t, const char* what,
+                  int64_t channels) {
+  if (!t.defined()) return;
+  check::compatible(op, x, t);
+  check_channels(op, t, what, channels);
+}
+
+// Running statistics: float32 beside a 16-bit x (the dtype its statistics are computed in), x's
+// own dtype otherwise.
+void check_running(const char* op, const Tensor& x, const Tensor& t, const char* what,
+                   int64_t channels) {
+  if (!t.defined()) return;
+  check::same_device(op, x, t);
+  if (t.dtype() != compute_dtype(x.dtype())) {
+    throw DTypeError(str_cat("[", op, "] ", what, " of a ", dtype_name(x.dtype()),
+                             " input must be ", dtype_name(compute_dtype(x.dtype())), ", got ",
+                             t.describe()));
+  }
+  check_channels(op, t, what, channels);
+}
+
+// Fetches the gradient buffers for the affine inputs (indices 1 and 2, of the given shapes), in
+// the compute dtype of x (`like`): the leaves' own when they all are leaves of that dtype (beta =
+// 1; mixed precision's parameters, 16-bit working copies, have float32 gradient buffers), else
+// fresh tensors, added to the sink after `run` in the parameters' dtype (x's).
 template <typename Run>
 void affine_backward(GradSink& sink, const Tensor& like, int64_t channels, const Shape& w_shape,
                      const Shape& b_shape, Run run) {
+  const DType sums = compute_dtype(like.dtype());
   Tensor dw = sink.needs(1) ? sink.grad_buffer(1) : Tensor();
   Tensor db = sink.needs(2) ? sink.grad_buffer(2) : Tensor();
-  if ((!sink.needs(1) || dw.defined()) && (!sink.needs(2) || db.defined())) {
+  const auto usable = [&](size_t i, const Tensor& buffer) {
+    return !sink.needs(i) || (buffer.defined() && buffer.dtype() == sums);
+  };
+  if (usable(1, dw) && usable(2, db)) {
     run(1.0, dw, db);
     return;
   }
-  dw = sink.needs(1) ? Tensor::empty({channels}, like.dtype(), like.device()) : Tensor();
-  db = sink.needs(2) ? Tensor::empty({channels}, like.dtype(), like.device()) : Tensor();
+  dw = sink.needs(1) ? Tensor::empty({channels}, sums, like.device()) : Tensor();
+  db = sink.needs(2) ? Tensor::empty({channels}, sums, like.device()) : Tensor();
   run(0.0, dw, db);
-  if (sink.needs(1)) sink.add(1, dw.view(w_shape));
-  if (sink.needs(2)) sink.add(2, db.view(b_shape));
+  if (sink.needs(1)) sink.add(1, to_dtype(dw, like.dtype()).view(w_shape));
+  if (sink.needs(2)) sink.add(2, to_dtype(db, like.dtype()).view(b_shape));
 }
 
 // The backward of a normalisation over no elements: an empty input gradient, zero affine
@@ -167,8 +192,8 @@ Tensor normalize_groups(const char* op, const Tensor& x, int64_t groups, const T
   const int64_t channels = x.size(1);
   const Tensor xs = as_ncs(x);
   Tensor out = Tensor::empty(xs.shape(), x.dtype(), x.device());
-  Tensor mean = Tensor::empty({x.size(0), groups}, x.dtype(), x.device());
-  Tensor rstd = Tensor::empty({x.size(0), groups}, x.dtype(), x.device());
+  Tensor mean = Tensor::empty({x.size(0), groups}, compute_dtype(x.dtype()), x.device());
+  Tensor rstd = Tensor::empty({x.size(0), groups}, compute_dtype(x.dtype()), x.device());
   const Tensor w = weight.defined() ? weight.view({channels}) : Tensor();
   const Tensor b = bias.defined() ? bias.view({channels}) : Tensor();
   if (x.numel() > 0) backend_for(x.device()).group_norm(xs, groups, eps, w, b, out, mean, rstd);
@@ -196,11 +221,19 @@ Tensor widened(const Tensor& t) {
   return t.defined() ? cast(t, DType::kFloat32) : t;
 }
 
+// Whether a 16-bit x of group or batch norm skips those copies: the CPU kernels read and write
+// its 16 bits and compute in float32 themselves, the same values as the copies give
+// (kernels/cpu/norm.cpp), for planes of more than one value a channel. CUDA and single values
+// (layer norm's rows) take the copies.
+bool normalised_in_sixteen_bits(const Tensor& x) {
+  return x.device().is_cpu() && x.dim() > 2 && as_ncs(x).size(2) > 1;
+}
+
 }  // namespace
 
 Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias,
                   double eps) {
-  if (is_half(x.dtype())) {
+  if (is_half(x.dtype()) && !normalised_in_sixteen_bits(x)) {
     check_group_norm("group_norm", x, groups, weight, bias, eps);  // the 16-bit operands' dtypes
     return cast(group_norm(widened(x), groups, widened(weight), widened(bias), eps), x.dtype());
   }
@@ -209,7 +242,7 @@ Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const T
 
 Tensor group_norm_relu_max_pool2d(const Tensor& x, int64_t groups, const Tensor& weight,
                                   const Tensor& bias, const Pool2dGeometry& pool, double eps) {
-  if (is_half(x.dtype())) {
+  if (is_half(x.dtype()) && !normalised_in_sixteen_bits(x)) {
     check_group_norm("group_norm_relu_max_pool2d", x, groups, weight, bias, eps);
     return cast(
         group_norm_relu_max_pool2d(widened(x), groups, widened(weight), widened(bias), pool, eps),
@@ -222,8 +255,8 @@ Tensor group_norm_relu_max_pool2d(const Tensor& x, int64_t groups, const Tensor&
   const int64_t channels = x.size(1);
   Tensor out = Tensor::empty(shape, x.dtype(), x.device());
   Tensor argmax = Tensor::empty(shape, DType::kInt32, x.device());
-  Tensor mean = Tensor::empty({x.size(0), groups}, x.dtype(), x.device());
-  Tensor rstd = Tensor::empty({x.size(0), groups}, x.dtype(), x.device());
+  Tensor mean = Tensor::empty({x.size(0), groups}, compute_dtype(x.dtype()), x.device());
+  Tensor rstd = Tensor::empty({x.size(0), groups}, compute_dtype(x.dtype()), x.device());
   const Tensor w = weight.defined() ? weight.view({channels}) : Tensor();
   const Tensor b = bias.defined() ? bias.view({channels}) : Tensor();
   backend_for(x.device())
@@ -265,10 +298,11 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 
 namespace {
 
-// A 16-bit input's batch norm: statistics and affine in float32 on recorded casts, as group_norm.
-// The running statistics may be float32 (mixed precision's buffers stay in the master dtype),
-// updated in place, or x's own 16-bit dtype (a model built in 16 bits), updated through float32
-// copies that are rounded back once per call.
+// A 16-bit input's batch norm through float32 copies (widened), where the CPU kernels do not take
+// it in 16 bits (normalised_in_sixteen_bits) or its running statistics are 16-bit too. Those may
+// be float32 (mixed precision's buffers stay in the master dtype), updated in place, or x's own
+// 16-bit dtype (a model built in 16 bits), updated through float32 copies that are rounded back
+// once per call.
 Tensor batch_norm_widened(const Tensor& x, const Tensor& weight, const Tensor& bias,
                           Tensor running_mean, Tensor running_var, bool training, double momentum,
                           double eps) {
@@ -304,14 +338,18 @@ Tensor batch_norm_widened(const Tensor& x, const Tensor& weight, const Tensor& b
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor running_mean,
                   Tensor running_var, bool training, double momentum, double eps) {
   check_batched("batch_norm", x, 2);
-  if (is_half(x.dtype())) {
+  const auto float32_or_none = [](const Tensor& t) {
+    return !t.defined() || t.dtype() == DType::kFloat32;
+  };
+  if (is_half(x.dtype()) && !(normalised_in_sixteen_bits(x) && float32_or_none(running_mean) &&
+                              float32_or_none(running_var))) {
     return batch_norm_widened(x, weight, bias, running_mean, running_var, training, momentum, eps);
   }
   const int64_t channels = x.size(1);
   check_affine("batch_norm", x, weight, "weight", channels);
   check_affine("batch_norm", x, bias, "bias", channels);
-  check_affine("batch_norm", x, running_mean, "running_mean", channels);
-  check_affine("batch_norm", x, running_var, "running_var", channels);
+  check_running("batch_norm", x, running_mean, "running_mean", channels);
+  check_running("batch_norm", x, running_var, "running_var", channels);
   if (!(eps > 0) || !(momentum >= 0 && momentum <= 1)) {
     throw ValueError(str_cat("[batch_norm] needs eps > 0 and momentum in [0, 1], got eps ", eps,
                              ", momentum ", momentum));
@@ -325,8 +363,8 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Ten
                              "input shape ", shape_str(x.shape())));
   }
   Tensor out = Tensor::empty(xs.shape(), x.dtype(), x.device());
-  Tensor mean = Tensor::empty({channels}, x.dtype(), x.device());
-  Tensor rstd = Tensor::empty({channels}, x.dtype(), x.device());
+  Tensor mean = Tensor::empty({channels}, compute_dtype(x.dtype()), x.device());
+  Tensor rstd = Tensor::empty({channels}, compute_dtype(x.dtype()), x.device());
   const Tensor w = weight.defined() ? weight.view({channels}) : Tensor();
   const Tensor b = bias.defined() ? bias.view({channels}) : Tensor();
   Tensor rm = running_mean.defined() ? running_mean.view({channels}) : Tensor();

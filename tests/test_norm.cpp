@@ -348,10 +348,89 @@ TEST(NormModules, EmptyBatchesGiveEmptyGradients) {
   }
 }
 
-// A 16-bit batch norm is the float32 one on the widened input, rounded once, on every device: the
-// output in training and evaluation, float32 running statistics updated in place as float32's
-// are, and 16-bit ones the float32 update rounded.
-TEST(NormModules, SixteenBitBatchNormIsTheFloat32OneOnTheWidenedInput) {
+// A 16-bit group or batch norm is the float32 one on the widened operands, rounded once: the CPU
+// kernels read and write 16 bits and compute in float32, and elsewhere the op widens the operands
+// itself. Mixed precision's modules (parameters as 16-bit working copies of float32 masters,
+// float32 gradients and running statistics) against float32 modules holding the working copies'
+// values: the outputs, the input gradients rounded, the affine gradients and the running statistics
+// bit for bit, on every device.
+TEST(NormModules, SixteenBitNormsAreTheFloat32OnesOnWidenedOperands) {
+  const Pool2dGeometry two{2, 2, 2, 2, 0, 0};
+  struct Case {
+    const char* name;
+    bool batch;  // BatchNorm2d(6), else GroupNorm(3, 6)
+    std::function<Tensor(nn::Module&, const Tensor&)> run;
+  };
+  const auto group = [](nn::Module& m) -> nn::GroupNorm& { return static_cast<nn::GroupNorm&>(m); };
+  const std::vector<Case> cases = {
+      {"group_norm", false, [&](nn::Module& m, const Tensor& x) { return group(m).forward(x); }},
+      {"group_norm_relu_max_pool2d", false,
+       [&](nn::Module& m, const Tensor& x) { return group(m).forward_relu_max_pool(x, two); }},
+      {"batch_norm_train", true, [](nn::Module& m, const Tensor& x) { return m.forward(x); }},
+      {"batch_norm_eval", true,
+       [](nn::Module& m, const Tensor& x) {
+         m.eval();
+         return m.forward(x);
+       }},
+  };
+  for (Device device : devices()) {
+    for (DType half : {DType::kBFloat16, DType::kFloat16}) {
+      for (const Case& c : cases) {
+        SCOPED_TRACE(str_cat(c.name, " in ", dtype_name(half), " on ", device.str()));
+        const auto make = [&]() -> std::shared_ptr<nn::Module> {
+          if (c.batch) return std::make_shared<nn::BatchNorm2d>(6);
+          return std::make_shared<nn::GroupNorm>(3, 6);
+        };
+        std::shared_ptr<nn::Module> narrow = make(), wide = make();
+        uint64_t seed = 40;
+        for (auto& [name, p] : narrow->named_parameters()) {
+          p.copy_(random(p.shape(), ++seed, DType::kFloat32, 0.5, 1.5));
+        }
+        auto buffers16 = narrow->named_buffers(), buffers32 = wide->named_buffers();
+        for (size_t i = 0; i < buffers16.size(); ++i) {
+          if (buffers16[i].second.dtype() != DType::kFloat32) continue;  // the batch counter
+          const Tensor start = random(buffers16[i].second.shape(), ++seed, DType::kFloat32, 0.5, 2);
+          buffers16[i].second.copy_(start);
+          buffers32[i].second.copy_(start);
+        }
+        narrow->to(device);
+        wide->to(device);
+        optim::ParameterArena arena(*narrow);
+        arena.use_working_copy(half);
+        auto params16 = narrow->named_parameters(), params32 = wide->named_parameters();
+        for (size_t i = 0; i < params16.size(); ++i) {
+          params32[i].second.copy_(to_dtype(params16[i].second, DType::kFloat32));
+        }
+        Tensor x16 = to_dtype(random({4, 6, 5, 6}, 33, DType::kFloat32, -2, 3), half).to(device);
+        Tensor x32 = to_dtype(x16, DType::kFloat32);
+        x16.set_requires_grad(true);
+        x32.set_requires_grad(true);
+        // one tape at a time: backward() consumes it
+        const Tensor y16 = c.run(*narrow, x16);
+        const Tensor r = to_dtype(random(y16.shape(), 34, DType::kFloat32), half).to(device);
+        backward(sum(mul(y16, r)));
+        const Tensor y32 = c.run(*wide, x32);
+        backward(sum(mul(y32, to_dtype(r, DType::kFloat32))));
+        EXPECT_EQ(y16.dtype(), half);
+        EXPECT_EQ(as_doubles(y16), as_doubles(to_dtype(y32, half)));
+        EXPECT_EQ(as_doubles(x16.grad()), as_doubles(to_dtype(x32.grad(), half)));
+        for (size_t i = 0; i < params16.size(); ++i) {
+          EXPECT_EQ(params16[i].second.grad().dtype(), DType::kFloat32);
+          EXPECT_EQ(as_doubles(params16[i].second.grad()), as_doubles(params32[i].second.grad()))
+              << params16[i].first;
+        }
+        for (size_t i = 0; i < buffers16.size(); ++i) {
+          EXPECT_EQ(as_doubles(buffers16[i].second), as_doubles(buffers32[i].second))
+              << buffers16[i].first;
+        }
+      }
+    }
+  }
+}
+
+// Running statistics of a 16-bit batch norm in its own dtype (a model built in 16 bits) take the
+// float32 update rounded once a call.
+TEST(NormModules, SixteenBitRunningStatisticsRoundTheFloat32Update) {
   for (Device device : devices()) {
     for (DType half : {DType::kBFloat16, DType::kFloat16}) {
       SCOPED_TRACE(str_cat(dtype_name(half), " on ", device.str()));
@@ -364,26 +443,14 @@ TEST(NormModules, SixteenBitBatchNormIsTheFloat32OneOnTheWidenedInput) {
       const auto stats = [&](DType dtype) {
         return std::pair{Tensor::zeros({3}, dtype, device), full({3}, 1.0, dtype, device)};
       };
-      auto [mean32, var32] = stats(DType::kFloat32);
-      auto [mean_ref, var_ref] = stats(DType::kFloat32);
       auto [mean16, var16] = stats(half);
-      for (int call = 0; call < 2; ++call) {
-        const Tensor ref = batch_norm(wide(x), wide(w), wide(b), mean_ref, var_ref, true);
-        EXPECT_EQ(as_doubles(batch_norm(x, w, b, mean32, var32, true)),
-                  as_doubles(to_dtype(ref, half)));
-        EXPECT_EQ(as_doubles(mean32), as_doubles(mean_ref)) << "call " << call;
-        EXPECT_EQ(as_doubles(var32), as_doubles(var_ref)) << "call " << call;
-      }
-      // The 16-bit buffers round once per call: after one call, the float32 update rounded.
-      auto [mean_once, var_once] = stats(DType::kFloat32);
-      batch_norm(wide(x), wide(w), wide(b), mean_once, var_once, true);
-      batch_norm(x, w, b, mean16, var16, true);
+      auto [mean32, var32] = stats(DType::kFloat32);
+      const Tensor y = batch_norm(x, w, b, mean16, var16, true);
+      const Tensor ref = batch_norm(wide(x), wide(w), wide(b), mean32, var32, true);
+      EXPECT_EQ(as_doubles(y), as_doubles(to_dtype(ref, half)));
       EXPECT_EQ(mean16.dtype(), half);
-      EXPECT_EQ(as_doubles(mean16), as_doubles(to_dtype(mean_once, half)));
-      EXPECT_EQ(as_doubles(var16), as_doubles(to_dtype(var_once, half)));
-      EXPECT_EQ(as_doubles(batch_norm(x, w, b, mean32, var32, false)),
-                as_doubles(to_dtype(batch_norm(wide(x), wide(w), wide(b), mean_ref, var_ref, false),
-                                    half)));
+      EXPECT_EQ(as_doubles(mean16), as_doubles(to_dtype(mean32, half)));
+      EXPECT_EQ(as_doubles(var16), as_doubles(to_dtype(var32, half)));
       EXPECT_EQ(
           as_doubles(batch_norm(x, w, b, mean16, var16, false)),
           as_doubles(to_dtype(

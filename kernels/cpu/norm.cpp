@@ -3,7 +3,10 @@
 // statistics with PyTorch's momentum and unbiased variance). Statistics are two passes in
 // double (mean, then the mean square deviation) in a fixed order, so results do not depend on
 // the thread count; the per-element math is kernels/functors.h's NormApply and NormGrad, which
-// the CUDA kernels share.
+// the CUDA kernels share. Group norm over planes and batch norm also take bf16 and fp16 x (dy, dx,
+// weight and bias alike): each element is loaded into float, and the statistics, running
+// statistics and affine gradients are float32 (compute_t), so every value is the float32 kernel's
+// on the widened operands, rounded once, without widened copies in memory.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -47,9 +50,9 @@ std::pair<double, double> run_sums(int64_t n, F f, G g) {
 struct DySums {
   double g, gx, wg, wgx;
 };
-template <bool kWeighted, typename T>
-DySums dy_sums(const T* dy, const T* x, int64_t n, double m, double r, double w) {
-  constexpr bool kExactProducts = std::is_same_v<T, float>;
+template <bool kWeighted, typename G, typename T>
+DySums dy_sums(const G* dy, const T* x, int64_t n, double m, double r, double w) {
+  constexpr bool kExactProducts = std::is_same_v<compute_t<T>, float>;
   double g = 0, gx = 0, wg = 0, wgx = 0;
 #pragma omp simd reduction(+ : g, gx, wg, wgx)
   for (int64_t i = 0; i < n; ++i) {
@@ -70,14 +73,14 @@ DySums dy_sums(const T* dy, const T* x, int64_t n, double m, double r, double w)
 
 // The mean and biased variance of two sets of elements at once, set k being `segments` runs of
 // `run` elements each `stride` apart from a (k = 0) or b (k = 1); mean[k] and rstd[k] = 1 /
-// sqrt(var + eps) stored as T, the variances returned. A set without a partner goes beside itself
-// (statistics_of_one). The two sets' sums are run_sums' two chains in one loop, which overlap
-// rather than wait on each other. Every set goes through this one loop whatever its partner, so
-// its bits never depend on the batch around it (a loop of one set beside a chain of +0 vectorises
-// as this one on AVX2 and AVX-512 builds, but not on SSE2 ones).
-template <typename T>
+// sqrt(var + eps) stored in the compute type C, the variances returned. A set without a partner
+// goes beside itself (statistics_of_one). The two sets' sums are run_sums' two chains in one loop,
+// which overlap rather than wait on each other. Every set goes through this one loop whatever its
+// partner, so its bits never depend on the batch around it (a loop of one set beside a chain of +0
+// vectorises as this one on AVX2 and AVX-512 builds, but not on SSE2 ones).
+template <typename T, typename C>
 std::array<double, 2> statistics(const T* a, const T* b, int64_t segments, int64_t run,
-                                 int64_t stride, double eps, T* mean, T* rstd) {
+                                 int64_t stride, double eps, C* mean, C* rstd) {
   // run_sums over the two sets' segment s, value(v, k) of each value v of set k
   const auto both_sums = [&](int64_t s, auto value) {
     const T *p = a + s * stride, *q = b + s * stride;
@@ -104,17 +107,17 @@ std::array<double, 2> statistics(const T* a, const T* b, int64_t segments, int64
   std::array<double, 2> variance;
   for (int k = 0; k < 2; ++k) {
     variance[k] = squares[k] / count;
-    mean[k] = static_cast<T>(m[k]);
-    rstd[k] = static_cast<T>(1.0 / std::sqrt(variance[k] + eps));
+    mean[k] = static_cast<C>(m[k]);
+    rstd[k] = static_cast<C>(1.0 / std::sqrt(variance[k] + eps));
   }
   return variance;
 }
 
 // statistics of set a alone (beside itself): mean[0], rstd[0], and the variance returned.
-template <typename T>
+template <typename T, typename C>
 double statistics_of_one(const T* a, int64_t segments, int64_t run, int64_t stride, double eps,
-                         T* mean, T* rstd) {
-  T means[2], rstds[2];
+                         C* mean, C* rstd) {
+  C means[2], rstds[2];
   const double variance = statistics(a, a, segments, run, stride, eps, means, rstds)[0];
   *mean = means[0];
   *rstd = rstds[0];
@@ -134,7 +137,8 @@ void write_affine_grads(int64_t ch, double sum_gx, double sum_g, double beta, T*
 // Channel ch's sums of dy xhat and dy over N and S, into dweight[ch] and dbias[ch] (beta blend).
 template <typename T, typename StatsOf>
 void channel_affine_grads(const T* dy, const T* x, int64_t n, int64_t c, int64_t s, int64_t ch,
-                          StatsOf stats_of, double beta, T* dweight, T* dbias) {
+                          StatsOf stats_of, double beta, compute_t<T>* dweight,
+                          compute_t<T>* dbias) {
   double sum_gx = 0, sum_g = 0;
   for (int64_t i = 0; i < n; ++i) {
     const auto [mean, rstd] = stats_of(i, ch);
@@ -280,10 +284,10 @@ void norm_grad_rows(const T* dy, const T* x, T* dx, int64_t rows, int64_t stride
 // channel's N runs gives the sums of dy and dy xhat both times the weight (dx's terms) and without
 // it (the affine gradients, as channel_affine_grads sums them); a second pass writes dx. dy and x
 // are read twice rather than three times.
-template <typename T>
+template <typename T, typename C = compute_t<T>>
 void batch_norm_channel_backward(const T* dy, const T* x, T* dx, int64_t n, int64_t c, int64_t s,
-                                 int64_t ch, const T* weight, T mean, T rstd, double beta,
-                                 T* dweight, T* dbias) {
+                                 int64_t ch, const T* weight, C mean, C rstd, double beta,
+                                 C* dweight, C* dbias) {
   const double w = weight ? static_cast<double>(weight[ch]) : 1.0;
   const double m = static_cast<double>(mean), r = static_cast<double>(rstd);
   double sum_wg = 0, sum_wgx = 0, sum_g = 0, sum_gx = 0;
@@ -295,15 +299,15 @@ void batch_norm_channel_backward(const T* dy, const T* x, T* dx, int64_t n, int6
     sum_gx += sums.gx;
   }
   const double count = static_cast<double>(n * s);
-  const T mean_g = static_cast<T>(sum_wg / count), mean_gx = static_cast<T>(sum_wgx / count);
-  const T wt = weight ? weight[ch] : T(1);
+  const C mean_g = static_cast<C>(sum_wg / count), mean_gx = static_cast<C>(sum_wgx / count);
+  const C wt = weight ? load(weight[ch]) : C(1);
   const fn::NormGrad grad;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t at = (i * c + ch) * s;
     const T *g = dy + at, *xs = x + at;
     T* out = dx + at;
     for (int64_t k = 0; k < s; ++k) {
-      out[k] = grad(g[k] * wt, (xs[k] - mean) * rstd, rstd, mean_g, mean_gx);
+      out[k] = store<T>(grad(load(g[k]) * wt, (load(xs[k]) - mean) * rstd, rstd, mean_g, mean_gx));
     }
   }
   write_affine_grads(ch, sum_gx, sum_g, beta, dweight, dbias);
@@ -311,28 +315,31 @@ void batch_norm_channel_backward(const T* dy, const T* x, T* dx, int64_t n, int6
 
 // Group norm's forward over x [N, C, S], two groups at a time (the last alone when the count is
 // odd): their statistics side by side, then for each its normalised [per, S] values written where
-// target(ng) says, then done(ng, values) (the fused pooling reads them there).
-template <typename T, typename Target, typename Done>
+// target(ng) says (T or the compute type C), then done(ng, values) (the fused pooling reads them
+// there).
+template <typename T, typename C, typename Target, typename Done>
 void group_norm_groups(const T* in, int64_t n, int64_t c, int64_t s, int64_t groups, double eps,
-                       const T* w, const T* b, T* mu, T* rs, Target target, Done done) {
+                       const T* w, const T* b, C* mu, C* rs, Target target, Done done) {
   const int64_t per = c / groups, total = n * groups, size = per * s;
   const auto normalise = [=](int64_t ng) {
     const int64_t at = ng * size, c0 = (ng % groups) * per;
     const fn::NormApply apply;
     // mean and rstd as locals: as far as the compiler knows, the target may alias them
-    const T m = mu[ng], r = rs[ng];
-    T* values = target(ng);
+    const C m = mu[ng], r = rs[ng];
+    auto* values = target(ng);
+    using V = std::remove_pointer_t<decltype(values)>;
     if (s == 1) {  // a row of features (layer norm): one vector loop over them, not one per value
 #pragma omp simd
       for (int64_t k = 0; k < per; ++k) {
-        values[k] = apply(in[at + k], m, r, w ? w[c0 + k] : T(1), b ? b[c0 + k] : T(0));
+        values[k] = store<V>(
+            apply(load(in[at + k]), m, r, w ? load(w[c0 + k]) : C(1), b ? load(b[c0 + k]) : C(0)));
       }
     } else {
       for (int64_t k = 0; k < per; ++k) {
-        const T wk = w ? w[c0 + k] : T(1), bk = b ? b[c0 + k] : T(0);
+        const C wk = w ? load(w[c0 + k]) : C(1), bk = b ? load(b[c0 + k]) : C(0);
         const T* channel = in + at + k * s;
-        T* result = values + k * s;
-        for (int64_t i = 0; i < s; ++i) result[i] = apply(channel[i], m, r, wk, bk);
+        V* result = values + k * s;
+        for (int64_t i = 0; i < s; ++i) result[i] = store<V>(apply(load(channel[i]), m, r, wk, bk));
       }
     }
     done(ng, values);
@@ -353,19 +360,19 @@ void group_norm_groups(const T* in, int64_t n, int64_t c, int64_t s, int64_t gro
 // Group norm's backward over planes (S > 1): one pass over dy and x gives each (sample, channel)
 // its sums of dy and dy xhat, which make both the group's dx terms and the affine gradients (the
 // per-channel pass over N strided planes is gone); a second pass writes dx. group_dy(ng) gives
-// group ng's dy [per, S] (the fused pooling's backward spreads it there first). Sums in double,
-// in a fixed order.
-template <typename T, typename GroupDy>
+// group ng's dy [per, S], of T or the compute type C (the fused pooling's backward spreads it
+// there first). Sums in double, in a fixed order.
+template <typename T, typename C, typename GroupDy>
 void group_norm_backward_planes(GroupDy group_dy, const T* x, int64_t n, int64_t c, int64_t s,
-                                int64_t groups, const T* mean, const T* rstd, const T* weight,
-                                T* dx, double beta, T* dweight, T* dbias) {
+                                int64_t groups, const C* mean, const C* rstd, const T* weight,
+                                T* dx, double beta, C* dweight, C* dbias) {
   const int64_t per = c / groups;
   std::vector<double> sums(static_cast<size_t>(2 * n * c));
   double *sum_g = sums.data(), *sum_gx = sum_g + n * c;
   for_range(n * groups, n * c * s, [=](int64_t ng) {
     const int64_t sample = ng / groups, c0 = (ng % groups) * per;
     const double m = static_cast<double>(mean[ng]), r = static_cast<double>(rstd[ng]);
-    const T* dy = group_dy(ng);
+    const auto* dy = group_dy(ng);
     double group_g = 0, group_gx = 0;
     for (int64_t k = 0; k < per; ++k) {
       const int64_t sc = sample * c + c0 + k;
@@ -379,18 +386,20 @@ void group_norm_backward_planes(GroupDy group_dy, const T* x, int64_t n, int64_t
     }
     if (dx == nullptr) return;
     const double count = static_cast<double>(per * s);
-    const T mean_g = static_cast<T>(group_g / count), mean_gx = static_cast<T>(group_gx / count);
+    const C mean_g = static_cast<C>(group_g / count), mean_gx = static_cast<C>(group_gx / count);
     const fn::NormGrad grad;
     // mean and rstd as locals: as far as the compiler knows, dx may alias them, and reloading
     // them every element kept this loop from vectorising
-    const T group_mean = mean[ng], group_rstd = rstd[ng];
+    const C group_mean = mean[ng], group_rstd = rstd[ng];
     for (int64_t k = 0; k < per; ++k) {
       const int64_t at = (sample * c + c0 + k) * s;
-      const T w = weight ? weight[c0 + k] : T(1);
-      const T *g = dy + k * s, *xs = x + at;
+      const C w = weight ? load(weight[c0 + k]) : C(1);
+      const auto* g = dy + k * s;
+      const T* xs = x + at;
       T* out = dx + at;
       for (int64_t i = 0; i < s; ++i) {
-        out[i] = grad(g[i] * w, (xs[i] - group_mean) * group_rstd, group_rstd, mean_g, mean_gx);
+        out[i] = store<T>(grad(load(g[i]) * w, (load(xs[i]) - group_mean) * group_rstd, group_rstd,
+                               mean_g, mean_gx));
       }
     }
   });
@@ -405,17 +414,82 @@ void group_norm_backward_planes(GroupDy group_dy, const T* x, int64_t n, int64_t
   });
 }
 
+// group_norm_backward for S = 1 (or an empty S = 0), float and double: rows of C values, each
+// group of per of them normalised on its own. 16-bit rows are widened before they get here.
+template <typename T>
+void rows_backward(const T* g, const T* in, T* out, int64_t n, int64_t c, int64_t s, int64_t groups,
+                   const T* mu, const T* rs, const T* w, double beta, T* dweight, T* dbias) {
+  const int64_t per = c / groups;
+  if (out != nullptr && s == 1) {
+    // blocks of kRowBlock samples' rows of one group (the same weights); rows one by one where
+    // the blocks would be too few tasks to share out (a row's bits do not depend on its block)
+    constexpr int64_t kMinTasks = 16;
+    const int64_t block = n / kRowBlock * groups >= kMinTasks ? kRowBlock : 1;
+    const int64_t blocks = (n + block - 1) / block;
+    for_range(blocks * groups, n * c, [=](int64_t task) {
+      const int64_t group = task % groups, first = task / groups * block;
+      const int64_t at = first * c + group * per, ng = first * groups + group;
+      norm_grad_rows(g + at, in + at, out + at, std::min(block, n - first), c, per,
+                     w ? w + group * per : nullptr, mu + ng, rs + ng, groups);
+    });
+  }
+  if (s == 1 && groups == 1) {  // layer norm
+    row_affine_grads(g, in, n, c, mu, rs, beta, dweight, dbias);
+    return;
+  }
+  affine_grads(
+      g, in, n, c, s,
+      [=](int64_t i, int64_t ch) {
+        const int64_t ng = i * groups + ch / per;
+        return std::pair<double, double>(mu[ng], rs[ng]);
+      },
+      beta, dweight, dbias);
+}
+template <typename T, typename = std::enable_if_t<is_half_v<T>>>
+void rows_backward(const T*, const T*, T*, int64_t, int64_t, int64_t s, int64_t, const float*,
+                   const float*, const T*, double, float*, float*) {
+  throw DTypeError(str_cat("[group_norm_backward] ", dtype_name(dtype_of<T>()),
+                           " rows of single values (S = ", s,
+                           ") take float32 copies (ops/norm.cpp)"));
+}
+
+// A group's normalised values (the compute type C) pooled into out: directly where T is C, else
+// into the scratch `maxima` and rounded from there.
+template <typename T, typename C>
+void pool_group(const C* normalised, int64_t per, const PlaneShape& planes, const Pool2dGeometry& g,
+                int32_t* scratch, C* maxima, T* out, int32_t* argmax) {
+  if constexpr (std::is_same_v<T, C>) {
+    max_pool_planes(normalised, per, planes, g, true, scratch, out, argmax);
+  } else {
+    max_pool_planes(normalised, per, planes, g, true, scratch, maxima, argmax);
+    const int64_t pooled = per * planes.oh * planes.ow;
+    for (int64_t i = 0; i < pooled; ++i) out[i] = store<T>(maxima[i]);
+  }
+}
+
+// A group's pooled dy in the compute type C: itself where T is C, else widened into `wide`.
+template <typename T, typename C>
+const C* in_compute_type(const T* dy, int64_t count, C* wide) {
+  if constexpr (std::is_same_v<T, C>) {
+    return dy;
+  } else {
+    for (int64_t i = 0; i < count; ++i) wide[i] = load(dy[i]);
+    return wide;
+  }
+}
+
 }  // namespace
 
 void CpuBackend::group_norm(const Tensor& x, int64_t groups, double eps, const Tensor& weight,
                             const Tensor& bias, Tensor& y, Tensor& mean, Tensor& rstd) {
   // x [N, C, S]; a group is C / groups consecutive channels of one sample: contiguous
   const int64_t n = x.size(0), c = x.size(1), s = x.size(2), per = c / groups;
-  ACCRUE_DISPATCH_FLOATING(x.dtype(), "group_norm", [&] {
+  ACCRUE_DISPATCH_FLOATING_AND_HALF(x.dtype(), "group_norm", [&] {
+    using C = compute_t<T>;
     T* out = y.data<T>();
     group_norm_groups(
         x.data<T>(), n, c, s, groups, eps, optional_data<T>(weight), optional_data<T>(bias),
-        mean.data<T>(), rstd.data<T>(), [=](int64_t ng) { return out + ng * per * s; },
+        mean.data<C>(), rstd.data<C>(), [=](int64_t ng) { return out + ng * per * s; },
         [](int64_t, const T*) {});
   });
 }
@@ -424,43 +498,19 @@ void CpuBackend::group_norm_backward(const Tensor& dy, const Tensor& x, int64_t 
                                      const Tensor& mean, const Tensor& rstd, const Tensor& weight,
                                      Tensor& dx, double beta, Tensor& dweight, Tensor& dbias) {
   const int64_t n = x.size(0), c = x.size(1), s = x.size(2), per = c / groups;
-  ACCRUE_DISPATCH_FLOATING(x.dtype(), "group_norm_backward", [&] {
+  ACCRUE_DISPATCH_FLOATING_AND_HALF(x.dtype(), "group_norm_backward", [&] {
+    using C = compute_t<T>;
     const T *g = dy.data<T>(), *in = x.data<T>(), *w = optional_data<T>(weight);
-    const T *mu = mean.data<T>(), *rs = rstd.data<T>();
+    const C *mu = mean.data<C>(), *rs = rstd.data<C>();
     T* out = optional_data<T>(dx);
     if (s > 1) {
       group_norm_backward_planes([=](int64_t ng) { return g + ng * per * s; }, in, n, c, s, groups,
-                                 mu, rs, w, out, beta, optional_data<T>(dweight),
-                                 optional_data<T>(dbias));
+                                 mu, rs, w, out, beta, optional_data<C>(dweight),
+                                 optional_data<C>(dbias));
       return;
     }
-    // S = 1 (or an empty S = 0) from here: rows of C values, each group of per of them normalised
-    // on its own
-    if (out != nullptr && s == 1) {
-      // blocks of kRowBlock samples' rows of one group (the same weights); rows one by one where
-      // the blocks would be too few tasks to share out (a row's bits do not depend on its block)
-      constexpr int64_t kMinTasks = 16;
-      const int64_t block = n / kRowBlock * groups >= kMinTasks ? kRowBlock : 1;
-      const int64_t blocks = (n + block - 1) / block;
-      for_range(blocks * groups, n * c, [=](int64_t task) {
-        const int64_t group = task % groups, first = task / groups * block;
-        const int64_t at = first * c + group * per, ng = first * groups + group;
-        norm_grad_rows(g + at, in + at, out + at, std::min(block, n - first), c, per,
-                       w ? w + group * per : nullptr, mu + ng, rs + ng, groups);
-      });
-    }
-    if (s == 1 && groups == 1) {  // layer norm
-      row_affine_grads(g, in, n, c, mu, rs, beta, optional_data<T>(dweight),
-                       optional_data<T>(dbias));
-      return;
-    }
-    affine_grads(
-        g, in, n, c, s,
-        [=](int64_t i, int64_t ch) {
-          const int64_t ng = i * groups + ch / per;
-          return std::pair<double, double>(mu[ng], rs[ng]);
-        },
-        beta, optional_data<T>(dweight), optional_data<T>(dbias));
+    rows_backward(g, in, out, n, c, s, groups, mu, rs, w, beta, optional_data<C>(dweight),
+                  optional_data<C>(dbias));
   });
 }
 
@@ -477,17 +527,20 @@ void CpuBackend::group_norm_relu_max_pool2d(const Tensor& x, int64_t groups, dou
   const int64_t n = x.size(0), c = x.size(1), s = x.size(2) * x.size(3), per = c / groups;
   const PlaneShape planes{per, x.size(2), x.size(3), y.size(2), y.size(3)};
   const int64_t pooled = per * planes.oh * planes.ow;  // a group's outputs
-  ACCRUE_DISPATCH_FLOATING(x.dtype(), "group_norm_relu_max_pool2d", [&] {
+  ACCRUE_DISPATCH_FLOATING_AND_HALF(x.dtype(), "group_norm_relu_max_pool2d", [&] {
+    // 16 bits: the group is normalised and pooled in float, and only the pooled maxima rounded
+    using C = compute_t<T>;
     T* out = y.data<T>();
     int32_t* at = argmax.data<int32_t>();
-    ThreadScratch<T> values(per, s, x.dtype());
+    ThreadScratch<C> values(per, s, compute_dtype(x.dtype()));
+    ThreadScratch<C> maxima(1, is_half_v<T> ? pooled : 0, compute_dtype(x.dtype()));
     ThreadScratch<int32_t> scratch(1, max_pool_scratch(planes), DType::kInt32);
     group_norm_groups(
         x.data<T>(), n, c, s, groups, eps, optional_data<T>(weight), optional_data<T>(bias),
-        mean.data<T>(), rstd.data<T>(), [&](int64_t) { return values.mine(); },
-        [&](int64_t ng, const T* normalised) {
-          max_pool_planes(normalised, per, planes, g, true, scratch.mine(), out + ng * pooled,
-                          at + ng * pooled);
+        mean.data<C>(), rstd.data<C>(), [&](int64_t) { return values.mine(); },
+        [&](int64_t ng, const C* normalised) {
+          pool_group(normalised, per, planes, g, scratch.mine(), maxima.mine(), out + ng * pooled,
+                     at + ng * pooled);
         });
   });
 }
@@ -510,19 +563,23 @@ void CpuBackend::group_norm_relu_max_pool2d_backward(const Tensor& dy, const Ten
   const PlaneShape planes{per, x.size(2), x.size(3), dy.size(2), dy.size(3)};
   const int64_t pooled = per * planes.oh * planes.ow;  // a group's outputs
   const bool two_by_two = pools_2x2(planes, g);
-  ACCRUE_DISPATCH_FLOATING(x.dtype(), "group_norm_relu_max_pool2d_backward", [&] {
+  ACCRUE_DISPATCH_FLOATING_AND_HALF(x.dtype(), "group_norm_relu_max_pool2d_backward", [&] {
+    // 16 bits: the group's pooled dy is widened, then spread in float
+    using C = compute_t<T>;
     const T* pooled_dy = dy.data<T>();
     const int32_t* at = argmax.data<int32_t>();
-    ThreadScratch<T> spread(per, s, x.dtype());
+    ThreadScratch<C> spread(per, s, compute_dtype(x.dtype()));
+    ThreadScratch<C> widened(1, is_half_v<T> ? pooled : 0, compute_dtype(x.dtype()));
     group_norm_backward_planes(
         [&](int64_t ng) {
-          T* group_dy = spread.mine();
-          max_pool_backward_planes(pooled_dy + ng * pooled, at + ng * pooled, per, planes,
-                                   two_by_two, group_dy);
-          return static_cast<const T*>(group_dy);
+          const C* pooled_grad = in_compute_type(pooled_dy + ng * pooled, pooled, widened.mine());
+          C* group_dy = spread.mine();
+          max_pool_backward_planes(pooled_grad, at + ng * pooled, per, planes, two_by_two,
+                                   group_dy);
+          return static_cast<const C*>(group_dy);
         },
-        x.data<T>(), n, c, s, groups, mean.data<T>(), rstd.data<T>(), optional_data<T>(weight),
-        optional_data<T>(dx), beta, optional_data<T>(dweight), optional_data<T>(dbias));
+        x.data<T>(), n, c, s, groups, mean.data<C>(), rstd.data<C>(), optional_data<T>(weight),
+        optional_data<T>(dx), beta, optional_data<C>(dweight), optional_data<C>(dbias));
   });
 }
 
@@ -531,35 +588,37 @@ void CpuBackend::batch_norm(const Tensor& x, double eps, double momentum, bool u
                             Tensor& running_var, Tensor& y, Tensor& mean, Tensor& rstd) {
   // x [N, C, S]; a channel's set is N runs of S elements, C S apart
   const int64_t n = x.size(0), c = x.size(1), s = x.size(2);
-  ACCRUE_DISPATCH_FLOATING(x.dtype(), "batch_norm", [&] {
+  ACCRUE_DISPATCH_FLOATING_AND_HALF(x.dtype(), "batch_norm", [&] {
+    using C = compute_t<T>;
     const T *in = x.data<T>(), *w = optional_data<T>(weight), *b = optional_data<T>(bias);
-    T *out = y.data<T>(), *mu = mean.data<T>(), *rs = rstd.data<T>();
-    T *rm = optional_data<T>(running_mean), *rv = optional_data<T>(running_var);
+    T* out = y.data<T>();
+    C *mu = mean.data<C>(), *rs = rstd.data<C>();
+    C *rm = optional_data<C>(running_mean), *rv = optional_data<C>(running_var);
     const double count = static_cast<double>(n * s);
     // channel ch's running statistics from its batch statistics
     const auto update_running = [=](int64_t ch, double var) {
       if (momentum >= 0 && rm != nullptr) {
         // The running variance takes the unbiased estimate, as PyTorch's.
-        rm[ch] = static_cast<T>((1 - momentum) * double(rm[ch]) + momentum * double(mu[ch]));
+        rm[ch] = static_cast<C>((1 - momentum) * double(rm[ch]) + momentum * double(mu[ch]));
         rv[ch] =
-            static_cast<T>((1 - momentum) * double(rv[ch]) + momentum * var * count / (count - 1));
+            static_cast<C>((1 - momentum) * double(rv[ch]) + momentum * var * count / (count - 1));
       }
     };
     const auto normalise = [=](int64_t ch) {
-      const T wk = w ? w[ch] : T(1), bk = b ? b[ch] : T(0);
+      const C wk = w ? load(w[ch]) : C(1), bk = b ? load(b[ch]) : C(0);
       // mean and rstd as locals: as far as the compiler knows, out may alias them
-      const T m = mu[ch], r = rs[ch];
+      const C m = mu[ch], r = rs[ch];
       const fn::NormApply apply;
       for (int64_t i = 0; i < n; ++i) {
         const T* run = in + (i * c + ch) * s;
         T* result = out + (i * c + ch) * s;
-        for (int64_t k = 0; k < s; ++k) result[k] = apply(run[k], m, r, wk, bk);
+        for (int64_t k = 0; k < s; ++k) result[k] = store<T>(apply(load(run[k]), m, r, wk, bk));
       }
     };
     if (use_running) {  // the running statistics, channel by channel
       for_range(c, n * c * s, [=](int64_t ch) {
         mu[ch] = rm[ch];
-        rs[ch] = static_cast<T>(1.0 / std::sqrt(static_cast<double>(rv[ch]) + eps));
+        rs[ch] = static_cast<C>(1.0 / std::sqrt(static_cast<double>(rv[ch]) + eps));
         normalise(ch);
       });
       return;
@@ -586,11 +645,12 @@ void CpuBackend::batch_norm_backward(const Tensor& dy, const Tensor& x, bool use
                                      const Tensor& mean, const Tensor& rstd, const Tensor& weight,
                                      Tensor& dx, double beta, Tensor& dweight, Tensor& dbias) {
   const int64_t n = x.size(0), c = x.size(1), s = x.size(2);
-  ACCRUE_DISPATCH_FLOATING(x.dtype(), "batch_norm_backward", [&] {
+  ACCRUE_DISPATCH_FLOATING_AND_HALF(x.dtype(), "batch_norm_backward", [&] {
+    using C = compute_t<T>;
     const T *g = dy.data<T>(), *in = x.data<T>(), *w = optional_data<T>(weight);
-    const T *mu = mean.data<T>(), *rs = rstd.data<T>();
+    const C *mu = mean.data<C>(), *rs = rstd.data<C>();
     T* out = optional_data<T>(dx);
-    T *dw = optional_data<T>(dweight), *db = optional_data<T>(dbias);
+    C *dw = optional_data<C>(dweight), *db = optional_data<C>(dbias);
     const auto stats_of = [=](int64_t, int64_t ch) {
       return std::pair<double, double>(mu[ch], rs[ch]);
     };
@@ -598,10 +658,10 @@ void CpuBackend::batch_norm_backward(const Tensor& dy, const Tensor& x, bool use
     // finds them in cache (one pass where only the affine gradients are asked for)
     for_range(c, n * c * s, [=](int64_t ch) {
       if (out != nullptr && use_running) {  // constants: dx = dy w rstd
-        const T scale = (w ? w[ch] : T(1)) * rs[ch];
+        const C scale = (w ? load(w[ch]) : C(1)) * rs[ch];
         for (int64_t i = 0; i < n; ++i) {
           for (int64_t k = 0; k < s; ++k)
-            out[(i * c + ch) * s + k] = g[(i * c + ch) * s + k] * scale;
+            out[(i * c + ch) * s + k] = store<T>(load(g[(i * c + ch) * s + k]) * scale);
         }
       } else if (out != nullptr) {
         batch_norm_channel_backward(g, in, out, n, c, s, ch, w, mu[ch], rs[ch], beta, dw, db);
