@@ -57,25 +57,25 @@ void check_running(const char* op, const Tensor& x, const Tensor& t, const char*
 // Fetches the gradient buffers for the affine inputs (indices 1 and 2, of the given shapes), in
 // the compute dtype of x (`like`): the leaves' own when they all are leaves of that dtype (beta =
 // 1; mixed precision's parameters, 16-bit working copies, have float32 gradient buffers), else
-// fresh tensors, added to the sink after `run` in the parameters' dtype (x's).
+// fresh tensors, added to the sink after `run`: as they are where the input's buffer has their
+// dtype (a float32 buffer never takes a sum rounded to 16 bits), else in the parameters' dtype.
 template <typename Run>
 void affine_backward(GradSink& sink, const Tensor& like, int64_t channels, const Shape& w_shape,
                      const Shape& b_shape, Run run) {
   const DType sums = compute_dtype(like.dtype());
   Tensor dw = sink.needs(1) ? sink.grad_buffer(1) : Tensor();
   Tensor db = sink.needs(2) ? sink.grad_buffer(2) : Tensor();
-  const auto usable = [&](size_t i, const Tensor& buffer) {
-    return !sink.needs(i) || (buffer.defined() && buffer.dtype() == sums);
-  };
-  if (usable(1, dw) && usable(2, db)) {
+  const bool dw_fits = dw.defined() && dw.dtype() == sums,
+             db_fits = db.defined() && db.dtype() == sums;
+  if ((!sink.needs(1) || dw_fits) && (!sink.needs(2) || db_fits)) {
     run(1.0, dw, db);
     return;
   }
   dw = sink.needs(1) ? Tensor::empty({channels}, sums, like.device()) : Tensor();
   db = sink.needs(2) ? Tensor::empty({channels}, sums, like.device()) : Tensor();
   run(0.0, dw, db);
-  if (sink.needs(1)) sink.add(1, to_dtype(dw, like.dtype()).view(w_shape));
-  if (sink.needs(2)) sink.add(2, to_dtype(db, like.dtype()).view(b_shape));
+  if (sink.needs(1)) sink.add(1, (dw_fits ? dw : to_dtype(dw, like.dtype())).view(w_shape));
+  if (sink.needs(2)) sink.add(2, (db_fits ? db : to_dtype(db, like.dtype())).view(b_shape));
 }
 
 // The backward of a normalisation over no elements: an empty input gradient, zero affine
@@ -214,19 +214,18 @@ Tensor normalize_groups(const char* op, const Tensor& x, int64_t groups, const T
   return out;
 }
 
-// Mixed precision's normalisations: a 16-bit input's statistics and affine run in float32, on
-// float32 copies of x and the affine parameters (recorded casts, so their gradients flow back in
-// 16 bits), the result cast back to x's dtype.
+// Where a 16-bit input does not go to the kernels in 16 bits (normalised_in_sixteen_bits below):
+// its statistics and affine run in float32 on float32 copies of x and the affine parameters
+// (recorded casts, so their gradients flow back in 16 bits), the result cast back to x's dtype.
 Tensor widened(const Tensor& t) {
   return t.defined() ? cast(t, DType::kFloat32) : t;
 }
 
-// Whether a 16-bit x of group or batch norm skips those copies: the CPU kernels read and write
-// its 16 bits and compute in float32 themselves, the same values as the copies give
-// (kernels/cpu/norm.cpp), for planes of more than one value a channel. CUDA and single values
-// (layer norm's rows) take the copies.
+// Whether a 16-bit x skips those copies: the CPU kernels read and write its 16 bits and compute
+// in float32 themselves, the same values as the copies give (kernels/cpu/norm.cpp). The CUDA
+// kernels take float32 and float64, so there the copies stay.
 bool normalised_in_sixteen_bits(const Tensor& x) {
-  return x.device().is_cpu() && x.dim() > 2 && as_ncs(x).size(2) > 1;
+  return x.device().is_cpu();
 }
 
 }  // namespace
@@ -288,7 +287,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
                                " features (shape ", shape_str(x.shape()), ")"));
     }
   }
-  if (is_half(x.dtype())) {
+  if (is_half(x.dtype()) && !normalised_in_sixteen_bits(x)) {
     return cast(layer_norm(widened(x), widened(weight), widened(bias), eps), x.dtype());
   }
   return reshape(
@@ -353,6 +352,10 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Ten
   if (!(eps > 0) || !(momentum >= 0 && momentum <= 1)) {
     throw ValueError(str_cat("[batch_norm] needs eps > 0 and momentum in [0, 1], got eps ", eps,
                              ", momentum ", momentum));
+  }
+  if (running_mean.defined() != running_var.defined()) {
+    throw ValueError(str_cat("[batch_norm] needs both running statistics or neither, got only ",
+                             running_mean.defined() ? "running_mean" : "running_var"));
   }
   if (!training && !(running_mean.defined() && running_var.defined())) {
     throw ValueError("[batch_norm] evaluation needs the running mean and variance");

@@ -352,6 +352,11 @@ TEST(Errors, NormArgumentsNameTheOpAndTheValues) {
         expect_error<ValueError>([&] { batch_norm(image, w6, w6, Tensor(), Tensor(), false); },
                                  {"[batch_norm]", "evaluation needs the running"});
       },
+      [&] {  // training would update a mean without its variance
+        expect_error<ValueError>(
+            [&] { batch_norm(image, w6, w6, w6, Tensor(), true); },
+            {"[batch_norm]", "both running statistics or neither", "only running_mean"});
+      },
       [&] {  // a 16-bit input's running statistics: float32 or its own dtype, nothing else
         const Tensor half = Tensor::zeros({2, 6, 3, 4}, DType::kBFloat16);
         const Tensor h6 = Tensor::zeros({6}, DType::kBFloat16);

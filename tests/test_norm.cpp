@@ -13,6 +13,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 #include <random>
 
 #include "cnn.h"
@@ -348,38 +349,71 @@ TEST(NormModules, EmptyBatchesGiveEmptyGradients) {
   }
 }
 
-// A 16-bit group or batch norm is the float32 one on the widened operands, rounded once: the CPU
-// kernels read and write 16 bits and compute in float32, and elsewhere the op widens the operands
-// itself (recorded casts). Mixed precision's modules (parameters as 16-bit working copies of float32 masters,
-// float32 gradients and running statistics) against float32 modules holding the working copies'
-// values: the outputs, the input gradients rounded, the affine gradients and the running statistics
-// bit for bit, on every device.
+// A 16-bit group, batch or layer norm is the float32 one on the widened operands, rounded once: the
+// CPU kernels read and write 16 bits and compute in float32, and elsewhere the op widens the
+// operands itself (recorded casts). Mixed precision's modules (parameters as 16-bit working copies
+// of float32 masters, float32 gradients and running statistics) against float32 modules holding the
+// working copies' values: the outputs, the input gradients rounded, the affine gradients and the
+// running statistics bit for bit, on every device.
 TEST(NormModules, SixteenBitNormsAreTheFloat32OnesOnWidenedOperands) {
-  const Pool2dGeometry two{2, 2, 2, 2, 0, 0};
+  // GroupNorm(3 groups, or one a channel, C), BatchNorm2d(C), LayerNorm({C}); C = x_shape[1]
+  enum Kind { kGroup, kBatch, kLayer };
   struct Case {
     const char* name;
-    bool batch;  // BatchNorm2d(6), else GroupNorm(3, 6)
+    Kind kind;
+    Shape x_shape;
     std::function<Tensor(nn::Module&, const Tensor&)> run;
+    bool affine = true, x_grad = true;
   };
   const auto group = [](nn::Module& m) -> nn::GroupNorm& { return static_cast<nn::GroupNorm&>(m); };
+  const auto forward = [](nn::Module& m, const Tensor& x) { return m.forward(x); };
+  const auto pooled = [&](Pool2dGeometry g) {
+    return [&group, g](nn::Module& m, const Tensor& x) {
+      return group(m).forward_relu_max_pool(x, g);
+    };
+  };
+  const auto eval = [](nn::Module& m, const Tensor& x) {
+    m.eval();
+    return m.forward(x);
+  };
+  // S = 30; an odd count of groups or channels (one set of statistics computed alone); rows of
+  // single values
+  const Shape planes{4, 6, 5, 6}, odd_groups{3, 6, 5, 6}, odd_channels{4, 5, 5, 6};
+  const Shape single{4, 6, 1, 1};
+  const Pool2dGeometry two{2, 2, 2, 2, 0, 0}, overlapping{3, 3, 2, 2, 1, 1};
   const std::vector<Case> cases = {
-      {"group_norm", false, [&](nn::Module& m, const Tensor& x) { return group(m).forward(x); }},
-      {"group_norm_relu_max_pool2d", false,
-       [&](nn::Module& m, const Tensor& x) { return group(m).forward_relu_max_pool(x, two); }},
-      {"batch_norm_train", true, [](nn::Module& m, const Tensor& x) { return m.forward(x); }},
-      {"batch_norm_eval", true,
-       [](nn::Module& m, const Tensor& x) {
-         m.eval();
-         return m.forward(x);
-       }},
+      {"group_norm", kGroup, planes, forward},
+      {"group_norm_odd_count", kGroup, odd_groups, forward},
+      {"group_norm_no_affine", kGroup, planes, forward, false},
+      {"group_norm_affine_only", kGroup, planes, forward, true, false},
+      {"group_norm_single_values", kGroup, single, forward},
+      {"group_norm_relu_max_pool2d", kGroup, planes, pooled(two)},
+      {"group_norm_relu_max_pool2d_overlapping", kGroup, odd_groups, pooled(overlapping)},
+      {"group_norm_relu_max_pool2d_affine_only", kGroup, planes, pooled(two), true, false},
+      {"group_norm_relu_max_pool2d_single_values", kGroup, single, pooled({2, 2, 1, 1, 1, 1})},
+      {"batch_norm_train", kBatch, planes, forward},
+      {"batch_norm_train_odd_count", kBatch, odd_channels, forward},
+      {"batch_norm_train_no_affine", kBatch, planes, forward, false},
+      {"batch_norm_train_affine_only", kBatch, planes, forward, true, false},
+      {"batch_norm_train_single_values", kBatch, {8, 6, 1, 1}, forward},
+      {"batch_norm_eval", kBatch, odd_channels, eval},
+      {"batch_norm_eval_affine_only", kBatch, planes, eval, true, false},
+      {"layer_norm", kLayer, {5, 3, 6}, forward},
+      {"layer_norm_affine_only", kLayer, {5, 3, 6}, forward, true, false},
   };
   for (Device device : devices()) {
     for (DType half : {DType::kBFloat16, DType::kFloat16}) {
       for (const Case& c : cases) {
         SCOPED_TRACE(str_cat(c.name, " in ", dtype_name(half), " on ", device.str()));
+        const int64_t channels = c.kind == kLayer ? c.x_shape.back() : c.x_shape[1];
         const auto make = [&]() -> std::shared_ptr<nn::Module> {
-          if (c.batch) return std::make_shared<nn::BatchNorm2d>(6);
-          return std::make_shared<nn::GroupNorm>(3, 6);
+          if (c.kind == kBatch)
+            return std::make_shared<nn::BatchNorm2d>(channels, 1e-5, 0.1, c.affine);
+          if (c.kind == kLayer) {
+            return std::make_shared<nn::LayerNorm>(std::vector<int64_t>{channels}, 1e-5, c.affine);
+          }
+          return std::make_shared<nn::GroupNorm>(channels % 3 == 0 ? 3 : channels, channels, 1e-5,
+                                                 c.affine);
         };
         std::shared_ptr<nn::Module> narrow = make(), wide = make();
         uint64_t seed = 40;
@@ -395,16 +429,19 @@ TEST(NormModules, SixteenBitNormsAreTheFloat32OnesOnWidenedOperands) {
         }
         narrow->to(device);
         wide->to(device);
-        optim::ParameterArena arena(*narrow);
-        arena.use_working_copy(half);
+        std::optional<optim::ParameterArena> arena;  // none without affine parameters
+        if (c.affine) {
+          arena.emplace(*narrow);
+          arena->use_working_copy(half);
+        }
         auto params16 = narrow->named_parameters(), params32 = wide->named_parameters();
         for (size_t i = 0; i < params16.size(); ++i) {
           params32[i].second.copy_(to_dtype(params16[i].second, DType::kFloat32));
         }
-        Tensor x16 = to_dtype(random({4, 6, 5, 6}, 33, DType::kFloat32, -2, 3), half).to(device);
+        Tensor x16 = to_dtype(random(c.x_shape, 33, DType::kFloat32, -2, 3), half).to(device);
         Tensor x32 = to_dtype(x16, DType::kFloat32);
-        x16.set_requires_grad(true);
-        x32.set_requires_grad(true);
+        x16.set_requires_grad(c.x_grad);
+        x32.set_requires_grad(c.x_grad);
         // one tape at a time: backward() consumes it
         const Tensor y16 = c.run(*narrow, x16);
         const Tensor r = to_dtype(random(y16.shape(), 34, DType::kFloat32), half).to(device);
@@ -413,14 +450,15 @@ TEST(NormModules, SixteenBitNormsAreTheFloat32OnesOnWidenedOperands) {
         backward(sum(mul(y32, to_dtype(r, DType::kFloat32))));
         EXPECT_EQ(y16.dtype(), half);
         EXPECT_EQ(as_doubles(y16), as_doubles(to_dtype(y32, half)));
-        EXPECT_EQ(as_doubles(x16.grad()), as_doubles(to_dtype(x32.grad(), half)));
+        if (c.x_grad) EXPECT_EQ(as_doubles(x16.grad()), as_doubles(to_dtype(x32.grad(), half)));
         // The affine gradients: the float32 sums themselves from the CPU kernels; through the
         // copies (CUDA) they pass the cast back to the parameters' 16 bits once.
         for (size_t i = 0; i < params16.size(); ++i) {
           const Tensor want = params32[i].second.grad();
           EXPECT_EQ(params16[i].second.grad().dtype(), DType::kFloat32);
-          EXPECT_EQ(as_doubles(params16[i].second.grad()),
-                    as_doubles(device.is_cpu() ? want : to_dtype(to_dtype(want, half), want.dtype())))
+          EXPECT_EQ(
+              as_doubles(params16[i].second.grad()),
+              as_doubles(device.is_cpu() ? want : to_dtype(to_dtype(want, half), want.dtype())))
               << params16[i].first;
         }
         for (size_t i = 0; i < buffers16.size(); ++i) {

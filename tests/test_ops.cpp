@@ -127,9 +127,10 @@ Dims layer_norm_shapes(int64_t r, int64_t c) {
   return {{r, c}, {c}, {c}};
 }
 
-// Running statistics for a batch-norm case: made afresh inside each call.
+// Running statistics for a batch-norm case: made afresh inside each call, in the dtype x's
+// statistics are computed in (float32 beside a 16-bit x, as mixed precision keeps them).
 Tensor running(int64_t channels, double value, const Tensor& like) {
-  return full({channels}, value, like.dtype(), like.device());
+  return full({channels}, value, compute_dtype(like.dtype()), like.device());
 }
 
 // Sample indices 0 .. N-1 for a dropout case.
@@ -345,7 +346,8 @@ TEST_P(OpTable, EveryDeviceMatchesCpu) {
 // The ops mixed precision runs in 16 bits (layer_norm and causal_softmax take 16-bit tensors and
 // compute in float32 inside, embedding sums its gradient rows in float32); the softmax family
 // and the loss stay float32 by design (the trainer casts the logits up first) and refuse 16-bit
-// inputs by name, as does dropout. The normalisations widen a 16-bit input to float32 inside.
+// inputs by name, as does dropout. The normalisations compute a 16-bit input in float32 (in their
+// CPU kernels, or on float32 copies elsewhere).
 bool takes_half(const std::string& op) {
   for (const char* prefix : {"log_softmax", "cross_entropy", "mlp", "dropout"}) {
     if (op.rfind(prefix, 0) == 0) return false;

@@ -3,10 +3,12 @@
 // statistics with PyTorch's momentum and unbiased variance). Statistics are two passes in
 // double (mean, then the mean square deviation) in a fixed order, so results do not depend on
 // the thread count; the per-element math is kernels/functors.h's NormApply and NormGrad, which
-// the CUDA kernels share. Group norm over planes and batch norm also take bf16 and fp16 x (dy, dx,
-// weight and bias alike): each element is loaded into float, and the statistics, running
-// statistics and affine gradients are float32 (compute_t), so every value is the float32 kernel's
-// on the widened operands, rounded once, without widened copies in memory.
+// the CUDA kernels share. Every kernel also takes bf16 and fp16 x (dy, dx, weight and bias alike):
+// each element is loaded into float, and the statistics, running statistics and affine gradients
+// are float32 (compute_t): the float32 kernel's arithmetic on the widened operands, rounded once,
+// without widened copies in memory. (The compiler splits a run's double sums into vector lanes
+// per element type, so a 16-bit kernel's sum may differ from float32's in its last double bits;
+// the rounding to float hides that but for a near tie, about 2^-29 of the values.)
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -19,6 +21,7 @@
 #include "kernels/cpu/scratch.h"
 #include "kernels/cpu/vec.h"
 #include "kernels/dispatch.h"
+#include "kernels/factories.h"
 #include "kernels/functors.h"
 
 namespace accrue::cpu {
@@ -154,7 +157,7 @@ void channel_affine_grads(const T* dy, const T* x, int64_t n, int64_t c, int64_t
 // Every channel's channel_affine_grads.
 template <typename T, typename StatsOf>
 void affine_grads(const T* dy, const T* x, int64_t n, int64_t c, int64_t s, StatsOf stats_of,
-                  double beta, T* dweight, T* dbias) {
+                  double beta, compute_t<T>* dweight, compute_t<T>* dbias) {
   if (dweight == nullptr && dbias == nullptr) return;
   for_range(c, n * c * s, [=](int64_t ch) {
     channel_affine_grads(dy, x, n, c, s, ch, stats_of, beta, dweight, dbias);
@@ -165,9 +168,9 @@ void affine_grads(const T* dy, const T* x, int64_t n, int64_t c, int64_t s, Stat
 // dy xhat and dy, reading rows rather than channels (a channel's walk down N rows C apart uses one
 // value of each cache line). Rows are cut into blocks of a fixed size, whatever the thread count;
 // each block sums its rows in order into its own partial sums, added in block order after.
-template <typename T>
-void row_affine_grads(const T* dy, const T* x, int64_t n, int64_t c, const T* mean, const T* rstd,
-                      double beta, T* dweight, T* dbias) {
+template <typename T, typename C = compute_t<T>>
+void row_affine_grads(const T* dy, const T* x, int64_t n, int64_t c, const C* mean, const C* rstd,
+                      double beta, C* dweight, C* dbias) {
   if (dweight == nullptr && dbias == nullptr) return;
   constexpr int64_t kRowsPerBlock = 64;
   const int64_t blocks = (n + kRowsPerBlock - 1) / kRowsPerBlock;
@@ -215,6 +218,10 @@ void stage_rows(const T* first, int64_t stride, int64_t rows, int64_t count,
         v[j] = V{};
       } else if constexpr (std::is_same_v<T, double>) {
         v[j] = vec::load<double, kRowBlock>(at);
+      } else if constexpr (is_half_v<T>) {
+        alignas(64) double wide[kRowBlock];
+        for (int64_t i = 0; i < kRowBlock; ++i) wide[i] = static_cast<double>(load(at[i]));
+        v[j] = vec::load<double, kRowBlock>(wide);
       } else {
         v[j] = __builtin_convertvector(vec::load<T, kRowBlock>(at), V);
       }
@@ -236,9 +243,9 @@ void stage_rows(const T* first, int64_t stride, int64_t rows, int64_t count,
 // additions, so the rows' chains run side by side, one row a vector lane: a block of features is
 // first staged as [feature, row] doubles (the lanes past `rows` as zeros, never read back). A row's
 // bits are those of the row alone, whatever the block.
-template <typename T>
+template <typename T, typename C = compute_t<T>>
 void norm_grad_rows(const T* dy, const T* x, T* dx, int64_t rows, int64_t stride, int64_t features,
-                    const T* w, const T* mean, const T* rstd, int64_t stat_stride) {
+                    const T* w, const C* mean, const C* rstd, int64_t stat_stride) {
   using V = vec::Vec<double, kRowBlock>;
   constexpr int64_t kStaged = 64;  // features a block
   alignas(64) double m[kRowBlock] = {}, r[kRowBlock] = {};
@@ -269,13 +276,13 @@ void norm_grad_rows(const T* dy, const T* x, T* dx, int64_t rows, int64_t stride
   const double count = static_cast<double>(features);
   const fn::NormGrad grad;
   for (int64_t j = 0; j < rows; ++j) {
-    const T mean_g = static_cast<T>(sum_g[j] / count), mean_gx = static_cast<T>(sum_gx[j] / count);
-    const T row_mean = mean[j * stat_stride], row_rstd = rstd[j * stat_stride];
+    const C mean_g = static_cast<C>(sum_g[j] / count), mean_gx = static_cast<C>(sum_gx[j] / count);
+    const C row_mean = mean[j * stat_stride], row_rstd = rstd[j * stat_stride];
     const T *g = dy + j * stride, *xs = x + j * stride;
     T* out = dx + j * stride;
     for (int64_t k = 0; k < features; ++k) {
-      out[k] =
-          grad(g[k] * (w ? w[k] : T(1)), (xs[k] - row_mean) * row_rstd, row_rstd, mean_g, mean_gx);
+      out[k] = store<T>(grad(load(g[k]) * (w ? load(w[k]) : C(1)),
+                             (load(xs[k]) - row_mean) * row_rstd, row_rstd, mean_g, mean_gx));
     }
   }
 }
@@ -414,11 +421,11 @@ void group_norm_backward_planes(GroupDy group_dy, const T* x, int64_t n, int64_t
   });
 }
 
-// group_norm_backward for S = 1 (or an empty S = 0), float and double: rows of C values, each
-// group of per of them normalised on its own. 16-bit rows are widened before they get here.
-template <typename T>
+// group_norm_backward for S = 1 (or an empty S = 0): rows of C values, each group of per of them
+// normalised on its own.
+template <typename T, typename C = compute_t<T>>
 void rows_backward(const T* g, const T* in, T* out, int64_t n, int64_t c, int64_t s, int64_t groups,
-                   const T* mu, const T* rs, const T* w, double beta, T* dweight, T* dbias) {
+                   const C* mu, const C* rs, const T* w, double beta, C* dweight, C* dbias) {
   const int64_t per = c / groups;
   if (out != nullptr && s == 1) {
     // blocks of kRowBlock samples' rows of one group (the same weights); rows one by one where
@@ -444,13 +451,6 @@ void rows_backward(const T* g, const T* in, T* out, int64_t n, int64_t c, int64_
         return std::pair<double, double>(mu[ng], rs[ng]);
       },
       beta, dweight, dbias);
-}
-template <typename T, typename = std::enable_if_t<is_half_v<T>>>
-void rows_backward(const T*, const T*, T*, int64_t, int64_t, int64_t s, int64_t, const float*,
-                   const float*, const T*, double, float*, float*) {
-  throw DTypeError(str_cat("[group_norm_backward] ", dtype_name(dtype_of<T>()),
-                           " rows of single values (S = ", s,
-                           ") take float32 copies (ops/norm.cpp)"));
 }
 
 // A group's normalised values (the compute type C) pooled into out: directly where T is C, else
@@ -552,12 +552,19 @@ void CpuBackend::group_norm_relu_max_pool2d_backward(const Tensor& dy, const Ten
                                                      Tensor& dx, double beta, Tensor& dweight,
                                                      Tensor& dbias) {
   const int64_t n = x.size(0), c = x.size(1), s = x.size(2) * x.size(3), per = c / groups;
-  if (s == 1) {  // 1 x 1 planes: group norm's backward takes its own path there, so spread first
-    Tensor spread = Tensor::empty({n, c, 1, 1}, x.dtype(), x.device());
-    max_pool2d_backward(dy, argmax, spread);
-    Tensor dx_ncs = dx.defined() ? dx.view({n, c, 1}) : Tensor();
-    group_norm_backward(spread.view({n, c, 1}), x.view({n, c, 1}), groups, mean, rstd, weight,
-                        dx_ncs, beta, dweight, dbias);
+  if (s == 1) {
+    // 1 x 1 planes: group norm's backward takes its own path there, so spread first, in the
+    // compute type (overlapping windows add up there; a 16-bit x's operands are widened for it,
+    // and its dx rounded once)
+    const DType wide = compute_dtype(x.dtype());
+    Tensor spread = Tensor::empty({n, c, 1, 1}, wide, x.device());
+    max_pool2d_backward(to_dtype(dy, wide), argmax, spread);
+    Tensor dx_wide = !dx.defined() || dx.dtype() == wide ? dx : Tensor::empty(dx.shape(), wide);
+    Tensor dx_ncs = dx_wide.defined() ? dx_wide.view({n, c, 1}) : Tensor();
+    group_norm_backward(spread.view({n, c, 1}), to_dtype(x, wide).view({n, c, 1}), groups, mean,
+                        rstd, weight.defined() ? to_dtype(weight, wide) : weight, dx_ncs, beta,
+                        dweight, dbias);
+    if (dx_wide.defined() && dx_wide.dtype() != dx.dtype()) cast(dx_wide, dx);
     return;
   }
   const PlaneShape planes{per, x.size(2), x.size(3), dy.size(2), dy.size(3)};
