@@ -288,6 +288,9 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
     }
   }
   if (is_half(x.dtype()) && !normalised_in_sixteen_bits(x)) {
+    for (const Tensor* t : {&weight, &bias}) {  // the dtypes the CPU path checks, here too
+      if (t->defined()) check::compatible("layer_norm", x, *t);
+    }
     return cast(layer_norm(widened(x), widened(weight), widened(bias), eps), x.dtype());
   }
   return reshape(

@@ -365,6 +365,11 @@ TEST(Errors, NormArgumentsNameTheOpAndTheValues) {
             [&] { batch_norm(half, h6, h6, fp16_mean, w6, true); },
             {"[batch_norm]", "running_mean", "bfloat16", "float32 or", "float16"});
       },
+      [&] {  // layer norm's too, on every device
+        const Tensor half = Tensor::zeros({2, 6}, DType::kBFloat16);
+        expect_error<DTypeError>([&] { layer_norm(half, w6, Tensor()); },
+                                 {"[layer_norm]", "different dtypes", "float32"});
+      },
       [&] {  // the affine parameters of a 16-bit input share its dtype
         const Tensor half = Tensor::zeros({2, 6, 3, 4}, DType::kBFloat16);
         expect_error<DTypeError>([&] { batch_norm(half, w6, w6, w6, w6, true); },

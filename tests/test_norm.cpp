@@ -399,6 +399,8 @@ TEST(NormModules, SixteenBitNormsAreTheFloat32OnesOnWidenedOperands) {
       {"batch_norm_eval", kBatch, odd_channels, eval},
       {"batch_norm_eval_affine_only", kBatch, planes, eval, true, false},
       {"layer_norm", kLayer, {5, 3, 6}, forward},
+      // blocks of 8 rows and 8 features in the backward's staging, and a 64 + 6 split
+      {"layer_norm_blocks", kLayer, {133, 70}, forward},
       {"layer_norm_affine_only", kLayer, {5, 3, 6}, forward, true, false},
   };
   for (Device device : devices()) {

@@ -21,7 +21,6 @@
 #include "kernels/cpu/scratch.h"
 #include "kernels/cpu/vec.h"
 #include "kernels/dispatch.h"
-#include "kernels/factories.h"
 #include "kernels/functors.h"
 
 namespace accrue::cpu {
@@ -557,13 +556,19 @@ void CpuBackend::group_norm_relu_max_pool2d_backward(const Tensor& dy, const Ten
     // compute type (overlapping windows add up there; a 16-bit x's operands are widened for it,
     // and its dx rounded once)
     const DType wide = compute_dtype(x.dtype());
+    const auto widened = [&](const Tensor& t) {
+      if (!t.defined() || t.dtype() == wide) return t;
+      Tensor out = Tensor::empty(t.shape(), wide, t.device());
+      cast(t, out);
+      return out;
+    };
     Tensor spread = Tensor::empty({n, c, 1, 1}, wide, x.device());
-    max_pool2d_backward(to_dtype(dy, wide), argmax, spread);
-    Tensor dx_wide = !dx.defined() || dx.dtype() == wide ? dx : Tensor::empty(dx.shape(), wide);
+    max_pool2d_backward(widened(dy), argmax, spread);
+    Tensor dx_wide =  // a scratch for a 16-bit dx, else dx itself
+        !dx.defined() || dx.dtype() == wide ? dx : Tensor::empty(dx.shape(), wide, dx.device());
     Tensor dx_ncs = dx_wide.defined() ? dx_wide.view({n, c, 1}) : Tensor();
-    group_norm_backward(spread.view({n, c, 1}), to_dtype(x, wide).view({n, c, 1}), groups, mean,
-                        rstd, weight.defined() ? to_dtype(weight, wide) : weight, dx_ncs, beta,
-                        dweight, dbias);
+    group_norm_backward(spread.view({n, c, 1}), widened(x).view({n, c, 1}), groups, mean, rstd,
+                        widened(weight), dx_ncs, beta, dweight, dbias);
     if (dx_wide.defined() && dx_wide.dtype() != dx.dtype()) cast(dx_wide, dx);
     return;
   }
