@@ -5,9 +5,9 @@
 // are leaves. BatchNorm normalises with the statistics of the batch it is given (a micro-batch
 // under accumulation: the caveat tests/test_norm_caveat.cpp measures) and updates the running
 // statistics in place on every training call. A 16-bit x normalises in float32: on the CPU the
-// kernels read it in 16 bits (normalised_in_sixteen_bits), elsewhere through recorded float32
-// copies (widened). Dropout draws a counter-based mask
-// (kernels/functors.h) from the key and each row's sample index. Read next: nn/conv.h.
+// kernels read it in 16 bits, elsewhere through recorded float32 copies (on_float32_copies).
+// Dropout draws a counter-based mask (kernels/functors.h) from the key and each row's sample index.
+// Read next: nn/conv.h.
 #include <memory>
 
 #include "core/graph.h"
@@ -214,25 +214,25 @@ Tensor normalize_groups(const char* op, const Tensor& x, int64_t groups, const T
   return out;
 }
 
-// Where a 16-bit input does not go to the kernels in 16 bits (normalised_in_sixteen_bits below):
+// Where a 16-bit input does not go to the kernels in 16 bits (on_float32_copies below):
 // its statistics and affine run in float32 on float32 copies of x and the affine parameters
 // (recorded casts, so their gradients flow back in 16 bits), the result cast back to x's dtype.
 Tensor widened(const Tensor& t) {
   return t.defined() ? cast(t, DType::kFloat32) : t;
 }
 
-// Whether a 16-bit x skips those copies: the CPU kernels read and write its 16 bits and compute
-// in float32 themselves, the same values as the copies give (kernels/cpu/norm.cpp). The CUDA
-// kernels take float32 and float64, so there the copies stay.
-bool normalised_in_sixteen_bits(const Tensor& x) {
-  return x.device().is_cpu();
+// Whether x is normalised on those copies: a 16-bit x off the CPU. The CPU kernels read and write
+// 16 bits and compute in float32 themselves, the same values as the copies give
+// (kernels/cpu/norm.cpp); the CUDA kernels take float32 and float64.
+bool on_float32_copies(const Tensor& x) {
+  return is_half(x.dtype()) && !x.device().is_cpu();
 }
 
 }  // namespace
 
 Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias,
                   double eps) {
-  if (is_half(x.dtype()) && !normalised_in_sixteen_bits(x)) {
+  if (on_float32_copies(x)) {
     check_group_norm("group_norm", x, groups, weight, bias, eps);  // the 16-bit operands' dtypes
     return cast(group_norm(widened(x), groups, widened(weight), widened(bias), eps), x.dtype());
   }
@@ -241,7 +241,7 @@ Tensor group_norm(const Tensor& x, int64_t groups, const Tensor& weight, const T
 
 Tensor group_norm_relu_max_pool2d(const Tensor& x, int64_t groups, const Tensor& weight,
                                   const Tensor& bias, const Pool2dGeometry& pool, double eps) {
-  if (is_half(x.dtype()) && !normalised_in_sixteen_bits(x)) {
+  if (on_float32_copies(x)) {
     check_group_norm("group_norm_relu_max_pool2d", x, groups, weight, bias, eps);
     return cast(
         group_norm_relu_max_pool2d(widened(x), groups, widened(weight), widened(bias), pool, eps),
@@ -287,7 +287,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
                                " features (shape ", shape_str(x.shape()), ")"));
     }
   }
-  if (is_half(x.dtype()) && !normalised_in_sixteen_bits(x)) {
+  if (on_float32_copies(x)) {
     for (const Tensor* t : {&weight, &bias}) {  // the dtypes the CPU path checks, here too
       if (t->defined()) check::compatible("layer_norm", x, *t);
     }
@@ -300,11 +300,10 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 
 namespace {
 
-// A 16-bit input's batch norm through float32 copies (widened), where the CPU kernels do not take
-// it in 16 bits (normalised_in_sixteen_bits) or its running statistics are 16-bit too. Those may
-// be float32 (mixed precision's buffers stay in the master dtype), updated in place, or x's own
-// 16-bit dtype (a model built in 16 bits), updated through float32 copies that are rounded back
-// once per call.
+// A 16-bit input's batch norm through float32 copies (widened), off the CPU (on_float32_copies) or
+// where its running statistics are 16-bit too. Those may be float32 (mixed precision's buffers stay
+// in the master dtype), updated in place, or x's own 16-bit dtype (a model built in 16 bits),
+// updated through float32 copies that are rounded back once per call.
 Tensor batch_norm_widened(const Tensor& x, const Tensor& weight, const Tensor& bias,
                           Tensor running_mean, Tensor running_var, bool training, double momentum,
                           double eps) {
@@ -343,8 +342,8 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Ten
   const auto float32_or_none = [](const Tensor& t) {
     return !t.defined() || t.dtype() == DType::kFloat32;
   };
-  if (is_half(x.dtype()) && !(normalised_in_sixteen_bits(x) && float32_or_none(running_mean) &&
-                              float32_or_none(running_var))) {
+  if (on_float32_copies(x) ||
+      (is_half(x.dtype()) && !(float32_or_none(running_mean) && float32_or_none(running_var)))) {
     return batch_norm_widened(x, weight, bias, running_mean, running_var, training, momentum, eps);
   }
   const int64_t channels = x.size(1);

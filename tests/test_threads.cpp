@@ -147,13 +147,11 @@ std::string file_bytes(const std::filesystem::path& path) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
-// The whole trainer: --threads 1, 2 and 0 (tuned, switching between 1 and 2 as it probes)
-// write the same weights to the byte.
 // A library call that throws inside the team (a oneDNN failure in a block of the cut) reaches
 // the caller as that exception, in parallel and on one thread alike, the other calls still run,
 // and the thread count is what it was.
 TEST(Threads, ALibraryCallThatThrowsReachesTheCallerAndKeepsTheThreadCount) {
-  const int saved = cpu_threads();
+  ThreadsGuard guard;
   set_cpu_threads(2);
   for (bool parallel : {true, false}) {
     std::vector<int> ran(8, 0);
@@ -170,9 +168,10 @@ TEST(Threads, ALibraryCallThatThrowsReachesTheCallerAndKeepsTheThreadCount) {
     // in parallel every other call still ran; on one thread the calls after 5 did not
     EXPECT_EQ(std::count(ran.begin(), ran.end(), 1), parallel ? 8 : 6) << "parallel " << parallel;
   }
-  set_cpu_threads(saved);
 }
 
+// The whole trainer: --threads 1, 2 and 0 (tuned, switching between 1 and 2 as it probes)
+// write the same weights to the byte.
 TEST(Threads, TrainingWritesTheSameWeightsWhateverTheThreadCount) {
   ThreadsGuard guard;
   const auto dir = testing::make_dataset("threads", 1024, 64);
