@@ -223,11 +223,13 @@ void conv(State& state, Device d, ConvPass pass,
 // The CNN's other kernels at its micro-batch shapes {batch, channels, size}, in bytes against the
 // same-run copy bandwidth: what each must read and write at least (the input once, the output
 // once; the backward passes also read what they were given).
-// max_pool2d_relu is the CNN's (the ReLU before the pooling applied per tap).
-void max_pool(State& state, Device d, bool backward, bool relu) {
+// max_pool2d_relu is the CNN's (the ReLU before the pooling applied per tap); the _bf16 rows its
+// mixed-precision form.
+void max_pool(State& state, Device d, bool backward, bool relu, DType dtype = DType::kFloat32) {
   const int64_t n = state.range(0), c = state.range(1), hw = state.range(2);
   const Pool2dGeometry g{2, 2, 2, 2, 0, 0};
-  Tensor x = filled({n, c, hw, hw}, d, 1), y = filled({n, c, hw / 2, hw / 2}, d, 2);
+  Tensor x = to_dtype(filled({n, c, hw, hw}, d, 1), dtype);
+  Tensor y = to_dtype(filled({n, c, hw / 2, hw / 2}, d, 2), dtype);
   Tensor at = Tensor::empty(y.shape(), DType::kInt32, d);
   Backend& be = backend_for(d);
   be.max_pool2d(x, g, relu, y, at);
@@ -235,7 +237,9 @@ void max_pool(State& state, Device d, bool backward, bool relu) {
     if (backward) be.max_pool2d_backward(y, at, x);
     if (!backward) be.max_pool2d(x, g, relu, y, at);
   });
-  const double bytes = 4.0 * x.numel() + 8.0 * y.numel();  // x or dx, y and argmax or dy and argmax
+  // x or dx, y and argmax or dy and argmax
+  const double element = double(dtype_size(dtype));
+  const double bytes = element * double(x.numel()) + (element + 4.0) * double(y.numel());
   report_bytes(state, d, seconds, bytes, bytes);
 }
 
@@ -431,6 +435,14 @@ void register_kernel_benchmarks() {
       add("max_pool2d_backward", [](State& s, Device dd) {
         max_pool(s, dd, true, false);
       })->Args(after);
+      if (d.is_cpu()) {
+        add("max_pool2d_relu_bf16", [](State& s, Device dd) {
+          max_pool(s, dd, false, true, DType::kBFloat16);
+        })->Args(after);
+        add("max_pool2d_backward_bf16", [](State& s, Device dd) {
+          max_pool(s, dd, true, false, DType::kBFloat16);
+        })->Args(after);
+      }
       add("group_norm", [](State& s, Device dd) { group_norm(s, dd, false); })->Args(after);
       add("group_norm_backward", [](State& s, Device dd) { group_norm(s, dd, true); })->Args(after);
       add("group_norm_relu_max_pool2d", [](State& s, Device dd) {

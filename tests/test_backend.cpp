@@ -1448,7 +1448,9 @@ void reference_max_pool(const std::vector<double>& values, int64_t planes, int64
 // float's 16 lanes), 16, 20 and 35 (whole vectors, the last one overlapping), heights with an
 // unpooled last row, and a last task of one plane. With relu (max_pool2d_relu) the taps compete as
 // relu(x), so zeros tie often, and argmax is -1 where the maximum is not positive (a region of
-// zeros and negatives).
+// zeros and negatives). bfloat16 and float16 on the CPU (every value here is exact in both): the
+// 2x2 stride-2 path reads and writes them in float lanes, the other geometries pool float32
+// copies.
 TEST(Backend, MaxPoolingKeepsTheFirstMaximumAndTheFirstNaN) {
   const Pool2dGeometry geometries[] = {
       {2, 2, 2, 2, 0, 0}, {3, 3, 1, 1, 0, 0}, {3, 2, 2, 1, 0, 0}, {3, 3, 2, 2, 1, 1}};
@@ -1482,7 +1484,9 @@ TEST(Backend, MaxPoolingKeepsTheFirstMaximumAndTheFirstNaN) {
       std::vector<int32_t> expected_at;
       reference_max_pool(values, n * c, h, w, g, relu, expected_y, expected_at);
       for (Device device : devices()) {
-        for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
+        for (DType dtype :
+             {DType::kFloat32, DType::kFloat64, DType::kBFloat16, DType::kFloat16}) {
+          if (is_half(dtype) && !device.is_cpu()) continue;  // CUDA pools float32 and float64
           Tensor x = Tensor::from_vector<double>({n, c, h, w}, values);
           x = to_dtype(x, dtype).to(device);
           Tensor y = Tensor::empty({n, c, oh, ow}, dtype, device);
@@ -1518,7 +1522,9 @@ TEST(Backend, MaxPoolingKeepsTheFirstMaximumAndTheFirstNaN) {
 // stride 2 routes each output to its own 2x2 cell, which the CPU spreads as vectors: output rows
 // of 16 and 10 (8 a step, the last step overlapping), 7 (4 a step) and 3 (through local copies),
 // heights with an unpooled last row; 3x3 pooling at stride 2 padded by 1 has as many outputs, but
-// some route outside their cell, so the spread gives way to the adds in order.
+// some route outside their cell, so the spread gives way to the adds in order. bfloat16 and
+// float16 on the CPU: the adds in float32 on dy's 16-bit values, in order, each input rounded
+// once (the spread writes the 16-bit planes directly; the adds run on float32 copies).
 TEST(Backend, MaxPoolingBackwardAddsInOrderAndSkipsTheUnroutedOutputs) {
   const int64_t n = 2, c = 3;
   struct Case {
@@ -1598,10 +1604,40 @@ TEST(Backend, MaxPoolingBackwardAddsInOrderAndSkipsTheUnroutedOutputs) {
         }
       }
     };
+    const auto check_16_bit = [&](DType dtype) {
+      const Tensor dy = to_dtype(Tensor::from_vector<double>({n, c, oh, ow}, grads), dtype);
+      const std::vector<float> dy_values = to_dtype(dy, DType::kFloat32).to_vector<float>();
+      std::vector<float> sums(values.size(), 0.0f);
+      for (int64_t p = 0; p < n * c; ++p) {
+        for (int64_t o = 0; o < oh * ow; ++o) {
+          const int32_t a = argmax[p * oh * ow + o];
+          if (a >= 0) sums[p * h * w + a] += dy_values[p * oh * ow + o];
+        }
+      }
+      const Tensor expected = to_dtype(Tensor::from_vector<float>({n, c, h, w}, sums), dtype);
+      Tensor dx = to_dtype(Tensor::from_vector<double>(
+                               {n, c, h, w}, std::vector<double>(values.size(), std::nan(""))),
+                           dtype);
+      backend_for(Device::cpu()).max_pool2d_backward(dy, at, dx);
+      const std::vector<float> got = to_dtype(dx, DType::kFloat32).to_vector<float>();
+      const auto* got_bits = static_cast<const uint16_t*>(dx.raw());
+      const auto* want_bits = static_cast<const uint16_t*>(expected.raw());
+      for (size_t i = 0; i < got.size(); ++i) {
+        if (std::isnan(sums[i])) {
+          EXPECT_TRUE(std::isnan(got[i])) << dtype_name(dtype) << " " << where << " input " << i;
+        } else {
+          EXPECT_EQ(got_bits[i], want_bits[i])
+              << dtype_name(dtype) << " " << where << " input " << i << ": " << got[i] << " vs "
+              << sums[i];
+        }
+      }
+    };
     for (Device device : devices()) {
       check(0.0f, DType::kFloat32, device);
       check(0.0, DType::kFloat64, device);
     }
+    check_16_bit(DType::kBFloat16);
+    check_16_bit(DType::kFloat16);
   }
 }
 
