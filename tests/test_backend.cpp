@@ -929,6 +929,62 @@ TEST(Backend, DirectForwardEqualsIm2col) {
   }
 }
 
+// The 16-bit direct kernels (bfloat16 and float16 convolutions take them wherever they apply) are
+// the float32 direct kernels on the widened operands, bit for bit: the forward's y is float32's
+// rounded once, the filter gradient into a float32 arena (beta 0 and 1) is float32's bytes, and
+// into 16-bit dw and dbias it is float32's on the widened values, rounded once. The cases reach
+// the lanes' tails, overlapping last blocks, strides, dilation, padding and several chunks.
+TEST(Backend, SixteenBitDirectConvolutionsAreTheFloat32OnesOnWidenedOperands) {
+  Backend& be = backend_for(Device::cpu());
+  const DirectCase cases[] = {
+      {1, 1, 3, 5, 16, 3, 3, {1, 1, 1, 1, 1, 1}},   {11, 1, 7, 19, 22, 3, 3, {1, 1, 0, 0, 1, 1}},
+      {37, 1, 5, 28, 28, 3, 3, {1, 1, 1, 1, 1, 1}}, {5, 2, 4, 9, 40, 2, 2, {2, 1, 1, 0, 1, 2}},
+      {6, 1, 3, 12, 33, 3, 2, {2, 1, 2, 1, 2, 1}},  {3, 1, 2, 4, 4, 1, 1, {1, 1, 0, 0, 1, 1}}};
+  const auto bytes_equal = [](const Tensor& a, const Tensor& b) {
+    return a.dtype() == b.dtype() && a.nbytes() == b.nbytes() &&
+           std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+  };
+  for (const DirectCase& k : cases) {
+    const bool forward = cpu::direct_applies(k.shape(), k.g, cpu::ConvPass::kForward);
+    ASSERT_TRUE(cpu::direct_applies(k.shape(), k.g, cpu::ConvPass::kBackwardFilter));
+    for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+      const auto half = [&](const Shape& shape, uint64_t seed) {
+        return to_dtype(testing::random(shape, seed), dtype);
+      };
+      const auto wide = [](const Tensor& t) { return to_dtype(t, DType::kFloat32); };
+      const Tensor x = half({k.n, k.c, k.h, k.w}, 1), w = half({k.o, k.c, k.kh, k.kw}, 2);
+      const Tensor b = half({k.o}, 3), dy = half({k.n, k.o, k.oh(), k.ow()}, 4);
+      const Tensor dw0 = half({k.o, k.c, k.kh, k.kw}, 5), db0 = half({k.o}, 6);
+      const std::string where = str_cat(dtype_name(dtype), " ", k.str());
+      cpu::ForcedConvAlgorithm force(cpu::ConvAlgorithm::kDirect);
+      if (forward) {
+        for (bool bias : {true, false}) {
+          Tensor y32 = Tensor::empty({k.n, k.o, k.oh(), k.ow()}, DType::kFloat32, Device::cpu());
+          be.conv2d_forward(wide(x), wide(w), bias ? wide(b) : Tensor(), k.g, y32);
+          Tensor y = Tensor::empty(y32.shape(), dtype, Device::cpu());
+          be.conv2d_forward(x, w, bias ? b : Tensor(), k.g, y);
+          EXPECT_TRUE(bytes_equal(y, to_dtype(y32, dtype)))
+              << "forward, " << where << (bias ? "" : ", no bias");
+        }
+      }
+      for (double beta : {0.0, 1.0}) {
+        const std::string pass = str_cat(where, ", beta ", beta);
+        // float32 under 16-bit operands: mixed precision's gradient arena
+        Tensor dw32 = wide(dw0), db32 = wide(db0);
+        be.conv2d_backward_filter(wide(dy), wide(x), k.g, beta, dw32, db32);
+        Tensor dw_arena = wide(dw0), db_arena = wide(db0);
+        be.conv2d_backward_filter(dy, x, k.g, beta, dw_arena, db_arena);
+        EXPECT_TRUE(bytes_equal(dw_arena, dw32)) << "dw into float32, " << pass;
+        EXPECT_TRUE(bytes_equal(db_arena, db32)) << "dbias into float32, " << pass;
+        Tensor dw = dw0.clone(), db = db0.clone();
+        be.conv2d_backward_filter(dy, x, k.g, beta, dw, db);
+        EXPECT_TRUE(bytes_equal(dw, to_dtype(dw32, dtype))) << "16-bit dw, " << pass;
+        EXPECT_TRUE(bytes_equal(db, to_dtype(db32, dtype))) << "16-bit dbias, " << pass;
+      }
+    }
+  }
+}
+
 // The CPU permute (runs of the last dimension when it stays last, else single elements, in blocks
 // that step through y's coordinates) against the index formula written out: y at coordinates c
 // is x at the coordinates c[inverse of dims]. Raw bytes, each element's own index in them, so 2-,
@@ -1484,8 +1540,7 @@ TEST(Backend, MaxPoolingKeepsTheFirstMaximumAndTheFirstNaN) {
       std::vector<int32_t> expected_at;
       reference_max_pool(values, n * c, h, w, g, relu, expected_y, expected_at);
       for (Device device : devices()) {
-        for (DType dtype :
-             {DType::kFloat32, DType::kFloat64, DType::kBFloat16, DType::kFloat16}) {
+        for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kBFloat16, DType::kFloat16}) {
           if (is_half(dtype) && !device.is_cpu()) continue;  // CUDA pools float32 and float64
           Tensor x = Tensor::from_vector<double>({n, c, h, w}, values);
           x = to_dtype(x, dtype).to(device);
@@ -1626,9 +1681,8 @@ TEST(Backend, MaxPoolingBackwardAddsInOrderAndSkipsTheUnroutedOutputs) {
         if (std::isnan(sums[i])) {
           EXPECT_TRUE(std::isnan(got[i])) << dtype_name(dtype) << " " << where << " input " << i;
         } else {
-          EXPECT_EQ(got_bits[i], want_bits[i])
-              << dtype_name(dtype) << " " << where << " input " << i << ": " << got[i] << " vs "
-              << sums[i];
+          EXPECT_EQ(got_bits[i], want_bits[i]) << dtype_name(dtype) << " " << where << " input "
+                                               << i << ": " << got[i] << " vs " << sums[i];
         }
       }
     };

@@ -181,22 +181,23 @@ T add_lanes(const Lanes<T>& v) {  // in lane order
 }
 
 // dw [O, K] += dy [O, P] @ cols [K, P]^T and, with dbias, dbias [O] += the sums of dy's rows (the
-// bias gradient, from the rows already in registers)
-template <typename T, int K>
-void filter_dots(const T* dy, const T* cols, int64_t outs, int64_t pixels, T* dw, T* dbias) {
+// bias gradient, from the rows already in registers). A 16-bit dy (D) is widened as it is loaded.
+template <typename T, int K, typename D>
+void filter_dots(const D* dy, const T* cols, int64_t outs, int64_t pixels, T* dw, T* dbias) {
   for (int64_t o = 0; o < outs; ++o) {
-    const T* row = dy + o * pixels;
+    const D* row = dy + o * pixels;
     Lanes<T> sums[K] = {};
     Lanes<T> row_sum = {};
     int64_t p = 0;
     for (; p + kLanes <= pixels; p += kLanes) {
-      const Lanes<T> d = load_lanes(row + p);
+      const Lanes<T> d = vec::load_widened<D, kLanes>(row + p);
       row_sum += d;
       for (int k = 0; k < K; ++k) sums[k] += d * load_lanes(cols + k * pixels + p);
     }
     for (int lane = 0; p + lane < pixels; ++lane) {  // the tail: lanes 0 ...
-      row_sum[lane] += row[p + lane];
-      for (int k = 0; k < K; ++k) sums[k][lane] += row[p + lane] * cols[k * pixels + p + lane];
+      const T d = load(row[p + lane]);
+      row_sum[lane] += d;
+      for (int k = 0; k < K; ++k) sums[k][lane] += d * cols[k * pixels + p + lane];
     }
     for (int k = 0; k < K; ++k) dw[o * K + k] += add_lanes<T>(sums[k]);
     if (dbias) dbias[o] += add_lanes<T>(row_sum);
@@ -214,24 +215,41 @@ void with_patch_size(int64_t k, F body) {
   }
 }
 
-template <typename T>
-void backward_filter_direct(const T* dy, const T* x, const ConvShape& s, const Conv2dGeometry& g,
-                            double beta, DType dtype, T* dw, T* dbias) {
+// A sample's planes x[n] [C, H, W] in the compute type: 16-bit ones widened into `wide`, float
+// and double ones where they lie.
+template <typename S, typename T = compute_t<S>>
+const T* sample_in_compute_type(const S* x, const ConvShape& s, int64_t n, T* wide) {
+  if constexpr (is_half_v<S>) {
+    row_to_float(x + n * s.image(), wide, s.image());
+    return wide;
+  } else {
+    return x + n * s.image();
+  }
+}
+
+// S: x's and dy's type; 16-bit ones sum in float32 (their samples widened before they are
+// unfolded, dy as it is loaded), dw and dbias (O) float32 or 16-bit, rounded once.
+template <typename S, typename O>
+void backward_filter_direct(const S* dy, const S* x, const ConvShape& s, const Conv2dGeometry& g,
+                            double beta, O* dw, O* dbias) {
   // dw [O, K] = beta dw + sum over chunks of (sum over the chunk's samples of
   // dy[n] [O, OH OW] @ cols(x[n])^T), the chunks as in backward_filter; dbias [O] likewise from
   // the sums of dy's rows (dbias may be null)
-  const FilterChunks fc = filter_chunks(s, sizeof(T));
+  using T = compute_t<S>;
+  const FilterChunks fc = filter_chunks(s, sizeof(S));
   const int64_t per_chunk = fc.per_chunk, chunks = fc.chunks, weights = s.o * s.patch();
   const int64_t sums = weights + s.o;  // per chunk: dw's, then dbias's
-  ThreadScratch<T> scratch(1, s.patch() * s.pixels() + padded_plane(s, g).size(), dtype);
-  Tensor partials = Tensor::zeros({chunks, sums}, dtype, Device::cpu());
+  const int64_t unfolded = s.patch() * s.pixels() + padded_plane(s, g).size();
+  ThreadScratch<T> scratch(1, unfolded + (is_half_v<S> ? s.image() : 0), dtype_of<T>());
+  Tensor partials = Tensor::zeros({chunks, sums}, dtype_of<T>(), Device::cpu());
   T* partial = partials.data<T>();
   for_library_calls(chunks, s.macs() >= kParallelMacs, [&](int64_t chunk) {
     T* cols = scratch.mine();
     T* mine = partial + chunk * sums;
     const int64_t first = chunk * per_chunk, end = std::min(s.n, first + per_chunk);
     for (int64_t n = first; n < end; ++n) {
-      im2col(x + n * s.image(), s, g, cols + s.patch() * s.pixels(), cols, s.pixels());
+      const T* image = sample_in_compute_type(x, s, n, cols + unfolded);
+      im2col(image, s, g, cols + s.patch() * s.pixels(), cols, s.pixels());
       with_patch_size(s.patch(), [&](auto k) {
         filter_dots<T, k()>(dy + n * s.output(), cols, s.o, s.pixels(), mine,
                             dbias ? mine + weights : nullptr);
@@ -241,8 +259,8 @@ void backward_filter_direct(const T* dy, const T* x, const ConvShape& s, const C
   for_each(dbias ? sums : weights, [=](int64_t i) {
     T total = 0;
     for (int64_t c = 0; c < chunks; ++c) total += partial[c * sums + i];
-    T* out = i < weights ? dw + i : dbias + (i - weights);
-    *out = beta == 0 ? total : T(beta) * *out + total;
+    O* out = i < weights ? dw + i : dbias + (i - weights);
+    *out = store<O>(beta == 0 ? total : T(beta) * T(load(*out)) + total);
   });
 }
 
@@ -254,9 +272,10 @@ void backward_filter_direct(const T* dy, const T* x, const ConvShape& s, const C
 // reading them back. The sums are the ones OpenBLAS's AVX-512 kernels compute for so short a
 // product, one multiply-add chain from zero in tap order, then added to the bias
 // (blas_chains_short_products), so there it gives im2col's bytes.
-template <typename T, int K>
+// A 16-bit y (Y) takes each output rounded once from its float32 sum.
+template <typename T, int K, typename Y>
 void forward_direct_rows(const T* padded, const int64_t* tap_at, const T* w, const T* bias,
-                         const ConvShape& s, int64_t row_step, T* y) {
+                         const ConvShape& s, int64_t row_step, Y* y) {
   // padded [C, rows, cols] -> y [O, OH, OW]; output (oh, ow) reads tap k at
   // padded[oh row_step + ow + tap_at[k]]
   using V = vec::Vec<T, kLanes>;
@@ -266,36 +285,55 @@ void forward_direct_rows(const T* padded, const int64_t* tap_at, const T* w, con
       const int64_t first = std::min(j, s.ow - kLanes);  // the last block ends at the row's end
       V taps[K];
       for (int k = 0; k < K; ++k) taps[k] = vec::load<T, kLanes>(row + first + tap_at[k]);
-      T* out = y + oh * s.ow + first;
+      Y* out = y + oh * s.ow + first;
       for (int64_t o = 0; o < s.o; ++o) {
         const T* wo = w + o * K;
         V sum{};  // a multiply-add onto +0 first, as the GEMM's (a -0 product gives +0)
         for (int k = 0; k < K; ++k) sum = vec::fma(vec::splat<V>(wo[k]), taps[k], sum);
-        vec::store(out + o * s.pixels(), (bias ? bias[o] : T(0)) + sum);
+        vec::store_rounded(out + o * s.pixels(), (bias ? bias[o] : T(0)) + sum);
       }
       if (first + kLanes >= s.ow) break;
     }
   }
 }
 
-template <typename T>
-void forward_direct(const T* x, const T* w, const T* bias, const ConvShape& s,
-                    const Conv2dGeometry& g, DType dtype, T* y) {
+// S: x's, w's, bias's and y's type; 16-bit ones sum in float32 (the weights and bias widened
+// once, each sample as it is padded) and y is rounded once.
+template <typename S>
+void forward_direct(const S* x, const S* w, const S* bias, const ConvShape& s,
+                    const Conv2dGeometry& g, S* y) {
   // per sample: y[n] [O, OH OW] = bias + w [O, C KH KW] @ the taps, C padded planes at a time
+  using T = compute_t<S>;
   const PaddedPlane plane = padded_plane(s, g);
   int64_t tap_at[kDirectPatch];
   for_taps(s, [&](int64_t row, int64_t c, int64_t ki, int64_t kj) {
     tap_at[row] = c * plane.size() + ki * g.dilation_h * plane.cols + kj * g.dilation_w;
   });
-  ThreadScratch<T> scratch(s.c, plane.size(), dtype);
+  const int64_t weights = s.o * s.patch();
+  Tensor widened = Tensor::empty({is_half_v<S> ? weights + s.o : 0}, dtype_of<T>(), Device::cpu());
+  const T* w_t = nullptr;
+  const T* bias_t = nullptr;
+  if constexpr (is_half_v<S>) {
+    T* wide = widened.data<T>();
+    row_to_float(w, wide, weights);
+    if (bias) row_to_float(bias, wide + weights, s.o);
+    w_t = wide;
+    bias_t = bias ? wide + weights : nullptr;
+  } else {
+    w_t = w;
+    bias_t = bias;
+  }
+  const int64_t planes = s.c * plane.size();
+  ThreadScratch<T> scratch(1, planes + (is_half_v<S> ? s.image() : 0), dtype_of<T>());
   std::fill_n(scratch.buffer.template data<T>(), scratch.buffer.numel(), T(0));  // zero borders
   for_library_calls(s.n, s.macs() >= kParallelMacs, [&](int64_t n) {
     T* padded = scratch.mine();
+    const T* image = sample_in_compute_type(x, s, n, padded + planes);
     for (int64_t c = 0; c < s.c; ++c) {
-      pad_plane(x + n * s.image() + c * s.h * s.w, s, g, padded + c * plane.size());
+      pad_plane(image + c * s.h * s.w, s, g, padded + c * plane.size());
     }
     with_patch_size(s.patch(), [&](auto k) {
-      forward_direct_rows<T, k()>(padded, tap_at, w, bias, s, g.stride_h * plane.cols,
+      forward_direct_rows<T, k()>(padded, tap_at, w_t, bias_t, s, g.stride_h * plane.cols,
                                   y + n * s.output());
     });
   });
@@ -354,6 +392,16 @@ ConvAlgorithm conv_algorithm(const ConvShape& s, const Conv2dGeometry& g, ConvPa
              : ConvAlgorithm::kIm2col;
 }
 
+// 16-bit convolutions take the direct kernels wherever they apply (their float32 sums are not
+// pinned to a library's order, as float32's forward is to im2col's), unless another algorithm is
+// forced; elsewhere they lower (conv_half.cpp).
+namespace {
+bool half_direct(const ConvShape& s, const Conv2dGeometry& g, ConvPass pass) {
+  return direct_applies(s, g, pass) &&
+         (forced_algorithm < 0 || forced_algorithm == static_cast<int>(ConvAlgorithm::kDirect));
+}
+}  // namespace
+
 ForcedConvAlgorithm::ForcedConvAlgorithm(ConvAlgorithm algorithm) : previous_(forced_algorithm) {
   forced_algorithm = static_cast<int>(algorithm);
 }
@@ -368,7 +416,11 @@ void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& 
   if (is_half(x.dtype())) {
     ACCRUE_DISPATCH_FLOATING_AND_HALF(x.dtype(), "conv2d", [&] {
       if constexpr (is_half_v<T>) {
-        half_conv::forward(x.data<T>(), w.data<T>(), optional_data<T>(bias), s, g, y.data<T>());
+        if (half_direct(s, g, ConvPass::kForward)) {
+          forward_direct(x.data<T>(), w.data<T>(), optional_data<T>(bias), s, g, y.data<T>());
+        } else {
+          half_conv::forward(x.data<T>(), w.data<T>(), optional_data<T>(bias), s, g, y.data<T>());
+        }
       }
     });
     return;
@@ -379,7 +431,7 @@ void CpuBackend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& 
     if (algorithm == ConvAlgorithm::kWinograd) {
       winograd::forward(x.data<T>(), w.data<T>(), b, s, g, x.dtype(), y.data<T>());
     } else if (algorithm == ConvAlgorithm::kDirect) {
-      forward_direct(x.data<T>(), w.data<T>(), b, s, g, x.dtype(), y.data<T>());
+      forward_direct(x.data<T>(), w.data<T>(), b, s, g, y.data<T>());
     } else {
       forward(x.data<T>(), w.data<T>(), b, s, g, x.dtype(), y.data<T>());
     }
@@ -419,8 +471,12 @@ void CpuBackend::conv2d_backward_filter(const Tensor& dy, const Tensor& x, const
         }
         with_wide_output<T>(dw, "conv2d_backward_filter", [&](auto* out) {
           using O = std::remove_pointer_t<decltype(out)>;
-          half_conv::backward_filter(dy.data<T>(), x.data<T>(), s, g, beta, out,
-                                     dbias.defined() ? dbias.data<O>() : nullptr);
+          O* db = dbias.defined() ? dbias.data<O>() : nullptr;
+          if (dw.numel() > 0 && half_direct(s, g, ConvPass::kBackwardFilter)) {
+            backward_filter_direct(dy.data<T>(), x.data<T>(), s, g, beta, out, db);
+          } else {
+            half_conv::backward_filter(dy.data<T>(), x.data<T>(), s, g, beta, out, db);
+          }
         });
       }
     });
@@ -430,7 +486,7 @@ void CpuBackend::conv2d_backward_filter(const Tensor& dy, const Tensor& x, const
     T* db = dbias.defined() ? dbias.data<T>() : nullptr;
     if (dw.numel() > 0 &&
         conv_algorithm(s, g, ConvPass::kBackwardFilter) == ConvAlgorithm::kDirect) {
-      backward_filter_direct(dy.data<T>(), x.data<T>(), s, g, beta, dy.dtype(), dw.data<T>(), db);
+      backward_filter_direct(dy.data<T>(), x.data<T>(), s, g, beta, dw.data<T>(), db);
       return;
     }
     if (dw.numel() > 0)

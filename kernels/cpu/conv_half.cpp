@@ -8,8 +8,9 @@
 // gradient arena (the parameters' buffers, beta = 1) or rounded into a 16-bit tensor.
 //
 // The work is cut as conv.cpp's (samples, and chunks of samples fixed by the shape), so no bit
-// depends on the thread count. The direct and Winograd kernels have no 16-bit versions: a 16-bit
-// convolution always lowers, and its products are large enough for the matrix units.
+// depends on the thread count. Where conv.cpp's direct kernels apply (conv1's one input channel)
+// a 16-bit convolution takes them instead, in float32 lanes: a K = 9 product is too narrow for
+// the matrix units. Winograd has no 16-bit version.
 #include <algorithm>
 
 #include "core/tensor.h"

@@ -17,6 +17,9 @@
 #include <type_traits>
 #include <utility>
 
+#include "core/half.h"
+#include "kernels/cpu/rows.h"
+
 namespace accrue::cpu::vec {
 
 constexpr int64_t kLanes = 8;
@@ -51,6 +54,82 @@ void store(T* p, const V& v) {
   static_assert(std::is_same_v<std::remove_cv_t<std::remove_reference_t<decltype(v[0])>>, T>,
                 "a vector of T");
   *reinterpret_cast<typename Lanes<T, lanes_of<T, V>>::Unaligned*>(p) = v;
+}
+
+// 16-bit rows as float vectors (mixed precision): N bfloat16 or float16 values widened (exactly)
+// into N float lanes, and N float lanes rounded into N 16-bit values, bit for bit as rows.h's
+// row_to_float and row_from_float convert them (F16C for float16 where the build targets it;
+// otherwise through those functions on a copy). For float and double both are load and store.
+// The AVX-512 conversions are the masked forms with every lane selected, as in
+// greater_else_second below.
+template <int64_t N>
+struct HalfLanes {  // N 16-bit values as their bits, and as many 32-bit lanes
+  typedef uint16_t Bits __attribute__((vector_size(N * 2), aligned(2)));
+  typedef uint32_t Wide __attribute__((vector_size(N * 4)));
+};
+template <typename S, int64_t N = kLanes>
+Vec<compute_t<S>, N> load_widened(const S* p) {
+  if constexpr (std::is_same_v<S, bf16>) {
+    using Bits = typename HalfLanes<N>::Bits;
+    using Wide = typename HalfLanes<N>::Wide;
+    const Wide wide = __builtin_convertvector(*reinterpret_cast<const Bits*>(p), Wide) << 16;
+    return reinterpret_cast<Vec<float, N>>(wide);
+  } else if constexpr (std::is_same_v<S, f16>) {
+#if defined(__AVX512F__)
+    if constexpr (N == 16) {
+      return reinterpret_cast<Vec<float, N>>(
+          _mm512_mask_cvtph_ps(_mm512_setzero_ps(), __mmask16(-1),
+                               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+    }
+#endif
+#if defined(__F16C__)
+    if constexpr (N == 8) {
+      return reinterpret_cast<Vec<float, N>>(
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+    }
+#endif
+    float wide[N];
+    row_to_float(p, wide, N);
+    return load<float, N>(wide);
+  } else {
+    return load<S, N>(p);
+  }
+}
+template <typename S, typename V>
+void store_rounded(S* p, const V& v) {
+  if constexpr (std::is_same_v<S, bf16>) {
+    constexpr int64_t N = lanes_of<float, V>;
+    using Bits = typename HalfLanes<N>::Bits;
+    using Wide = typename HalfLanes<N>::Wide;
+    // core/half.h's bf16_from_float, lane by lane: nearest even, NaN quieted with its sign kept
+    const Wide u = reinterpret_cast<Wide>(v);
+    const Wide nan = (u >> 16) | 0x0040u;
+    const Wide rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const Wide bits = (u & 0x7fffffffu) > 0x7f800000u ? nan : rounded;
+    *reinterpret_cast<Bits*>(p) = __builtin_convertvector(bits, Bits);
+  } else if constexpr (std::is_same_v<S, f16>) {
+    constexpr int64_t N = lanes_of<float, V>;
+#if defined(__AVX512F__)
+    if constexpr (N == 16) {
+      return _mm256_storeu_si256(
+          reinterpret_cast<__m256i*>(p),
+          _mm512_mask_cvtps_ph(_mm256_setzero_si256(), __mmask16(-1), reinterpret_cast<__m512>(v),
+                               _MM_FROUND_TO_NEAREST_INT));
+    }
+#endif
+#if defined(__F16C__)
+    if constexpr (N == 8) {
+      return _mm_storeu_si128(
+          reinterpret_cast<__m128i*>(p),
+          _mm256_cvtps_ph(reinterpret_cast<__m256>(v), _MM_FROUND_TO_NEAREST_INT));
+    }
+#endif
+    float wide[N];
+    store(wide, v);
+    row_from_float(wide, p, N);
+  } else {
+    store(p, v);
+  }
 }
 
 // The lanes of an index vector of T's width (a Mask<T, N>), stored as N int32 values.
