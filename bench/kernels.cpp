@@ -131,6 +131,23 @@ void activation_backward(State& state, Device d, UnaryOp op) {
   report_bytes(state, d, seconds, 12.0 * n, 12.0 * n);
 }
 
+// A Linear's bias gradient, dbias [C] += the column sums of dy [rows, C] (read dy, read and
+// write dbias); with relu, the fused Linear + ReLU backward's half: dz = dy where y > 0 as well
+// (read y and dy, write dz).
+void bias_gradient(State& state, Device d, bool relu) {
+  const int64_t rows = state.range(0), cols = state.range(1);
+  Tensor y = filled({rows, cols}, d, 1), dy = filled({rows, cols}, d, 2);
+  Tensor dz = Tensor::empty({rows, cols}, DType::kFloat32, d);
+  Tensor dbias = Tensor::zeros({cols}, DType::kFloat32, d);
+  Backend& be = backend_for(d);
+  const double seconds = run_timed(state, d, [&] {
+    if (relu) be.relu_bias_backward(y, dy, dz, 1.0, dbias);
+    if (!relu) be.sum_rows(dy, 1.0, 1.0, dbias);
+  });
+  const double bytes = 4.0 * double(rows * cols) * (relu ? 3 : 1) + 8.0 * double(cols);
+  report_bytes(state, d, seconds, bytes, bytes);
+}
+
 // Linear forward GEMM: y [b, out] = x [b, in] @ W [out, in]^T; 2 * b * in * out FLOP. In
 // `dtype` throughout (bf16: float32 accumulation, y rounded to bf16).
 void gemm_forward(State& state, Device d, DType dtype = DType::kFloat32) {
@@ -374,6 +391,15 @@ void register_kernel_benchmarks() {
       layer_norm(s, dd, true);
     })->Args({1024, 128});
     add("softmax_ce", softmax_ce)->Args({1000, 10});
+    // Bias gradients {rows, columns}: G2P's Linear layers (about 600 positions a micro-batch,
+    // width 128, its MLP 512 wide) and the MNIST MLP's first hidden layer at micro-batch 32.
+    for (const std::vector<int64_t>& shape :
+         {std::vector<int64_t>{640, 128}, {640, 512}, {32, 512}}) {
+      add("sum_rows", [](State& s, Device dd) { bias_gradient(s, dd, false); })->Args(shape);
+      add("relu_bias_backward", [](State& s, Device dd) {
+        bias_gradient(s, dd, true);
+      })->Args(shape);
+    }
     // The MNIST MLP's layers at micro-batch 32: {batch, in, out}.
     const std::vector<std::vector<int64_t>> layers{
         {32, 784, 512}, {32, 512, 256}, {32, 256, 128}, {32, 128, 10}};

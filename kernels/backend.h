@@ -51,7 +51,7 @@ namespace accrue {
   X(sum_rows, (const Tensor& x, double alpha, double beta, Tensor& out), (x, alpha, beta, out))    \
   /* The elementwise half of a fused linear + ReLU's backward, y [N, C] being the ReLU's output:   \
      dz = dy where y > 0, else 0; dbias [C] = beta * dbias + rowsum(dz) when dbias is defined,     \
-     in the same pass on the CPU. */                                                               \
+     in the same pass (one launch on CUDA). */                                                     \
   X(relu_bias_backward,                                                                            \
     (const Tensor& y, const Tensor& dy, Tensor& dz, double beta, Tensor& dbias),                   \
     (y, dy, dz, beta, dbias))                                                                      \

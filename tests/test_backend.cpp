@@ -269,6 +269,19 @@ std::vector<Row> rows() {
                                    1.0, dbias);
          return Outputs{dz, dbias};
        }},
+      // fewer rows than the CUDA column sums' row slices (some slices empty), and a lone column
+      {"sum_rows/few_rows",
+       [](const Maker& m) {
+         Tensor out = m.uniform({37}, 9);
+         m.be().sum_rows(m.uniform({5, 37}, 8), 1.0, 1.0, out);
+         return Outputs{out};
+       }},
+      {"relu_bias_backward/few_rows_one_column",
+       [](const Maker& m) {
+         Tensor dz = m.empty({3, 1}), dbias = m.uniform({1}, 10);
+         m.be().relu_bias_backward(m.uniform({3, 1}, 8), m.uniform({3, 1}, 9), dz, 1.0, dbias);
+         return Outputs{dz, dbias};
+       }},
       {"relu_bias_backward/no_bias",
        [](const Maker& m) {
          Tensor dz = m.empty({kRows, kCols}), none;
@@ -1569,6 +1582,58 @@ TEST(Backend, MaxPoolingKeepsTheFirstMaximumAndTheFirstNaN) {
   }
 }
 
+// relu_bias_backward is, on every device and floating type, bit for bit the two primitives it
+// fuses: dz is unary_backward's ReLU mask, dbias is sum_rows over dz as stored (beta 0 and 1, into
+// a float32 dbias under 16-bit operands), dz written in full (it starts as NaN), also in place over
+// dy; shapes with fewer rows than CUDA's column sums have row slices, none at all, odd columns,
+// and more columns than one block covers.
+TEST(Backend, ReluBiasBackwardIsTheMaskAndItsColumnSums) {
+  const std::pair<int64_t, int64_t> shapes[] = {{300, 1031}, {5, 37}, {3, 1}, {0, 40}, {64, 96}};
+  for (Device device : devices()) {
+    for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kBFloat16, DType::kFloat16}) {
+      Backend& be = backend_for(device);
+      for (const auto& [rows, cols] : shapes) {
+        const auto make = [&](const Shape& shape, uint64_t seed) {
+          return to_dtype(testing::random(shape, seed), dtype).to(device);
+        };
+        const auto nans = [&](const Shape& shape) {
+          return to_dtype(Tensor::from_vector<double>(
+                              shape, std::vector<double>(size_t(shape_numel(shape)), std::nan(""))),
+                          dtype)
+              .to(device);
+        };
+        const Tensor y = make({rows, cols}, 1), dy = make({rows, cols}, 2);
+        for (const bool wide : {false, true}) {
+          if (wide && !is_half(dtype)) continue;
+          const DType bias_dtype = wide ? DType::kFloat32 : dtype;
+          for (double beta : {0.0, 1.0}) {
+            const std::string where =
+                str_cat(device.str(), " ", dtype_name(dtype), " [", rows, ", ", cols, "], dbias ",
+                        dtype_name(bias_dtype), ", beta ", beta);
+            const Tensor bias0 = to_dtype(testing::random({cols}, 3), bias_dtype).to(device);
+            Tensor mask = nans({rows, cols}), sums = bias0.clone();
+            be.unary_backward(UnaryOp::kRelu, y, dy, mask);
+            be.sum_rows(mask, 1.0, beta, sums);
+            Tensor dz = nans({rows, cols}), dbias = bias0.clone();
+            be.relu_bias_backward(y, dy, dz, beta, dbias);
+            const auto bytes = [](const Tensor& t) {
+              const Tensor host = t.to(Device::cpu());
+              const auto* p = static_cast<const unsigned char*>(host.raw());
+              return std::vector<unsigned char>(p, p + host.nbytes());
+            };
+            EXPECT_EQ(bytes(dz), bytes(mask)) << "dz, " << where;
+            EXPECT_EQ(bytes(dbias), bytes(sums)) << "dbias, " << where;
+            Tensor in_place = dy.clone(), in_place_bias = bias0.clone();
+            be.relu_bias_backward(y, in_place, in_place, beta, in_place_bias);
+            EXPECT_EQ(bytes(in_place), bytes(mask)) << "dz over dy, " << where;
+            EXPECT_EQ(bytes(in_place_bias), bytes(sums)) << "dbias with dz over dy, " << where;
+          }
+        }
+      }
+    }
+  }
+}
+
 // max_pool2d_backward: dx = +0, then dx[argmax] += dy output by output in order, nothing where
 // argmax is -1 (max_pool2d_relu's outputs that are not positive), even where dy there is NaN.
 // Overlapping regions (3x3 or padded 2x2, stride 1) make inputs that take several adds; dy holds
@@ -1586,10 +1651,13 @@ TEST(Backend, MaxPoolingBackwardAddsInOrderAndSkipsTheUnroutedOutputs) {
     Pool2dGeometry g;
     int64_t h, w;
   };
-  const Case cases[] = {{{3, 3, 1, 1, 0, 0}, 7, 9},  {{2, 2, 1, 1, 1, 1}, 7, 9},
-                        {{2, 2, 2, 2, 0, 0}, 7, 32}, {{2, 2, 2, 2, 0, 0}, 8, 20},
-                        {{2, 2, 2, 2, 0, 0}, 6, 14}, {{2, 2, 2, 2, 0, 0}, 5, 6},
-                        {{3, 3, 2, 2, 1, 1}, 8, 8}};
+  // 34 x 34: over 256 outputs a plane (CUDA's block loops them); 80 x 80: a plane past the 48 KiB
+  // of shared memory CUDA's block kernel holds, which then takes its thread-per-plane loop
+  const Case cases[] = {{{3, 3, 1, 1, 0, 0}, 7, 9},   {{2, 2, 1, 1, 1, 1}, 7, 9},
+                        {{2, 2, 2, 2, 0, 0}, 7, 32},  {{2, 2, 2, 2, 0, 0}, 8, 20},
+                        {{2, 2, 2, 2, 0, 0}, 6, 14},  {{2, 2, 2, 2, 0, 0}, 5, 6},
+                        {{3, 3, 2, 2, 1, 1}, 8, 8},   {{2, 2, 2, 2, 0, 0}, 34, 34},
+                        {{3, 3, 2, 2, 1, 1}, 34, 34}, {{2, 2, 2, 2, 0, 0}, 80, 80}};
   for (const Case& k : cases) {
     const Pool2dGeometry& g = k.g;
     const int64_t h = k.h, w = k.w;

@@ -1,11 +1,11 @@
 // CUDA GEMM through cuBLAS. accrue is row-major and cuBLAS column-major: a row-major C = op(A)
 // op(B) is the column-major C^T = op(B)^T op(A)^T, so the operands are passed swapped. beta = 1
 // is how the weight-gradient GEMM accumulates into the gradient arena in place. The Linear
-// forward goes through cuBLASLt so the bias add is fused into the GEMM as an epilogue; the fused
-// Linear + ReLU's backward half lives here too. 16-bit operands (bfloat16, float16) multiply with
-// float32 compute into a float32 C (the weight gradient into the arena) or a 16-bit C:
-// cublasGemmEx and cuBLASLt with CUBLAS_COMPUTE_32F and float32 alpha and beta; a 16-bit Linear
-// with a bias adds it after the GEMM, in float32 (see gemm_then_bias).
+// forward goes through cuBLASLt so the bias add is fused into the GEMM as an epilogue. 16-bit
+// operands (bfloat16, float16) multiply with float32 compute into a float32 C (the weight gradient
+// into the arena) or a 16-bit C: cublasGemmEx and cuBLASLt with CUBLAS_COMPUTE_32F and float32
+// alpha and beta; a 16-bit Linear with a bias adds it after the GEMM, in float32 (see
+// gemm_then_bias).
 #include <cublasLt.h>
 
 #include "kernels/cuda/cublas_check.h"
@@ -250,11 +250,6 @@ void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor&
   if (relu) unary(UnaryOp::kRelu, y, y);
 }
 
-void CudaBackend::relu_bias_backward(const Tensor& y, const Tensor& dy, Tensor& dz, double beta,
-                                     Tensor& dbias) {
-  // Two launches on the GPU (the CPU fuses them): the shared ReLU mask, then the row sum.
-  unary_backward(UnaryOp::kRelu, y, dy, dz);
-  if (dbias.defined()) sum_rows(dz, 1.0, beta, dbias);
-}
+// relu_bias_backward, the fused Linear + ReLU's backward half, is a column sum: reduce.cu.
 
 }  // namespace accrue::cuda

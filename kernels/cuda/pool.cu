@@ -1,7 +1,8 @@
 // CUDA pooling, NCHW: one thread per output element for the forward passes and for average
 // pooling's backward (each input element gathers the pooling regions that cover it: no atomics, a
-// fixed order); max pooling's backward scatters dy at the saved argmax one plane per thread, in
-// order, skipping -1 (max_pool2d_relu's argmax where the pooled relu(x) is not positive).
+// fixed order); max pooling's backward scatters dy at the saved argmax, skipping -1
+// (max_pool2d_relu's argmax where the pooled relu(x) is not positive): a block per plane in shared
+// memory, the outputs side by side where no two pick the same input, else in order.
 #include <cfloat>
 
 #include "core/cuda/check.h"
@@ -88,20 +89,73 @@ void avg_pool_backward(const T* dy, int64_t planes, int64_t h, int64_t w, int64_
   });
 }
 
-// dy [planes, outputs], argmax -> dx [planes, area]: dx = +0 (all-zero bytes: one coalesced
-// memset over the whole tensor, where a thread per plane would write with neighbouring threads a
-// plane apart), then each plane's outputs add into it in order, one thread a plane, so an input
-// that several windows pick sums them in a fixed order.
+// A plane's dx and, per input, the first output that picks it, in shared memory: planes up to
+// this many bytes (the dynamic shared memory every device gives a block without opting in).
+constexpr int64_t kPlaneSharedBytes = 48 * 1024;
+
+// One block per plane: dx [area] = +0 in shared memory; each input records the first output that
+// picks it (atomicMin: the same whatever the threads' order); where every routed output is its
+// input's first (no two pick one input: the CNN's 2 x 2 regions at stride 2), the outputs write
+// 0 + dy side by side, else one thread adds them in output order; the plane is then written out
+// whole. Either way each input's value is the in-order loop's (below), bit for bit. An argmax
+// outside [0, area) routes nowhere.
+template <typename T>
+__global__ void max_pool_backward_in_shared(const T* dy, const int32_t* at, int64_t area,
+                                            int64_t outputs, T* dx) {
+  extern __shared__ __align__(16) unsigned char shared[];
+  T* plane = reinterpret_cast<T*>(shared);
+  int32_t* first = reinterpret_cast<int32_t*>(plane + area);
+  const T* grad = dy + blockIdx.x * outputs;
+  const int32_t* target = at + blockIdx.x * outputs;
+  const auto routed = [&](int64_t o) { return target[o] >= 0 && target[o] < area; };
+  for (int64_t i = threadIdx.x; i < area; i += blockDim.x) {
+    plane[i] = T(0);
+    first[i] = INT32_MAX;
+  }
+  __syncthreads();
+  for (int64_t o = threadIdx.x; o < outputs; o += blockDim.x) {
+    if (routed(o)) atomicMin(&first[target[o]], static_cast<int32_t>(o));
+  }
+  __syncthreads();
+  int shares = 0;
+  for (int64_t o = threadIdx.x; o < outputs; o += blockDim.x) {
+    shares |= routed(o) && first[target[o]] != static_cast<int32_t>(o);
+  }
+  if (__syncthreads_or(shares)) {
+    if (threadIdx.x == 0) {
+      for (int64_t o = 0; o < outputs; ++o) {
+        if (routed(o)) plane[target[o]] += grad[o];
+      }
+    }
+  } else {
+    for (int64_t o = threadIdx.x; o < outputs; o += blockDim.x) {
+      if (routed(o)) plane[target[o]] += grad[o];  // onto +0, the only add this input takes
+    }
+  }
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < area; i += blockDim.x) dx[blockIdx.x * area + i] = plane[i];
+}
+
+// dy [planes, outputs], argmax -> dx [planes, area] = +0, then each plane's outputs added in
+// order, so an input that several windows pick sums them in a fixed order: in shared memory where
+// the plane fits (above), else dx zeroed by one coalesced memset and one thread a plane.
 template <typename T>
 void max_pool_backward(const T* dy, const int32_t* at, int64_t planes, int64_t area,
                        int64_t outputs, T* dx, cudaStream_t stream) {
   if (planes * area == 0) return;  // an empty dx has no memory to zero (its pointer is null)
+  const int64_t shared_bytes = area * int64_t(sizeof(T) + sizeof(int32_t));
+  if (shared_bytes <= kPlaneSharedBytes && planes <= INT32_MAX) {
+    max_pool_backward_in_shared<<<static_cast<unsigned>(planes), kThreads, size_t(shared_bytes),
+                                  stream>>>(dy, at, area, outputs, dx);
+    ACCRUE_CUDA_LAUNCH_CHECK();
+    return;
+  }
   ACCRUE_CUDA_CHECK(cudaMemsetAsync(dx, 0, size_t(planes * area) * sizeof(T), stream));
   for_each(planes, stream, [=] __device__(int64_t p) {
     T* plane = dx + p * area;
     for (int64_t o = 0; o < outputs; ++o) {
       const int32_t i = at[p * outputs + o];
-      if (i >= 0) plane[i] += dy[p * outputs + o];
+      if (i >= 0 && i < area) plane[i] += dy[p * outputs + o];
     }
   });
 }

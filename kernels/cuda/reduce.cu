@@ -2,6 +2,8 @@
 // a fixed grid of kReduceBlocks blocks each reduces a fixed grid-stride share with
 // cub::BlockReduce into a partial, then one block reduces the partials in a fixed order. The
 // grid does not depend on the device, so results are bitwise reproducible. Sums are in double.
+// Column sums (sum_rows, and the fused ReLU + bias backward) split each column into fixed row
+// slices, summed in order in the compute type.
 #include <cub/block/block_reduce.cuh>
 
 #include "kernels/cuda/cuda_backend.h"
@@ -87,26 +89,87 @@ void reduce_all(const T* x, int64_t n, Device device, F f, W write) {
   ACCRUE_CUDA_LAUNCH_CHECK();
 }
 
+// Column sums: a block takes kColumnTile consecutive columns (a warp's lanes, so each row's loads
+// coalesce) in kSlices row slices. The thread of slice s sums rows s, s + kSlices, ... in order;
+// the slices' sums are then added in slice order. The split depends on the shape alone, so the
+// sums are reproducible. One thread per column down every row (before) ran a tall matrix's rows
+// one dependent load at a time: G2P's bias gradients have some 600 rows and 128-512 columns.
+constexpr int kColumnTile = 32;
+constexpr int kSlices = kThreads / kColumnTile;
+static_assert(kThreads % kColumnTile == 0, "a block is whole row slices of the column tile");
+
+// out [C] = blend(out, sum over n of value(n C + c)) for each column c of an [N, C] matrix, in the
+// compute type C; value(i) is called once for every element.
+template <typename C, typename O, typename F>
+__global__ void __launch_bounds__(kThreads)
+    column_sums_kernel(int64_t rows, int64_t cols, F value, fn::Blend blend, O* out) {
+  __shared__ C slice_sums[kSlices][kColumnTile];
+  const int lane = threadIdx.x % kColumnTile, slice = threadIdx.x / kColumnTile;
+  const int64_t c = blockIdx.x * int64_t(kColumnTile) + lane;
+  C acc = 0;
+  if (c < cols) {
+    for (int64_t r = slice; r < rows; r += kSlices) acc += value(r * cols + c);
+  }
+  slice_sums[slice][lane] = acc;
+  __syncthreads();
+  if (slice == 0 && c < cols) {
+    C total = slice_sums[0][lane];
+    for (int k = 1; k < kSlices; ++k) total += slice_sums[k][lane];
+    out[c] = store<O>(blend(static_cast<C>(load(out[c])), total));
+  }
+}
+
+// The values column_sums adds: x's elements; or the ReLU's backward mask (fn::ReluBackward, as
+// unary_backward computes it), written to dz as they are summed.
+template <typename T>
+struct Elements {
+  const T* x;
+  __device__ compute_t<T> operator()(int64_t i) const { return load(x[i]); }
+};
+template <typename T>
+struct ReluMasked {
+  const T *y, *dy;
+  T* dz;
+  __device__ compute_t<T> operator()(int64_t i) const {
+    using C = compute_t<T>;
+    const T d = store<T>(fn::ReluBackward{}(load(y[i]), static_cast<C>(load(dy[i]))));
+    dz[i] = d;
+    return load(d);
+  }
+};
+
+template <typename C, typename O, typename F>
+void column_sums(int64_t rows, int64_t cols, F value, fn::Blend blend, O* out,
+                 cudaStream_t stream) {
+  if (cols == 0) return;
+  const int64_t blocks = (cols + kColumnTile - 1) / kColumnTile;
+  column_sums_kernel<C>
+      <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(rows, cols, value, blend, out);
+  ACCRUE_CUDA_LAUNCH_CHECK();
+}
+
 }  // namespace
 
-// x [N, C] -> out [C] = blend(out, sum_n x[n, :]); one thread per column, rows in order, the sum
-// in x's compute type; out of T or float32 (with_wide_output).
-template <typename T, typename O>
-void column_sums(const T* in, int64_t rows, int64_t cols, fn::Blend blend, O* out,
-                 cudaStream_t stream) {
-  using C = compute_t<T>;
-  for_each(cols, stream, [=] __device__(int64_t c) {
-    C acc = 0;
-    for (int64_t r = 0; r < rows; ++r) acc += load(in[r * cols + c]);
-    out[c] = store<O>(blend(static_cast<C>(load(out[c])), acc));
+void CudaBackend::sum_rows(const Tensor& x, double alpha, double beta, Tensor& out) {
+  // x [N, C] -> out [C] = beta * out + alpha * sum_n x[n, :]; out of x's type or float32
+  ACCRUE_DISPATCH_FLOATING_AND_HALF(x.dtype(), "sum_rows", [&] {
+    with_wide_output<T>(out, "sum_rows", [&](auto* o) {
+      column_sums<compute_t<T>>(x.size(0), x.size(1), Elements<T>{x.data<T>()},
+                                fn::Blend{alpha, beta}, o, stream_of(x));
+    });
   });
 }
 
-void CudaBackend::sum_rows(const Tensor& x, double alpha, double beta, Tensor& out) {
-  // x [N, C] -> out [C] = beta * out + alpha * sum_n x[n, :]
-  ACCRUE_DISPATCH_FLOATING_AND_HALF(x.dtype(), "sum_rows", [&] {
-    with_wide_output<T>(out, "sum_rows", [&](auto* o) {
-      column_sums(x.data<T>(), x.size(0), x.size(1), fn::Blend{alpha, beta}, o, stream_of(x));
+void CudaBackend::relu_bias_backward(const Tensor& y, const Tensor& dy, Tensor& dz, double beta,
+                                     Tensor& dbias) {
+  // y, dy [N, C] -> dz [N, C] = the ReLU's mask, and dbias [C] = beta * dbias + the column sums of
+  // dz as stored (sum_rows over dz), in one pass
+  if (!dbias.defined()) return unary_backward(UnaryOp::kRelu, y, dy, dz);
+  ACCRUE_DISPATCH_FLOATING_AND_HALF(dy.dtype(), "relu_bias_backward", [&] {
+    with_wide_output<T>(dbias, "relu_bias_backward", [&](auto* o) {
+      column_sums<compute_t<T>>(dz.size(0), dz.size(1),
+                                ReluMasked<T>{y.data<T>(), dy.data<T>(), dz.data<T>()},
+                                fn::Blend{1.0, beta}, o, stream_of(dz));
     });
   });
 }
