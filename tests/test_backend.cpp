@@ -295,6 +295,26 @@ std::vector<Row> rows() {
          m.be().sum_all(m.uniform({kFlat}, 10), out);
          return Outputs{out};
        }},
+      // small enough for CUDA's one-block reduction (a micro-step's loss over its rows), and at
+      // its limit
+      {"sum_all/small",
+       [](const Maker& m) {
+         Tensor out = m.empty({1});
+         m.be().sum_all(m.uniform({37}, 10), out);
+         return Outputs{out};
+       }},
+      {"sum_all/one_block_limit",
+       [](const Maker& m) {
+         Tensor out = m.empty({1});
+         m.be().sum_all(m.uniform({64 * 256}, 10), out);
+         return Outputs{out};
+       }},
+      {"norm_sq/small",
+       [](const Maker& m) {
+         Tensor out = m.empty({2});
+         m.be().norm_sq(m.uniform({1000}, 19), out);
+         return Outputs{out};
+       }},
       {"expand_scalar",
        [](const Maker& m) {
          Tensor out = m.empty({kFlat});

@@ -1,7 +1,8 @@
 // CUDA reductions. Full reductions (sum_all, norm_sq) are deterministic two-stage reductions:
 // a fixed grid of kReduceBlocks blocks each reduces a fixed grid-stride share with
-// cub::BlockReduce into a partial, then one block reduces the partials in a fixed order. The
-// grid does not depend on the device, so results are bitwise reproducible. Sums are in double.
+// cub::BlockReduce into a partial, then one block reduces the partials in a fixed order; up to
+// kOneBlockReduce elements, one block alone. The grid does not depend on the device, so results
+// are bitwise reproducible. Sums are in double.
 // Column sums (sum_rows, and the fused ReLU + bias backward) split each column into fixed row
 // slices, summed in order in the compute type.
 #include <cub/block/block_reduce.cuh>
@@ -76,11 +77,37 @@ __global__ void reduce_stage2(const Pair* partial, int count, W write) {
 static_assert(kReduceBlocks * sizeof(Pair) <= DeviceContext::kReducePartialBytes,
               "the context's partials buffer must hold one Pair per block");
 
+// x [n] -> write(sum of f(x[i])) on one thread of one block: thread t adds elements t, t +
+// kThreads,
+// ... in order, then the block's sums are reduced. For the small reductions of a micro-step (a
+// loss over its rows), where stage 1's fixed grid of kReduceBlocks blocks would be almost all idle
+// and cost a second launch.
+constexpr int64_t kOneBlockReduce = 64 * kThreads;
+template <typename T, typename F, typename W>
+__global__ void reduce_one_block(const T* x, int64_t n, F f, W write) {
+  using BlockReduce = cub::BlockReduce<Pair, kThreads>;
+  __shared__ typename BlockReduce::TempStorage temp;
+  Pair acc{0, 0};
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) {
+    const Pair v = f(x[i]);
+    acc.a += v.a;
+    acc.b += v.b;
+  }
+  const Pair total = BlockReduce(temp).Reduce(acc, PairSum{});
+  if (threadIdx.x == 0) write(total);
+}
+
 // The partials live in the device context, not the caching allocator: a reduction in the middle
-// of a micro-step must not count as activation memory.
+// of a micro-step must not count as activation memory. Which of the two forms runs depends on n
+// alone, so a sum's bits do too.
 template <typename T, typename F, typename W>
 void reduce_all(const T* x, int64_t n, Device device, F f, W write) {
   DeviceContext& ctx = context(device.index);
+  if (n <= kOneBlockReduce) {
+    reduce_one_block<<<1, kThreads, 0, ctx.stream>>>(x, n, f, write);
+    ACCRUE_CUDA_LAUNCH_CHECK();
+    return;
+  }
   Pair* p = static_cast<Pair*>(ctx.reduce_partials);
   cudaStream_t s = ctx.stream;
   reduce_stage1<<<kReduceBlocks, kThreads, 0, s>>>(x, n, f, p);
