@@ -57,7 +57,9 @@ TEST(Threads, GemmIsBitwiseTheSameOnOneTwoAndThreeThreads) {
 }
 
 // The convolution's three passes (samples shared over the team, the filter gradient's chunks
-// added in order) and the CNN's other kernels, at the MNIST CNN's shapes and a strided one.
+// added in order) and the CNN's other kernels, at the MNIST CNN's shapes and a strided one; in
+// float32, and in bfloat16 with the filter gradient into a float32 arena (mixed precision: conv1
+// on the direct kernels, conv2 lowered into per-sample products).
 TEST(Threads, ConvolutionAndTheCnnKernelsAreBitwiseTheSameOnOneTwoAndThreeThreads) {
   ThreadsGuard guard;
   struct Case {
@@ -68,27 +70,32 @@ TEST(Threads, ConvolutionAndTheCnnKernelsAreBitwiseTheSameOnOneTwoAndThreeThread
                         {32, 32, 64, 14, {1, 1, 1, 1, 1, 1}},
                         {5, 6, 7, 17, {2, 2, 2, 1, 2, 1}}};
   Backend& be = backend_for(Device::cpu());
-  for (const Case& k : cases) {
+  for (const auto& [k, dtype] : {std::pair{cases[0], DType::kFloat32},
+                                 {cases[1], DType::kFloat32},
+                                 {cases[2], DType::kFloat32},
+                                 {cases[0], DType::kBFloat16},
+                                 {cases[1], DType::kBFloat16},
+                                 {cases[2], DType::kBFloat16}}) {
     const int64_t oh = conv2d_out_size(k.hw, 3, k.g.stride_h, k.g.pad_h, k.g.dilation_h);
     const int64_t ow = conv2d_out_size(k.hw, 3, k.g.stride_w, k.g.pad_w, k.g.dilation_w);
-    const Tensor x = testing::random({k.n, k.c, k.hw, k.hw}, 1, DType::kFloat32);
-    const Tensor w = testing::random({k.o, k.c, 3, 3}, 2, DType::kFloat32);
-    const Tensor b = testing::random({k.o}, 3, DType::kFloat32);
-    const Tensor dy = testing::random({k.n, k.o, oh, ow}, 4, DType::kFloat32);
+    const Tensor x = testing::random({k.n, k.c, k.hw, k.hw}, 1, dtype);
+    const Tensor w = testing::random({k.o, k.c, 3, 3}, 2, dtype);
+    const Tensor b = testing::random({k.o}, 3, dtype);
+    const Tensor dy = testing::random({k.n, k.o, oh, ow}, 4, dtype);
     const Tensor dw0 = testing::random({k.o, k.c, 3, 3}, 5, DType::kFloat32);
     std::vector<std::vector<Tensor>> results;
     for (int threads : {1, 2, 3}) {
       set_cpu_threads(threads);
-      Tensor y = Tensor::empty({k.n, k.o, oh, ow}, DType::kFloat32, Device::cpu());
-      Tensor dx = Tensor::empty(x.shape(), DType::kFloat32, Device::cpu());
+      Tensor y = Tensor::empty({k.n, k.o, oh, ow}, dtype, Device::cpu());
+      Tensor dx = Tensor::empty(x.shape(), dtype, Device::cpu());
       Tensor dw = dw0.clone(), db = Tensor::zeros({k.o}, DType::kFloat32, Device::cpu());
       be.conv2d_forward(x, w, b, k.g, y);
       be.conv2d_backward_data(dy, w, k.g, dx);
       be.conv2d_backward_filter(dy, x, k.g, 1.0, dw, db);
       const Pool2dGeometry pool{2, 2, 2, 2, 0, 0};
-      Tensor pooled = Tensor::empty({k.n, k.o, oh / 2, ow / 2}, DType::kFloat32, Device::cpu());
+      Tensor pooled = Tensor::empty({k.n, k.o, oh / 2, ow / 2}, dtype, Device::cpu());
       Tensor at = Tensor::empty(pooled.shape(), DType::kInt32, Device::cpu());
-      Tensor pooled_relu = Tensor::empty(pooled.shape(), DType::kFloat32, Device::cpu());
+      Tensor pooled_relu = Tensor::empty(pooled.shape(), dtype, Device::cpu());
       Tensor at_relu = Tensor::empty(pooled.shape(), DType::kInt32, Device::cpu());
       be.max_pool2d(y, pool, false, pooled, at);
       be.max_pool2d(y, pool, true, pooled_relu, at_relu);
@@ -98,8 +105,8 @@ TEST(Threads, ConvolutionAndTheCnnKernelsAreBitwiseTheSameOnOneTwoAndThreeThread
       for (size_t i = 0; i < results[0].size(); ++i) {
         EXPECT_EQ(0, std::memcmp(results[0][i].raw(), results[t][i].raw(),
                                  static_cast<size_t>(results[0][i].nbytes())))
-            << "output " << i << " of the " << k.c << " -> " << k.o << " convolution: " << t + 1
-            << " threads differ from 1";
+            << "output " << i << " of the " << dtype_name(dtype) << " " << k.c << " -> " << k.o
+            << " convolution: " << t + 1 << " threads differ from 1";
       }
     }
   }
