@@ -7,6 +7,7 @@
 // rounding; the float32 arithmetic inside adds orders of magnitude less). A primitive without
 // a row fails EveryPrimitiveHasARow, so a new primitive cannot land untested.
 #include <cstring>
+#include <optional>
 #include <set>
 #include <tuple>
 
@@ -18,6 +19,8 @@
 #include "kernels/cpu/blas_core.h"
 #include "kernels/cpu/conv.h"
 #include "kernels/cpu/exp_probe.h"
+#include "kernels/cpu/half_lanes_probe.h"
+#include "kernels/cpu/rows.h"
 #include "kernels/trace.h"
 #include "test_util.h"
 
@@ -989,15 +992,34 @@ TEST(Backend, SixteenBitDirectConvolutionsAreTheFloat32OnesOnWidenedOperands) {
       const Tensor b = half({k.o}, 3), dy = half({k.n, k.o, k.oh(), k.ow()}, 4);
       const Tensor dw0 = half({k.o, k.c, k.kh, k.kw}, 5), db0 = half({k.o}, 6);
       const std::string where = str_cat(dtype_name(dtype), " ", k.str());
+      // the 16-bit forward as dispatched (nothing forced), or with an algorithm forced
+      const auto forward_16 = [&](std::optional<cpu::ConvAlgorithm> algorithm, bool bias) {
+        std::optional<cpu::ForcedConvAlgorithm> force;
+        if (algorithm) force.emplace(*algorithm);
+        Tensor y = Tensor::empty({k.n, k.o, k.oh(), k.ow()}, dtype, Device::cpu());
+        be.conv2d_forward(x, w, bias ? b : Tensor(), k.g, y);
+        return y;
+      };
+      if (!forward) {  // forcing the direct kernels where they do not apply lowers, as im2col does
+        EXPECT_TRUE(bytes_equal(forward_16(cpu::ConvAlgorithm::kDirect, true),
+                                forward_16(cpu::ConvAlgorithm::kIm2col, true)))
+            << "forward, no direct kernel, " << where;
+      }
+      const Tensor dispatched[2] = {forward_16(std::nullopt, false),
+                                    forward_16(std::nullopt, true)};
+      Tensor dw_dispatched = wide(dw0), db_dispatched = wide(db0);
+      be.conv2d_backward_filter(dy, x, k.g, 1.0, dw_dispatched, db_dispatched);
       cpu::ForcedConvAlgorithm force(cpu::ConvAlgorithm::kDirect);
       if (forward) {
         for (bool bias : {true, false}) {
           Tensor y32 = Tensor::empty({k.n, k.o, k.oh(), k.ow()}, DType::kFloat32, Device::cpu());
           be.conv2d_forward(wide(x), wide(w), bias ? wide(b) : Tensor(), k.g, y32);
-          Tensor y = Tensor::empty(y32.shape(), dtype, Device::cpu());
-          be.conv2d_forward(x, w, bias ? b : Tensor(), k.g, y);
+          const Tensor y = forward_16(std::nullopt, bias);
           EXPECT_TRUE(bytes_equal(y, to_dtype(y32, dtype)))
               << "forward, " << where << (bias ? "" : ", no bias");
+          // the dispatch picks the direct kernels without being forced to
+          EXPECT_TRUE(bytes_equal(dispatched[bias], y))
+              << "forward as dispatched, " << where << (bias ? "" : ", no bias");
         }
       }
       for (double beta : {0.0, 1.0}) {
@@ -1009,6 +1031,10 @@ TEST(Backend, SixteenBitDirectConvolutionsAreTheFloat32OnesOnWidenedOperands) {
         be.conv2d_backward_filter(dy, x, k.g, beta, dw_arena, db_arena);
         EXPECT_TRUE(bytes_equal(dw_arena, dw32)) << "dw into float32, " << pass;
         EXPECT_TRUE(bytes_equal(db_arena, db32)) << "dbias into float32, " << pass;
+        if (beta == 1.0) {  // the dispatch picks the direct kernels without being forced to
+          EXPECT_TRUE(bytes_equal(dw_dispatched, dw_arena)) << "dw as dispatched, " << pass;
+          EXPECT_TRUE(bytes_equal(db_dispatched, db_arena)) << "dbias as dispatched, " << pass;
+        }
         Tensor dw = dw0.clone(), db = db0.clone();
         be.conv2d_backward_filter(dy, x, k.g, beta, dw, db);
         EXPECT_TRUE(bytes_equal(dw, to_dtype(dw32, dtype))) << "16-bit dw, " << pass;
@@ -1067,6 +1093,59 @@ TEST(Backend, PermuteMovesEachElementWhereItsIndexSays) {
           << shape_str(k.dims);
     }
   }
+}
+
+// The 16-bit lanes of the direct convolutions (vec::load_widened, vec::store_rounded, as the
+// library was built) convert as rows.h's row_to_float and row_from_float do, bit for bit: every
+// bfloat16 and float16 pattern widened; rounded, every 4099th float pattern (all signs, exponents,
+// subnormals and NaN payloads among them) and the edges: ties to even either way, the largest
+// values that round down and the first that round to infinity, the smallest subnormals, -0.
+TEST(Backend, SixteenBitLanesConvertAsTheRowConversions) {
+  const auto check = [](auto zero) {
+    using H = decltype(zero);
+    std::vector<H> every(65536);
+    for (uint32_t bits = 0; bits < 65536; ++bits) every[bits] = H::from_bits(uint16_t(bits));
+    std::vector<float> want(every.size()), got(every.size());
+    cpu::row_to_float(every.data(), want.data(), int64_t(every.size()));
+    cpu::widen_lanes(every.data(), int64_t(every.size()), got.data());
+    int64_t mismatches = 0;
+    for (size_t i = 0; i < every.size(); ++i) {
+      if (std::memcmp(&want[i], &got[i], sizeof(float)) != 0 && ++mismatches <= 5) {
+        ADD_FAILURE() << "widening 16-bit pattern " << i << ": " << got[i] << " against "
+                      << want[i];
+      }
+    }
+    EXPECT_EQ(mismatches, 0) << "widened";
+    std::vector<float> values;
+    for (uint64_t bits = 0; bits < (uint64_t{1} << 32); bits += 4099) {
+      const auto b = static_cast<uint32_t>(bits);
+      float f;
+      std::memcpy(&f, &b, sizeof f);
+      values.push_back(f);
+    }
+    for (uint32_t b :
+         {0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x7f7f7fffu, 0x7f7f8000u, 0x7f7fffffu, 0x477fefffu,
+          0x477ff000u, 0x33000000u, 0x33000001u, 0x00000001u, 0x80000001u, 0x80000000u, 0x7f800001u,
+          0xffc00001u, 0x7fbfffffu, 0x3f801000u, 0x3f803000u}) {
+      float f;
+      std::memcpy(&f, &b, sizeof f);
+      values.push_back(f);
+    }
+    while (values.size() % 16 != 0) values.push_back(1.0f);
+    std::vector<H> want16(values.size()), got16(values.size());
+    cpu::row_from_float(values.data(), want16.data(), int64_t(values.size()));
+    cpu::round_lanes(values.data(), int64_t(values.size()), got16.data());
+    mismatches = 0;
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (want16[i].bits != got16[i].bits && ++mismatches <= 5) {
+        ADD_FAILURE() << "rounding " << values[i] << ": bits " << got16[i].bits << " against "
+                      << want16[i].bits;
+      }
+    }
+    EXPECT_EQ(mismatches, 0) << "rounded, of " << values.size();
+  };
+  check(bf16{});
+  check(f16{});
 }
 
 // vec::exp_lanes gives std::exp's bits (kernels/cpu/exp.h): every 4099th float bit pattern (all

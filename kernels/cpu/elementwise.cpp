@@ -3,8 +3,10 @@
 #include <cstring>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/half_lanes_probe.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/rows.h"
+#include "kernels/cpu/vec.h"
 #include "kernels/dispatch.h"
 #include "kernels/functors.h"
 
@@ -81,6 +83,35 @@ void CpuBackend::expand_scalar(const Tensor& s, double alpha, Tensor& out) {
   ACCRUE_DISPATCH_FLOATING_AND_HALF(out.dtype(), "expand_scalar", [&] {
     fill(out, static_cast<double>(load(s.data<T>()[0])) * alpha);
   });
+}
+
+namespace {
+constexpr int64_t kHalfLanes = 16;
+template <typename H>
+void widen_lanes_of(const H* in, int64_t n, float* out) {
+  for (int64_t i = 0; i + kHalfLanes <= n; i += kHalfLanes) {
+    vec::store(out + i, vec::load_widened<H, kHalfLanes>(in + i));
+  }
+}
+template <typename H>
+void round_lanes_of(const float* in, int64_t n, H* out) {
+  for (int64_t i = 0; i + kHalfLanes <= n; i += kHalfLanes) {
+    vec::store_rounded(out + i, vec::load<float, kHalfLanes>(in + i));
+  }
+}
+}  // namespace
+
+void widen_lanes(const bf16* in, int64_t n, float* out) {
+  widen_lanes_of(in, n, out);
+}
+void widen_lanes(const f16* in, int64_t n, float* out) {
+  widen_lanes_of(in, n, out);
+}
+void round_lanes(const float* in, int64_t n, bf16* out) {
+  round_lanes_of(in, n, out);
+}
+void round_lanes(const float* in, int64_t n, f16* out) {
+  round_lanes_of(in, n, out);
 }
 
 }  // namespace accrue::cpu

@@ -86,6 +86,11 @@ Vec<compute_t<S>, N> load_widened(const S* p) {
     if constexpr (N == 8) {
       return reinterpret_cast<Vec<float, N>>(
           _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+    } else if constexpr (N == 16) {  // no AVX-512: two halves of 8
+      const Vec<float, 8> halves[2] = {load_widened<S, 8>(p), load_widened<S, 8>(p + 8)};
+      Vec<float, N> v;
+      std::memcpy(&v, halves, sizeof v);
+      return v;
     }
 #endif
     float wide[N];
@@ -97,6 +102,8 @@ Vec<compute_t<S>, N> load_widened(const S* p) {
 }
 template <typename S, typename V>
 void store_rounded(S* p, const V& v) {
+  using Lane = std::remove_cv_t<std::remove_reference_t<decltype(v[0])>>;
+  static_assert(!is_half_v<S> || std::is_same_v<Lane, float>, "16-bit values round float lanes");
   if constexpr (std::is_same_v<S, bf16>) {
     constexpr int64_t N = lanes_of<float, V>;
     using Bits = typename HalfLanes<N>::Bits;
@@ -122,6 +129,11 @@ void store_rounded(S* p, const V& v) {
       return _mm_storeu_si128(
           reinterpret_cast<__m128i*>(p),
           _mm256_cvtps_ph(reinterpret_cast<__m256>(v), _MM_FROUND_TO_NEAREST_INT));
+    } else if constexpr (N == 16) {  // no AVX-512: two halves of 8
+      Vec<float, 8> halves[2];
+      std::memcpy(halves, &v, sizeof halves);
+      store_rounded(p, halves[0]);
+      return store_rounded(p + 8, halves[1]);
     }
 #endif
     float wide[N];
