@@ -57,6 +57,11 @@ class Recorder {
     std::lock_guard<std::mutex> lock(mutex_);
     add_locked(name, scope.c_str(), start, seconds, bytes, flops, timeline);
   }
+  // The host's time inside a device-timed call.
+  void add_host(const char* name, double seconds) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    add_to(host_[name], seconds, 0, 0);
+  }
   // Calls lost because their marks could not be read (a device error at exit).
   void add_unread(size_t calls) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -71,7 +76,11 @@ class Recorder {
       t.seconds += row.seconds;
     }
     for (const auto& [name, row] : scopes_) t.scopes.push_back(named(name, row));
-    for (auto* rows : {&t.primitives, &t.scopes}) {
+    for (const auto& [name, row] : host_) {
+      t.host.push_back(named(name, row));
+      t.host_seconds += row.seconds;
+    }
+    for (auto* rows : {&t.primitives, &t.scopes, &t.host}) {
       std::stable_sort(rows->begin(), rows->end(), [](const ProfileRow& a, const ProfileRow& b) {
         return a.seconds > b.seconds;
       });
@@ -80,7 +89,7 @@ class Recorder {
   }
   void clear() {
     std::lock_guard<std::mutex> lock(mutex_);
-    primitives_.clear(), scopes_.clear(), events_.clear();
+    primitives_.clear(), scopes_.clear(), host_.clear(), events_.clear();
     dropped_ = unread_ = 0;
   }
   size_t unread() const {
@@ -140,7 +149,7 @@ class Recorder {
   }
   Clock::time_point origin_;
   mutable std::mutex mutex_;
-  std::map<std::string, ProfileRow> primitives_, scopes_;
+  std::map<std::string, ProfileRow> primitives_, scopes_, host_;
   std::vector<Event> events_;
   size_t dropped_ = 0, unread_ = 0;
   std::map<std::thread::id, int> threads_;
@@ -356,13 +365,16 @@ class ProfilingBackend final : public Backend {
     // Inside a CUDA graph's capture nothing runs: the replay is timed instead.
     if (marked_ && graph_capturing(device_)) return call();
     if (marked_) {
+      Recorder& r = Recorder::get();
       const DeviceMarks::Mark start = marked_->begin();
+      const double host_start = r.now();
       try {
         call();
       } catch (...) {
         marked_->abandon(start);
         throw;
       }
+      r.add_host(name, r.now() - host_start);
       marked_->end(name, start, bytes, flops);
       return;
     }
@@ -409,6 +421,19 @@ void print_totals(const ProfileTotals& t, std::ostream& out) {
   }
   print_rows(out, "primitive", t.primitives, t.seconds);
   print_rows(out, "scope (module forward, backward node)", t.scopes, t.seconds);
+  if (t.host.empty()) return;
+  out << "[profile] " << std::fixed << std::setprecision(3) << t.host_seconds
+      << " s of host time inside the device calls (each call until it returned)\n";
+  out << std::left << std::setw(32) << "host, per primitive" << std::right << std::setw(10)
+      << "calls" << std::setw(12) << "total ms" << std::setw(12) << "mean us" << std::setw(8)
+      << "share\n";
+  for (const ProfileRow& r : t.host) {
+    out << std::left << std::setw(32) << r.name << std::right << std::setw(10) << r.calls
+        << std::setprecision(2) << std::setw(12) << r.seconds * 1e3 << std::setw(12)
+        << r.seconds * 1e6 / double(std::max<int64_t>(r.calls, 1)) << std::setprecision(1)
+        << std::setw(7) << 100 * r.seconds / std::max(t.host_seconds, 1e-12) << "%\n";
+  }
+  out.unsetf(std::ios::fixed);
 }
 
 // At exit: the table on stderr, and the trace file where ACCRUE_PROFILE_JSON names one. The

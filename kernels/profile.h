@@ -7,8 +7,9 @@
 // clock as it returns; on CUDA by two events on the device's stream (DeviceMarks below), read once
 // the device has passed them, so the run is not serialised. While the GPU is busy that is the
 // call's own work on it; where the GPU waits for the host (a small call, a library's algorithm
-// search), the host's time inside the call counts too. Read next: kernels/trace.h, the other
-// decorator.
+// search), the host's time inside the call counts too. A third table gives device calls' host
+// time alone (the time each took to return), where an eager GPU run's host limit shows. Read next:
+// kernels/trace.h, the other decorator.
 //   ACCRUE_PROFILE=1 build/examples/accrue-g2p --max-steps 20 ... 2> profile.txt
 #pragma once
 
@@ -43,6 +44,11 @@ struct ProfileRow {
 struct ProfileTotals {
   std::vector<ProfileRow> primitives, scopes;  // each sorted by total time, longest first
   double seconds = 0;                          // the sum over every call
+  // The host's own time inside each device-timed call, per primitive (launches, a library's work
+  // on the host), sorted likewise: what an eager GPU run spends before the device sees the work.
+  // Empty on the CPU, where a call's time is the host's.
+  std::vector<ProfileRow> host;
+  double host_seconds = 0;
 };
 ProfileTotals profile_totals();
 void print_profile(std::ostream& out);

@@ -209,10 +209,12 @@ train_on_device() {
   train_run mlp-profile 40 "${mnist[@]}" --max-steps 200 --profile &&
     grep -E "^(graph: |boundary |adam_step|linear_forward)" "$work/mlp-profile.log" | head -8 |
     sed 's/^/profile, MNIST MLP with graphs, 200 steps: /' >> "$work/checks.txt"
-  # Eager, each primitive is timed on the device (events): which kernels a micro-step spends on.
+  # Eager, each primitive is timed on the device (events) and on the host (until it returned):
+  # which kernels a micro-step spends on, and what the host spends launching them.
   train_run mlp-profile-eager 40 "${mnist[@]}" --max-steps 200 --cuda-graphs off --profile &&
-    grep -A12 '^\[profile\] [0-9.]* s in backend' "$work/mlp-profile-eager.log" | head -13 |
-    sed 's/^/profile, MNIST MLP eager, 200 steps: /' >> "$work/checks.txt"
+    { grep -A12 '^\[profile\] [0-9.]* s in backend' "$work/mlp-profile-eager.log" | head -13
+      grep -A10 '^\[profile\] [0-9.]* s of host time' "$work/mlp-profile-eager.log" | head -11
+    } | sed 's/^/profile, MNIST MLP eager, 200 steps: /' >> "$work/checks.txt"
   train_run mlp-32x1 40 "${mnist[@]}" --micro-batch 32 --accum-steps 1 --max-steps 200
   train_run mlp-32x8 40 "${mnist[@]}" --micro-batch 32 --accum-steps 8 --max-steps 200
   train_run g2p-eager 90 "${g2p[@]}" --cuda-graphs off --save "$work/g2p-eager.st"

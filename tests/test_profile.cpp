@@ -172,6 +172,7 @@ TEST(Profile, RecordsEachCallUnderItsInnermostScope) {
   EXPECT_EQ(totals.primitives[0].calls, 5);
   EXPECT_EQ(totals.primitives[0].bytes, 5 * 256 * 4.0);
   EXPECT_EQ(totals.primitives[0].flops, 0.0);  // not a GEMM
+  EXPECT_TRUE(totals.host.empty());            // on the CPU a call's time is the host's
   std::map<std::string, int64_t> scopes;
   for (const ProfileRow& r : totals.scopes) scopes[r.name] = r.calls;
   EXPECT_EQ(scopes,
@@ -295,6 +296,16 @@ TEST(Profile, DeviceMarkedCallsAreReadOnceTheDeviceHasPassedThem) {
   std::map<std::string, int64_t> scopes;
   for (const ProfileRow& r : totals.scopes) scopes[r.name] = r.calls;
   EXPECT_EQ(scopes, (std::map<std::string, int64_t>{{"layer", 2}, {"forward/other", 2}}));
+  // The host's own time inside each call (here the CPU's fill), in a table of its own.
+  ASSERT_EQ(totals.host.size(), 1u);
+  EXPECT_EQ(totals.host[0].name, "fill");
+  EXPECT_EQ(totals.host[0].calls, 4);
+  EXPECT_GT(totals.host[0].seconds, 0.0);
+  EXPECT_EQ(totals.host_seconds, totals.host[0].seconds);
+  std::ostringstream printed;
+  print_profile(printed);
+  EXPECT_NE(printed.str().find("of host time inside the device calls"), std::string::npos)
+      << printed.str();
   // On the trace, the calls lie on row 1007, 2 ms apart on the device's clock.
   const fs::path dir = temp_dir("profile_marks"), json = dir / "trace.json";
   write_profile_trace(json.string());
@@ -373,6 +384,8 @@ TEST(Profile, CudaCallsAreTimedByEventsOnTheDevicesRow) {
   ASSERT_EQ(totals.primitives.size(), 1u);
   EXPECT_EQ(totals.primitives[0].calls, 3);
   EXPECT_GT(totals.primitives[0].seconds, 0.0);
+  ASSERT_EQ(totals.host.size(), 1u);  // each launch's host time beside the device's
+  EXPECT_EQ(totals.host[0].calls, 3);
   const fs::path dir = temp_dir("profile_cuda"), json = dir / "trace.json";
   write_profile_trace(json.string());
   std::ifstream in(json);
