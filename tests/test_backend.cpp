@@ -124,6 +124,18 @@ bool half_on_cpu_only(const std::string& row) {
          row.rfind("avg_pool2d", 0) == 0;
 }
 
+// A full reduction of n uniform values: sum_all, or norm_sq (the sum of squares and the count of
+// non-finite entries).
+Row full_reduction(const std::string& name, int64_t n) {
+  const bool norm = name.rfind("norm_sq", 0) == 0;
+  return {name, [=](const Maker& m) {
+            Tensor out = m.empty({norm ? 2 : 1});
+            if (norm) m.be().norm_sq(m.uniform({n}, 19), out);
+            if (!norm) m.be().sum_all(m.uniform({n}, 10), out);
+            return Outputs{out};
+          }};
+}
+
 std::vector<Row> rows() {
   std::vector<Row> table{
       {"fill",
@@ -292,32 +304,12 @@ std::vector<Row> rows() {
                                    0.0, none);
          return Outputs{dz};
        }},
-      {"sum_all",
-       [](const Maker& m) {
-         Tensor out = m.empty({1});
-         m.be().sum_all(m.uniform({kFlat}, 10), out);
-         return Outputs{out};
-       }},
+      full_reduction("sum_all", kFlat),
       // small enough for CUDA's one-block reduction (a micro-step's loss over its rows), and at
       // its limit
-      {"sum_all/small",
-       [](const Maker& m) {
-         Tensor out = m.empty({1});
-         m.be().sum_all(m.uniform({37}, 10), out);
-         return Outputs{out};
-       }},
-      {"sum_all/one_block_limit",
-       [](const Maker& m) {
-         Tensor out = m.empty({1});
-         m.be().sum_all(m.uniform({64 * 256}, 10), out);
-         return Outputs{out};
-       }},
-      {"norm_sq/small",
-       [](const Maker& m) {
-         Tensor out = m.empty({2});
-         m.be().norm_sq(m.uniform({1000}, 19), out);
-         return Outputs{out};
-       }},
+      full_reduction("sum_all/small", 37),
+      full_reduction("sum_all/one_block_limit", 64 * 256),
+      full_reduction("norm_sq/small", 1000),
       {"expand_scalar",
        [](const Maker& m) {
          Tensor out = m.empty({kFlat});
@@ -425,12 +417,7 @@ std::vector<Row> rows() {
          m.be().count_equal(m.ints(labels(kFlat, 7)), m.ints(labels(kFlat, 5)), out);
          return Outputs{out};
        }},
-      {"norm_sq/finite",
-       [](const Maker& m) {
-         Tensor out = m.empty({2});
-         m.be().norm_sq(m.uniform({kFlat}, 19), out);
-         return Outputs{out};
-       }},
+      full_reduction("norm_sq/finite", kFlat),
       {"norm_sq/non_finite",
        [](const Maker& m) {
          Tensor g = m.uniform({kFlat}, 19).to(Device::cpu());
