@@ -45,16 +45,18 @@ struct GemmCut {
 // on the AMD EPYC of bench/results the micro-step's weight gradients ran 8-14% faster and
 // mnist_micro_step/cpu/32 5-9% (690-763 -> 630-713 us), the forward products unchanged.
 constexpr int kMicroBatchBlock = 64;
-inline GemmCut cut_gemm(int m, int n, int k) {
+// A library whose calls cost more each (oneDNN's bfloat16 matmul) passes its own block for those
+// micro-batch cuts (gemm.cpp's half_gemm); the rest of the cut is the same.
+inline GemmCut cut_gemm(int m, int n, int k, int micro_batch_block = kMicroBatchBlock) {
   const int64_t macs = int64_t{m} * n * k;
   const auto blocks = [&](bool along_rows, int width) {
     const int extent = along_rows ? m : n;
     return GemmCut{along_rows, width, (extent + width - 1) / width, macs >= kParallelMacs};
   };
   if (macs < kParallelMacs) return blocks(false, std::max(n, 1));  // one call: blocks only add cost
-  if (m <= 32) return blocks(false, kMicroBatchBlock);
+  if (m <= 32) return blocks(false, micro_batch_block);
   if (m <= 64) return blocks(false, 16);
-  if (k <= 32) return blocks(true, kMicroBatchBlock);
+  if (k <= 32) return blocks(true, micro_batch_block);
   const bool along_rows = m > n;
   const int extent = along_rows ? m : n;
   int count = 1;
@@ -118,8 +120,8 @@ struct GemmBlock {
 // one block (and may go on to work on it while it is in cache).
 template <typename T, typename C, typename Call>
 void cut_gemm_call(bool trans_a, bool trans_b, int m, int n, int k, const T* a, int lda, const T* b,
-                   int ldb, C* c, Call call) {
-  const GemmCut cut = cut_gemm(m, n, k);
+                   int ldb, C* c, Call call, int micro_batch_block = kMicroBatchBlock) {
+  const GemmCut cut = cut_gemm(m, n, k, micro_batch_block);
   for_blocks(cut, [&](int i) {
     const int begin = i * cut.width;
     const int width = std::min(cut.width, (cut.along_rows ? m : n) - begin);
