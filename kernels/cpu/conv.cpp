@@ -310,10 +310,11 @@ void forward_direct(const S* x, const S* w, const S* bias, const ConvShape& s,
     tap_at[row] = c * plane.size() + ki * g.dilation_h * plane.cols + kj * g.dilation_w;
   });
   const int64_t weights = s.o * s.patch();
-  Tensor widened = Tensor::empty({is_half_v<S> ? weights + s.o : 0}, dtype_of<T>(), Device::cpu());
+  Tensor widened;  // 16-bit weights and bias in float32
   const T* w_t = nullptr;
   const T* bias_t = nullptr;
   if constexpr (is_half_v<S>) {
+    widened = Tensor::empty({weights + s.o}, dtype_of<T>(), Device::cpu());
     T* wide = widened.data<T>();
     row_to_float(w, wide, weights);
     if (bias) row_to_float(bias, wide + weights, s.o);

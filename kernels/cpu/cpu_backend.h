@@ -13,4 +13,9 @@ class CpuBackend final : public Backend {
   ACCRUE_BACKEND_OVERRIDES
 };
 
+// t in its compute dtype (compute_dtype, core/dtype.h): t itself where it already is (or is
+// undefined), else a copy cast by `be`. How a kernel without a 16-bit form runs on widened
+// operands.
+Tensor in_compute_dtype(Backend& be, const Tensor& t);
+
 }  // namespace accrue::cpu

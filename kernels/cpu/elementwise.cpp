@@ -34,6 +34,13 @@ void CpuBackend::cast(const Tensor& src, Tensor& dst) {
   });
 }
 
+Tensor in_compute_dtype(Backend& be, const Tensor& t) {
+  if (!t.defined() || t.dtype() == compute_dtype(t.dtype())) return t;
+  Tensor wide = Tensor::empty(t.shape(), compute_dtype(t.dtype()), t.device());
+  be.cast(t, wide);
+  return wide;
+}
+
 void CpuBackend::unary(UnaryOp op, const Tensor& x, Tensor& y) {
   ACCRUE_DISPATCH_FLOATING_AND_HALF(x.dtype(), op_name(op), [&] {
     visit(op, [&](auto f) { map1(x.numel(), x.data<T>(), y.data<T>(), f); });

@@ -166,14 +166,6 @@ template <typename H, typename O, typename Epilogue>
 void half_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const H* a, int lda,
                const H* b, int ldb, float beta, O* c, Epilogue epilogue) {
   const Bf16Library library = library_for<H>(m, n, k);
-  // oneDNN's calls cost more each than OpenBLAS's: a micro-batch product's blocks are twice as
-  // wide where the side it cuts has room for two such blocks (the MNIST MLP's first layer, forward
-  // and weight gradient: 45 -> 37 and 42 -> 38 us on the Zen 4, 2 threads); a narrower side keeps
-  // kMicroBatchBlock, as one wide block would leave a thread idle.
-  const int cut_side = m <= 32 ? n : m;
-  const int block = library == Bf16Library::kOneDnn && cut_side >= 4 * kMicroBatchBlock
-                        ? 2 * kMicroBatchBlock
-                        : kMicroBatchBlock;
   cut_gemm_call(
       trans_a, trans_b, m, n, k, a, lda, b, ldb, c,
       [&](const GemmBlock<H, O>& blk) {
@@ -190,7 +182,7 @@ void half_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, con
           from_float_panel(pc, blk.rows, blk.cols, blk.c, n);
         }
       },
-      block);
+      library == Bf16Library::kOneDnn ? CallCost::kHigh : CallCost::kLow);
 }
 
 // Whether the column blocks of C [m, n] = alpha op(A) B^T (beta 0, A not transposed: the x w^T of

@@ -45,18 +45,24 @@ struct GemmCut {
 // on the AMD EPYC of bench/results the micro-step's weight gradients ran 8-14% faster and
 // mnist_micro_step/cpu/32 5-9% (690-763 -> 630-713 us), the forward products unchanged.
 constexpr int kMicroBatchBlock = 64;
-// A library whose calls cost more each (oneDNN's bfloat16 matmul) passes its own block for those
-// micro-batch cuts (gemm.cpp's half_gemm); the rest of the cut is the same.
-inline GemmCut cut_gemm(int m, int n, int k, int micro_batch_block = kMicroBatchBlock) {
+// What each library call costs beside its arithmetic. oneDNN's bfloat16 matmul costs more per call
+// than OpenBLAS: its micro-batch blocks are twice as wide where the side cut has room for two of
+// them (narrower, one wide block would leave a thread idle). docs/cpu-speed.md has the rates.
+enum class CallCost { kLow, kHigh };
+inline int micro_batch_block(CallCost cost, int side) {
+  return cost == CallCost::kHigh && side >= 4 * kMicroBatchBlock ? 2 * kMicroBatchBlock
+                                                                 : kMicroBatchBlock;
+}
+inline GemmCut cut_gemm(int m, int n, int k, CallCost cost = CallCost::kLow) {
   const int64_t macs = int64_t{m} * n * k;
   const auto blocks = [&](bool along_rows, int width) {
     const int extent = along_rows ? m : n;
     return GemmCut{along_rows, width, (extent + width - 1) / width, macs >= kParallelMacs};
   };
   if (macs < kParallelMacs) return blocks(false, std::max(n, 1));  // one call: blocks only add cost
-  if (m <= 32) return blocks(false, micro_batch_block);
+  if (m <= 32) return blocks(false, micro_batch_block(cost, n));
   if (m <= 64) return blocks(false, 16);
-  if (k <= 32) return blocks(true, micro_batch_block);
+  if (k <= 32) return blocks(true, micro_batch_block(cost, m));
   const bool along_rows = m > n;
   const int extent = along_rows ? m : n;
   int count = 1;
@@ -120,8 +126,8 @@ struct GemmBlock {
 // one block (and may go on to work on it while it is in cache).
 template <typename T, typename C, typename Call>
 void cut_gemm_call(bool trans_a, bool trans_b, int m, int n, int k, const T* a, int lda, const T* b,
-                   int ldb, C* c, Call call, int micro_batch_block = kMicroBatchBlock) {
-  const GemmCut cut = cut_gemm(m, n, k, micro_batch_block);
+                   int ldb, C* c, Call call, CallCost cost = CallCost::kLow) {
+  const GemmCut cut = cut_gemm(m, n, k, cost);
   for_blocks(cut, [&](int i) {
     const int begin = i * cut.width;
     const int width = std::min(cut.width, (cut.along_rows ? m : n) - begin);

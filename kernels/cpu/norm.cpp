@@ -556,12 +556,7 @@ void CpuBackend::group_norm_relu_max_pool2d_backward(const Tensor& dy, const Ten
     // compute type (overlapping windows add up there; a 16-bit x's operands are widened for it,
     // and its dx rounded once)
     const DType wide = compute_dtype(x.dtype());
-    const auto widened = [&](const Tensor& t) {
-      if (!t.defined() || t.dtype() == wide) return t;
-      Tensor out = Tensor::empty(t.shape(), wide, t.device());
-      cast(t, out);
-      return out;
-    };
+    const auto widened = [&](const Tensor& t) { return in_compute_dtype(*this, t); };
     Tensor spread = Tensor::empty({n, c, 1, 1}, wide, x.device());
     max_pool2d_backward(widened(dy), argmax, spread);
     Tensor dx_wide =  // a scratch for a 16-bit dx, else dx itself

@@ -46,12 +46,7 @@ void in_float_or_own(const T* in, int64_t in_n, T* out, int64_t out_n, ThreadScr
   }
 }
 
-// A float32 copy of a 16-bit tensor, or an empty float32 tensor of its shape.
-Tensor widened(Backend& be, const Tensor& t) {
-  Tensor wide = Tensor::empty(t.shape(), DType::kFloat32, Device::cpu());
-  be.cast(t, wide);
-  return wide;
-}
+// An empty float32 tensor of t's shape.
 Tensor wide_like(const Tensor& t) {
   return Tensor::empty(t.shape(), DType::kFloat32, Device::cpu());
 }
@@ -565,7 +560,7 @@ void CpuBackend::max_pool2d_backward(const Tensor& dy, const Tensor& argmax, Ten
 void CpuBackend::avg_pool2d(const Tensor& x, const Pool2dGeometry& g, Tensor& y) {
   if (is_half(x.dtype())) {
     Tensor wide = wide_like(y);
-    avg_pool2d(widened(*this, x), g, wide);
+    avg_pool2d(in_compute_dtype(*this, x), g, wide);
     return cast(wide, y);
   }
   const PlaneShape s = plane_shape(x, y);
@@ -589,7 +584,7 @@ void CpuBackend::avg_pool2d(const Tensor& x, const Pool2dGeometry& g, Tensor& y)
 void CpuBackend::avg_pool2d_backward(const Tensor& dy, const Pool2dGeometry& g, Tensor& dx) {
   if (is_half(dy.dtype())) {
     Tensor wide = wide_like(dx);
-    avg_pool2d_backward(widened(*this, dy), g, wide);
+    avg_pool2d_backward(in_compute_dtype(*this, dy), g, wide);
     return cast(wide, dx);
   }
   const PlaneShape s = plane_shape(dx, dy);

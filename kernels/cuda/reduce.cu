@@ -60,29 +60,17 @@ __global__ void reduce_stage1(const T* x, int64_t n, F f, Pair* partial) {
   if (threadIdx.x == 0) partial[blockIdx.x] = total;
 }
 
-// partial [count] -> write(total) on one thread
-template <typename W>
-__global__ void reduce_stage2(const Pair* partial, int count, W write) {
-  using BlockReduce = cub::BlockReduce<Pair, kThreads>;
-  __shared__ typename BlockReduce::TempStorage temp;
-  Pair acc{0, 0};
-  for (int i = threadIdx.x; i < count; i += kThreads) {
-    acc.a += partial[i].a;
-    acc.b += partial[i].b;
-  }
-  const Pair total = BlockReduce(temp).Reduce(acc, PairSum{});
-  if (threadIdx.x == 0) write(total);
-}
-
 static_assert(kReduceBlocks * sizeof(Pair) <= DeviceContext::kReducePartialBytes,
               "the context's partials buffer must hold one Pair per block");
 
-// x [n] -> write(sum of f(x[i])) on one thread of one block: thread t adds elements t, t +
-// kThreads,
-// ... in order, then the block's sums are reduced. For the small reductions of a micro-step (a
-// loss over its rows), where stage 1's fixed grid of kReduceBlocks blocks would be almost all idle
-// and cost a second launch.
+// x [n] -> write(sum of f(x[i])) on one thread of one block: thread t adds elements t,
+// t + kThreads, ... in order, then the block's sums are reduced. Stage 2 of every reduction (over
+// stage 1's partials), and the whole of a small one (a micro-step's loss over its rows), where
+// stage 1's fixed grid would be almost all idle.
 constexpr int64_t kOneBlockReduce = 64 * kThreads;
+struct SamePair {  // stage 2's f: a partial as it is
+  __device__ Pair operator()(const Pair& p) const { return p; }
+};
 template <typename T, typename F, typename W>
 __global__ void reduce_one_block(const T* x, int64_t n, F f, W write) {
   using BlockReduce = cub::BlockReduce<Pair, kThreads>;
@@ -112,15 +100,16 @@ void reduce_all(const T* x, int64_t n, Device device, F f, W write) {
   cudaStream_t s = ctx.stream;
   reduce_stage1<<<kReduceBlocks, kThreads, 0, s>>>(x, n, f, p);
   ACCRUE_CUDA_LAUNCH_CHECK();
-  reduce_stage2<<<1, kThreads, 0, s>>>(p, kReduceBlocks, write);
+  reduce_one_block<<<1, kThreads, 0, s>>>(static_cast<const Pair*>(p), int64_t{kReduceBlocks},
+                                          SamePair{}, write);
   ACCRUE_CUDA_LAUNCH_CHECK();
 }
 
 // Column sums: a block takes kColumnTile consecutive columns (a warp's lanes, so each row's loads
 // coalesce) in kSlices row slices. The thread of slice s sums rows s, s + kSlices, ... in order;
 // the slices' sums are then added in slice order. The split depends on the shape alone, so the
-// sums are reproducible. One thread per column down every row (before) ran a tall matrix's rows
-// one dependent load at a time: G2P's bias gradients have some 600 rows and 128-512 columns.
+// sums are reproducible, and a tall matrix's rows (G2P's bias gradients: some 600) are walked by
+// eight threads a column.
 constexpr int kColumnTile = 32;
 constexpr int kSlices = kThreads / kColumnTile;
 static_assert(kThreads % kColumnTile == 0, "a block is whole row slices of the column tile");
