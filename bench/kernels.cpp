@@ -115,20 +115,23 @@ void softmax_ce(State& state, Device d) {
   report_bytes(state, d, seconds, 16.0 * rows * cols, 12.0 * rows * cols);
 }
 
-// An activation's forward (ReLU, tanh, GELU): read x, write y = 8 bytes per element.
-void activation_forward(State& state, Device d, UnaryOp op) {
+// An activation's forward (ReLU, tanh, GELU): read x, write y = 2 elements' bytes each.
+void activation_forward(State& state, Device d, UnaryOp op, DType dtype = DType::kFloat32) {
   const int64_t n = state.range(0);
-  Tensor x = filled({n}, d), y = Tensor::empty({n}, DType::kFloat32, d);
+  Tensor x = to_dtype(filled({n}, d), dtype), y = Tensor::empty({n}, dtype, d);
   const double seconds = run_timed(state, d, [&] { backend_for(d).unary(op, x, y); });
-  report_bytes(state, d, seconds, 8.0 * n, 8.0 * n);
+  const double bytes = 2.0 * double(dtype_size(dtype)) * double(n);
+  report_bytes(state, d, seconds, bytes, bytes);
 }
 
-// Its backward: read what the forward saved and dy, write dx = 12 bytes per element.
-void activation_backward(State& state, Device d, UnaryOp op) {
+// Its backward: read what the forward saved and dy, write dx = 3 elements' bytes each.
+void activation_backward(State& state, Device d, UnaryOp op, DType dtype = DType::kFloat32) {
   const int64_t n = state.range(0);
-  Tensor x = filled({n}, d, 1), dy = filled({n}, d, 2), dx = Tensor::empty({n}, DType::kFloat32, d);
+  Tensor x = to_dtype(filled({n}, d, 1), dtype), dy = to_dtype(filled({n}, d, 2), dtype);
+  Tensor dx = Tensor::empty({n}, dtype, d);
   const double seconds = run_timed(state, d, [&] { backend_for(d).unary_backward(op, x, dy, dx); });
-  report_bytes(state, d, seconds, 12.0 * n, 12.0 * n);
+  const double bytes = 3.0 * double(dtype_size(dtype)) * double(n);
+  report_bytes(state, d, seconds, bytes, bytes);
 }
 
 // A Linear's bias gradient, dbias [C] += the column sums of dy [rows, C] (read dy, read and
@@ -260,20 +263,24 @@ void max_pool(State& state, Device d, bool backward, bool relu, DType dtype = DT
   report_bytes(state, d, seconds, bytes, bytes);
 }
 
-// Group norm of x [N, C, S] with its affine gradients.
+// Group norm of x [N, C, S] with its affine gradients. In bf16 as mixed precision runs it: x, y,
+// dy, the weight and bias in bf16; the statistics and the affine gradients (the arena) in float32.
 void norm_groups(State& state, Device d, bool backward, int64_t n, int64_t c, int64_t s,
-                 int64_t groups) {
-  Tensor x = filled({n, c, s}, d, 1), dy = filled({n, c, s}, d, 2);
-  Tensor w = filled({c}, d, 3), b = filled({c}, d, 4), y = Tensor::empty(x.shape(), x.dtype(), d);
-  Tensor mean = Tensor::empty({n, groups}, x.dtype(), d), rstd = mean.clone();
-  Tensor dw = Tensor::zeros({c}, x.dtype(), d), db = dw.clone();
+                 int64_t groups, DType dtype = DType::kFloat32) {
+  Tensor x = to_dtype(filled({n, c, s}, d, 1), dtype),
+         dy = to_dtype(filled({n, c, s}, d, 2), dtype);
+  Tensor w = to_dtype(filled({c}, d, 3), dtype), b = to_dtype(filled({c}, d, 4), dtype);
+  Tensor y = Tensor::empty(x.shape(), dtype, d);
+  Tensor mean = Tensor::empty({n, groups}, compute_dtype(dtype), d), rstd = mean.clone();
+  Tensor dw = Tensor::zeros({c}, compute_dtype(dtype), d), db = dw.clone();
   Backend& be = backend_for(d);
   be.group_norm(x, groups, 1e-5, w, b, y, mean, rstd);
   const double seconds = run_timed(state, d, [&] {
     if (backward) be.group_norm_backward(dy, x, groups, mean, rstd, w, y, 1.0, dw, db);
     if (!backward) be.group_norm(x, groups, 1e-5, w, b, y, mean, rstd);
   });
-  const double bytes = 4.0 * x.numel() * (backward ? 3 : 2);  // x (and dy) in, y or dx out
+  // x (and dy) in, y or dx out
+  const double bytes = double(dtype_size(dtype)) * double(x.numel()) * (backward ? 3 : 2);
   report_bytes(state, d, seconds, bytes, bytes);
 }
 
@@ -284,8 +291,8 @@ void group_norm(State& state, Device d, bool backward) {
 }
 
 // The transformer's layer norm: {rows, features}, each row one group (as nn::LayerNorm runs it).
-void layer_norm(State& state, Device d, bool backward) {
-  norm_groups(state, d, backward, state.range(0), state.range(1), 1, 1);
+void layer_norm(State& state, Device d, bool backward, DType dtype = DType::kFloat32) {
+  norm_groups(state, d, backward, state.range(0), state.range(1), 1, 1, dtype);
 }
 
 // Batch norm in training (the batch's statistics, the running ones updated; its backward with the
@@ -391,6 +398,29 @@ void register_kernel_benchmarks() {
       layer_norm(s, dd, true);
     })->Args({1024, 128});
     add("softmax_ce", softmax_ce)->Args({1000, 10});
+    // G2P's activations in float32 and bf16: its MLP's GELU over about 640 positions x 512; the
+    // bf16 layer norm (the CPU's 16-bit norm kernels; a device widens into float32 copies).
+    for (const DType t : {DType::kFloat32, DType::kBFloat16}) {
+      const std::string suffix = t == DType::kBFloat16 ? "_bf16" : "_f32";
+      for (const auto& [name, op] :
+           {std::pair<const char*, UnaryOp>{"tanh", UnaryOp::kTanh}, {"gelu", UnaryOp::kGelu}}) {
+        const UnaryOp o = op;
+        add(str_cat(name, "_forward", suffix), [o, t](State& s, Device dd) {
+          activation_forward(s, dd, o, t);
+        })->Arg(640 * 512);
+        add(str_cat(name, "_backward", suffix), [o, t](State& s, Device dd) {
+          activation_backward(s, dd, o, t);
+        })->Arg(640 * 512);
+      }
+    }
+    if (d.is_cpu()) {
+      add("layer_norm_bf16", [](State& s, Device dd) {
+        layer_norm(s, dd, false, DType::kBFloat16);
+      })->Args({1024, 128});
+      add("layer_norm_backward_bf16", [](State& s, Device dd) {
+        layer_norm(s, dd, true, DType::kBFloat16);
+      })->Args({1024, 128});
+    }
     // Bias gradients {rows, columns}: G2P's Linear layers (about 600 positions a micro-batch,
     // width 128, its MLP 512 wide) and the MNIST MLP's first hidden layer at micro-batch 32.
     for (const std::vector<int64_t>& shape :
