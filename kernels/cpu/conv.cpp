@@ -12,8 +12,8 @@
 // each a partial sum in its own buffer, added in chunk order at the end.
 //
 // Measured (bench/kernels.cpp, conv2d_*): one call per sample on one thread runs conv2 at about
-// twice the rate of the earlier per-sample products threaded by the GEMM cut (16-column blocks of
-// a [64, 288] x [288, 196] product). For a one-channel conv1, rows of multiply-adds over the
+// twice the rate of each sample's product threaded by the GEMM cut (16-column blocks of a
+// [64, 288] x [288, 196] product). For a one-channel conv1, rows of multiply-adds over the
 // unfolded patches (each output row read and written once per tap) run slower than a K = 9 BLAS
 // call in all three passes, so the direct kernels below keep a block's sums in registers.
 #include <omp.h>
