@@ -7,8 +7,8 @@
 // adding k << 47 puts k / 32 in the exponent) and the cubic evaluated as three fused
 // multiply-adds, then rounded to float once. The same operations on a vector of doubles give
 // the same bits lane by lane; the constants below are the values that library reads (looked up in
-// it, not derived). Backend.VectorExpGivesStdExpBits (tests/test_backend_bits.cpp) compares the two on
-// a sample of every float bit pattern; all 2^32 matched on AVX-512 and AVX2 builds. Lanes whose
+// it, not derived). Backend.VectorExpGivesStdExpBits (tests/test_backend_bits.cpp) compares the two
+// on a sample of every float bit pattern; all 2^32 matched on AVX-512 and AVX2 builds. Lanes whose
 // |x| reaches 88 (overflow, underflow, NaN and infinities: glibc's own branch to a slow path) send
 // the whole vector to std::exp.
 //
