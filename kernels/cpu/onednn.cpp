@@ -3,12 +3,21 @@
 // kernels behind them), with alpha as its output scale and beta as a sum post-op: C = alpha
 // (A B) + beta C. Called inside accrue's OpenMP team (or with the team held to one thread),
 // oneDNN's OpenMP runtime runs it on the calling thread.
+//
+// A call allocates nothing of its own: each primitive keeps its operands' memory objects and its
+// argument map, the call only points them at the operands, and the scratchpad is the user's
+// (scratchpad_mode::user), one buffer per thread grown to the largest a primitive asks for.
+// oneDNN's own scratchpad is allocated and freed at every call (about 260 KB for G2P's blocks),
+// which put glibc's malloc and free among the hottest functions of a bf16 run (docs/cpu-speed.md).
 #include "kernels/cpu/onednn.h"
 
+#include <cstdlib>
 #include <map>
 #include <memory>
+#include <new>
 #include <stdexcept>
 #include <tuple>
+#include <unordered_map>
 
 #include "core/error.h"
 #include "kernels/cpu/bf16_products.h"
@@ -29,9 +38,11 @@ dnnl::engine& cpu_engine() {
   return engine;
 }
 
-// alpha as the output scale, beta as a sum post-op: C = alpha (A B) + beta C.
+// alpha as the output scale, beta as a sum post-op: C = alpha (A B) + beta C; the scratchpad
+// is the caller's (thread_scratchpad).
 dnnl::primitive_attr scaled_sum(float alpha, float beta) {
   dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
   if (beta != 0.0f) {
     dnnl::post_ops sum;
@@ -41,10 +52,42 @@ dnnl::primitive_attr scaled_sum(float alpha, float beta) {
   return attr;
 }
 
+// This thread's scratchpad: 64-byte aligned, grown to the largest size asked for, never shrunk.
+void* thread_scratchpad(size_t bytes) {
+  thread_local std::unique_ptr<void, decltype(&std::free)> buffer(nullptr, &std::free);
+  thread_local size_t capacity = 0;
+  if (bytes > capacity) {
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    buffer.reset(std::aligned_alloc(64, rounded));
+    if (!buffer) throw std::bad_alloc();
+    capacity = rounded;
+  }
+  return buffer.get();
+}
+
+// A primitive with its operands' memory objects (pointed at each call's operands) and its
+// argument map, made once.
 struct Product {
   memory::desc a, b, c;
   dnnl::matmul matmul;
+  memory ma, mb, mc, scratchpad;
+  size_t scratchpad_bytes = 0;
+  std::unordered_map<int, memory> args;
 };
+
+// Makes the primitive of pd and the memory objects and arguments that the calls reuse.
+void complete(Product& p, const dnnl::matmul::primitive_desc& pd) {
+  p.matmul = dnnl::matmul(pd);
+  p.ma = memory(p.a, cpu_engine(), DNNL_MEMORY_NONE);
+  p.mb = memory(p.b, cpu_engine(), DNNL_MEMORY_NONE);
+  p.mc = memory(p.c, cpu_engine(), DNNL_MEMORY_NONE);
+  p.args = {{DNNL_ARG_SRC, p.ma}, {DNNL_ARG_WEIGHTS, p.mb}, {DNNL_ARG_DST, p.mc}};
+  p.scratchpad_bytes = pd.scratchpad_desc().get_size();
+  if (p.scratchpad_bytes > 0) {
+    p.scratchpad = memory(pd.scratchpad_desc(), cpu_engine(), DNNL_MEMORY_NONE);
+    p.args.emplace(DNNL_ARG_SCRATCHPAD, p.scratchpad);
+  }
+}
 
 using Key = std::tuple<bool, bool, int, int, int, int, int, int, float, float>;
 
@@ -61,9 +104,9 @@ Product& product_for(const Key& key) {
   product->b = memory::desc({k, cols}, memory::data_type::bf16,
                             trans_b ? memory::dims{1, ldb} : memory::dims{ldb, 1});
   product->c = memory::desc({rows, cols}, memory::data_type::f32, memory::dims{ldc, 1});
-  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(product->a, product->b, product->c),
-                                        scaled_sum(alpha, beta), cpu_engine());
-  product->matmul = dnnl::matmul(pd);
+  complete(*product,
+           dnnl::matmul::primitive_desc(dnnl::matmul::desc(product->a, product->b, product->c),
+                                        scaled_sum(alpha, beta), cpu_engine()));
   p = std::move(product);
   return *p;
 }
@@ -85,9 +128,9 @@ Product& batched_product_for(const BatchedKey& key) {
   product->c =
       memory::desc({batch, r, n}, c_bf16 ? memory::data_type::bf16 : memory::data_type::f32,
                    memory::dims{r * n, n, 1});
-  product->matmul = dnnl::matmul(
-      dnnl::matmul::primitive_desc(dnnl::matmul::desc(product->a, product->b, product->c),
-                                   scaled_sum(alpha, beta), cpu_engine()));
+  complete(*product,
+           dnnl::matmul::primitive_desc(dnnl::matmul::desc(product->a, product->b, product->c),
+                                        scaled_sum(alpha, beta), cpu_engine()));
   p = std::move(product);
   return *p;
 }
@@ -97,10 +140,11 @@ void execute(Product& p, const void* a, const void* b, void* c, const char* what
              int cols) {
   try {
     thread_local dnnl::stream stream(cpu_engine());
-    memory ma(p.a, cpu_engine(), const_cast<void*>(a));
-    memory mb(p.b, cpu_engine(), const_cast<void*>(b));
-    memory mc(p.c, cpu_engine(), c);
-    p.matmul.execute(stream, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
+    p.ma.set_data_handle(const_cast<void*>(a));
+    p.mb.set_data_handle(const_cast<void*>(b));
+    p.mc.set_data_handle(c);
+    if (p.scratchpad_bytes > 0) p.scratchpad.set_data_handle(thread_scratchpad(p.scratchpad_bytes));
+    p.matmul.execute(stream, p.args);
     stream.wait();
   } catch (const dnnl::error& e) {
     throw BackendError(str_cat("oneDNN error ", static_cast<int>(e.status), " (", e.what(), ") in ",
