@@ -4,10 +4,12 @@
 // The kernels are compiled for the machine and the tests are not, so the vector code is reached
 // through the library as built (the probes in kernels/cpu/*_probe.h).
 #include <cstring>
+#include <vector>
 
 #include "kernels/backend.h"
 #include "kernels/cpu/exp_probe.h"
 #include "kernels/cpu/half_lanes_probe.h"
+#include "kernels/cpu/row_copy_probe.h"
 #include "kernels/cpu/rows.h"
 #include "test_util.h"
 
@@ -63,6 +65,32 @@ TEST(Backend, PermuteMovesEachElementWhereItsIndexSays) {
           << shape_str(k.dims);
     }
   }
+}
+
+// vec::copy_row (im2col's, the pooling's and Winograd's row copies, as built) writes the row and
+// nothing around it, at every length from empty through several vectors, for 2-, 4- and 8-byte
+// elements: whole vectors, the last ending at the row's end, and rows shorter than a vector as two
+// overlapping moves (copy_short). Guard bytes on both sides of the destination must survive.
+TEST(Backend, RowCopiesWriteTheRowAndNothingAroundIt) {
+  const auto check = [](auto zero) {
+    using T = decltype(zero);
+    constexpr int64_t kGuard = 64;
+    for (int64_t n = 0; n <= 80; ++n) {
+      std::vector<unsigned char> src(size_t(n) * sizeof(T)), dst(src.size() + 2 * kGuard, 0xab);
+      for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 7 + 1);
+      cpu::copy_row_as_built(src.data(), n, int64_t(sizeof(T)), dst.data() + kGuard);
+      for (int64_t i = 0; i < kGuard; ++i) {
+        ASSERT_EQ(dst[size_t(i)], 0xab) << sizeof(T) << "-byte row of " << n << ": before it";
+        ASSERT_EQ(dst[size_t(kGuard) + src.size() + size_t(i)], 0xab)
+            << sizeof(T) << "-byte row of " << n << ": after it";
+      }
+      ASSERT_EQ(std::memcmp(dst.data() + kGuard, src.data(), src.size()), 0)
+          << sizeof(T) << "-byte row of " << n;
+    }
+  };
+  check(bf16{});
+  check(float{});
+  check(double{});
 }
 
 // The 16-bit lanes of the direct convolutions (vec::load_widened, vec::store_rounded, as the

@@ -1,10 +1,12 @@
 // CPU element-wise primitives: fills, copies, casts, the functors of kernels/functors.h, the
 // accumulation axpy and the row-broadcast bias add.
 #include <cstring>
+#include <stdexcept>
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/half_lanes_probe.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/row_copy_probe.h"
 #include "kernels/cpu/rows.h"
 #include "kernels/cpu/vec.h"
 #include "kernels/dispatch.h"
@@ -119,6 +121,18 @@ void round_lanes(const float* in, int64_t n, bf16* out) {
 }
 void round_lanes(const float* in, int64_t n, f16* out) {
   round_lanes_of(in, n, out);
+}
+
+void copy_row_as_built(const void* src, int64_t n, int64_t element_bytes, void* dst) {
+  const auto copy = [&](auto zero) {
+    using T = decltype(zero);
+    vec::copy_row(static_cast<const T*>(src), n, static_cast<T*>(dst));
+  };
+  if (element_bytes == 2) return copy(bf16{});
+  if (element_bytes == 4) return copy(float{});
+  if (element_bytes == 8) return copy(double{});
+  throw std::invalid_argument(
+      str_cat("[copy_row] elements of 2, 4 or 8 bytes, got ", element_bytes));
 }
 
 }  // namespace accrue::cpu
