@@ -94,8 +94,7 @@ void col2im(const T* dcols, const ConvShape& s, const Conv2dGeometry& g, T* padd
           const T* src = in + oh * s.ow;
           T* __restrict out = tap + oh * g.stride_h * plane.cols;  // never a row of dcols
           if (g.stride_w == 1) {
-#pragma omp simd
-            for (int64_t ow = 0; ow < s.ow; ++ow) out[ow] += src[ow];
+            vec::add_row(src, s.ow, out);
           } else {
             for (int64_t ow = 0; ow < s.ow; ++ow) out[ow * g.stride_w] += src[ow];
           }

@@ -325,6 +325,30 @@ void transpose(Vec<T, N> (&v)[N]) {
   }
 }
 
+// out [n] += src [n] (not overlapping), one add per element, so the sums are a plain loop's: float
+// rows in 16-lane vectors on AVX-512, the last one masked (a row of 14 floats is one masked add
+// instead of 8 lanes and 6 scalar adds); otherwise the compiler's loop.
+template <typename T>
+void add_row(const T* __restrict src, int64_t n, T* __restrict out) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+      _mm512_storeu_ps(out + i, _mm512_add_ps(_mm512_loadu_ps(out + i), _mm512_loadu_ps(src + i)));
+    }
+    if (i < n) {
+      const auto lanes = static_cast<__mmask16>((1u << (n - i)) - 1);
+      _mm512_mask_storeu_ps(out + i, lanes,
+                            _mm512_add_ps(_mm512_maskz_loadu_ps(lanes, out + i),
+                                          _mm512_maskz_loadu_ps(lanes, src + i)));
+    }
+    return;
+  }
+#endif
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) out[i] += src[i];
+}
+
 // dst [bytes] = src [bytes] (not overlapping) for a row shorter than 64 bytes: two moves of the
 // largest power of two up to 32 bytes that fits, the second ending at the row's end (they overlap
 // unless the length is that power), so a row of 14 bfloat16 values is two 16-byte moves instead
