@@ -9,7 +9,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/exp_probe.h"
 #include "kernels/cpu/half_lanes_probe.h"
-#include "kernels/cpu/row_copy_probe.h"
+#include "kernels/cpu/row_probe.h"
 #include "kernels/cpu/rows.h"
 #include "test_util.h"
 
@@ -89,6 +89,31 @@ TEST(Backend, RowCopiesWriteTheRowAndNothingAroundIt) {
     }
   };
   check(bf16{});
+  check(float{});
+  check(double{});
+}
+
+// vec::add_row (col2im's fold, as built) adds each element once, exactly as a scalar loop does, at
+// every length from empty through several vectors (AVX-512's masked last vector included), and
+// writes nothing around the row.
+TEST(Backend, RowAddsAreTheScalarSumsAndWriteNothingAroundTheRow) {
+  const auto check = [](auto zero) {
+    using T = decltype(zero);
+    constexpr int64_t kGuard = 16;
+    for (int64_t n = 0; n <= 80; ++n) {
+      std::vector<T> src(static_cast<size_t>(n));
+      std::vector<T> out(static_cast<size_t>(n + 2 * kGuard), T(-7.25));
+      for (int64_t i = 0; i < n; ++i) {
+        src[size_t(i)] = T(0.1) * T(i + 1);
+        out[size_t(kGuard + i)] = T(1) / T(i + 3);
+      }
+      std::vector<T> want = out;
+      for (int64_t i = 0; i < n; ++i) want[size_t(kGuard + i)] += src[size_t(i)];
+      cpu::add_row_as_built(src.data(), n, out.data() + kGuard);
+      ASSERT_EQ(std::memcmp(out.data(), want.data(), out.size() * sizeof(T)), 0)
+          << sizeof(T) << "-byte row of " << n;
+    }
+  };
   check(float{});
   check(double{});
 }

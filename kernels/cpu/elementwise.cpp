@@ -6,7 +6,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/half_lanes_probe.h"
 #include "kernels/cpu/parallel.h"
-#include "kernels/cpu/row_copy_probe.h"
+#include "kernels/cpu/row_probe.h"
 #include "kernels/cpu/rows.h"
 #include "kernels/cpu/vec.h"
 #include "kernels/dispatch.h"
@@ -133,6 +133,13 @@ void copy_row_as_built(const void* src, int64_t n, int64_t element_bytes, void* 
   if (element_bytes == 8) return copy(double{});
   throw std::invalid_argument(
       str_cat("[copy_row] elements of 2, 4 or 8 bytes, got ", element_bytes));
+}
+
+void add_row_as_built(const float* src, int64_t n, float* out) {
+  vec::add_row(src, n, out);
+}
+void add_row_as_built(const double* src, int64_t n, double* out) {
+  vec::add_row(src, n, out);
 }
 
 }  // namespace accrue::cpu
