@@ -4,17 +4,15 @@
 // (A B) + beta C. Called inside accrue's OpenMP team (or with the team held to one thread),
 // oneDNN's OpenMP runtime runs it on the calling thread.
 //
-// A call allocates nothing of its own: each primitive keeps its operands' memory objects and its
-// argument map, the call only points them at the operands, and the scratchpad is the user's
-// (scratchpad_mode::user), one buffer per thread grown to the largest a primitive asks for.
-// oneDNN's own scratchpad is allocated and freed at every call (about 260 KB for G2P's blocks),
-// which put glibc's malloc and free among the hottest functions of a bf16 run (docs/cpu-speed.md).
+// Each primitive keeps its operands' memory objects and its argument map, and a call only points
+// them at its operands: making three memory objects per call cost bf16 G2P about 10% of its
+// tokens/s (docs/cpu-speed.md). The scratchpad is the caller's (scratchpad_mode::user), one buffer
+// per thread grown to the largest a primitive asks for, rather than oneDNN's own per primitive.
 #include "kernels/cpu/onednn.h"
 
 #include <cstdlib>
 #include <map>
 #include <memory>
-#include <new>
 #include <stdexcept>
 #include <tuple>
 #include <unordered_map>
@@ -53,13 +51,18 @@ dnnl::primitive_attr scaled_sum(float alpha, float beta) {
 }
 
 // This thread's scratchpad: 64-byte aligned, grown to the largest size asked for, never shrunk.
+// A failed growth keeps the buffer it had.
 void* thread_scratchpad(size_t bytes) {
   thread_local std::unique_ptr<void, decltype(&std::free)> buffer(nullptr, &std::free);
   thread_local size_t capacity = 0;
   if (bytes > capacity) {
     const size_t rounded = (bytes + 63) / 64 * 64;
-    buffer.reset(std::aligned_alloc(64, rounded));
-    if (!buffer) throw std::bad_alloc();
+    void* grown = std::aligned_alloc(64, rounded);
+    if (!grown) {
+      throw OutOfMemoryError(str_cat("[onednn] out of host memory for a ", rounded,
+                                     "-byte bfloat16 matmul scratchpad"));
+    }
+    buffer.reset(grown);
     capacity = rounded;
   }
   return buffer.get();
