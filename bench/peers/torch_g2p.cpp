@@ -9,8 +9,9 @@
 //
 // It prints the first window's loss and gradient norm (before clipping; accrue's step 1 must
 // match them: the same model), then after `steps` optimizer steps:
-// "train_seconds <s> tokens <n> tokens_per_second <r> threads <t> last_loss <l> gemm_flops <f>"
-// (the GEMM FLOPs of those steps, the same micro-batches as accrue-g2p's: for the GEMM floor).
+// "train_seconds <s> tokens <n> tokens_per_second <r> threads <t> late_loss <l> gemm_flops <f>"
+// (late_loss: the mean window loss of the last 10 steps, or of all when fewer; the GEMM FLOPs of
+// those steps, the same micro-batches as accrue-g2p's: for the GEMM floor).
 // With `bf16` the forward runs under CPU autocast in bfloat16, as a PyTorch user writes mixed
 // precision on the CPU (torch.autocast("cpu", torch.bfloat16)): the parameters stay float32, the
 // products run in bfloat16, and the logits go to float32 for the loss.
@@ -187,18 +188,21 @@ int main(int argc, char** argv) {
   // The first `steps` windows of epoch 1 in the shuffled order of seed 0 (accrue-g2p's default),
   // timed.
   Counts counts;
-  double last_loss = 0;
+  constexpr int64_t kLateSteps = 10;
+  double late_loss_sum = 0;
   const auto start = std::chrono::steady_clock::now();
   const std::vector<int32_t> order = accrue::train::epoch_order(n, 0, 0, true);
   for (int64_t step = 0; step < steps; ++step) {
-    last_loss = train_window(order.data() + step * window, window, step, counts).first;
+    const double loss = train_window(order.data() + step * window, window, step, counts).first;
+    if (step >= steps - kLateSteps) late_loss_sum += loss;
   }
+  const double late_loss = late_loss_sum / double(std::min(steps, kLateSteps));
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf(
-      "train_seconds %.4f tokens %lld tokens_per_second %.1f threads %d last_loss %.6f "
+      "train_seconds %.4f tokens %lld tokens_per_second %.1f threads %d late_loss %.6f "
       "gemm_flops %.6g\n",
       seconds, static_cast<long long>(counts.tokens), double(counts.tokens) / seconds,
-      torch::get_num_threads(), last_loss, counts.gemm_flops);
+      torch::get_num_threads(), late_loss, counts.gemm_flops);
   return 0;
 }
