@@ -103,7 +103,8 @@ TEST(Backend, RowAddsAreTheScalarSumsAndWriteNothingAroundTheRow) {
     using T = decltype(zero);
     constexpr int64_t kGuard = 16;
     for (int64_t n = 0; n <= 80; ++n) {
-      std::vector<T> src(static_cast<size_t>(n));
+      // src holds ones past its n values, so a lane added past the row changes the guard
+      std::vector<T> src(static_cast<size_t>(n + kGuard), T(1));
       std::vector<T> out(static_cast<size_t>(n + 2 * kGuard), T(-7.25));
       for (int64_t i = 0; i < n; ++i) {
         src[size_t(i)] = T(0.1) * T(i + 1);
