@@ -36,38 +36,43 @@ inline PaddedPlane padded_plane(const ConvShape& s, const Conv2dGeometry& g) {
   return {s.h + 2 * g.pad_h, s.w + 2 * g.pad_w};
 }
 
+// The padded plane's inside = one input plane [H, W]; its border is left as it is (zero).
+template <typename T>
+void pad_plane(const T* in, const ConvShape& s, const Conv2dGeometry& g, T* padded) {
+  const int64_t h = s.h, w = s.w, cols = padded_plane(s, g).cols;
+  T* inside = padded + g.pad_h * cols + g.pad_w;
+  for (int64_t ih = 0; ih < h; ++ih) vec::copy_row(in + ih * w, w, inside + ih * cols);
+}
+
 // cols [C KH KW, OH OW] (rows ld apart) = the patches of one sample x [C, H, W], zeros where a
 // patch reaches into the padding. Each channel is copied into the padded plane (whose border
 // stays zero from the first fill), then each tap is OH rows of OW values read from it.
 // (The plane's rows are copied whole rather than as clipped spans: docs/cpu-speed.md, "The CNN in
 // 16 bits", has the measurements.)
-// The padded plane's inside = one input plane [H, W]; its border is left as it is (zero).
-template <typename T>
-void pad_plane(const T* in, const ConvShape& s, const Conv2dGeometry& g, T* padded) {
-  const PaddedPlane plane = padded_plane(s, g);
-  for (int64_t ih = 0; ih < s.h; ++ih) {
-    vec::copy_row(in + ih * s.w, s.w, padded + (ih + g.pad_h) * plane.cols + g.pad_w);
-  }
-}
-
+// The sizes are read into locals once: the row copies store through pointers that may alias
+// anything (bytes, vector types), and the compiler would otherwise reload them from s and g for
+// every row.
 template <typename T>
 void im2col(const T* x, const ConvShape& s, const Conv2dGeometry& g, T* padded, T* cols,
             int64_t ld) {
   const PaddedPlane plane = padded_plane(s, g);
+  const int64_t channels = s.c, kh = s.kh, kw = s.kw, oh_count = s.oh, ow_count = s.ow;
+  const int64_t row_step = g.stride_h * plane.cols, stride_w = g.stride_w;
+  const int64_t tap_row = g.dilation_h * plane.cols, tap_col = g.dilation_w;
   std::fill(padded, padded + plane.size(), T(0));
-  for (int64_t c = 0; c < s.c; ++c) {
+  for (int64_t c = 0; c < channels; ++c) {
     pad_plane(x + c * s.h * s.w, s, g, padded);
-    for (int64_t ki = 0; ki < s.kh; ++ki) {
-      for (int64_t kj = 0; kj < s.kw; ++kj) {
-        const T* tap = padded + ki * g.dilation_h * plane.cols + kj * g.dilation_w;
-        T* out = cols + ((c * s.kh + ki) * s.kw + kj) * ld;
-        for (int64_t oh = 0; oh < s.oh; ++oh) {
-          const T* src = tap + oh * g.stride_h * plane.cols;
-          T* dst = out + oh * s.ow;
-          if (g.stride_w == 1) {
-            vec::copy_row(src, s.ow, dst);
+    for (int64_t ki = 0; ki < kh; ++ki) {
+      for (int64_t kj = 0; kj < kw; ++kj) {
+        const T* tap = padded + ki * tap_row + kj * tap_col;
+        T* out = cols + ((c * kh + ki) * kw + kj) * ld;
+        for (int64_t oh = 0; oh < oh_count; ++oh) {
+          const T* src = tap + oh * row_step;
+          T* dst = out + oh * ow_count;
+          if (stride_w == 1) {
+            vec::copy_row(src, ow_count, dst);
           } else {
-            for (int64_t ow = 0; ow < s.ow; ++ow) dst[ow] = src[ow * g.stride_w];
+            for (int64_t ow = 0; ow < ow_count; ++ow) dst[ow] = src[ow * stride_w];
           }
         }
       }
@@ -84,25 +89,30 @@ void im2col(const T* x, const ConvShape& s, const Conv2dGeometry& g, T* padded, 
 template <typename T>
 void col2im(const T* dcols, const ConvShape& s, const Conv2dGeometry& g, T* padded, T* dx) {
   const PaddedPlane plane = padded_plane(s, g);
-  for (int64_t c = 0; c < s.c; ++c) {
+  const int64_t channels = s.c, kh = s.kh, kw = s.kw, oh_count = s.oh, ow_count = s.ow;
+  const int64_t pixels = s.pixels(), h = s.h, w = s.w;
+  const int64_t row_step = g.stride_h * plane.cols, stride_w = g.stride_w;
+  const int64_t tap_row = g.dilation_h * plane.cols, tap_col = g.dilation_w;
+  const T* inside = padded + g.pad_h * plane.cols + g.pad_w;
+  for (int64_t c = 0; c < channels; ++c) {
     std::fill(padded, padded + plane.size(), T(0));
-    for (int64_t ki = 0; ki < s.kh; ++ki) {
-      for (int64_t kj = 0; kj < s.kw; ++kj) {
-        const T* in = dcols + ((c * s.kh + ki) * s.kw + kj) * s.pixels();
-        T* tap = padded + ki * g.dilation_h * plane.cols + kj * g.dilation_w;
-        for (int64_t oh = 0; oh < s.oh; ++oh) {
-          const T* src = in + oh * s.ow;
-          T* __restrict out = tap + oh * g.stride_h * plane.cols;  // never a row of dcols
-          if (g.stride_w == 1) {
-            vec::add_row(src, s.ow, out);
+    for (int64_t ki = 0; ki < kh; ++ki) {
+      for (int64_t kj = 0; kj < kw; ++kj) {
+        const T* in = dcols + ((c * kh + ki) * kw + kj) * pixels;
+        T* tap = padded + ki * tap_row + kj * tap_col;
+        for (int64_t oh = 0; oh < oh_count; ++oh) {
+          const T* src = in + oh * ow_count;
+          T* __restrict out = tap + oh * row_step;  // never a row of dcols
+          if (stride_w == 1) {
+            vec::add_row(src, ow_count, out);
           } else {
-            for (int64_t ow = 0; ow < s.ow; ++ow) out[ow * g.stride_w] += src[ow];
+            for (int64_t ow = 0; ow < ow_count; ++ow) out[ow * stride_w] += src[ow];
           }
         }
       }
     }
-    for (int64_t ih = 0; ih < s.h; ++ih) {
-      vec::copy_row(padded + (ih + g.pad_h) * plane.cols + g.pad_w, s.w, dx + (c * s.h + ih) * s.w);
+    for (int64_t ih = 0; ih < h; ++ih) {
+      vec::copy_row(inside + ih * plane.cols, w, dx + (c * h + ih) * w);
     }
   }
 }
