@@ -16,6 +16,18 @@
 namespace accrue::testing {
 namespace {
 
+// Every 4099th float bit pattern: all signs, exponents, subnormals and NaN payloads among them.
+std::vector<float> every_4099th_float() {
+  std::vector<float> values;
+  for (uint64_t bits = 0; bits < (uint64_t{1} << 32); bits += 4099) {
+    const auto b = static_cast<uint32_t>(bits);
+    float f;
+    std::memcpy(&f, &b, sizeof f);
+    values.push_back(f);
+  }
+  return values;
+}
+
 // The CPU permute (runs of the last dimension when it stays last, else single elements, in blocks
 // that step through y's coordinates) against the index formula written out: y at coordinates c
 // is x at the coordinates c[inverse of dims]. Raw bytes, each element's own index in them, so 2-,
@@ -142,13 +154,7 @@ TEST(Backend, SixteenBitLanesConvertAsTheRowConversions) {
       }
     }
     EXPECT_EQ(mismatches, 0) << "widened";
-    std::vector<float> values;
-    for (uint64_t bits = 0; bits < (uint64_t{1} << 32); bits += 4099) {
-      const auto b = static_cast<uint32_t>(bits);
-      float f;
-      std::memcpy(&f, &b, sizeof f);
-      values.push_back(f);
-    }
+    std::vector<float> values = every_4099th_float();
     for (uint32_t b :
          {0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x7f7f7fffu, 0x7f7f8000u, 0x7f7fffffu, 0x477fefffu,
           0x477ff000u, 0x33000000u, 0x33000001u, 0x00000001u, 0x80000001u, 0x80000000u, 0x7f800001u,
@@ -182,13 +188,7 @@ TEST(Backend, VectorExpGivesStdExpBits) {
   if (!cpu::vector_exp_in_kernels()) {
     GTEST_SKIP() << "the library targets no FMA (or has no glibc): its softmax loops call std::exp";
   }
-  std::vector<float> values;
-  for (uint64_t bits = 0; bits < (uint64_t{1} << 32); bits += 4099) {
-    const auto b = static_cast<uint32_t>(bits);
-    float f;
-    std::memcpy(&f, &b, sizeof f);
-    values.push_back(f);
-  }
+  std::vector<float> values = every_4099th_float();
   for (float f = -20.0f; f <= 0.0f; f += 0x1p-9f) values.push_back(f);
   // a vector of the fast path's edges alone, then one with a slow lane among them
   while (values.size() % 8 != 0) values.push_back(1.0f);

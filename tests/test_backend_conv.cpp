@@ -253,9 +253,6 @@ TEST(Backend, WinogradEqualsIm2colInFloat64) {
   {
     cpu::ForcedConvAlgorithm force(ConvAlgorithm::kIm2col);
     EXPECT_EQ(cpu::conv_algorithm(conv1, same, ConvPass::kBackwardFilter), ConvAlgorithm::kIm2col);
-  }
-  {
-    cpu::ForcedConvAlgorithm force(ConvAlgorithm::kIm2col);
     EXPECT_EQ(cpu::conv_algorithm(conv1, same, ConvPass::kForward), ConvAlgorithm::kIm2col);
   }
   // the direct kernels: small patches' filter gradient, and their forward at stride 1 along rows
