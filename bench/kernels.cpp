@@ -360,6 +360,16 @@ void register_kernel_benchmarks() {
       return benchmark::RegisterBenchmark((name + "/" + dev).c_str(), [=](State& s) { fn(s, d); })
           ->UseManualTime();
     };
+    // An activation's forward and backward rows, name_forward<suffix> and name_backward<suffix>.
+    const auto add_activation = [&](const char* name, UnaryOp op, DType t, const char* suffix,
+                                    int64_t n) {
+      add(str_cat(name, "_forward", suffix), [op, t](State& s, Device dd) {
+        activation_forward(s, dd, op, t);
+      })->Arg(n);
+      add(str_cat(name, "_backward", suffix), [op, t](State& s, Device dd) {
+        activation_backward(s, dd, op, t);
+      })->Arg(n);
+    };
     for (int64_t n : sizes(d)) {
       add("accumulate", accumulate)->Arg(n);
       add("global_norm", global_norm)->Arg(n);
@@ -375,13 +385,7 @@ void register_kernel_benchmarks() {
       for (const auto& [name, op] : {std::pair<const char*, UnaryOp>{"relu", UnaryOp::kRelu},
                                      {"tanh", UnaryOp::kTanh},
                                      {"gelu", UnaryOp::kGelu}}) {
-        const UnaryOp o = op;
-        add(str_cat(name, "_forward"), [o](State& s, Device dd) {
-          activation_forward(s, dd, o);
-        })->Arg(n);
-        add(str_cat(name, "_backward"), [o](State& s, Device dd) {
-          activation_backward(s, dd, o);
-        })->Arg(n);
+        add_activation(name, op, DType::kFloat32, "", n);
       }
       add("softmax_ce", softmax_ce)->Args({n / 1000 > 0 ? n / 1000 : 1, 1000});
     }
@@ -401,17 +405,9 @@ void register_kernel_benchmarks() {
     // G2P's activations in float32 and bf16: its MLP's GELU over about 640 positions x 512; the
     // bf16 layer norm (the CPU's 16-bit norm kernels; a device widens into float32 copies).
     for (const DType t : {DType::kFloat32, DType::kBFloat16}) {
-      const std::string suffix = t == DType::kBFloat16 ? "_bf16" : "_f32";
-      for (const auto& [name, op] :
-           {std::pair<const char*, UnaryOp>{"tanh", UnaryOp::kTanh}, {"gelu", UnaryOp::kGelu}}) {
-        const UnaryOp o = op;
-        add(str_cat(name, "_forward", suffix), [o, t](State& s, Device dd) {
-          activation_forward(s, dd, o, t);
-        })->Arg(640 * 512);
-        add(str_cat(name, "_backward", suffix), [o, t](State& s, Device dd) {
-          activation_backward(s, dd, o, t);
-        })->Arg(640 * 512);
-      }
+      const char* suffix = t == DType::kBFloat16 ? "_bf16" : "_f32";
+      add_activation("tanh", UnaryOp::kTanh, t, suffix, 640 * 512);
+      add_activation("gelu", UnaryOp::kGelu, t, suffix, 640 * 512);
     }
     if (d.is_cpu()) {
       add("layer_norm_bf16", [](State& s, Device dd) {

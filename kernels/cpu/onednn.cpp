@@ -5,9 +5,9 @@
 // oneDNN's OpenMP runtime runs it on the calling thread.
 //
 // Each primitive keeps its operands' memory objects and its argument map, and a call only points
-// them at its operands: making three memory objects per call cost bf16 G2P about 10% of its
-// tokens/s (docs/cpu-speed.md). The scratchpad is the caller's (scratchpad_mode::user), one buffer
-// per thread grown to the largest a primitive asks for, rather than oneDNN's own per primitive.
+// them at its operands, so a call creates no objects (docs/cpu-speed.md, "oneDNN's calls reuse
+// their memory objects"). The scratchpad is the caller's (scratchpad_mode::user), one buffer per
+// thread grown to the largest a primitive asks for, rather than oneDNN's own per primitive.
 #include "kernels/cpu/onednn.h"
 
 #include <cstdlib>
