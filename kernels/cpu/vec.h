@@ -329,7 +329,7 @@ void transpose(Vec<T, N> (&v)[N]) {
 // rows in 16-lane vectors on AVX-512, the last one masked (a row of 14 floats is one masked add
 // instead of 8 lanes and 6 scalar adds); otherwise the compiler's loop. For col2im's short rows:
 // rows.h's add_into, the same sum, keeps the compiler's unrolled loop, which long rows (the column
-// sums) need; these masked vectors in add_into made sum_rows [640, 128] 1.3-1.6x slower.
+// sums) need (docs/cpu-speed.md).
 template <typename T>
 void add_row(const T* __restrict src, int64_t n, T* __restrict out) {
 #if defined(__AVX512F__)
