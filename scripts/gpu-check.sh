@@ -12,7 +12,10 @@
 #             eagerly and with graphs (cmp); then PyTorch eager's MLP and G2P on the same GPU
 #             (bench/peers/torch_cuda.py) when the image has PyTorch with CUDA. Writes train.md
 #             and train.json (scripts/lib/train-report.py) and every log in train-logs.tar.gz
-#   tests     the whole suite through CTest
+#   tests     every gtest binary run whole, one process each, six at a time, then through CTest
+#             what is not a gtest case (the MPI jobs, the benchmark smoke, the scripts; not
+#             install_consumer, a CPU build CI runs). CTest's process per case paid the CUDA
+#             context's start, about 2 s in the device's VM, 1,300 times: 250 s on 2026-11-27
 #   memcheck  every test binary under compute-sanitizer memcheck, several at once (accesses only,
 #             no --leak-check: the caching allocators, each device's fault record and scratch,
 #             and the cuBLAS/cuDNN handles hold device memory until the process ends by design;
@@ -25,9 +28,10 @@
 #             reacquired buffers, ZeRO-3's layer-by-layer window, the restricted host copies
 # Modes may be named to run only those. To rerun what failed, narrow each step:
 #   GPU_CHECK_TARGETS   build only these targets (default: all)
-#   GPU_CHECK_TESTS     CTest's -R regular expression (default: every test)
-#   GPU_CHECK_BINARIES  the test binaries the sanitizers run (default: every one built)
-#   GPU_CHECK_FILTER    the gtest filter memcheck uses (default: '*')
+#   GPU_CHECK_TESTS     CTest's -R regular expression for the cases that are not gtest's
+#   GPU_CHECK_BINARIES  the test binaries the tests and sanitizers run (default: every one built)
+#   GPU_CHECK_FILTER    the gtest filter of the tests and memcheck (default: '*')
+#   GPU_CHECK_PEERS=0   train leaves out the PyTorch peers (about 40 s)
 # The script fails (exit 1) when no GPU is usable, since then every CUDA test would skip and prove
 # nothing, when any test or sanitizer reports an error, and when a step was left out for time.
 # Logs go to $OUT (or gpu-check/), at most 8 files so the device tool brings them all back; the
@@ -127,21 +131,24 @@ left() {
   echo $((l < $1 ? l : $1))
 }
 
-# Runs one compute-sanitizer tool over test binaries, four at a time, none past the deadline (exit
-# 124 then); a binary's log is kept only when the tool or the tests complain.
-sanitize() {  # tool seconds-per-binary log gtest-filter binaries...
+# Runs test binaries whole under one compute-sanitizer tool (or none: plain runs), several at a
+# time, none past the deadline (exit 124 then); a binary's log is kept only when the tool or the
+# tests complain.
+sanitize() {  # tool|none seconds-per-binary log gtest-filter binaries...
   local tool=$1 seconds=$2 log=$3 filter=$4
   shift 4
-  local logs
+  local logs runner="compute-sanitizer --tool $tool --error-exitcode 99" at_once=4
+  [ "$tool" = none ] && runner="" && at_once=6
   logs=$(mktemp -d)
-  printf '%s\n' "$@" | xargs -P 4 -I{} sh -c "l=\$(($end - \$(date +%s))); \
-    [ \$l -gt $seconds ] && l=$seconds; [ \$l -lt 5 ] && l=1; \
-    timeout \$l compute-sanitizer --tool $tool --error-exitcode 99 build-gpu/tests/{} \
-    --gtest_filter='$filter' --gtest_brief=1 > $logs/{}.log 2>&1; echo \$? > $logs/{}.rc"
+  printf '%s\n' "$@" | xargs -P $at_once -I{} sh -c "l=\$(($end - \$(date +%s))); \
+    [ \$l -gt $seconds ] && l=$seconds; [ \$l -lt 5 ] && l=1; s=\$(date +%s); \
+    timeout \$l $runner build-gpu/tests/{} \
+    --gtest_filter='$filter' --gtest_brief=1 > $logs/{}.log 2>&1; echo \$? > $logs/{}.rc; \
+    echo \$((\$(date +%s) - s)) > $logs/{}.seconds"
   for t in "$@"; do
     rc=$(cat "$logs/$t.rc" 2>/dev/null || echo missing)
-    echo "== $tool $t: exit $rc;" $(grep -o '^\[  \(PASSED\|SKIPPED\|FAILED\) *\] [0-9]* tests\?' \
-      "$logs/$t.log") >> "$log"
+    echo "== $tool $t: exit $rc, $(cat "$logs/$t.seconds" 2>/dev/null) s;" $(grep -o \
+      '^\[  \(PASSED\|SKIPPED\|FAILED\) *\] [0-9]* tests\?' "$logs/$t.log") >> "$log"
     # A binary whose selected tests make no CUDA call ends "before the first instrumented API
     # call" (exit 255): nothing to check, and not a failure when its tests passed.
     if [ "$rc" = 255 ] && grep -q "terminated before first instrumented API call" "$logs/$t.log" &&
@@ -215,6 +222,14 @@ train_on_device() {
     { grep -A12 '^\[profile\] [0-9.]* s in backend' "$work/mlp-profile-eager.log" | head -13
       grep -A10 '^\[profile\] [0-9.]* s of host time' "$work/mlp-profile-eager.log" | head -11
     } | sed 's/^/profile, MNIST MLP eager, 200 steps: /' >> "$work/checks.txt"
+  # Where the GroupNorm CNN's and G2P's steps go, kernel by kernel (eager: each primitive timed).
+  train_run cnn-profile-eager 40 "${mnist[@]}" --model cnn --norm group --max-steps 100 \
+    --cuda-graphs off --profile &&
+    grep -A14 '^\[profile\] [0-9.]* s in backend' "$work/cnn-profile-eager.log" | head -15 |
+    sed 's/^/profile, GroupNorm CNN eager, 100 steps: /' >> "$work/checks.txt"
+  train_run g2p-profile-eager 40 "${g2p[@]}" --max-steps 60 --cuda-graphs off --profile &&
+    grep -A14 '^\[profile\] [0-9.]* s in backend' "$work/g2p-profile-eager.log" | head -15 |
+    sed 's/^/profile, G2P eager, 60 steps: /' >> "$work/checks.txt"
   train_run mlp-32x1 40 "${mnist[@]}" --micro-batch 32 --accum-steps 1 --max-steps 200
   train_run mlp-32x8 40 "${mnist[@]}" --micro-batch 32 --accum-steps 8 --max-steps 200
   train_run g2p-eager 90 "${g2p[@]}" --cuda-graphs off --save "$work/g2p-eager.st"
@@ -228,7 +243,9 @@ train_on_device() {
     --save "$work/cnn-graphs.st" &&
     same_weights "GroupNorm CNN, one epoch, --cuda-graphs on against off" "$work/cnn-eager.st" \
       "$work/cnn-graphs.st"
-  if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' \
+  if [ "${GPU_CHECK_PEERS:-1}" = 0 ]; then
+    echo "PyTorch peers: left out (GPU_CHECK_PEERS=0)" >> "$work/checks.txt"
+  elif python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' \
     > /dev/null 2>&1; then
     for peer in mnist g2p; do
       [ "$(left 60)" -ge 20 ] || { fail "PyTorch $peer left out: no time"; continue; }
@@ -257,9 +274,20 @@ done)}
 for mode in "${modes[@]}"; do
   case "$mode" in
     tests)
-      fits 150 "the CTest suite" || continue
-      timeout "$(left 240)" ctest --test-dir build-gpu --output-on-failure -j12 --timeout 200 \
-        -R "${GPU_CHECK_TESTS:-.}" \
+      fits 60 "the test binaries" || continue
+      : > "$out/tests.txt"
+      # shellcheck disable=SC2086
+      sanitize none 200 "$out/tests.txt" "${GPU_CHECK_FILTER:-*}" $binaries
+      grep -c ': exit 0,' "$out/tests.txt" | sed 's/^/test binaries passed: /' | tee -a "$summary"
+      fits 40 "CTest's cases outside gtest" || continue
+      others=$(ctest --test-dir build-gpu --show-only=json-v1 | python3 -c '
+import json, re, sys
+tests = json.load(sys.stdin)["tests"]
+names = [t["name"] for t in tests if t["name"] != "install_consumer" and
+         not any(a.startswith("--gtest_filter") for a in t.get("command", []))]
+print("|".join(re.escape(n) for n in names))')
+      timeout "$(left 180)" ctest --test-dir build-gpu --output-on-failure -j6 --timeout 150 \
+        -R "${GPU_CHECK_TESTS:-^(${others:-none})\$}" \
         > "$out/ctest.txt" 2>&1 || fail "ctest failed (exit $?; 124: ran out of time)"
       grep "tests passed\|Total Test time" "$out/ctest.txt" | tee -a "$summary"
       grep -i "Skipped\|\*\*\*Failed\|Timeout" "$out/ctest.txt" | head -40 >> "$summary"
@@ -316,4 +344,9 @@ for mode in "${modes[@]}"; do
   esac
 done
 [ "$status" -eq 0 ] && note "all passed" || note "FAILED (see summary.txt)"
+# The device tool brings back at most 8 files: past that, the step logs travel as one archive.
+if [ "$(find "$out" -maxdepth 1 -type f | wc -l)" -gt 8 ]; then
+  (cd "$out" && tar -czf logs.tar.gz build.txt tests.txt ctest.txt memcheck.txt sanitize.txt \
+    zero.txt 2>/dev/null; rm -f build.txt tests.txt ctest.txt memcheck.txt sanitize.txt zero.txt)
+fi
 exit "$status"
