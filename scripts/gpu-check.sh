@@ -206,7 +206,7 @@ train_on_device() {
     >> "$summary" 2>&1 || { fail "the datasets do not verify"; return; }
   local mnist=(build-gpu/examples/accrue-mnist --data data/mnist --device cuda)
   local g2p=(build-gpu/examples/accrue-g2p --data data/cmudict/dict.txt --device cuda
-    --max-steps 300 --eval-limit 1000)
+    --eval-limit 1000)
   train_run mlp-eager 60 "${mnist[@]}" --epochs 1 --cuda-graphs off --save "$work/mlp-eager.st"
   train_run mlp-graphs 60 "${mnist[@]}" --epochs 1 --cuda-graphs on --save "$work/mlp-graphs.st" &&
     same_weights "MNIST MLP, one epoch, --cuda-graphs on against off" "$work/mlp-eager.st" \
@@ -232,11 +232,12 @@ train_on_device() {
     sed 's/^/profile, G2P eager, 60 steps: /' >> "$work/checks.txt"
   train_run mlp-32x1 40 "${mnist[@]}" --micro-batch 32 --accum-steps 1 --max-steps 200
   train_run mlp-32x8 40 "${mnist[@]}" --micro-batch 32 --accum-steps 8 --max-steps 200
-  train_run g2p-eager 90 "${g2p[@]}" --cuda-graphs off --save "$work/g2p-eager.st"
-  train_run g2p-graphs 90 "${g2p[@]}" --cuda-graphs on --save "$work/g2p-graphs.st" &&
+  train_run g2p-eager 90 "${g2p[@]}" --max-steps 300 --cuda-graphs off --save "$work/g2p-eager.st"
+  train_run g2p-graphs 90 "${g2p[@]}" --max-steps 300 --cuda-graphs on \
+    --save "$work/g2p-graphs.st" &&
     same_weights "G2P, 300 steps, --cuda-graphs on against off" "$work/g2p-eager.st" \
       "$work/g2p-graphs.st"
-  train_run g2p-bf16 90 "${g2p[@]}" --precision bf16
+  train_run g2p-bf16 90 "${g2p[@]}" --max-steps 300 --precision bf16
   train_run cnn-eager 90 "${mnist[@]}" --model cnn --norm group --epochs 1 --cuda-graphs off \
     --save "$work/cnn-eager.st"
   train_run cnn-graphs 90 "${mnist[@]}" --model cnn --norm group --epochs 1 --cuda-graphs on \
