@@ -22,9 +22,11 @@
 #             the allocator tests check that live bytes return to their baseline instead)
 #   sanitize  racecheck, synccheck and initcheck over the CUDA cases of the kernel tests
 #   bench     the CUDA rows of accrue-bench beside the device's own GEMM rate and bandwidth
-# and, only when named (about 60 s):
-#   zero      every ZeRO stage, policy and offload on the GPU in a world of one rank, each
-#             step's loss against the plain run's (scripts/lib/zero-smoke.sh): the released and
+# and, only when named:
+#   g2p       the G2P default recipe whole on the GPU, its test PER and WER (#51's stretch), then
+#             bench/g2p-table.sh on the GPU under GPU_CHECK_G2P_BUDGET (default 48MiB)
+#   zero      (about 60 s) every ZeRO stage, policy and offload on the GPU in a world of one rank,
+#             each step's loss against the plain run's (scripts/lib/zero-smoke.sh): the released and
 #             reacquired buffers, ZeRO-3's layer-by-layer window, the restricted host copies
 # Modes may be named to run only those. To rerun what failed, narrow each step:
 #   GPU_CHECK_TARGETS   build only these targets (default: all)
@@ -35,8 +37,11 @@
 # The script fails (exit 1) when no GPU is usable, since then every CUDA test would skip and prove
 # nothing, when any test or sanitizer reports an error, and when a step was left out for time.
 # Logs go to $OUT (or gpu-check/), at most 8 files so the device tool brings them all back; the
-# build stays in build-gpu/ between calls. On an H200 (2026-11-26) the whole run took 491 s: build
-# 159, CTest 156, memcheck 28, the other three tools 48, benchmarks 100 (before train existed).
+# build stays in build-gpu/ between calls. With .gpu-deps/prebuilt.tar.xz from gpu-prebuild.sh,
+# made from the same sources, there is no build (use_prebuilt below). On an H200: the build took
+# 159 s (2026-11-26), 262 s and 396 s since; train 64 s; every test binary 133 s, 15 s without
+# the slow IDX case fixed after that run; memcheck 200 s for the same reason, else about 25 s;
+# racecheck, synccheck and initcheck 48 s; every benchmark row 100 s.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 modes=("$@")
@@ -115,14 +120,53 @@ build() {
 
 # The CUDA tests must run, not skip: one of them tells whether the runtime found the GPU. It must
 # pass outright (a skip, a missing binary or a library that does not load all stop the run).
+probe() {
+  probe_output=$(build-gpu/tests/test_ops \
+    --gtest_filter='Ops/OpTable.EveryDeviceMatchesCpu/add_tiny' 2>&1)
+  echo "$probe_output" | grep -q '^\[  PASSED  \] 1 test' &&
+    ! echo "$probe_output" | grep -q SKIPPED
+}
 require_device() {
-  local probe
-  probe=$(build-gpu/tests/test_ops --gtest_filter='Ops/OpTable.EveryDeviceMatchesCpu/add_tiny' 2>&1)
-  if ! echo "$probe" | grep -q '^\[  PASSED  \] 1 test' || echo "$probe" | grep -q "SKIPPED"; then
-    echo "$probe" | tail -5 | tee -a "$summary"
-    fail "the CUDA probe did not pass (a skip: no usable device, or a driver too old for CUDA 13)"
-    exit 1
+  probe && return 0
+  echo "$probe_output" | tail -5 | tee -a "$summary"
+  fail "the CUDA probe did not pass (a skip: no usable device, or a driver too old for CUDA 13)"
+  exit 1
+}
+
+# The programs from .gpu-deps/prebuilt.tar.xz (scripts/gpu-prebuild.sh), when they were built from
+# the sources here, every library they need is found and the probe passes with them; else nothing
+# of them is kept and build() runs. Not when GPU_CHECK_TARGETS asks for a build.
+use_prebuilt() {
+  [ -f .gpu-deps/prebuilt.tar.xz ] && [ -z "${GPU_CHECK_TARGETS:-}" ] &&
+    [ ! -f build-gpu/build.ninja ] || return 1
+  # Python's lzma where the image has no xz.
+  [ -f build-gpu/source-hash ] || tar -xJf .gpu-deps/prebuilt.tar.xz 2> /dev/null ||
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall()' \
+      .gpu-deps/prebuilt.tar.xz ||
+    { note "prebuilt: the archive does not unpack: building here"; rm -rf build-gpu; return 1; }
+  local built here missing
+  built=$(cat build-gpu/source-hash)
+  here=$(scripts/lib/source-hash.sh)
+  if [ "$built" != "$here" ]; then
+    note "prebuilt: made from other sources (${built:0:12}, these are ${here:0:12}): building here"
+    rm -rf build-gpu
+    return 1
   fi
+  export LD_LIBRARY_PATH="/usr/local/cuda/lib64:/usr/local/cuda/lib:$LD_LIBRARY_PATH"
+  missing=$(find build-gpu -type f \( -name 'test_*' -o -name 'accrue-*' \) -perm -u+x \
+    -exec ldd {} + 2>/dev/null | grep 'not found' | sort -u | tr -s ' \t\n' ' ')
+  if [ -n "$missing" ]; then
+    note "prebuilt: libraries not found here ($missing): building here"
+    rm -rf build-gpu
+    return 1
+  fi
+  if ! probe; then
+    echo "$probe_output" | tail -5 >> "$summary"
+    note "prebuilt: the CUDA probe failed with it: building here"
+    rm -rf build-gpu
+    return 1
+  fi
+  note "prebuilt: made from these sources (${here:0:12}) at $(cat build-gpu/source-root); no build"
 }
 
 # The seconds left before the deadline, at most $1.
@@ -156,7 +200,8 @@ sanitize() {  # tool|none seconds-per-binary log gtest-filter binaries...
       echo "   no CUDA calls" >> "$log"
     elif [ "$rc" != 0 ]; then
       # Each kernel or API call the tool names, counted, then the end of the log.
-      grep -A1 "^========= [A-Z]" "$logs/$t.log" | grep "^=========     at " | sed 's/+0x[0-9a-f]*$//' |
+      grep -A1 "^========= [A-Z]" "$logs/$t.log" | grep "^=========     at " |
+        sed 's/+0x[0-9a-f]*$//' |
         sort | uniq -c | sort -rn | head -20 >> "$log"
       grep '^\[  FAILED  \]' "$logs/$t.log" | sort -u >> "$log"
       tail -40 "$logs/$t.log" >> "$log"
@@ -266,7 +311,7 @@ train_on_device() {
   cat "$work/checks.txt" >> "$summary"
 }
 
-build
+use_prebuilt || build
 require_device
 # The MPI tests need mpirun and run through CTest alone.
 binaries=${GPU_CHECK_BINARIES:-$(cd build-gpu/tests && for t in test_*; do
@@ -281,6 +326,11 @@ for mode in "${modes[@]}"; do
       sanitize none 200 "$out/tests.txt" "${GPU_CHECK_FILTER:-*}" $binaries
       grep -c ': exit 0,' "$out/tests.txt" | sed 's/^/test binaries passed: /' | tee -a "$summary"
       fits 40 "CTest's cases outside gtest" || continue
+      # A prebuilt tree's CTest files name the folder it was built in.
+      if [ -f build-gpu/source-root ] && [ "$(cat build-gpu/source-root)" != "$(pwd)" ]; then
+        fail "CTest's cases outside gtest left out: prebuilt in $(cat build-gpu/source-root)"
+        continue
+      fi
       others=$(ctest --test-dir build-gpu --show-only=json-v1 | python3 -c '
 import json, re, sys
 tests = json.load(sys.stdin)["tests"]
@@ -317,6 +367,23 @@ print("|".join(re.escape(n) for n in names))')
       fits 120 "training on the device" || continue
       train_on_device
       ;;
+    g2p)
+      # Issue #51's stretch: the whole default recipe (test PER and WER), then the language-model
+      # table under a device budget (bench/g2p-table.sh), offloading saving the GPU's bytes.
+      fits 150 "the G2P default recipe" || continue
+      [ -f data/cmudict/dict.txt ] || { mkdir -p data && tar -xzf .gpu-deps/data/datasets.tar.gz \
+        -C data; } || { fail "no datasets: run scripts/gpu-bundle.sh here first"; continue; }
+      timeout "$(left 300)" build-gpu/examples/accrue-g2p --data data/cmudict/dict.txt \
+        --device cuda --metrics "$out/g2p-recipe.jsonl" > "$out/g2p-recipe.txt" 2>&1 ||
+        fail "the G2P default recipe: exit $? (124: out of time)"
+      note "G2P default recipe: $(grep '^done:' "$out/g2p-recipe.txt" | cut -c1-200)"
+      fits 60 "the G2P table on the GPU" || continue
+      ACCRUE_SKIP_DEPS=1 timeout "$(left 150)" bench/g2p-table.sh build-gpu \
+        "${GPU_CHECK_G2P_BUDGET:-48MiB}" 40960 cuda > "$out/g2p-table.txt" 2>&1 ||
+        fail "bench/g2p-table.sh on the GPU: exit $?"
+      cp bench/results/g2p-table-cuda.md bench/results/g2p-table-cuda.csv "$out/" 2>/dev/null
+      note "G2P table on the GPU: $(wc -l < "$out/g2p-table-cuda.csv" 2>/dev/null) lines"
+      ;;
     zero)
       fits 60 "the ZeRO smoke" || continue
       [ -f data/mnist/train-images-idx3-ubyte ] && [ -f data/cmudict/dict.txt ] ||
@@ -339,15 +406,17 @@ print("|".join(re.escape(n) for n in names))')
       note "bench done"
       ;;
     *)
-      echo "gpu-check: unknown mode '$mode' (train, tests, memcheck, sanitize, bench, zero)"
+      echo "gpu-check: unknown mode '$mode' (train, tests, memcheck, sanitize, bench, g2p, zero)"
       exit 2
       ;;
   esac
 done
 [ "$status" -eq 0 ] && note "all passed" || note "FAILED (see summary.txt)"
-# The device tool brings back at most 8 files: past that, the step logs travel as one archive.
+# The device tool brings back at most 8 files: past that, every file but the summary and the
+# result tables travels in one archive.
 if [ "$(find "$out" -maxdepth 1 -type f | wc -l)" -gt 8 ]; then
-  (cd "$out" && tar -czf logs.tar.gz build.txt tests.txt ctest.txt memcheck.txt sanitize.txt \
-    zero.txt 2>/dev/null; rm -f build.txt tests.txt ctest.txt memcheck.txt sanitize.txt zero.txt)
+  (cd "$out" && find . -maxdepth 1 -type f ! -name summary.txt ! -name 'train.*' \
+    ! -name 'bench-cuda.*' ! -name '*.tar.gz' -printf '%P\n' > /tmp/gpu-check-logs &&
+    tar -czf logs.tar.gz -T /tmp/gpu-check-logs && xargs rm -f < /tmp/gpu-check-logs)
 fi
 exit "$status"

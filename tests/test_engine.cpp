@@ -138,6 +138,8 @@ TEST(Engine, ACheckpointedRunResumesBitForBit) {
   EXPECT_EQ(resumed.summary.samples_seen, all.summary.samples_seen);
   EXPECT_EQ(resumed.summary.samples_trained, all.summary.samples_seen - before);
   ASSERT_GT(resumed.summary.train_seconds, 0);
+  EXPECT_GT(resumed.summary.first_window_seconds, 0);
+  EXPECT_LT(resumed.summary.first_window_seconds, resumed.summary.train_seconds);
   EXPECT_DOUBLE_EQ(
       resumed.summary.samples_per_second,
       static_cast<double>(resumed.summary.samples_trained) / resumed.summary.train_seconds);
@@ -149,6 +151,7 @@ TEST(Engine, ACheckpointedRunResumesBitForBit) {
   const ToyRun nothing = run_toy(finished);
   EXPECT_EQ(nothing.summary.samples_trained, 0);
   EXPECT_EQ(nothing.summary.samples_per_second, 0);
+  EXPECT_EQ(nothing.summary.first_window_seconds, 0);
   fs::remove_all(dir);
 }
 

@@ -327,8 +327,8 @@ TEST(Trainer, LearnsTheGeneratedDigitsAndWritesMetrics) {
   }
   EXPECT_EQ(steps, 48);
   EXPECT_EQ(epochs, 3);
-  for (const char* key : {"\"event\":\"summary\"", "train_seconds", "samples_per_second",
-                          "peak_activation_bytes", "\"device\":\"cpu\""}) {
+  for (const char* key : {"\"event\":\"summary\"", "train_seconds", "first_window_seconds",
+                          "samples_per_second", "peak_activation_bytes", "\"device\":\"cpu\""}) {
     EXPECT_NE(last.find(key), std::string::npos) << key;
   }
   // --init from the saved weights starts where the run ended.

@@ -290,6 +290,7 @@ void Run::run_epoch(int64_t epoch) {
     }
     const double window_seconds = seconds_since(window_start);
     if (tuner_) tuner_->record(window_seconds / static_cast<double>(w.samples));
+    if (samples_trained_ == 0) summary_.first_window_seconds = window_seconds;
     samples_seen_ += w.samples;
     samples_trained_ += w.samples;
     const int64_t tokens = tokens_of(w, order_host);

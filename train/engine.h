@@ -83,6 +83,9 @@ struct Summary {
   // (Task::length; 0 without), and their rates over those seconds (0 when it trained nothing: a
   // finished run resumed). samples_seen counts the run's samples since step 0, a resume's included.
   double train_seconds = 0;
+  // Of which the first window this process ran: on a GPU it holds the libraries' start (cuBLAS,
+  // cuDNN and their kernels loading) and the graphs' capture, once per process.
+  double first_window_seconds = 0;
   int64_t samples_trained = 0, tokens_trained = 0, samples_seen = 0;
   double samples_per_second = 0;
   double tokens_per_second = 0;

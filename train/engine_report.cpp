@@ -180,6 +180,7 @@ nlohmann::json Run::summary_record() {
   nlohmann::json record = {{"event", "summary"},
                            {e.key, e.value},
                            {"train_seconds", summary_.train_seconds},
+                           {"first_window_seconds", summary_.first_window_seconds},
                            {"samples_trained", summary_.samples_trained},
                            {"samples_seen", summary_.samples_seen},
                            {"steps", summary_.steps},

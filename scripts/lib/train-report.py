@@ -60,25 +60,28 @@ def main():
                    "checks": checks}, f, indent=1)
     out = ["# Training on %s" % device, "",
            "Produced by `scripts/gpu-check.sh train` on %s. One row per run: its summary record "
-           "(`--metrics`). `train s` is the engine's training time (evaluation excluded), `wall` "
-           "the process's; host waits are per training window after the first (reads of the "
+           "(`--metrics`). `train s` is the engine's training time (evaluation excluded), `first "
+           "window s` the part of it the first window took (on a GPU the libraries' start and the "
+           "graphs' capture), `wall` the process's; host waits are per training window after the first (reads of the "
            "device, and device waits: blocking copies, synchronisations, queries, cudaMalloc / "
            "cudaFree / cudaHostAlloc); peak is the caching allocator's highest live bytes during a "
            "micro-step, reserved its pool at the end (the graph pool included), in use the "
            "driver's cudaMemGetInfo at the end (every context and library workspace)." % commit,
            "",
-           "| run | train s | wall s | samples/s | tokens/s | metric | peak MiB | activations MiB "
+           "| run | train s | first window s | wall s | samples/s | tokens/s | metric | peak MiB | activations MiB "
            "| reserved MiB | in use MiB | reads / window | device waits / window | of which "
            "cudaMalloc etc. | graphs | replayed | eager | boundary replays |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in runs:
         n = max(s.get("windows_measured", 0), 1)
         metric = s.get("test_accuracy", s.get("test_per"))
         metric_text = "" if metric is None else (
             "acc %.2f%%" % (100 * metric) if "test_accuracy" in s else "PER %.2f%%" % (100 * metric))
         memory = s.get("window_system_memory")
-        out.append("| %s | %.3f | %s | %.0f | %s | %s | %s | %s | %s | %s | %.2f | %.2f | %s | %d | %d | %d | %d |" % (
-            s["run"], s["train_seconds"], "%.1f" % s["wall_seconds"] if "wall_seconds" in s else "",
+        first = s.get("first_window_seconds")
+        out.append("| %s | %.3f | %s | %s | %.0f | %s | %s | %s | %s | %s | %s | %.2f | %.2f | %s | %d | %d | %d | %d |" % (
+            s["run"], s["train_seconds"], "" if first is None else "%.3f" % first,
+            "%.1f" % s["wall_seconds"] if "wall_seconds" in s else "",
             s["samples_per_second"],
             "%.0f" % s["tokens_per_second"] if s.get("tokens_per_second") else "",
             metric_text, mib(s["peak_bytes"]), mib(s["peak_activation_bytes"]),
