@@ -20,10 +20,17 @@ build="build-gpu"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DACCRUE_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DACCRUE_NATIVE=OFF -DCMAKE_CXX_FLAGS=-march=x86-64-v3 \
   -DACCRUE_DNNL_LIBRARY=OFF > /dev/null
+# A source saved while its compile runs leaves an object older than the source but newer on disk:
+# the hash is taken before and after, and a difference stops here.
+before=$(scripts/lib/source-hash.sh)
 cmake --build "$build" -j"$(nproc)"
+scripts/lib/source-hash.sh > "$build/source-hash"
+if [ "$(cat "$build/source-hash")" != "$before" ]; then
+  echo "gpu-prebuild: sources changed during the build; touch them and run it again" >&2
+  exit 1
+fi
 # Programs, CTest's files and what the tests read beside them; no objects, archives or build.ninja
 # (whose presence would make gpu-check.sh rebuild on the device).
-scripts/lib/source-hash.sh > "$build/source-hash"
 pwd > "$build/source-root"
 (find "$build" -type f \( -perm -u+x -o -name 'CTestTestfile.cmake' -o -name '*.cmake' \
   -o -name 'source-*' \) ! -name '*.o' ! -name '*.a' ! -path '*/CMakeFiles/*' -print0 |
