@@ -2,7 +2,8 @@
 // micro-batch product keeps the bytes of its blocks, bf16 products agree on both paths and repeat
 // on every thread count, the premises of the transposed products and of the chained direct
 // forward hold where the backend relies on them, and OpenBLAS's kernels are chosen as
-// blas_core.h says.
+// blas_core.h says. On every device, a product with beta 0 never reads what its output held.
+#include <cmath>
 #include <cstring>
 
 #include <cblas.h>
@@ -192,6 +193,46 @@ TEST(Backend, Bf16ProductsAgreeOnBothPathsAndRepeatOnEveryThreadCount) {
 // (the CNN's conv2 filter gradient per chunk, the MLP's forward blocks). Where it does not
 // (OpenBLAS's AVX2 kernels) the backend keeps every product as written, and there is nothing to
 // check.
+// beta = 0 overwrites c: what it held, NaN included, never reaches the result. cuBLAS documents
+// it; cuBLASLt, which CUDA's gemm and Linear forward use, does not say. On every device: float32,
+// float64 and bf16 operands into a float32 c, each operand order, and the Linear forward.
+TEST(Backend, ProductsWithBetaZeroNeverReadWhatTheOutputHeld) {
+  struct Types {
+    DType operands, out;
+  };
+  for (const Device d : devices()) {
+    Backend& be = backend_for(d);
+    for (const Types t :
+         {Types{DType::kFloat32, DType::kFloat32}, Types{DType::kFloat64, DType::kFloat64},
+          Types{DType::kBFloat16, DType::kFloat32}}) {
+      for (const bool trans_a : {false, true}) {
+        for (const bool trans_b : {false, true}) {
+          const Tensor a = random(trans_a ? Shape{7, 5} : Shape{5, 7}, 1, t.operands).to(d);
+          const Tensor b = random(trans_b ? Shape{3, 7} : Shape{7, 3}, 2, t.operands).to(d);
+          Tensor zeroed = Tensor::zeros({5, 3}, t.out, d);
+          Tensor poisoned = Tensor::empty({5, 3}, t.out, d);
+          be.fill(poisoned, NAN);
+          be.gemm(trans_a, trans_b, 1.0, a, b, 0.0, zeroed);
+          be.gemm(trans_a, trans_b, 1.0, a, b, 0.0, poisoned);
+          const std::vector<double> got = as_doubles(poisoned);
+          EXPECT_EQ(got, as_doubles(zeroed))
+              << d.str() << " " << dtype_name(t.operands) << " trans " << trans_a << trans_b;
+          for (const double v : got) ASSERT_FALSE(std::isnan(v)) << d.str();
+        }
+      }
+      if (t.operands != t.out) continue;
+      const Tensor x = random({4, 6}, 3, t.out).to(d), w = random({5, 6}, 4, t.out).to(d);
+      const Tensor bias = random({5}, 5, t.out).to(d);
+      Tensor zeroed = Tensor::zeros({4, 5}, t.out, d);
+      Tensor poisoned = Tensor::empty({4, 5}, t.out, d);
+      be.fill(poisoned, NAN);
+      be.linear_forward(x, w, bias, false, zeroed);
+      be.linear_forward(x, w, bias, false, poisoned);
+      EXPECT_EQ(as_doubles(poisoned), as_doubles(zeroed)) << d.str() << " linear_forward";
+    }
+  }
+}
+
 TEST(Backend, BlasTransposesExactlyWhereTheBackendTransposes) {
   if (!cpu::blas_transposes_exactly()) {
     GTEST_SKIP() << "OpenBLAS " << cpu::blas_core()

@@ -26,18 +26,24 @@
 
 namespace accrue::cuda {
 
-// A cuBLASLt plan: the heuristic's algorithm for one (shape, dtype, alignments, epilogue).
+// One cuBLASLt product's shape, types and operand alignments (column-major D [m, n] = op(A)
+// op(B), with a bias epilogue when align_bias > 0): the key of the context's algorithm cache.
 struct LtKey {
-  uint64_t rows, in, out;
-  int dtype;
-  uint32_t align_w, align_x, align_y, align_bias;  // 0 for align_bias: no bias
+  uint64_t m, n, k;
+  int64_t lda, ldb, ldd;
+  bool trans_a, trans_b;
+  int ab_dtype, d_dtype;
+  uint32_t align_a, align_b, align_d, align_bias;  // 0 for align_bias: no bias
   bool operator<(const LtKey& o) const {
-    return std::tie(rows, in, out, dtype, align_w, align_x, align_y, align_bias) <
-           std::tie(o.rows, o.in, o.out, o.dtype, o.align_w, o.align_x, o.align_y, o.align_bias);
+    return std::tie(m, n, k, lda, ldb, ldd, trans_a, trans_b, ab_dtype, d_dtype, align_a, align_b,
+                    align_d, align_bias) < std::tie(o.m, o.n, o.k, o.lda, o.ldb, o.ldd, o.trans_a,
+                                                    o.trans_b, o.ab_dtype, o.d_dtype, o.align_a,
+                                                    o.align_b, o.align_d, o.align_bias);
   }
 };
+// A cuBLASLt plan: the heuristic's algorithm for one key.
 struct LtPlan {
-  bool found;  // false: no algorithm fits; run GEMM + bias add instead
+  bool found;  // false: no algorithm fits; the caller runs cuBLAS (and a bias add) instead
   cublasLtMatmulAlgo_t algo;
 };
 
