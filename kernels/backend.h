@@ -94,7 +94,8 @@ namespace accrue {
     (scale, y, dy, dx))                                                                            \
   X(argmax, (const Tensor& x, Tensor& index), (x, index))                                          \
   X(count_equal, (const Tensor& a, const Tensor& b, Tensor& out), (a, b, out))                     \
-  /* Convolution, NCHW, groups 1 (kernels/cpu/conv.cpp: im2col + GEMM; CUDA: cuDNN).               \
+  /* Convolution, NCHW, groups 1 (kernels/cpu/conv.cpp: im2col + GEMM; CUDA: cuDNN, and one GEMM   \
+     over unfolded patches for the float32/float64 filter gradient).                               \
      conv2d_forward: x [N, C, H, W], w [O, C, KH, KW], bias [O] (may be undefined) -> y [N, O,     \
      OH, OW]. conv2d_backward_data: dy [N, O, OH, OW], w -> dx [N, C, H, W].                       \
      conv2d_backward_filter: dw = beta * dw + dy (x) x, dbias = beta * dbias + sum of dy over N,   \
