@@ -182,7 +182,8 @@ sanitize() {  # tool|none seconds-per-binary log gtest-filter binaries...
   local tool=$1 seconds=$2 log=$3 filter=$4
   shift 4
   local logs runner="compute-sanitizer --tool $tool --error-exitcode 99" at_once=4
-  [ "$tool" = none ] && runner="" && at_once=6
+  local label=$tool
+  [ "$tool" = none ] && runner="" && at_once=6 && label=run
   logs=$(mktemp -d)
   printf '%s\n' "$@" | xargs -P $at_once -I{} sh -c "l=\$(($end - \$(date +%s))); \
     [ \$l -gt $seconds ] && l=$seconds; [ \$l -lt 5 ] && l=1; s=\$(date +%s); \
@@ -191,7 +192,7 @@ sanitize() {  # tool|none seconds-per-binary log gtest-filter binaries...
     echo \$((\$(date +%s) - s)) > $logs/{}.seconds"
   for t in "$@"; do
     rc=$(cat "$logs/$t.rc" 2>/dev/null || echo missing)
-    echo "== $tool $t: exit $rc, $(cat "$logs/$t.seconds" 2>/dev/null) s;" $(grep -o \
+    echo "== $label $t: exit $rc, $(cat "$logs/$t.seconds" 2>/dev/null) s;" $(grep -o \
       '^\[  \(PASSED\|SKIPPED\|FAILED\) *\] [0-9]* tests\?' "$logs/$t.log") >> "$log"
     # A binary whose selected tests make no CUDA call ends "before the first instrumented API
     # call" (exit 255): nothing to check, and not a failure when its tests passed.
@@ -205,7 +206,7 @@ sanitize() {  # tool|none seconds-per-binary log gtest-filter binaries...
         sort | uniq -c | sort -rn | head -20 >> "$log"
       grep '^\[  FAILED  \]' "$logs/$t.log" | sort -u >> "$log"
       tail -40 "$logs/$t.log" >> "$log"
-      fail "$tool $t: exit $rc"
+      fail "$label $t: exit $rc"
     else
       grep "ERROR SUMMARY" "$logs/$t.log" >> "$log"
     fi
