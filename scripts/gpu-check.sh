@@ -152,7 +152,12 @@ use_prebuilt() {
     rm -rf build-gpu
     return 1
   fi
-  export LD_LIBRARY_PATH="/usr/local/cuda/lib64:/usr/local/cuda/lib:$LD_LIBRARY_PATH"
+  # The programs link Debian's Open MPI 4 (libmpi.so.40) by soname: the image's own, wherever
+  # its wrapper says it lives.
+  local mpi_dirs
+  mpi_dirs=$(mpicc --showme:libdirs 2> /dev/null | tr ' ' ':')
+  local cuda_dirs=/usr/local/cuda/lib64:/usr/local/cuda/lib
+  export LD_LIBRARY_PATH="$cuda_dirs:${mpi_dirs:+$mpi_dirs:}$LD_LIBRARY_PATH"
   missing=$(find build-gpu -type f \( -name 'test_*' -o -name 'accrue-*' \) -perm -u+x \
     -exec ldd {} + 2>/dev/null | grep 'not found' | sort -u | tr -s ' \t\n' ' ')
   if [ -n "$missing" ]; then
