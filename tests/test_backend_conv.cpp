@@ -8,6 +8,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/blas_core.h"
 #include "kernels/cpu/conv.h"
+#include "kernels/functors.h"
 #include "test_util.h"
 
 namespace accrue::testing {
@@ -66,6 +67,50 @@ TEST(Backend, DirectFilterGradientEqualsIm2colInFloat64) {
         EXPECT_LT(max_rel_error(direct[i], im2col[i]), 1e-13)
             << (i == 0 ? "dw" : "dbias") << " of " << k.str() << ", beta " << beta;
       }
+    }
+  }
+}
+
+// CUDA's float32/float64 filter gradient is one GEMM over operands gathered by
+// fn::LoweredFilterIndex (kernels/cuda/conv.cu, lowered_filter_gradient). The same index math and
+// the same GEMM call run here on the CPU: dw = beta dw + rows^T cols equals the CPU's own filter
+// gradient (im2col) in float64, for padded, strided, dilated and rectangular geometries, several
+// channels each side, and beta 0 and 1.
+TEST(Backend, TheCudaFilterGradientsLoweringIsTheFilterGradient) {
+  Backend& be = backend_for(Device::cpu());
+  const DirectCase cases[] = {{2, 3, 4, 7, 6, 3, 3, {1, 1, 1, 1, 1, 1}},
+                              {3, 2, 5, 9, 8, 2, 3, {2, 1, 0, 1, 1, 2}},
+                              {1, 1, 3, 5, 5, 1, 1, {1, 1, 0, 0, 1, 1}},
+                              {4, 3, 2, 12, 10, 3, 2, {1, 2, 2, 1, 2, 1}},
+                              {2, 4, 6, 6, 7, 5, 3, {3, 2, 2, 1, 1, 1}}};
+  for (const DirectCase& k : cases) {
+    const Tensor x = testing::random({k.n, k.c, k.h, k.w}, 1);
+    const Tensor dy = testing::random({k.n, k.o, k.oh(), k.ow()}, 2);
+    const Tensor dw0 = testing::random({k.o, k.c, k.kh, k.kw}, 3);
+    const fn::LoweredFilterIndex index =
+        fn::LoweredFilterIndex::of(k.c, k.h, k.w, k.kh, k.kw, k.oh(), k.ow(), k.o, k.g);
+    const int64_t rows = k.n * k.oh() * k.ow(), patch = k.c * k.kh * k.kw;
+    const std::vector<double> xs = x.to_vector<double>(), dys = dy.to_vector<double>();
+    std::vector<double> cols(static_cast<size_t>(rows * patch)), grads(size_t(rows * k.o));
+    for (int i = 0; i < static_cast<int>(cols.size()); ++i) {
+      const int from = index.patch_source(i);
+      cols[size_t(i)] = from >= 0 ? xs[size_t(from)] : 0.0;
+    }
+    for (int i = 0; i < static_cast<int>(grads.size()); ++i) {
+      grads[size_t(i)] = dys[size_t(index.gradient_source(i))];
+    }
+    const Tensor cols_t = Tensor::from_vector<double>({rows, patch}, cols, Device::cpu());
+    const Tensor grads_t = Tensor::from_vector<double>({rows, k.o}, grads, Device::cpu());
+    for (const double beta : {0.0, 1.0}) {
+      Tensor expected = dw0.clone(), no_bias;
+      {
+        cpu::ForcedConvAlgorithm force(cpu::ConvAlgorithm::kIm2col);
+        be.conv2d_backward_filter(dy, x, k.g, beta, expected, no_bias);
+      }
+      Tensor lowered = dw0.clone();
+      Tensor matrix = lowered.view({k.o, patch});
+      be.gemm(true, false, 1.0, grads_t, cols_t, beta, matrix);
+      EXPECT_LT(max_rel_error(lowered, expected), 1e-12) << k.str() << ", beta " << beta;
     }
   }
 }

@@ -17,6 +17,7 @@
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda_seam.h"
 #include "kernels/dispatch.h"
+#include "kernels/functors.h"
 
 #if defined(ACCRUE_WITH_CUDNN)
 #include <cudnn.h>
@@ -278,49 +279,22 @@ void* raw_or_null(const Tensor& t) {
 // cuDNN's own algorithm.
 constexpr size_t kLoweredFilterBytes = size_t{64} << 20;
 
-// Sizes and offsets of the lowering in 32 bits (lowered_filter_gradient admits only tensors of
-// fewer than 2^31 elements): the unfolding divides five times an element, and 64-bit division is
-// emulated on the GPU.
-struct LoweredShape {
-  int channels, h, w, kh, kw, oh, ow;
-  int stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w;
-};
-
-// x [N, C, H, W] -> cols [N OH OW, C KH KW]: row (n, oh, ow) holds the patch its output pixel
-// reads, column (c, kh, kw) one tap of it (0 where the tap falls in the padding).
+// x [N, C, H, W] -> cols [N OH OW, C KH KW] and dy [N, OC, OH, OW] -> rows [N OH OW, OC], by
+// fn::LoweredFilterIndex (whose index math the CPU tests check).
 template <typename T>
-void unfold_patches(const Tensor& x, const LoweredShape& s, Tensor& cols) {
-  const T* in = x.data<T>();
-  T* out = cols.data<T>();
-  const LoweredShape k = s;
-  const int taps = k.kh * k.kw, patch = k.channels * taps, pixels = k.oh * k.ow;
-  for_each(cols.numel(), stream_of(cols), [=] __device__(int64_t index) {
-    const int i = static_cast<int>(index);
-    const int row = i / patch, col = i - row * patch;
-    const int n = row / pixels, pixel = row - n * pixels;
-    const int oh = pixel / k.ow, ow = pixel - oh * k.ow;
-    const int c = col / taps, tap = col - c * taps;
-    const int kh = tap / k.kw, kw = tap - kh * k.kw;
-    const int ih = oh * k.stride_h - k.pad_h + kh * k.dilation_h;
-    const int iw = ow * k.stride_w - k.pad_w + kw * k.dilation_w;
-    out[i] = ih >= 0 && ih < k.h && iw >= 0 && iw < k.w
-                 ? in[((n * k.channels + c) * k.h + ih) * k.w + iw]
-                 : T(0);
+void lower_filter_operands(const Tensor& x, const Tensor& dy, const fn::LoweredFilterIndex& index,
+                           Tensor& cols, Tensor& rows) {
+  const T* xs = x.data<T>();
+  const T* dys = dy.data<T>();
+  T* patches = cols.data<T>();
+  T* gradients = rows.data<T>();
+  const fn::LoweredFilterIndex k = index;
+  for_each(cols.numel(), stream_of(cols), [=] __device__(int64_t i) {
+    const int from = k.patch_source(static_cast<int>(i));
+    patches[i] = from >= 0 ? xs[from] : T(0);
   });
-}
-
-// dy [N, OC, OH, OW] -> rows [N OH OW, OC]: each output pixel's gradients side by side.
-template <typename T>
-void pixels_by_channel(const Tensor& dy, Tensor& rows) {
-  const T* in = dy.data<T>();
-  T* out = rows.data<T>();
-  const int channels = static_cast<int>(dy.size(1));
-  const int pixels = static_cast<int>(dy.size(2) * dy.size(3));
-  for_each(rows.numel(), stream_of(rows), [=] __device__(int64_t index) {
-    const int i = static_cast<int>(index);
-    const int row = i / channels, oc = i - row * channels;
-    const int n = row / pixels, pixel = row - n * pixels;
-    out[i] = in[(n * channels + oc) * pixels + pixel];
+  for_each(rows.numel(), stream_of(rows), [=] __device__(int64_t i) {
+    gradients[i] = dys[k.gradient_source(static_cast<int>(i))];
   });
 }
 
@@ -346,18 +320,12 @@ bool lowered_filter_gradient(CudaBackend& be, const Tensor& dy, const Tensor& x,
   if (bytes > static_cast<double>(kLoweredFilterBytes) || x.numel() >= (int64_t{1} << 31)) {
     return false;
   }
-  const auto narrow = [](int64_t v) { return static_cast<int>(v); };
-  const LoweredShape shape{narrow(x.size(1)),   narrow(x.size(2)),  narrow(x.size(3)),
-                           narrow(kh),          narrow(kw),         narrow(oh),
-                           narrow(ow),          narrow(g.stride_h), narrow(g.stride_w),
-                           narrow(g.pad_h),     narrow(g.pad_w),    narrow(g.dilation_h),
-                           narrow(g.dilation_w)};
+  const fn::LoweredFilterIndex index =
+      fn::LoweredFilterIndex::of(x.size(1), x.size(2), x.size(3), kh, kw, oh, ow, out_channels, g);
   Tensor cols = Tensor::empty({rows, patch}, type, x.device());
   Tensor dy_rows = Tensor::empty({rows, out_channels}, type, x.device());
-  ACCRUE_DISPATCH_FLOATING(type, "conv2d_backward_filter", [&] {
-    unfold_patches<T>(x, shape, cols);
-    pixels_by_channel<T>(dy, dy_rows);
-  });
+  ACCRUE_DISPATCH_FLOATING(type, "conv2d_backward_filter",
+                           [&] { lower_filter_operands<T>(x, dy, index, cols, dy_rows); });
   Tensor dw_matrix = dw.view({out_channels, patch});
   be.gemm(true, false, 1.0, dy_rows, cols, beta, dw_matrix);
   return true;
