@@ -307,26 +307,21 @@ struct PermuteIndex {
   }
 };
 
-// The convolution's filter gradient as one GEMM (CUDA, kernels/cuda/conv.cu,
-// lowered_filter_gradient): dw [OC, C KH KW] += rows^T cols, the two matrices gathered from x
-// [N, C, H, W] and dy [N, OC, OH, OW]. Element i of cols [N OH OW, C KH KW] (row: an output pixel
-// (n, oh, ow); column: a tap (c, kh, kw), the weight's inner order) is x's element patch_source(i),
-// or 0 where that is -1 (the tap falls in the padding); element i of rows [N OH OW, OC] is dy's
-// element gradient_source(i). 32-bit: the caller admits fewer than 2^31 elements. Written once,
-// so the CPU tests check the index math the GPU runs.
+// The unfolded patches of the convolution's filter gradient as one GEMM (CUDA, kernels/cuda/
+// conv.cu, lowered_filter_gradient): element i of cols [N OH OW, C KH KW] (row: an output pixel
+// (n, oh, ow); column: a tap (c, kh, kw), the weight's inner order) is element patch_source(i) of
+// x [N, C, H, W], or 0 where that is -1 (the tap falls in the padding). 32-bit: the caller admits
+// fewer than 2^31 elements. Written once, so the CPU tests check the index math the GPU runs.
 struct LoweredFilterIndex {
-  int channels, h, w, kh, kw, oh, ow, out_channels;
+  int channels, h, w, kh, kw, oh, ow;
   int stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w;
-  // For x [N, channels, h, w], dw [out_channels, channels, kh, kw] and dy [N, out_channels, oh,
-  // ow].
+  // For x [N, channels, h, w], a filter [*, channels, kh, kw] and outputs [N, *, oh, ow].
   static LoweredFilterIndex of(int64_t channels, int64_t h, int64_t w, int64_t kh, int64_t kw,
-                               int64_t oh, int64_t ow, int64_t out_channels,
-                               const Conv2dGeometry& g) {
+                               int64_t oh, int64_t ow, const Conv2dGeometry& g) {
     const auto n = [](int64_t v) { return static_cast<int>(v); };
-    return {n(channels),     n(h),           n(w),       n(kh),
-            n(kw),           n(oh),          n(ow),      n(out_channels),
-            n(g.stride_h),   n(g.stride_w),  n(g.pad_h), n(g.pad_w),
-            n(g.dilation_h), n(g.dilation_w)};
+    return {n(channels),    n(h),          n(w),          n(kh),      n(kw),      n(oh),
+            n(ow),          n(g.stride_h), n(g.stride_w), n(g.pad_h), n(g.pad_w), n(g.dilation_h),
+            n(g.dilation_w)};
   }
   ACCRUE_HD int patch_source(int i) const {
     const int taps = kh * kw, patch = channels * taps, pixels = oh * ow;
@@ -338,12 +333,6 @@ struct LoweredFilterIndex {
     const int ih = out_h * stride_h - pad_h + tap_h * dilation_h;
     const int iw = out_w * stride_w - pad_w + tap_w * dilation_w;
     return ih >= 0 && ih < h && iw >= 0 && iw < w ? ((n * channels + c) * h + ih) * w + iw : -1;
-  }
-  ACCRUE_HD int gradient_source(int i) const {
-    const int pixels = oh * ow;
-    const int row = i / out_channels, oc = i - row * out_channels;
-    const int n = row / pixels, pixel = row - n * pixels;
-    return (n * out_channels + oc) * pixels + pixel;
   }
 };
 

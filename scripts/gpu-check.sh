@@ -24,7 +24,7 @@
 #   bench     the CUDA rows of accrue-bench beside the device's own GEMM rate and bandwidth
 # and, only when named:
 #   g2p       the G2P default recipe whole on the GPU, its test PER and WER (#51's stretch), then
-#             bench/g2p-table.sh on the GPU under GPU_CHECK_G2P_BUDGET (default 48MiB)
+#             bench/g2p-table.sh on the GPU under GPU_CHECK_G2P_BUDGET (default: the script's)
 #   zero      (about 60 s) every ZeRO stage, policy and offload on the GPU in a world of one rank,
 #             each step's loss against the plain run's (scripts/lib/zero-smoke.sh): the released and
 #             reacquired buffers, ZeRO-3's layer-by-layer window, the restricted host copies
@@ -384,8 +384,9 @@ print("|".join(re.escape(n) for n in names))')
         fail "the G2P default recipe: exit $? (124: out of time)"
       note "G2P default recipe: $(grep '^done:' "$out/g2p-recipe.txt" | cut -c1-200)"
       fits 60 "the G2P table on the GPU" || continue
+      # An empty budget or sample count is g2p-table.sh's own default.
       ACCRUE_SKIP_DEPS=1 timeout "$(left 150)" bench/g2p-table.sh build-gpu \
-        "${GPU_CHECK_G2P_BUDGET:-48MiB}" 40960 cuda > "$out/g2p-table.txt" 2>&1 ||
+        "${GPU_CHECK_G2P_BUDGET:-}" "" cuda > "$out/g2p-table.txt" 2>&1 ||
         fail "bench/g2p-table.sh on the GPU: exit $?"
       cp bench/results/g2p-table-cuda.md bench/results/g2p-table-cuda.csv "$out/" 2>/dev/null
       note "G2P table on the GPU: $(wc -l < "$out/g2p-table-cuda.csv" 2>/dev/null) lines"

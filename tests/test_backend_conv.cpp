@@ -71,11 +71,11 @@ TEST(Backend, DirectFilterGradientEqualsIm2colInFloat64) {
   }
 }
 
-// CUDA's float32/float64 filter gradient is one GEMM over operands gathered by
-// fn::LoweredFilterIndex (kernels/cuda/conv.cu, lowered_filter_gradient). The same index math and
-// the same GEMM call run here on the CPU: dw = beta dw + rows^T cols equals the CPU's own filter
-// gradient (im2col) in float64, for padded, strided, dilated and rectangular geometries, several
-// channels each side, and beta 0 and 1.
+// CUDA's float32/float64 filter gradient is one GEMM over x's patches gathered by
+// fn::LoweredFilterIndex and dy permuted (kernels/cuda/conv.cu, lowered_filter_gradient). The same
+// index math, permutation and GEMM call run here on the CPU: dw = beta dw + rows^T cols equals the
+// CPU's own filter gradient (im2col) in float64, for padded, strided, dilated and rectangular
+// geometries, several channels each side, and beta 0 and 1.
 TEST(Backend, TheCudaFilterGradientsLoweringIsTheFilterGradient) {
   Backend& be = backend_for(Device::cpu());
   const DirectCase cases[] = {{2, 3, 4, 7, 6, 3, 3, {1, 1, 1, 1, 1, 1}},
@@ -88,19 +88,19 @@ TEST(Backend, TheCudaFilterGradientsLoweringIsTheFilterGradient) {
     const Tensor dy = testing::random({k.n, k.o, k.oh(), k.ow()}, 2);
     const Tensor dw0 = testing::random({k.o, k.c, k.kh, k.kw}, 3);
     const fn::LoweredFilterIndex index =
-        fn::LoweredFilterIndex::of(k.c, k.h, k.w, k.kh, k.kw, k.oh(), k.ow(), k.o, k.g);
-    const int64_t rows = k.n * k.oh() * k.ow(), patch = k.c * k.kh * k.kw;
-    const std::vector<double> xs = x.to_vector<double>(), dys = dy.to_vector<double>();
-    std::vector<double> cols(static_cast<size_t>(rows * patch)), grads(size_t(rows * k.o));
+        fn::LoweredFilterIndex::of(k.c, k.h, k.w, k.kh, k.kw, k.oh(), k.ow(), k.g);
+    const int64_t pixels = k.oh() * k.ow(), rows = k.n * pixels, patch = k.c * k.kh * k.kw;
+    const std::vector<double> xs = x.to_vector<double>();
+    std::vector<double> cols(static_cast<size_t>(rows * patch));
     for (int i = 0; i < static_cast<int>(cols.size()); ++i) {
       const int from = index.patch_source(i);
       cols[size_t(i)] = from >= 0 ? xs[size_t(from)] : 0.0;
     }
-    for (int i = 0; i < static_cast<int>(grads.size()); ++i) {
-      grads[size_t(i)] = dys[size_t(index.gradient_source(i))];
-    }
     const Tensor cols_t = Tensor::from_vector<double>({rows, patch}, cols, Device::cpu());
-    const Tensor grads_t = Tensor::from_vector<double>({rows, k.o}, grads, Device::cpu());
+    // dy's rows as CUDA gathers them: dy [N, OC, OH OW] permuted to [N, OH OW, OC].
+    Tensor grads_t = Tensor::empty({rows, k.o}, DType::kFloat64, Device::cpu());
+    Tensor permuted = grads_t.view({k.n, pixels, k.o});
+    be.permute(dy.view({k.n, k.o, pixels}), {0, 2, 1}, permuted);
     for (const double beta : {0.0, 1.0}) {
       Tensor expected = dw0.clone(), no_bias;
       {

@@ -279,31 +279,25 @@ void* raw_or_null(const Tensor& t) {
 // cuDNN's own algorithm.
 constexpr size_t kLoweredFilterBytes = size_t{64} << 20;
 
-// x [N, C, H, W] -> cols [N OH OW, C KH KW] and dy [N, OC, OH, OW] -> rows [N OH OW, OC], by
-// fn::LoweredFilterIndex (whose index math the CPU tests check).
+// x [N, C, H, W] -> cols [N OH OW, C KH KW] by fn::LoweredFilterIndex (whose index math the CPU
+// tests check).
 template <typename T>
-void lower_filter_operands(const Tensor& x, const Tensor& dy, const fn::LoweredFilterIndex& index,
-                           Tensor& cols, Tensor& rows) {
+void unfold_patches(const Tensor& x, const fn::LoweredFilterIndex& index, Tensor& cols) {
   const T* xs = x.data<T>();
-  const T* dys = dy.data<T>();
   T* patches = cols.data<T>();
-  T* gradients = rows.data<T>();
   const fn::LoweredFilterIndex k = index;
   for_each(cols.numel(), stream_of(cols), [=] __device__(int64_t i) {
     const int from = k.patch_source(static_cast<int>(i));
     patches[i] = from >= 0 ? xs[from] : T(0);
   });
-  for_each(rows.numel(), stream_of(rows), [=] __device__(int64_t i) {
-    gradients[i] = dys[k.gradient_source(static_cast<int>(i))];
-  });
 }
 
-// dw [OC, C KH KW] = beta dw + dy^T [OC, N OH OW] cols [N OH OW, C KH KW]: the whole batch's
-// filter gradient as one GEMM, whose long inner dimension cuBLASLt splits and sums in the compute
-// type, in a fixed order. cuDNN's deterministic filter-gradient algorithm (its faster ones sum
-// with atomics) took 143 and 200 us for the CNN's two layers on an H200 (2026-11-26), products of
-// 14 and 115 MFLOP. float32 and float64 only, with the two matrices within kLoweredFilterBytes
-// and x of fewer than 2^31 elements; false (nothing done) otherwise, and cuDNN's algorithm runs.
+// dw [OC, C KH KW] = beta dw + rows^T [OC, N OH OW] cols [N OH OW, C KH KW], rows being dy
+// [N, OC, OH OW] permuted to [N, OH OW, OC]: the whole batch's filter gradient as one GEMM, whose
+// long inner dimension cuBLASLt splits and sums in the compute type, in a fixed order, where
+// cuDNN's deterministic algorithm is slow at small channel counts (docs/device-path.md). float32
+// and float64 only, with the two matrices within kLoweredFilterBytes and x of fewer than 2^31
+// elements; false (nothing done) otherwise, and cuDNN's algorithm runs.
 bool lowered_filter_gradient(CudaBackend& be, const Tensor& dy, const Tensor& x,
                              const Conv2dGeometry& g, double beta, Tensor& dw) {
   const DType type = x.dtype();
@@ -321,11 +315,14 @@ bool lowered_filter_gradient(CudaBackend& be, const Tensor& dy, const Tensor& x,
     return false;
   }
   const fn::LoweredFilterIndex index =
-      fn::LoweredFilterIndex::of(x.size(1), x.size(2), x.size(3), kh, kw, oh, ow, out_channels, g);
+      fn::LoweredFilterIndex::of(x.size(1), x.size(2), x.size(3), kh, kw, oh, ow, g);
   Tensor cols = Tensor::empty({rows, patch}, type, x.device());
-  Tensor dy_rows = Tensor::empty({rows, out_channels}, type, x.device());
   ACCRUE_DISPATCH_FLOATING(type, "conv2d_backward_filter",
-                           [&] { lower_filter_operands<T>(x, dy, index, cols, dy_rows); });
+                           [&] { unfold_patches<T>(x, index, cols); });
+  const int64_t n = x.size(0);
+  Tensor dy_rows = Tensor::empty({rows, out_channels}, type, x.device());
+  Tensor permuted = dy_rows.view({n, oh * ow, out_channels});
+  be.permute(dy.view({n, out_channels, oh * ow}), {0, 2, 1}, permuted);
   Tensor dw_matrix = dw.view({out_channels, patch});
   be.gemm(true, false, 1.0, dy_rows, cols, beta, dw_matrix);
   return true;
