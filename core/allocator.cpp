@@ -4,6 +4,7 @@
 #include "core/allocator.h"
 
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <new>
 
@@ -32,6 +33,12 @@ void* CachingAllocator::take_from(std::multimap<size_t, void*>& pool, size_t siz
 
 void* CachingAllocator::allocate(size_t nbytes) {
   if (nbytes == 0) return nullptr;
+  // Past a quarter of the address space no system has the memory, and the rounding below (and the
+  // pool's 2 x size test) would wrap around to a small block.
+  if (nbytes > std::numeric_limits<size_t>::max() / 4) {
+    throw OutOfMemoryError(str_cat("[allocator] ", device_.str(), ": a request of ", nbytes,
+                                   " bytes exceeds any memory"));
+  }
   const size_t size = round_size(nbytes);
   std::lock_guard<std::mutex> lock(mutex_);
   size_t block = size;

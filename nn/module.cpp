@@ -20,7 +20,22 @@ Tensor Module::operator()(const Tensor& x) {
   }
 }
 
+// A name names one parameter, buffer or child of a module: the saved weights and checkpoints
+// key their tensors by the dotted names.
+void Module::check_new_name(const std::string& name) const {
+  const auto taken = [&](const auto& list) {
+    for (const auto& entry : list) {
+      if (entry.first == name) return true;
+    }
+    return false;
+  };
+  if (taken(params_) || taken(buffers_) || taken(children_)) {
+    throw ValueError(str_cat("[Module] the name '", name, "' is registered twice"));
+  }
+}
+
 void Module::adopt(const std::string& name, std::shared_ptr<Module> child) {
+  check_new_name(name);
   child->set_path(name);
   children_.emplace_back(name, std::move(child));
 }
@@ -33,12 +48,14 @@ void Module::set_path(const std::string& path) {
 }
 
 Tensor& Module::register_parameter(const std::string& name, Tensor value) {
+  check_new_name(name);
   value.set_requires_grad(true);
   params_.emplace_back(name, std::move(value));
   return params_.back().second;
 }
 
 Tensor& Module::register_buffer(const std::string& name, Tensor value) {
+  check_new_name(name);
   buffers_.emplace_back(name, std::move(value));
   return buffers_.back().second;
 }

@@ -56,6 +56,7 @@ class Module {
   }
 
  private:
+  void check_new_name(const std::string& name) const;
   void adopt(const std::string& name, std::shared_ptr<Module> child);
   void set_path(const std::string& path);
 

@@ -250,6 +250,10 @@ void run_backward(const Tensor& root, const Tensor& seed) {
     throw AutogradError(str_cat("[backward] the output ", root.describe(), " ", kGoneTape,
                                 "; each micro-step must run its forward again"));
   }
+  // The nodes' own arithmetic is not recorded: a backward that calls a recorded op (mul's
+  // backward multiplies dy by a saved activation that requires grad) would otherwise append
+  // nodes to the tape it consumes, each keeping its inputs alive until the walk ends.
+  const NoGradGuard not_recorded;
   // Whatever happens below, the tape ends empty.
   struct Consume {
     Tape& t;

@@ -421,7 +421,7 @@ Tensor dropout(const Tensor& x, const DropoutKey& key, const Tensor& samples) {
   if (should_record({&x})) {
     auto node = std::make_unique<DropoutBackward>();
     node->key = key;
-    node->samples = samples;
+    node->samples = node->save(samples);  // an in-place change before backward is refused
     record(std::move(node), {&x}, out);
   }
   return out;

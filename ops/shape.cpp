@@ -32,7 +32,8 @@ struct CastBackward : Node {
 };
 
 // y [..., C] = weight[index]. dweight [V, C] = the rows of dy added at their index, in a fixed
-// order (index_add_rows); a 16-bit table's rows are summed in float32 and rounded once.
+// order (index_add_rows); a 16-bit table's rows are summed in float32, and reach a float32
+// gradient buffer (mixed precision's) as they are, else rounded once to the table's dtype.
 struct EmbeddingBackward : Node {
   Tensor index;  // int32, flat [N]
   Shape weight_shape;
@@ -43,7 +44,9 @@ struct EmbeddingBackward : Node {
     const int64_t n = index.numel();
     backend_for(dy.device())
         .index_add_rows(to_dtype(dy, sum_dtype).view({n, weight_shape[1]}), index, dweight);
-    sink.add(0, to_dtype(dweight, dy.dtype()));  // no copy when the dtypes agree
+    const Tensor buffer = sink.needs(0) ? sink.grad_buffer(0) : Tensor();
+    const bool sums_fit = buffer.defined() && buffer.dtype() == sum_dtype;
+    sink.add(0, sums_fit ? dweight : to_dtype(dweight, dy.dtype()));  // no copy: dtypes agree
   }
 };
 

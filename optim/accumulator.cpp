@@ -144,6 +144,7 @@ void Accumulator::micro_step(int64_t items, const std::function<nn::LossSum()>& 
   if (window_open_ && seen_items_ > 0 && !counted_) {
     throw ValueError("[accumulator] a window's micro-steps all return counts (LossSum) or none");
   }
+  check_micro_batch(items);  // before counted_ changes: a refused call changes nothing
   counted_ = true;
   run_micro_step(items, [&] {
     const nn::LossSum loss = forward();
@@ -213,12 +214,16 @@ void Accumulator::check_counted_items(double counted) const {
   }
 }
 
-void Accumulator::run_micro_step(int64_t items, const std::function<Tensor()>& forward) {
+void Accumulator::check_micro_batch(int64_t items) const {
   if (!window_open_) throw ValueError("[accumulator] micro_step() before begin_window()");
   if (items <= 0 || seen_items_ + items > local_items_) {
     throw ValueError(str_cat("[accumulator] micro-batch of ", items, " items overflows the ",
                              "window: ", seen_items_, " of ", local_items_, " already seen"));
   }
+}
+
+void Accumulator::run_micro_step(int64_t items, const std::function<Tensor()>& forward) {
+  check_micro_batch(items);
   CachingAllocator& alloc = allocator_for(optimizer_.arena().device());
   const size_t before = alloc.stats().live_bytes;
   alloc.reset_peak();
@@ -257,13 +262,9 @@ void Accumulator::run_micro_step(int64_t items, const std::function<Tensor()>& f
 }
 
 void Accumulator::replayed_micro_step(int64_t items, const std::function<void()>& launch) {
-  if (!window_open_) throw ValueError("[accumulator] micro_step() before begin_window()");
+  check_micro_batch(items);
   if (seen_items_ > 0 && !counted_) {
     throw ValueError("[accumulator] a window's micro-steps all return counts (LossSum) or none");
-  }
-  if (items <= 0 || seen_items_ + items > local_items_) {
-    throw ValueError(str_cat("[accumulator] micro-batch of ", items, " items overflows the ",
-                             "window: ", seen_items_, " of ", local_items_, " already seen"));
   }
   if (hands_over_in(items)) {
     throw ValueError("[accumulator] the window's last micro-step hands buckets over: not replayed");

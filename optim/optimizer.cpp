@@ -148,20 +148,31 @@ void Optimizer::load_state(const std::map<std::string, Tensor>& state) {
     }
     return it->second;
   };
+  // Every tensor is found and checked before the first one is copied: a refused state leaves the
+  // optimizer as it was.
+  std::vector<std::pair<Tensor, Tensor>> copies;  // {destination, source}
   for (auto& [name, t] : element_state()) {
     const Tensor full = get(name, {arena_.size()}, t.dtype());
-    const int64_t n = t.numel();
-    const int64_t offset = restricted() ? slice_offset_ : 0;
-    t.copy_(full.narrow(offset, n).to(t.device()));
+    copies.emplace_back(t, full.narrow(restricted() ? slice_offset_ : 0, t.numel()));
   }
-  applied_steps_.copy_(
-      get("steps", applied_steps_.shape(), DType::kInt32).to(applied_steps_.device()));
+  copies.emplace_back(applied_steps_, get("steps", applied_steps_.shape(), DType::kInt32));
   if (scaler_.defined()) {
-    scaler_.copy_(get("scaler", scaler_.shape(), scaler_.dtype()).to(scaler_.device()));
-    if (sync_ != nullptr) sync_->scalars_changed();
+    const Tensor saved = get("scaler", scaler_.shape(), scaler_.dtype());
+    const std::vector<double> v =
+        to_dtype(saved.to(Device::cpu()), DType::kFloat64).to_vector<double>();
+    // The scale multiplies every loss; the clean-window count is a float32 integer up to 2^24.
+    if (!(v[0] > 0) || !std::isfinite(v[0]) || !(v[1] >= 0) || v[1] > (1 << 24) ||
+        v[1] != std::floor(v[1])) {
+      throw ValueError(str_cat("[optimizer] the checkpoint's loss scaler holds scale ", v[0],
+                               " and ", v[1], " clean windows; a scale must be finite and > 0, ",
+                               "the count an integer in [0, 2^24]"));
+    }
+    copies.emplace_back(scaler_, saved);
   } else if (state.count("scaler")) {
     throw ValueError("[optimizer] the checkpoint has a loss scaler; this run has no loss scaling");
   }
+  for (auto& [to, from] : copies) to.copy_(from.to(to.device()));
+  if (scaler_.defined() && sync_ != nullptr) sync_->scalars_changed();
   stepped_ = true;
 }
 

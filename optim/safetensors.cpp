@@ -162,6 +162,12 @@ void save_safetensors(const std::string& path, const std::vector<nn::NamedTensor
   std::vector<Tensor> host;
   uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
+    // Checked before the file is opened: a second entry would leave the first one's bytes
+    // unclaimed, a file no reader takes, in place of the previous good copy.
+    if (header.contains(name)) {
+      throw ValueError(str_cat("[safetensors] ", path, ": two tensors are named '", name,
+                               "'; nothing was written"));
+    }
     host.push_back(t.to(Device::cpu()));
     header[name] = {{"dtype", st_dtype(t.dtype())},
                     {"shape", t.shape()},

@@ -8,10 +8,8 @@
 #
 # The build differs from the device's own in two ways, both so that it runs there: the CPU code
 # targets x86-64-v3 (AVX2), not -march=native, and oneDNN is left out (the device has no
-# libdnnl). Without AVX-512, GCC notes that vec.h's 64-byte lane types are returned differently
-# (-Wpsabi); they are inline templates of one build, so no call crosses the two conventions. It
-# links the Debian libraries gpu-bundle.sh carries, the CUDA toolkit's libraries (13.x on both
-# machines), cuDNN 9 and NCCL 2 by soname, and Open MPI 4's libmpi.so.40.
+# libdnnl). It links the Debian libraries gpu-bundle.sh carries, the CUDA toolkit's libraries
+# (13.x on both machines), cuDNN 9 and NCCL 2 by soname, and Open MPI 4's libmpi.so.40.
 #   scripts/gpu-bundle.sh && scripts/gpu-prebuild.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +19,7 @@ command -v nvcc > /dev/null || export PATH="/usr/local/cuda/bin:$PATH"
 build="build-gpu"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DACCRUE_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DACCRUE_NATIVE=OFF \
-  -DCMAKE_CXX_FLAGS="-march=x86-64-v3 -Wno-psabi" -DACCRUE_DNNL_LIBRARY=OFF > /dev/null
+  -DCMAKE_CXX_FLAGS="-march=x86-64-v3" -DACCRUE_DNNL_LIBRARY=OFF > /dev/null
 # A source saved while its compile runs leaves an object older than the source but newer on disk:
 # the hash is taken before and after, and a difference stops here.
 before=$(scripts/lib/source-hash.sh)

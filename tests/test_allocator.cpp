@@ -1,6 +1,8 @@
 // The caching allocator: block reuse, exact statistics, emptying the cache, and the loop
 // invariants training relies on (no system allocation after the first iteration, live bytes
 // back to baseline after every backward). Runs on every device present.
+#include <limits>
+
 #include "test_util.h"
 
 namespace accrue::testing {
@@ -92,6 +94,25 @@ TEST(Allocator, OutOfMemoryReleasesThePoolRetriesOnceThenNamesTheSizes) {
   EXPECT_EQ(alloc.stats().cached_bytes, 0u);
   for (void* p : blocks) alloc.deallocate(p);
   alloc.empty_cache();
+}
+
+// A request near the top of size_t would round up past it to a small block: it is refused before
+// the system or the pool is asked, and the statistics stay as they were. A tensor of such a
+// size is refused the same way instead of being handed a block it would overrun.
+TEST(Allocator, RequestsBeyondAnyMemoryAreRefusedBeforeTheyRoundAround) {
+  CachingAllocator& alloc = allocator_for(Device::cpu());
+  const AllocatorStats before = alloc.stats();
+  for (size_t n : {std::numeric_limits<size_t>::max(), std::numeric_limits<size_t>::max() - 8,
+                   std::numeric_limits<size_t>::max() / 2 + 1}) {
+    expect_error<OutOfMemoryError>([&] { alloc.allocate(n); },
+                                   {"[allocator] cpu", std::to_string(n), "exceeds any memory"});
+  }
+  expect_error<OutOfMemoryError>([] { Tensor::zeros({(int64_t{1} << 61) - 1}, DType::kFloat64); },
+                                 {"exceeds any memory"});
+  const AllocatorStats after = alloc.stats();
+  EXPECT_EQ(after.live_bytes, before.live_bytes);
+  EXPECT_EQ(after.system_allocs, before.system_allocs);
+  EXPECT_EQ(after.allocs, before.allocs);
 }
 
 TEST_P(AllocatorTest, DeviceAllocatorTracksTensors) {

@@ -139,6 +139,36 @@ TEST(Autograd, UnusedBranchesGetNoGradient) {
   EXPECT_EQ(tape_size(), 0u);
 }
 
+// A backward that calls recorded ops (mul's multiplies dy by saved activations that require
+// grad) records nothing: the tape it walks keeps its length, the gradients it hands on require no
+// grad, and the activations go as their nodes run.
+TEST(Autograd, BackwardRecordsNothingOfItsOwn) {
+  Tensor p = random({4, 8}, 1);
+  p.set_requires_grad(true);
+  const Tensor h = tanh(p);
+  const Tensor loss = sum(mul(h, h));  // tape: tanh, mul, sum
+  ASSERT_EQ(tape_size(), 3u);
+  size_t tape_when_ready = 0;
+  bool grad_required = true;
+  {
+    ScopedLeafReadyHook hook([&](const TensorImpl&) {
+      tape_when_ready = tape_size();
+      grad_required = p.grad().requires_grad();
+    });
+    backward(loss);
+  }
+  EXPECT_EQ(tape_when_ready, 3u) << "the backward walk recorded nodes of its own";
+  EXPECT_FALSE(grad_required);
+  EXPECT_EQ(tape_size(), 0u);
+  EXPECT_TRUE(grad_enabled());
+  // d/dp sum(tanh(p)^2) = 2 tanh(p) (1 - tanh(p)^2)
+  const std::vector<double> pv = p.to_vector<double>(), g = p.grad().to_vector<double>();
+  for (size_t i = 0; i < pv.size(); ++i) {
+    const double t = std::tanh(pv[i]);
+    EXPECT_NEAR(g[i], 2 * t * (1 - t * t), 1e-12);
+  }
+}
+
 }  // namespace
 }  // namespace accrue::testing
 

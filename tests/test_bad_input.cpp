@@ -353,6 +353,34 @@ TEST(BadInput, AFailedSaveKeepsThePreviousFile) {
       [&] { optim::save_safetensors((dir / "no/such/dir/w.safetensors").string(), {}); },
       {"no/such/dir", "No such file or directory"});
   expect_error<FileError>([&] { optim::save_safetensors(dir.string(), {}); }, {"is a directory"});
+  // Two tensors of one name would make a file no reader takes: refused before the file is touched.
+  for (const char* name : {"small", "__metadata__"}) {
+    expect_error<ValueError>(
+        [&] {
+          optim::save_safetensors(path, {{"small", full({4}, 2.5)}, {name, full({2}, 3.5)}},
+                                  {{"format", "pt"}});
+        },
+        {"[safetensors]", path, std::string("two tensors are named '") + name + "'"});
+    EXPECT_EQ(read_file_bytes(path), good);
+  }
+  EXPECT_EQ(files_in(dir), std::vector<std::string>{"w.safetensors"});
+}
+
+// A module's parameters, buffers and children share one namespace: the saved weights are keyed by
+// their dotted names, so a second registration of a name is refused.
+TEST(BadInput, AModuleNameIsRegisteredOnce) {
+  struct Twice : nn::Module {
+    explicit Twice(int kind) {
+      register_parameter("w", full({2}, 1.0));
+      if (kind == 0) register_parameter("w", full({2}, 2.0));
+      if (kind == 1) register_buffer("w", full({2}, 2.0));
+      if (kind == 2) register_module("w", std::make_shared<nn::Linear>(2, 2));
+    }
+    Tensor forward(const Tensor& x) override { return x; }
+  };
+  for (int kind = 0; kind < 3; ++kind) {
+    expect_error<ValueError>([&] { Twice t(kind); }, {"[Module] the name 'w' is registered twice"});
+  }
 }
 
 // ---- command lines ----

@@ -120,6 +120,25 @@ TEST(Best, EarlyStopEndsTheRunAndResumesWhereItWould) {
   EXPECT_EQ(summary["steps"], 3);
   EXPECT_EQ(summary["stopped_early"], true);
   EXPECT_EQ(slurp(resumed), slurp(whole));
+
+  // The run early stopping ended, resumed from its last checkpoint: nothing is left to train.
+  const fs::path ended = data / "ended";
+  args = base(data, slow);
+  args.insert(args.end(), {"--checkpoint", ended.string()});
+  ASSERT_EQ(cli(args).status, 0);
+  const std::string again = (data / "again.safetensors").string();
+  const fs::path again_metrics = data / "again.jsonl";
+  r = cli({"--resume", ended.string(), "--save", again, "--metrics", again_metrics.string()});
+  ASSERT_EQ(r.status, 0) << r.err;
+  expect_words(r.out, {"nothing left to train: --early-stop 2 ended the run at step 3",
+                       "2 evaluations since the best, at step 1"});
+  summary = events(again_metrics, "summary").at(0);
+  EXPECT_EQ(summary["steps"], 3);
+  EXPECT_EQ(summary["stopped_early"], true);
+  EXPECT_EQ(slurp(again), slurp(whole));
+  // A larger patience on the resume trains on from there.
+  r = cli({"--resume", ended.string(), "--early-stop", "3", "--max-steps", "4", "--quiet"});
+  ASSERT_EQ(r.status, 0) << r.err;
 }
 
 // --keep-best resumed into another --checkpoint folder brings the best so far along: the folder

@@ -5,10 +5,12 @@
 // than the dataset declares is refused, and a checkpointed run resumes bit for bit.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <thread>
 
 #include "kernels/backend.h"
 #include "optim/registry.h"
@@ -93,6 +95,47 @@ TEST(Engine, TheFirstLossIsTheMeanOverTheWindowsTokens) {
   EXPECT_NEAR(run.steps[0].loss, sum / static_cast<double>(tokens), 1e-12);
 }
 
+// --early-stop ended by an epoch's own evaluation still ends with the task's final measure, once.
+TEST(Engine, AnEarlyStopAtAnEpochsEndTakesTheFinalEvaluation) {
+  train::Task task = toy_task();
+  task.validate = [](nn::Module&) {  // never improves on the first
+    train::Evaluation e{"loss", "validation loss", 1.0, false, true, true};
+    return e;
+  };
+  int finals = 0;
+  task.evaluate_final = [&finals](nn::Module&) {
+    ++finals;
+    return train::Evaluation{"test_accuracy", "test accuracy", 0.75};
+  };
+  train::Config c = toy_config(8, 2);
+  c.epochs = 10;
+  c.early_stop = 1;
+  std::ostringstream out;
+  const train::Summary s = train::train(c, task, out, {});
+  EXPECT_TRUE(s.stopped_early);
+  EXPECT_EQ(s.steps, 2 * 3) << "two epochs of 40 samples in windows of 16";
+  EXPECT_EQ(finals, 1);
+  EXPECT_EQ(s.evaluation.key, "test_accuracy");
+  EXPECT_EQ(s.evaluation.value, 0.75);
+}
+
+// The training time, and the rates over it, leave out the evaluations between steps: six
+// evaluations of 0.3 s each stay out of a few milliseconds of toy windows.
+TEST(Engine, EvaluationsBetweenStepsAreNotTrainingTime) {
+  train::Task task = toy_task();
+  task.validate = [](nn::Module&) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    return train::Evaluation{"loss", "validation loss", 1.0, false, true, true};
+  };
+  train::Config c = toy_config(8, 2);
+  c.eval_every = 1;
+  std::ostringstream out;
+  const train::Summary s = train::train(c, task, out, {});
+  ASSERT_EQ(s.steps, 6);
+  EXPECT_LT(s.train_seconds, 0.9) << "six evaluations of 0.3 s were counted as training";
+  EXPECT_GT(s.samples_per_second, 80 / 0.9);
+}
+
 TEST(Engine, ALossCountingOtherItemsThanTheDatasetIsRefused) {
   expect_error<ValueError>([&] { run_toy(toy_config(8, 2), 1); },
                            {"[accumulator]", "counted", "plans"});
@@ -131,6 +174,13 @@ TEST(Engine, ACheckpointedRunResumesBitForBit) {
   }
   EXPECT_EQ(bytes_of(rest.save), bytes_of(whole.save));
   EXPECT_EQ(resumed.summary.parameter_hash, all.summary.parameter_hash);
+  // The epoch the checkpoint cut (4 of its 5 windows were run before) reports all of its windows'
+  // loss, as the uninterrupted run does.
+  ASSERT_EQ(resumed.epochs.size(), all.epochs.size());
+  for (size_t e = 0; e < all.epochs.size(); ++e) {
+    EXPECT_EQ(resumed.epochs[e].epoch, all.epochs[e].epoch);
+    EXPECT_EQ(resumed.epochs[e].train_loss, all.epochs[e].train_loss) << "epoch " << e + 1;
+  }
   // Rates over one span: the resumed process's samples over its own seconds; the run's total
   // since step 0 under its own name.
   int64_t before = 0;

@@ -92,6 +92,12 @@ TEST(Misuse, ModifyingASavedTensorBeforeBackwardIsAnError) {
   Tensor total = sum(y);
   y.copy_(Tensor::zeros({4, 3}, DType::kFloat64));
   expect_error<AutogradError>([&] { backward(total); }, {"[tanh backward]"});
+  // Dropout keeps the rows' sample indices, which key its mask: a staging buffer reused for the
+  // next micro-batch's indices before this backward would give another mask.
+  Tensor samples = Tensor::from_vector<int32_t>({4}, {0, 1, 2, 3});
+  Tensor dropped = sum(dropout(w, {0.5, 7, 1}, samples));
+  samples.copy_(Tensor::from_vector<int32_t>({4}, {4, 5, 6, 7}));
+  expect_error<AutogradError>([&] { backward(dropped); }, {"[dropout backward]", "int32[4]"});
 }
 
 // The classic accumulation bug: an optimizer step between a forward and its backward.
@@ -152,6 +158,32 @@ TEST(Misuse, AFailedMicroStepAbandonsTheWindow) {
   EXPECT_EQ(tape_size(), 0u);
   for (float g : arena.grads().to_vector<float>()) ASSERT_EQ(g, 0.0f);
   acc.begin_window(4);  // a new window opens cleanly
+}
+
+// A counted micro-step refused for its size changes nothing: the window still takes bare losses
+// (or counted ones) as if the call had not been made, and counts what it was given.
+TEST(Misuse, ARefusedCountedMicroStepLeavesTheWindowAsItWas) {
+  nn::manual_seed(1);
+  nn::MLP model({3, 2});
+  optim::ParameterArena arena(model);
+  optim::SGD sgd(arena, {});
+  optim::Accumulator acc(sgd, {});
+  const Tensor x = random({4, 3}, 3, DType::kFloat32);
+  const Tensor y = Tensor::from_vector<int32_t>({4}, {0, 1, 1, 0});
+  acc.begin_window(4);
+  int forwards = 0;
+  expect_error<ValueError>(
+      [&] {
+        acc.micro_step(8, [&] {
+          ++forwards;
+          return nn::LossSum{cross_entropy(model(x), y), scalar(4.0, DType::kFloat32)};
+        });
+      },
+      {"micro-batch of 8 items overflows the window", "0 of 4"});
+  EXPECT_EQ(forwards, 0);
+  acc.micro_step(4, [&] { return cross_entropy(model(x), y); });  // a bare loss is still welcome
+  EXPECT_EQ(acc.step().items, 4);
+  EXPECT_EQ(sgd.applied_steps(), 1);
 }
 
 // Device-resident indices and labels cannot be checked by the host without a copy: a kernel

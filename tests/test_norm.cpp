@@ -452,7 +452,9 @@ TEST(NormModules, SixteenBitNormsAreTheFloat32OnesOnWidenedOperands) {
         backward(sum(mul(y32, to_dtype(r, DType::kFloat32))));
         EXPECT_EQ(y16.dtype(), half);
         EXPECT_EQ(as_doubles(y16), as_doubles(to_dtype(y32, half)));
-        if (c.x_grad) EXPECT_EQ(as_doubles(x16.grad()), as_doubles(to_dtype(x32.grad(), half)));
+        if (c.x_grad) {
+          EXPECT_EQ(as_doubles(x16.grad()), as_doubles(to_dtype(x32.grad(), half)));
+        }
         // The affine gradients: the float32 sums themselves from the CPU kernels; through the
         // copies (CUDA) they pass the cast back to the parameters' 16 bits once.
         for (size_t i = 0; i < params16.size(); ++i) {

@@ -39,6 +39,48 @@ TEST(Adam, HandComputedSteps) {
   EXPECT_NEAR(adam.exp_avg().to_vector<double>()[0], 0.5 * (1 - 0.729), 1e-12);
 }
 
+// A checkpoint's optimizer state is checked whole before any of it is copied: a refused state
+// (a tensor of the wrong shape, a loss scaler no run could have written) leaves the optimizer as
+// it was, and the message names what was wrong.
+TEST(Adam, ARefusedStateChangesNothing) {
+  Vec model({1.0, 2.0});
+  optim::ParameterArena arena(model);
+  optim::Adam trained(arena, {});
+  trained.set_loss_scaling({}, 1024);
+  set_grad(arena, {0.5, -0.5});
+  trained.step();
+  std::map<std::string, Tensor> good;
+  for (const auto& [name, t] : trained.save_state()) good[name] = t.clone();
+
+  Vec other_model({1.0, 2.0});
+  optim::ParameterArena other_arena(other_model);
+  optim::Adam fresh(other_arena, {});
+  fresh.set_loss_scaling({}, 1024);
+  const auto unchanged = [&] {
+    EXPECT_EQ(fresh.exp_avg().to_vector<double>(),
+              std::vector<double>(static_cast<size_t>(other_arena.size()), 0.0));
+    EXPECT_EQ(fresh.applied_steps(), 0);
+    EXPECT_EQ(fresh.scaler_state(), (std::pair<double, double>{1024, 0}));
+  };
+  std::map<std::string, Tensor> bad = good;
+  bad["exp_avg_sq"] = Tensor::zeros({3}, DType::kFloat64);
+  expect_error<ValueError>(
+      [&] { fresh.load_state(bad); },
+      {"'exp_avg_sq'", "float64[3]", str_cat("expects float64[", other_arena.size(), "]")});
+  unchanged();
+  for (const std::vector<double>& scaler : std::vector<std::vector<double>>{
+           {0, 0}, {-8, 0}, {INFINITY, 0}, {NAN, 0}, {8, -1}, {8, 2.5}, {8, 1 << 25}}) {
+    bad = good;
+    bad["scaler"] = Tensor::from_vector<double>({2}, scaler);
+    expect_error<ValueError>([&] { fresh.load_state(bad); },
+                             {"loss scaler holds scale", "finite and > 0", "[0, 2^24]"});
+    unchanged();
+  }
+  fresh.load_state(good);
+  EXPECT_EQ(fresh.exp_avg().to_vector<double>(), trained.exp_avg().to_vector<double>());
+  EXPECT_EQ(fresh.applied_steps(), 1);
+}
+
 TEST(Sgd, HandComputedMomentumSteps) {
   Vec model({1.0});
   optim::ParameterArena arena(model);

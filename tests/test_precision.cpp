@@ -272,6 +272,30 @@ TEST(MixedPrecision, TheWorkingCopyIsTheMasterRoundedAndGradientsStayFloat32) {
   }
 }
 
+// A bf16 token table's gradient rows are summed in float32 and reach its float32 buffer as those
+// sums, not rounded to bf16 first (as the other layers' GEMMs and norms write theirs).
+TEST(MixedPrecision, EmbeddingGradientsReachTheFloat32BufferUnrounded) {
+  nn::manual_seed(1);
+  nn::Embedding table(5, 3);
+  optim::ParameterArena arena(table);
+  arena.use_working_copy(DType::kBFloat16);
+  const std::vector<int32_t> rows{2, 0, 2, 4, 2, 0};
+  const Tensor index = Tensor::from_vector<int32_t>({6}, rows);
+  const Tensor r = to_dtype(random({6, 3}, 7, DType::kFloat32), DType::kBFloat16);
+  backward(sum(mul(table(index), r)));  // d/d table[v] = the rows of r at v's positions
+  const Tensor grad = arena.entries().front().param.grad();
+  ASSERT_EQ(grad.dtype(), DType::kFloat32);
+  const std::vector<float> dy = to_dtype(r, DType::kFloat32).to_vector<float>();
+  std::vector<float> want(5 * 3, 0.0f);
+  for (size_t p = 0; p < rows.size(); ++p) {
+    for (size_t c = 0; c < 3; ++c) want[size_t(rows[p]) * 3 + c] += dy[p * 3 + c];
+  }
+  EXPECT_EQ(grad.to_vector<float>(), want);
+  // The sums need float32: rounded to bf16 they would differ (else this test shows nothing).
+  EXPECT_NE(as_doubles(to_dtype(to_dtype(grad, DType::kBFloat16), DType::kFloat32)),
+            as_doubles(grad));
+}
+
 // 32 x 4 against 128 x 1 in bfloat16. Each sample's forward and backward see the same weights
 // and the same inputs in both splits, and every activation and activation gradient is a float32
 // result rounded once to bfloat16; the two runs can differ only where the float32 results

@@ -458,6 +458,18 @@ TEST(Reliability, EditedCheckpointDescriptionsAreRefused) {
        [](auto& j) { j["position"]["skipped"] = 2; },
        {"with 2 skipped", "applied 10 updates"}},
       {"position missing", [](auto& j) { j.erase("position"); }, {"'position'"}},
+      {"epoch loss a string",
+       [](auto& j) { j["position"]["epoch_loss"] = "1.5"; },
+       {"'epoch_loss' is", "1.5", "a finite number"}},
+      {"epoch loss not finite (null)",
+       [](auto& j) { j["position"]["epoch_loss"] = nullptr; },
+       {"'epoch_loss' is null"}},
+      {"epoch loss missing",
+       [](auto& j) { j["position"].erase("epoch_loss"); },
+       {"'epoch_loss' is missing"}},
+      {"epoch items -1",
+       [](auto& j) { j["position"]["epoch_items"] = -1; },
+       {"'epoch_items' is -1"}},
       {"config a list", [](auto& j) { j["config"] = nlohmann::json::array(); }, {"'config'"}},
       {"tensors elsewhere", [](auto& j) { j["tensors"] = "../x.safetensors"; }, {"'tensors'"}},
       {"bytes a string", [](auto& j) { j["bytes"] = "many"; }, {"'bytes'", "not an integer"}},
@@ -775,6 +787,18 @@ TEST(Reliability, ResumingAFinishedRunEvaluatesIt) {
   EXPECT_GT(again.test_accuracy, 0.0);
   EXPECT_EQ(again.steps, done.steps);
   expect_words(out.str(), {"nothing left to train"});
+  // Resumed into another folder, the finished run's position is written there, so that folder
+  // resumes too.
+  const fs::path elsewhere = data / "elsewhere";
+  c.checkpoint = elsewhere.string();
+  c.quiet = true;
+  EXPECT_EQ(train_recorded(c, std::cout).steps, done.steps);
+  c.resume = elsewhere.string();
+  std::ostringstream from_elsewhere;
+  c.quiet = false;
+  EXPECT_EQ(train_recorded(c, from_elsewhere).test_accuracy, done.test_accuracy);
+  expect_words(from_elsewhere.str(),
+               {"resumed from " + elsewhere.string(), "nothing left to train"});
 }
 
 }  // namespace

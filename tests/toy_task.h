@@ -81,6 +81,7 @@ inline train::Task toy_task(int64_t items_off_by = 0) {
 struct ToyRun {
   train::Summary summary;
   std::vector<train::StepEvent> steps;
+  std::vector<train::EpochEvent> epochs;
 };
 
 inline ToyRun run_toy(const train::Config& config, int64_t items_off_by = 0) {
@@ -88,6 +89,7 @@ inline ToyRun run_toy(const train::Config& config, int64_t items_off_by = 0) {
   train::Task task = toy_task(items_off_by);
   train::Callbacks callbacks;
   callbacks.on_step = [&](const train::StepEvent& e) { run.steps.push_back(e); };
+  callbacks.on_epoch = [&](const train::EpochEvent& e) { run.epochs.push_back(e); };
   std::ostringstream out;
   run.summary = train::train(config, task, out, callbacks);
   return run;

@@ -179,6 +179,19 @@ Checkpoint read_checkpoint(const std::string& dir, int64_t step,
   c.position.skipped = integer_field(*position, "skipped", 0, c.position.step, at);
   c.position.epoch = integer_field(*position, "epoch", 0, INT32_MAX, at);
   c.position.window = integer_field(*position, "window", 0, INT32_MAX, at);
+  // Absent from the checkpoints of earlier versions: their resumed epoch reports its own windows.
+  if (position->contains("epoch_items")) {
+    c.position.epoch_items = integer_field(*position, "epoch_items", 0, INT64_MAX, at);
+    const auto loss = position->find("epoch_loss");
+    if (loss == position->end() || !loss->is_number() || !std::isfinite(loss->get<double>()) ||
+        (c.position.window == 0 && (c.position.epoch_items != 0 || loss->get<double>() != 0))) {
+      throw FileError(str_cat(at, ": 'epoch_loss' is ",
+                              loss == position->end() ? "missing" : optim::brief_json(*loss),
+                              " beside 'epoch_items' ", c.position.epoch_items,
+                              " (a finite number; both 0 at an epoch's first window)"));
+    }
+    c.position.epoch_loss = loss->get<double>();
+  }
   if (j.contains("best")) {
     const nlohmann::json& best = j["best"];
     const std::string in = c.path + " best";
@@ -456,7 +469,9 @@ void write_checkpoint(const std::string& dir, const std::string& run_id,
   j["position"] = {{"step", position.step},
                    {"skipped", position.skipped},
                    {"epoch", position.epoch},
-                   {"window", position.window}};
+                   {"window", position.window},
+                   {"epoch_loss", position.epoch_loss},
+                   {"epoch_items", position.epoch_items}};
   if (best.any) {
     j["best"] = {{"key", best.key},
                  {"value", best.value},

@@ -39,6 +39,10 @@ struct BestSoFar {
 struct TrainPosition {
   int64_t step = 0, skipped = 0;  // optimizer steps taken, of which skipped
   int64_t epoch = 0, window = 0;  // the next window to run (0-based)
+  // The epoch's windows before `window`: the sum of their mean losses times their items, and
+  // their items, so that a run resumed mid-epoch reports the whole epoch's train loss.
+  double epoch_loss = 0;
+  int64_t epoch_items = 0;
 };
 
 // A new run's id: 16 hex digits from the system's entropy.

@@ -275,9 +275,15 @@ void Run::run_epoch(int64_t epoch) {
   order_shares_by_length(plan, order_host);
   const Tensor order = Tensor::from_vector<int32_t>({train_samples_}, order_host, c_.device);
   const auto epoch_start = Clock::now();
-  int64_t step_in_epoch = 0, epoch_items = 0;
-  double epoch_loss = 0;
-  const size_t first = epoch == start_.epoch ? static_cast<size_t>(start_.window) : 0;
+  // The epoch's training time leaves out what runs between its windows: evaluations (--eval-every)
+  // and checkpoints (--checkpoint-every).
+  double between_windows = 0;
+  const auto training_seconds = [&] { return seconds_since(epoch_start) - between_windows; };
+  const bool resumed = epoch == start_.epoch;  // mid-epoch: the checkpoint's sums continue
+  const size_t first = resumed ? static_cast<size_t>(start_.window) : 0;
+  int64_t step_in_epoch = static_cast<int64_t>(first);
+  int64_t epoch_items = resumed ? start_.epoch_items : 0;
+  double epoch_loss = resumed ? start_.epoch_loss : 0;
   for (size_t wi = first; wi < plan.windows.size(); ++wi) {
     const optim::Window& w = plan.windows[wi];
     if (tuner_) set_cpu_threads(tuner_->next());
@@ -299,22 +305,29 @@ void Run::run_epoch(int64_t epoch) {
     epoch_loss += r.loss * static_cast<double>(r.items);
     ++step_in_epoch;
     report_step(r, plan, epoch, w.samples, tokens, window_seconds);
-    const double elapsed = summary_.train_seconds + seconds_since(epoch_start);
+    const double elapsed = summary_.train_seconds + training_seconds();
     progress_->update(epoch, step_in_epoch, r.step, r.loss, r.grad_norm, r.lr,
                       static_cast<double>(samples_trained_) / std::max(elapsed, 1e-9));
     const bool last = wi + 1 == plan.windows.size();
-    position_ = {acc_->step_clock(), acc_->skipped_steps(), last ? epoch + 1 : epoch,
-                 last ? 0 : static_cast<int64_t>(wi + 1)};
-    if (c_.eval_every > 0 && r.step % c_.eval_every == 0) evaluate_between_steps(epoch, r.step);
+    position_ = {acc_->step_clock(),       acc_->skipped_steps(),
+                 last ? epoch + 1 : epoch, last ? 0 : static_cast<int64_t>(wi + 1),
+                 last ? 0 : epoch_loss,    last ? 0 : epoch_items};
+    if (c_.eval_every > 0 && r.step % c_.eval_every == 0) {
+      const auto eval_start = Clock::now();
+      evaluate_between_steps(epoch, r.step);
+      between_windows += seconds_since(eval_start);
+    }
     // The epoch's end (its evaluation may choose the best) before the checkpoint that holds it.
     // A stop requested mid-epoch reports no epoch.
     const bool run_ends = acc_->step_clock() >= total_steps_ || stopping_early_;
     if (last || (run_ends && !r.stop)) {
-      end_epoch(epoch, epoch_loss, epoch_items, seconds_since(epoch_start),
+      end_epoch(epoch, epoch_loss, epoch_items, training_seconds(),
                 !r.stop && (epoch + 1 >= c_.epochs || run_ends));
     }
     if (c_.checkpoint_every > 0 && acc_->step_clock() % c_.checkpoint_every == 0) {
+      const auto checkpoint_start = Clock::now();
       write_checkpoint(position_);
+      between_windows += seconds_since(checkpoint_start);
     }
     if (r.stop) stop(r);
     if (run_ends) break;
@@ -425,11 +438,15 @@ Summary Run::train() {
       out_, std::cerr, c_.quiet, is_terminal_run(out_, world_->world_size()),
       Progress::Span{static_cast<int64_t>(first.windows.size()), acc_->step_clock(), total_steps_});
   position_ = start_;
-  if (start_.epoch >= c_.epochs || acc_->step_clock() >= total_steps_) {
+  if (start_.epoch >= c_.epochs || acc_->step_clock() >= total_steps_ || stopping_early_) {
     // A finished run resumed: its model is evaluated, nothing is trained.
-    log(str_cat("nothing left to train: the checkpoint is at step ", start_.step, " of ",
-                total_steps_, " (", c_.epochs, " epochs", c_.max_steps > 0 ? ", --max-steps" : "",
-                ")"));
+    log(stopping_early_
+            ? str_cat("nothing left to train: --early-stop ", c_.early_stop, " ended the run at ",
+                      "step ", start_.step, " (", best_.evaluations_since,
+                      " evaluations since the best, at step ", best_.step, ")")
+            : str_cat("nothing left to train: the checkpoint is at step ", start_.step, " of ",
+                      total_steps_, " (", c_.epochs, " epochs",
+                      c_.max_steps > 0 ? ", --max-steps" : "", ")"));
     summary_.evaluation = evaluate(true);
   }
   for (int64_t epoch = start_.epoch;

@@ -79,9 +79,10 @@ struct Summary {
   // Whether this process printed the run's log (the job's first rank): a program that prints
   // its own closing line does so where this is true, once per job.
   bool prints = true;
-  // This process's training: its seconds in windows, its samples and non-padding tokens
-  // (Task::length; 0 without), and their rates over those seconds (0 when it trained nothing: a
-  // finished run resumed). samples_seen counts the run's samples since step 0, a resume's included.
+  // This process's training: its seconds in windows (evaluations and checkpoints between them
+  // left out), its samples and non-padding tokens (Task::length; 0 without), and their rates
+  // over those seconds (0 when it trained nothing: a finished run resumed). samples_seen counts
+  // the run's samples since step 0, a resume's included.
   double train_seconds = 0;
   // Of which the first window this process ran: on a GPU it holds the libraries' start (cuBLAS,
   // cuDNN and their kernels loading) and the graphs' capture, once per process.

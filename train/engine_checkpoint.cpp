@@ -155,8 +155,15 @@ void Run::resume() {
   acc_->restore_clock(saved.position.step, saved.position.skipped);
   strategies_->after_resume(saved.position.step);
   start_ = saved.position;
-  last_checkpoint_ = start_.step;  // already on disk
+  // The position is on disk already when this run checkpoints into the folder it resumed from;
+  // a resume into another folder writes it there too, even with nothing left to train.
+  std::error_code same_error;
+  if (!c_.checkpoint.empty() && fs::equivalent(c_.checkpoint, c_.resume, same_error)) {
+    last_checkpoint_ = start_.step;
+  }
   best_ = saved.best;
+  // A run --early-stop ended stays ended: its checkpoint holds the evaluations since the best.
+  stopping_early_ = c_.early_stop > 0 && best_.evaluations_since >= c_.early_stop;
   best_measure_.key = best_measure_.label = best_.key;
   best_measure_.percent = false;
   best_measure_.value = best_.value;

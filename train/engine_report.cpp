@@ -93,6 +93,12 @@ void Run::end_epoch(int64_t epoch, double epoch_loss, int64_t epoch_items, doubl
   record["eval_seconds"] = eval_seconds;
   metrics_->emit(record);
   if (callbacks_.on_epoch) callbacks_.on_epoch(event);
+  // This epoch's evaluation ended the run (--early-stop): the run's last measure is the final
+  // one (Task::evaluate_final), as when an evaluation between steps ends it.
+  if (!final && stopping_early_ && task_.evaluate_final) {
+    summary_.evaluation = evaluate(true);
+    log(str_cat("final evaluation: ", evaluation_text(summary_.evaluation)));
+  }
 }
 
 // The summary: its fields, one line and one record.
