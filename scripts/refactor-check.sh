@@ -60,7 +60,7 @@ normalise() {  # normalise FILE
   sed -E -e 's/\r/\n/g' "$1" | sed -E -e '/^epoch [0-9]+ \[/d' -e '/^epoch [0-9]+ step [0-9]+ \(/d' \
     -e 's/"run_id":"[0-9a-f]+"/"run_id":ID/g' -e "s#$dir/(base|head)#DIR#g" \
     -e 's/[0-9]+(\.[0-9]+)? (s|samples\/s|tokens\/s)\b/T \2/g' \
-    -e 's/"(seconds|eval_seconds|train_seconds|samples_per_second|tokens_per_second|busy_seconds|wait_seconds|idle_fraction|thread_switches|threads)":[^,}]*/"\1":T/g' \
+    -e 's/"(seconds|eval_seconds|train_seconds|first_window_seconds|samples_per_second|tokens_per_second|busy_seconds|wait_seconds|idle_fraction|thread_switches|threads)":[^,}]*/"\1":T/g' \
     -e 's/idle [0-9.]+% of T s/idle T% of T s/g'
 }
 
