@@ -92,7 +92,9 @@ class Communicator {
   // not completed after this many seconds throws TimeoutError naming the operation and this
   // rank, and the trainer's handler aborts the job -- instead of a stopped or hung rank leaving
   // the others waiting forever. 600 s by default, as PyTorch's process groups; <= 0: no limit.
-  void set_timeout(double seconds) { timeout_ = seconds; }
+  // A communicator that sends some tensors through another (NCCL's host tensors over MPI) sets
+  // the other's limit too.
+  virtual void set_timeout(double seconds) { timeout_ = seconds; }
   double timeout() const { return timeout_ + allowance_; }
 
  protected:

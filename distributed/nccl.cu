@@ -226,9 +226,14 @@ class Nccl final : public Communicator {
     return transfer;
   }
 
+  // Host tensors and the barrier go through MPI: the same limit there.
+  void set_timeout(double seconds) override {
+    timeout_ = seconds;
+    mpi_->set_timeout(seconds);
+  }
   void barrier() override {
     settle();
-    mpi_->set_timeout(timeout());
+    const LongWaitAllowance allowance(*mpi_, allowance_);  // this wait's, for this wait alone
     mpi_->barrier();
   }
   // Both streams drained, watching NCCL's asynchronous error (a peer or the network failing),
@@ -271,7 +276,7 @@ class Nccl final : public Communicator {
     mpi_group->set_timeout(timeout_);
     auto group = std::make_unique<Nccl>(*mpi_group, device_);
     group->owned_mpi_ = std::move(mpi_group);
-    group->timeout_ = timeout_;
+    group->set_timeout(timeout_);
     return group;
   }
   // MPI_Abort ends every process of the job; ncclCommAbort is not called because NCCL requires

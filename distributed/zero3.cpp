@@ -210,6 +210,7 @@ void ShardedLayers::begin_window() {
 }
 
 void ShardedLayers::before_forward(int layer) {
+  if (layer == 0) backward_reached_ = layers();
   for (int u : uses_[static_cast<size_t>(layer)]) gather(u);
   if (prefetch_ != ZeroPrefetch::kNone) start_gathers(layer + 1);
 }
@@ -234,6 +235,7 @@ Tensor ShardedLayers::mark(const Tensor& output, int layer) {
 }
 
 void ShardedLayers::before_backward(int layer) {
+  backward_reached_ = std::min(backward_reached_, layer);
   const std::vector<int>& mine = uses_[static_cast<size_t>(layer)];
   if (layer + 1 < layers()) {
     // Layer i + 1's backward is done: its units leave, reduce-scattered where it was their last.
@@ -252,6 +254,8 @@ void ShardedLayers::before_backward(int layer) {
 }
 
 void ShardedLayers::after_backward() {
+  // The layers below the lowest mark the backward reached (their outputs needed no gradient).
+  for (int i = backward_reached_ - 1; i >= 0; --i) before_backward(i);
   for (size_t u = 0; u < units_.size(); ++u) {
     if (last_use_[u] == 0) reduce_scatter(static_cast<int>(u));
   }

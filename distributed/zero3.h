@@ -9,7 +9,10 @@
 //             backward: the units whose last use was layer i + 1 are reduce-scattered (their
 //             gradient, summed over the ranks, added to this rank's slice) and released, and
 //             layer i's units are gathered again, with a zeroed gradient buffer; after the
-//             backward (after_backward) the rest is reduce-scattered.
+//             backward (after_backward) the rest is reduce-scattered. Layers whose output needs
+//             no gradient (a first layer without parameters) record no mark: after_backward
+//             takes their steps, so every unit is reduce-scattered and every rank runs the
+//             collectives phantom_micro_step() runs.
 // The prefetch (ZeroPrefetch) starts a gather a layer ahead, so it runs while this layer
 // computes (Communicator::start_all_gather: a side stream under NCCL): in the forward, the next
 // layer's units before this layer's forward, holding two layers' parameters as the backward
@@ -98,6 +101,7 @@ class ShardedLayers {
   optim::ParameterArena* arena_ = nullptr;
   std::vector<std::vector<int>> uses_;
   std::vector<int> last_use_;  // the lowest layer using each unit: where its backward ends
+  int backward_reached_ = 0;   // the lowest layer whose before_backward ran this micro-step
   std::vector<std::unique_ptr<Placed>> units_;
   std::vector<std::unique_ptr<Transfer>> started_;  // per unit: its gather started ahead
   std::vector<std::pair<std::string, const TensorImpl*>> order_;  // the model's parameters

@@ -68,6 +68,9 @@ TEST(G2PData, CorruptDictionariesAreRejectedNamingTheLine) {
       {"A  \n", {"line 1", "empty phoneme"}},
       {"A(X)  AH0\n", {"line 1", "malformed alternate suffix in 'A(X)'"}},
       {"A()  AH0\n", {"line 1", "malformed alternate suffix"}},
+      // An alternate's number is one count: (0) and (01) would repeat entries unseen.
+      {"A  AH0\nA(0)  EY1\n", {"line 2", "malformed alternate suffix in 'A(0)'"}},
+      {"A  AH0\nA(1)  EY1\nA(01)  EY1\n", {"line 3", "malformed alternate suffix in 'A(01)'"}},
       {"B(1)  B IY1\n", {"line 1", "alternate 'B(1)' before its word"}},
       {"A  AH0\rB  B\n", {"line 1", "control byte 13"}},  // a CR inside a line
       {"A  AH0\nB  B IY1\nA  AH0\n", {"line 3", "'A' again (first on line 1)"}},
@@ -150,6 +153,18 @@ TEST(G2PScores, EditDistanceBestReferenceAndStress) {
   EXPECT_EQ(e.reference, 3);
   EXPECT_EQ(e.edits_no_stress, 0);
   EXPECT_EQ(e.correct, 0);
+  // Decoded letters never pass for the phonemes spelled alike (B, T): two edits, a wrong word.
+  const g2p::Vocabulary v;
+  const P decoded{v.decoded(v.letter('B')), v.decoded(v.phoneme_ids.at("AE1")),
+                  v.decoded(v.letter('T'))};
+  EXPECT_EQ(decoded, (P{"<B>", "AE1", "<T>"}));
+  e = g2p::score(decoded, g2p::Word{"BAT", {P{"B", "AE1", "T"}}});
+  EXPECT_EQ(e.edits, 2);
+  EXPECT_EQ(e.edits_no_stress, 2);
+  EXPECT_EQ(e.correct, 0);
+  EXPECT_EQ(v.decoded(v.phoneme_ids.at("B")), "B");
+  EXPECT_EQ(v.decoded(v.letter('\'')), "<'>");
+  EXPECT_EQ(v.decoded(g2p::Vocabulary::kEos), "<eos>");
 }
 
 // Command-line mistakes: exit 2 with one line naming the flag, before any data is read; the

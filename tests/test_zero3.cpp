@@ -104,6 +104,46 @@ TEST(Zero3, EachPrefetchHoldsTheLayersItSaysAndGathersTheSameBytes) {
   }
 }
 
+// A first layer without parameters (an input scaling) records no mark, so its before_backward
+// never runs in a real micro-step: after_backward takes its step. Every unit is reduce-scattered
+// once, and a real micro-step runs the collectives a phantom one does (a rank without a
+// micro-batch in a short window would otherwise wait on a reduce-scatter the others never start).
+TEST(Zero3, AFirstLayerWithoutParametersStillReduceScattersTheNext) {
+  constexpr size_t kA = 48 * 4, kB = 48 * 4;  // (32 -> 32) + (8 -> 16), (32) + (4 -> 16) floats
+  for (ZeroPrefetch prefetch :
+       {ZeroPrefetch::kNone, ZeroPrefetch::kForward, ZeroPrefetch::kForwardAndBackward}) {
+    SCOPED_TRACE(distributed::zero_prefetch_name(prefetch));
+    nn::Linear a{4, 8}, b{8, 4};  // the layers' parameters become views of their units
+    const std::vector<nn::NamedTensor> named = {{"a.weight", a.weight()},
+                                                {"a.bias", a.bias()},
+                                                {"b.weight", b.weight()},
+                                                {"b.bias", b.bias()}};
+    const auto single = distributed::make_single_process();
+    distributed::CountingCommunicator counted(*single);
+    distributed::ShardedLayers layers(
+        {{"scale", {}}, {"a", {a.weight(), a.bias()}}, {"b", {b.weight(), b.bias()}}},
+        {{0}, {1}, {2}}, named, counted, DType::kFloat32, DType::kFloat32, Device::cpu(), prefetch);
+    optim::ParameterArena arena(layers.shards(), 1);
+    ASSERT_EQ(arena.size() * 4, kA + kB);
+    layers.bind(arena);
+    layers.begin_window();
+    for (int i = 0; i < 3; ++i) {
+      layers.before_forward(i);
+      layers.after_forward(i);
+    }
+    layers.before_backward(2);
+    layers.before_backward(1);  // layer 0's output needs no gradient: no mark, no call
+    layers.after_backward();
+    EXPECT_EQ(counted.bytes().reduce_scatter, kA + kB) << "a unit's gradient was dropped";
+    EXPECT_EQ(layers.held_parameter_bytes(), 0u);
+    EXPECT_EQ(layers.held_gradient_bytes(), 0u);
+    const distributed::CollectiveBytes real = counted.bytes();
+    layers.phantom_micro_step();
+    EXPECT_EQ(counted.bytes().reduce_scatter, 2 * real.reduce_scatter);
+    EXPECT_EQ(counted.bytes().all_gather, 2 * real.all_gather);
+  }
+}
+
 TEST(Zero3, PrefetchPolicyNamesRoundTripAndAWrongOneIsNamed) {
   for (ZeroPrefetch p :
        {ZeroPrefetch::kNone, ZeroPrefetch::kForward, ZeroPrefetch::kForwardAndBackward}) {

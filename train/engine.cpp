@@ -309,9 +309,10 @@ void Run::run_epoch(int64_t epoch) {
     progress_->update(epoch, step_in_epoch, r.step, r.loss, r.grad_norm, r.lr,
                       static_cast<double>(samples_trained_) / std::max(elapsed, 1e-9));
     const bool last = wi + 1 == plan.windows.size();
-    position_ = {acc_->step_clock(),       acc_->skipped_steps(),
-                 last ? epoch + 1 : epoch, last ? 0 : static_cast<int64_t>(wi + 1),
-                 last ? 0 : epoch_loss,    last ? 0 : epoch_items};
+    const int64_t step = acc_->step_clock(), skipped = acc_->skipped_steps();
+    position_ = last ? TrainPosition{step, skipped, epoch + 1, 0}
+                     : TrainPosition{step,       skipped,    epoch, static_cast<int64_t>(wi + 1),
+                                     epoch_loss, epoch_items};
     if (c_.eval_every > 0 && r.step % c_.eval_every == 0) {
       const auto eval_start = Clock::now();
       evaluate_between_steps(epoch, r.step);
@@ -418,7 +419,9 @@ Summary Run::train() {
   resume();
   if (!c_.save_init.empty()) {
     strategies_->gather_model(*model_);  // the buffers of a resumed pipeline's other stages
-    save_weights(c_.save_init, strategies_->whole_masters(*arena_, *model_));
+    const std::vector<nn::NamedTensor> masters = strategies_->whole_masters(*arena_, *model_);
+    save_weights(c_.save_init, masters);
+    wait_for_the_lead(bytes_of(masters));
   }
   metrics_ = std::make_unique<MetricsLog>(lead_ ? c_.metrics : std::string());
   // A new file starts with the run's id, so that a resume never continues another run's file.

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "core/file.h"
+#include "distributed/zero.h"
 #include "kernels/factories.h"
 #include "optim/safetensors.h"
 #include "optim/strict_json.h"
@@ -77,7 +78,16 @@ void Run::check_ranks_agree_before_training() {
       {"pipeline", c_.pipeline},
       {"pipeline_schedule", distributed::schedule_name(c_.pipeline_schedule)}};
   settings.update(recipe());
+  // These change which collectives run when (an evaluation gathers a sharded model).
+  const char* zero_reduce = c_.zero_reduce ? distributed::zero_reduce_name(*c_.zero_reduce) : "";
+  const char* zero_prefetch =
+      c_.zero_prefetch ? distributed::zero_prefetch_name(*c_.zero_prefetch) : "";
   settings.update(nlohmann::ordered_json{{"bucket_kib", c_.bucket_kib.value_or(-1)},
+                                         {"zero_reduce", zero_reduce},
+                                         {"zero_prefetch", zero_prefetch},
+                                         {"eval_every", c_.eval_every},
+                                         {"keep_best", c_.keep_best},
+                                         {"early_stop", c_.early_stop},
                                          {"offload_optimizer", c_.offload_optimizer},
                                          {"checkpoint", !c_.checkpoint.empty()},
                                          {"checkpoint_every", c_.checkpoint_every},
@@ -243,18 +253,19 @@ void Run::write_checkpoint(const TrainPosition& position) {
     train::write_checkpoint(checkpoint_dir_, run_id_, run_config_, nlohmann::json(c_.run_flags),
                             position, best_, model_state, optimizer_state);
   }
-  if (world_->world_size() > 1) {
-    // No rank reads it before it is complete. The others wait here while rank 0 writes: the
-    // watchdog allows that at a slow disk's 1 MiB/s.
-    size_t bytes = 0;
-    for (const auto& state : {&optimizer_state, &model_state}) {
-      for (const auto& [name, t] : *state) bytes += t.nbytes();
-    }
-    const distributed::LongWaitAllowance allowance(*world_, static_cast<double>(bytes) / (1 << 20));
-    world_->barrier();
-  }
+  // No rank reads it before it is complete.
+  wait_for_the_lead(bytes_of(optimizer_state) + bytes_of(model_state));
   last_checkpoint_ = position.step;
   if (callbacks_.on_checkpoint) callbacks_.on_checkpoint({position.step, c_.checkpoint});
+}
+
+// Rank 0 wrote a file of `bytes` alone: the others wait for it here, allowed a slow disk's
+// 1 MiB/s, rather than in their next collective, whose watchdog would take the write for a hung
+// rank.
+void Run::wait_for_the_lead(size_t bytes) {
+  if (world_->world_size() == 1) return;
+  const distributed::LongWaitAllowance allowance(*world_, static_cast<double>(bytes) / (1 << 20));
+  world_->barrier();
 }
 
 }  // namespace accrue::train::engine

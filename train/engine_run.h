@@ -35,6 +35,13 @@ inline std::vector<nn::NamedTensor> with_buffers(std::vector<nn::NamedTensor> ma
   return masters;
 }
 
+// The tensors' bytes together.
+inline size_t bytes_of(const std::vector<nn::NamedTensor>& tensors) {
+  size_t bytes = 0;
+  for (const auto& [name, t] : tensors) bytes += t.nbytes();
+  return bytes;
+}
+
 // An epoch's batch: its resolved sizes, its windows and its learning rate (before the schedule).
 struct EpochPlan {
   optim::ResolvedBatch batch;
@@ -70,6 +77,7 @@ class Run {
   void validate_position(const Checkpoint& saved);
   void save_weights(const std::string& path, const std::vector<nn::NamedTensor>& masters);
   void write_checkpoint(const TrainPosition& position);
+  void wait_for_the_lead(size_t bytes);
   void broadcast_buffers();
   void run_epoch(int64_t epoch);
   [[noreturn]] void stop(const optim::StepResult& last);

@@ -33,12 +33,13 @@ bool is_word_character(char c) {
   return (c >= 'A' && c <= 'Z') || c == '\'';
 }
 
-// "WORD(3)" -> "WORD"; the suffix must be "(" digits ")".
+// "WORD(3)" -> "WORD"; the suffix must be "(" a number from 1, without leading zeros ")", so
+// that one alternate has one spelling.
 std::string strip_alternate(const std::string& word,
                             const std::function<void(const std::string&)>& fail) {
   const size_t open = word.find('(');
   if (open == std::string::npos) return word;
-  if (open == 0 || word.back() != ')' || open + 2 >= word.size()) {
+  if (open == 0 || word.back() != ')' || open + 2 >= word.size() || word[open + 1] == '0') {
     fail("malformed alternate suffix in '" + word + "'");
   }
   for (size_t i = open + 1; i + 1 < word.size(); ++i) {

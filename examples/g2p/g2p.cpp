@@ -20,10 +20,17 @@ namespace accrue::g2p {
 Vocabulary::Vocabulary() {
   symbols = {"<bos>", "<sep>", "<eos>", "'"};
   for (char c = 'A'; c <= 'Z'; ++c) symbols.emplace_back(1, c);
+  static_assert(kFirstPhoneme == kFirstLetter + 1 + ('Z' - 'A' + 1), "the apostrophe, A-Z");
   for (const std::string& p : phoneme_symbols()) {
     phoneme_ids[p] = static_cast<int32_t>(symbols.size());
     symbols.push_back(p);
   }
+}
+
+std::string Vocabulary::decoded(int32_t id) const {
+  const std::string& s = symbols.at(static_cast<size_t>(id));
+  if (id >= kFirstPhoneme || s.front() == '<') return s;
+  return "<" + s + ">";
 }
 
 int32_t Vocabulary::letter(char c) const {
@@ -238,9 +245,9 @@ std::vector<Pronunciation> decode(nn::GPT& model, const Vocabulary& v,
     for (size_t i = 0; i < n; ++i) {
       const auto sep = std::find(rows[i].begin(), rows[i].end(), Vocabulary::kSep);
       for (auto it = sep + 1; it != rows[i].end(); ++it) {
-        // A letter or special where a phoneme belongs is kept as its symbol: it counts as an
-        // error against every reference.
-        out[by_length[start + i]].push_back(v.symbols[static_cast<size_t>(*it)]);
+        // A letter or special where a phoneme belongs counts as an error against every
+        // reference.
+        out[by_length[start + i]].push_back(v.decoded(*it));
       }
     }
   }

@@ -25,10 +25,15 @@ namespace accrue::g2p {
 // Padding reuses <eos> as input; its targets are ignored.
 struct Vocabulary {
   static constexpr int32_t kBos = 0, kSep = 1, kEos = 2, kFirstLetter = 3;
+  static constexpr int32_t kFirstPhoneme = kFirstLetter + 27;  // after the apostrophe and A-Z
   std::vector<std::string> symbols;
   std::map<std::string, int32_t> phoneme_ids;
   Vocabulary();
   int32_t letter(char c) const;  // -1 when not a word character
+  // What a decoded token reads as: a phoneme's symbol; any other token in angle brackets ("<B>"
+  // for the letter B, "<eos>"), which no pronunciation holds, so it scores as an error (the
+  // letter B and the phoneme B are spelled alike).
+  std::string decoded(int32_t id) const;
   int64_t size() const { return static_cast<int64_t>(symbols.size()); }
 };
 

@@ -1,8 +1,5 @@
-// Loading and normalising MNIST; the epoch permutation.
+// Loading and normalising MNIST (the epoch's order is train/sample_order.h's).
 #include "dataset.h"
-
-#include <numeric>
-#include <random>
 
 #include "idx.h"
 #include "kernels/factories.h"

@@ -1,7 +1,6 @@
-// IDX reading and writing (see idx.h). The header is checked field by field (two zero bytes,
-// the dtype byte 0x08 for unsigned bytes, the number of dimensions), the dimensions are
-// multiplied with overflow checks, and the product is compared with the file's size before the
-// data is read.
+// IDX reading (see idx.h). The header is checked field by field (two zero bytes, the dtype byte
+// 0x08 for unsigned bytes, the number of dimensions), the dimensions are multiplied with overflow
+// checks, and the product is compared with the file's size before the data is read.
 #include "idx.h"
 
 #include <algorithm>

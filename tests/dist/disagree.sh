@@ -35,6 +35,15 @@ check "sample count" "the ranks disagree on train_samples" \
 # Checked before the ranks are split into stages: no wait for the watchdog (D3).
 check "pipeline stages" "the ranks disagree on pipeline" \
   -n 1 "$cli" 512 "${common[@]}" --pipeline 2 : -n 1 "$cli" 512 "${common[@]}"
+# Flags that change which collectives run when: named before the first window instead of a hang.
+check "ZeRO-3 prefetch" "the ranks disagree on zero_prefetch" \
+  -n 1 "$cli" 512 "${common[@]}" --zero 3 --zero-prefetch forward-and-backward : \
+  -n 1 "$cli" 512 "${common[@]}" --zero 3
+check "ZeRO-2 reduction" "the ranks disagree on zero_reduce" \
+  -n 1 "$cli" 512 "${common[@]}" --zero 2 --zero-reduce micro-step : \
+  -n 1 "$cli" 512 "${common[@]}" --zero 2
+check "evaluation cadence" "the ranks disagree on eval_every" \
+  -n 1 "$cli" 512 "${common[@]}" --eval-every 5 : -n 1 "$cli" 512 "${common[@]}"
 # Not a disagreement, but the same launcher: --memory-budget on 3 ranks suggests batches it takes.
 check "memory budget on 3 ranks" "nearest: --batch 126 or --batch 129" \
   -n 3 "$cli" 512 --memory-budget 64MiB --epochs 1 --threads 1 --quiet --device cpu
