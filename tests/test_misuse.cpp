@@ -137,14 +137,20 @@ TEST(Misuse, AParameterJoinsOneArenaAtATime) {
 
 // A micro-step whose forward throws abandons the window: no partial gradient stays in the arena
 // to leak into the next update, and the tape is empty.
-TEST(Misuse, AFailedMicroStepAbandonsTheWindow) {
-  nn::manual_seed(1);
-  nn::MLP model({3, 4, 2});
-  optim::ParameterArena arena(model);
-  optim::SGD sgd(arena, {});
-  optim::Accumulator acc(sgd, {});
+// A small MLP, its optimizer and accumulator, and a batch of four.
+struct SmallRun {
+  explicit SmallRun(const std::vector<int64_t>& sizes) : model((nn::manual_seed(1), sizes)) {}
+  nn::MLP model;
+  optim::ParameterArena arena{model};
+  optim::SGD sgd{arena, {}};
+  optim::Accumulator acc{sgd, {}};
   const Tensor x = random({4, 3}, 3, DType::kFloat32);
   const Tensor y = Tensor::from_vector<int32_t>({4}, {0, 1, 1, 0});
+};
+
+TEST(Misuse, AFailedMicroStepAbandonsTheWindow) {
+  SmallRun s({3, 4, 2});
+  auto& [model, arena, sgd, acc, x, y] = s;
   acc.begin_window(4);
   acc.micro_step(2, [&] { return cross_entropy(model(x.narrow(0, 2)), y.narrow(0, 2)); });
   expect_error<ValueError>(
@@ -163,13 +169,8 @@ TEST(Misuse, AFailedMicroStepAbandonsTheWindow) {
 // A counted micro-step refused for its size changes nothing: the window still takes bare losses
 // (or counted ones) as if the call had not been made, and counts what it was given.
 TEST(Misuse, ARefusedCountedMicroStepLeavesTheWindowAsItWas) {
-  nn::manual_seed(1);
-  nn::MLP model({3, 2});
-  optim::ParameterArena arena(model);
-  optim::SGD sgd(arena, {});
-  optim::Accumulator acc(sgd, {});
-  const Tensor x = random({4, 3}, 3, DType::kFloat32);
-  const Tensor y = Tensor::from_vector<int32_t>({4}, {0, 1, 1, 0});
+  SmallRun s({3, 2});
+  auto& [model, arena, sgd, acc, x, y] = s;
   acc.begin_window(4);
   int forwards = 0;
   expect_error<ValueError>(
