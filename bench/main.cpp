@@ -60,18 +60,22 @@ class MeasuringReporter : public benchmark::ConsoleReporter {
   }
 };
 
+// Google Benchmark marks its CSV reporter deprecated; --benchmark_out_format=csv works for as
+// long as the library keeps it.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+std::unique_ptr<benchmark::BenchmarkReporter> csv_reporter() {
+  return std::make_unique<benchmark::CSVReporter>();
+}
+#pragma GCC diagnostic pop
+
 // --benchmark_out's reporter (JSON or CSV, as --benchmark_out_format says), which checks at the
 // end that its stream took every byte: /dev/full or a full disk is a failed run, not exit 0.
 class CheckedFileReporter : public benchmark::BenchmarkReporter {
  public:
   explicit CheckedFileReporter(bool csv) {
     if (csv) {
-      // Google Benchmark marks its CSV reporter deprecated; --benchmark_out_format=csv works for
-      // as long as the library keeps it.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-      inner_ = std::make_unique<benchmark::CSVReporter>();
-#pragma GCC diagnostic pop
+      inner_ = csv_reporter();
     } else {
       inner_ = std::make_unique<benchmark::JSONReporter>();
     }
@@ -81,16 +85,12 @@ class CheckedFileReporter : public benchmark::BenchmarkReporter {
     inner_->SetErrorStream(&GetErrorStream());
     return inner_->ReportContext(context);
   }
-  void ReportRuns(const std::vector<Run>& runs) override {
-    inner_->ReportRuns(runs);
-  }
+  void ReportRuns(const std::vector<Run>& runs) override { inner_->ReportRuns(runs); }
   void Finalize() override {
     inner_->Finalize();
     failed_ = !GetOutputStream().flush();
   }
-  bool failed() const {
-    return failed_;
-  }
+  bool failed() const { return failed_; }
 
  private:
   std::unique_ptr<benchmark::BenchmarkReporter> inner_;

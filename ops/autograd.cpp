@@ -207,6 +207,12 @@ void GradSink::add(size_t i, const Tensor& g) {
   }
 }
 
+void GradSink::add_sums(size_t i, const Tensor& sums, DType input) {
+  if (!needs(i)) return;
+  const Tensor buffer = grad_buffer(i);
+  add(i, buffer.defined() && buffer.dtype() == sums.dtype() ? sums : to_dtype(sums, input));
+}
+
 void backward(const Tensor& root) {
   run_backward(root, Tensor());
 }

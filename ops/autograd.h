@@ -62,6 +62,9 @@ class GradSink {
   Tensor grad_buffer(size_t i);
   // Adds g to input i's gradient: in place into a leaf's buffer, or into the tape slot.
   void add(size_t i, const Tensor& g);
+  // Adds sums taken wider than the input's 16-bit dtype (float32): as they are into a leaf's
+  // buffer of their dtype (mixed precision's float32 buffers), else rounded once to `input`.
+  void add_sums(size_t i, const Tensor& sums, DType input);
 
  private:
   friend void run_backward(const Tensor&, const Tensor&);

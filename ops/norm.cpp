@@ -57,8 +57,8 @@ void check_running(const char* op, const Tensor& x, const Tensor& t, const char*
 // Fetches the gradient buffers for the affine inputs (indices 1 and 2, of the given shapes), in
 // the compute dtype of x (`like`): the leaves' own when they all are leaves of that dtype (beta =
 // 1; mixed precision's parameters, 16-bit working copies, have float32 gradient buffers), else
-// fresh tensors, added to the sink after `run`: as they are where the input's buffer has their
-// dtype (a float32 buffer never takes a sum rounded to 16 bits), else in the parameters' dtype.
+// fresh tensors, added to the sink after `run` (GradSink::add_sums: a float32 buffer never takes
+// a sum rounded to 16 bits).
 template <typename Run>
 void affine_backward(GradSink& sink, const Tensor& like, int64_t channels, const Shape& w_shape,
                      const Shape& b_shape, Run run) {
@@ -74,8 +74,8 @@ void affine_backward(GradSink& sink, const Tensor& like, int64_t channels, const
   dw = sink.needs(1) ? Tensor::empty({channels}, sums, like.device()) : Tensor();
   db = sink.needs(2) ? Tensor::empty({channels}, sums, like.device()) : Tensor();
   run(0.0, dw, db);
-  if (sink.needs(1)) sink.add(1, (dw_fits ? dw : to_dtype(dw, like.dtype())).view(w_shape));
-  if (sink.needs(2)) sink.add(2, (db_fits ? db : to_dtype(db, like.dtype())).view(b_shape));
+  if (dw.defined()) sink.add_sums(1, dw.view(w_shape), like.dtype());
+  if (db.defined()) sink.add_sums(2, db.view(b_shape), like.dtype());
 }
 
 // The backward of a normalisation over no elements: an empty input gradient, zero affine

@@ -44,9 +44,7 @@ struct EmbeddingBackward : Node {
     const int64_t n = index.numel();
     backend_for(dy.device())
         .index_add_rows(to_dtype(dy, sum_dtype).view({n, weight_shape[1]}), index, dweight);
-    const Tensor buffer = sink.needs(0) ? sink.grad_buffer(0) : Tensor();
-    const bool sums_fit = buffer.defined() && buffer.dtype() == sum_dtype;
-    sink.add(0, sums_fit ? dweight : to_dtype(dweight, dy.dtype()));  // no copy: dtypes agree
+    sink.add_sums(0, dweight, dy.dtype());  // no copy when the dtypes agree
   }
 };
 

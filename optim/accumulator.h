@@ -157,9 +157,9 @@ class Accumulator {
   Tensor count_error_, veto_;  // 0-d scratch: counted - planned, and its square
   bool stop_vote_ = false;
   bool counted_ = false;  // the open window's micro-steps returned counts
-  // The micro-step without its bookkeeping of counts.
   // Throws unless a window is open and `items` fits in what it has left.
   void check_micro_batch(int64_t items) const;
+  // The micro-step without its bookkeeping of counts.
   void run_micro_step(int64_t items, const std::function<Tensor()>& forward);
   // The backward seed of the open window for a loss like `loss` (its dtype and shape).
   Tensor window_seed(const Tensor& loss) const;

@@ -8,6 +8,11 @@
 
 namespace accrue::optim {
 
+namespace {
+// The loss scaler's clean-window count is a float32 on the device: exact up to 2^24.
+constexpr int kMaxCleanWindows = 1 << 24;
+}  // namespace
+
 Optimizer::Optimizer(ParameterArena& arena, double lr)
     : arena_(arena),
       lr_(lr),
@@ -56,9 +61,8 @@ void Optimizer::set_loss_scaling(const LossScaling& scaling, double initial_scal
   if (scaling.dynamic) {
     require_finite_at_least("optimizer", "loss scale growth factor", scaling.growth, 1);
     require_finite_at_least("optimizer", "loss scale backoff factor", scaling.backoff, 0);
-    // The clean-window count is a float32 on the device: exact up to 2^24.
     if (!(scaling.backoff < 1) || scaling.backoff == 0 || scaling.growth_interval < 1 ||
-        scaling.growth_interval > (1 << 24)) {
+        scaling.growth_interval > kMaxCleanWindows) {
       throw ValueError(str_cat("[optimizer] loss scaling needs 0 < backoff < 1 and an interval ",
                                "in [1, 2^24], got backoff ", scaling.backoff, ", interval ",
                                scaling.growth_interval));
@@ -160,8 +164,8 @@ void Optimizer::load_state(const std::map<std::string, Tensor>& state) {
     const Tensor saved = get("scaler", scaler_.shape(), scaler_.dtype());
     const std::vector<double> v =
         to_dtype(saved.to(Device::cpu()), DType::kFloat64).to_vector<double>();
-    // The scale multiplies every loss; the clean-window count is a float32 integer up to 2^24.
-    if (!(v[0] > 0) || !std::isfinite(v[0]) || !(v[1] >= 0) || v[1] > (1 << 24) ||
+    // The scale multiplies every loss; the clean-window count is a whole number.
+    if (!(v[0] > 0) || !std::isfinite(v[0]) || !(v[1] >= 0) || v[1] > kMaxCleanWindows ||
         v[1] != std::floor(v[1])) {
       throw ValueError(str_cat("[optimizer] the checkpoint's loss scaler holds scale ", v[0],
                                " and ", v[1], " clean windows; a scale must be finite and > 0, ",

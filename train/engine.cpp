@@ -385,16 +385,23 @@ void Run::refuse_a_run_without_gradient() const {
               c_.save.empty() ? "" : "; nothing saved"));
 }
 
-// --save and --save-init (rank 0): the weights and buffers, with the task's metadata.
-void Run::save_weights(const std::string& path, const std::vector<nn::NamedTensor>& masters) {
+// --save, --save-init and --keep-best (rank 0): the weights and buffers, with the task's
+// metadata and `extra`.
+void Run::write_weights(const std::string& path, const std::vector<nn::NamedTensor>& masters,
+                        const std::map<std::string, std::string>& extra) {
   if (!lead_) return;
   std::map<std::string, std::string> metadata{{"format", "pt"}};
   if (task_.metadata) {
     for (auto& [key, value] : task_.metadata()) metadata[key] = value;
   }
+  for (const auto& [key, value] : extra) metadata[key] = value;
   const std::vector<nn::NamedTensor> tensors = with_buffers(masters, *model_);
   optim::save_safetensors(path, tensors, optim::with_digest(metadata, tensors));
-  log("saved weights to " + path);
+}
+
+void Run::save_weights(const std::string& path, const std::vector<nn::NamedTensor>& masters) {
+  write_weights(path, masters);
+  if (lead_) log("saved weights to " + path);
 }
 
 Summary Run::train() {

@@ -80,16 +80,9 @@ std::string Run::best_weights_path() const {
 // the task's metadata and the evaluation that chose them.
 void Run::write_best_weights(const Evaluation& e, int64_t step) {
   const std::vector<nn::NamedTensor> masters = strategies_->whole_masters(*arena_, *model_);
-  if (lead_) {
-    std::map<std::string, std::string> metadata{{"format", "pt"}};
-    if (task_.metadata) {
-      for (auto& [key, value] : task_.metadata()) metadata[key] = value;
-    }
-    metadata["accrue.best.step"] = std::to_string(step);
-    metadata["accrue.best." + e.key] = json_number(e.value).dump();
-    const std::vector<nn::NamedTensor> tensors = with_buffers(masters, *model_);
-    optim::save_safetensors(best_weights_path(), tensors, optim::with_digest(metadata, tensors));
-  }
+  write_weights(best_weights_path(), masters,
+                {{"accrue.best.step", std::to_string(step)},
+                 {"accrue.best." + e.key, json_number(e.value).dump()}});
   wait_for_the_lead(bytes_of(masters));
 }
 

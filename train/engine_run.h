@@ -75,6 +75,8 @@ class Run {
   void check_same_horizon(const Checkpoint& saved) const;
   void carry_best_weights() const;
   void validate_position(const Checkpoint& saved);
+  void write_weights(const std::string& path, const std::vector<nn::NamedTensor>& masters,
+                     const std::map<std::string, std::string>& extra = {});
   void save_weights(const std::string& path, const std::vector<nn::NamedTensor>& masters);
   void write_checkpoint(const TrainPosition& position);
   void wait_for_the_lead(size_t bytes);

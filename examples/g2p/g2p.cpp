@@ -6,6 +6,7 @@
 #include <memory>
 #include <ostream>
 #include <random>
+#include <stdexcept>
 
 #include "core/error.h"
 #include "ops/autograd.h"
@@ -20,7 +21,9 @@ namespace accrue::g2p {
 Vocabulary::Vocabulary() {
   symbols = {"<bos>", "<sep>", "<eos>", "'"};
   for (char c = 'A'; c <= 'Z'; ++c) symbols.emplace_back(1, c);
-  static_assert(kFirstPhoneme == kFirstLetter + 1 + ('Z' - 'A' + 1), "the apostrophe, A-Z");
+  if (symbols.size() != static_cast<size_t>(kFirstPhoneme)) {
+    throw std::logic_error("[g2p] the vocabulary's phonemes must start at kFirstPhoneme");
+  }
   for (const std::string& p : phoneme_symbols()) {
     phoneme_ids[p] = static_cast<int32_t>(symbols.size());
     symbols.push_back(p);
