@@ -2,9 +2,12 @@
 // micro-batch b and the accumulation steps k, measured by optim::Accumulator over two windows
 // per point. fp32; bf16 and fp16 as accrue-mnist --precision runs them (float32 masters, a
 // 16-bit working copy, 16-bit activations, float32 logits and loss). Writes a CSV (for the
-// plot) and a Markdown table. Usage: accrue-memory DEVICE CSV MD
+// plot) and a Markdown table. Usage: accrue-memory DEVICE CSV MD [--smoke]
+// (--smoke: two sizes of each axis, CTest's check that the program runs end to end)
+#include <algorithm>
 #include <fstream>
 #include <iostream>
+#include <string>
 
 #include "accrue.h"
 #include "cnn.h"
@@ -13,15 +16,20 @@
 int main(int argc, char** argv) {
   using namespace accrue;
   cpu::run_with_cpu_blas_kernels(argv);  // bytes do not depend on it; the run's length does
-  if (argc != 4) {
-    std::cerr << "usage: accrue-memory DEVICE OUT.csv OUT.md\n";
+  const bool smoke = argc == 5 && std::string(argv[4]) == "--smoke";
+  if (argc != 4 && !smoke) {
+    std::cerr << "usage: accrue-memory DEVICE OUT.csv OUT.md [--smoke]\n";
     return 2;
   }
   const Device device = Device::parse(argv[1]);
-  const std::vector<int64_t> micro{16, 32, 64, 128, 256};
-  const std::vector<int64_t> steps{1, 2, 4, 8, 16, 32, 64};
+  const auto axis = [&](std::vector<int64_t> all) {
+    if (smoke) all.resize(2);
+    return all;
+  };
+  const std::vector<int64_t> micro = axis({16, 32, 64, 128, 256});
+  const std::vector<int64_t> steps = axis({1, 2, 4, 8, 16, 32, 64});
   // Without accumulation: one micro-batch as large as the effective batch.
-  const std::vector<int64_t> whole{512, 1024, 2048, 4096, 8192, 16384};
+  const std::vector<int64_t> whole = axis({512, 1024, 2048, 4096, 8192, 16384});
   std::ofstream csv(argv[2]), md(argv[3]);
   csv << "precision,micro_batch,accum_steps,effective_batch,peak_activation_bytes,peak_bytes,"
          "baseline_bytes\n";
@@ -31,7 +39,8 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < steps.size(); ++i) md << "---|";
   md << "\n";
   std::mt19937_64 rng(1);
-  const int64_t samples = 256 * 64 * 2;
+  // Two windows of the largest effective batch.
+  const int64_t samples = 2 * std::max(micro.back() * steps.back(), whole.back());
   const Tensor x = uniform({samples, 784}, -1, 1, rng, DType::kFloat32, device);
   std::vector<int32_t> labels(samples);
   for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<int32_t>(i % 10);
@@ -82,10 +91,12 @@ int main(int argc, char** argv) {
   }
   // The MNIST CNN (GroupNorm): the same flat line in k, at the CNN's much larger activations.
   md << "\nThe MNIST CNN (`--model cnn --norm group`), fp32:\n\n| b \\ k |";
-  const std::vector<int64_t> cnn_steps{1, 2, 4, 8};
+  const std::vector<int64_t> cnn_steps = axis({1, 2, 4, 8});
   for (int64_t k : cnn_steps) md << " k = " << k << " |";
-  md << "\n|---|---|---|---|---|\n";
-  for (int64_t b : {16, 32, 64}) {
+  md << "\n|---|";
+  for (size_t i = 0; i < cnn_steps.size(); ++i) md << "---|";
+  md << "\n";
+  for (int64_t b : axis({16, 32, 64})) {
     md << "| b = " << b << " |";
     for (int64_t k : cnn_steps) {
       mnist::MnistCNN model(mnist::MnistCNN::Norm::kGroup);

@@ -28,8 +28,12 @@ namespace accrue::fn {
 // float64 use the library functions.
 ACCRUE_HD float exp_approx(float x) {
   x = x < -87.3f ? -87.3f : (x > 88.7f ? 88.7f : x);
+  // NaN passes the clamp and reaches the result through r; n, which becomes an integer, takes 0
+  // for it instead (converting NaN to an integer is undefined, and its usual INT_MIN then
+  // overflowed the shift below).
+  const float finite = x == x ? x : 0.0f;
   // Round to nearest by adding and removing 1.5 * 2^23 (|x log2 e| < 2^22): no library call.
-  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const float n = (finite * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   float r = x - n * 0.693145751953125f;  // ln2 in two parts: the first exact in float
   r = r - n * 1.428606765330187045e-6f;
   float p = 1.9875691500e-4f;
