@@ -417,41 +417,47 @@ TEST(Trainer, CnnTrainsWithEachNormAndSavesBatchNormBuffers) {
 // with BatchNorm (statistics and affine in float32 inside 16-bit kernels): it learns the generated
 // digits as float32 does, the saved weights are the float32 masters (and BatchNorm's running
 // statistics float32 buffers), the weights are the same to the byte on 1 and 2 threads, and its
-// activations take at most 0.7x float32's bytes.
-TEST(Trainer, CnnTrainsInSixteenBitsOnTheCpu) {
-  const fs::path data = make_dataset("cnn-half", 512, 128);
-  for (const char* norm : {"none", "group", "batch"}) {
-    mnist::Config c = small_config(data);
-    c.model = "cnn";
-    c.norm = norm;
-    c.device = Device::cpu();
-    c.epochs = 2;
-    c.threads = 2;  // the per-thread scratch counts as activations: the most the runs below use
-    const Recorded fp32 = train_recorded(c, std::cout);
-    for (const char* precision : {"bf16", "fp16"}) {
-      SCOPED_TRACE(str_cat(precision, ", --norm ", norm));
-      c.precision = train::parse_precision(precision);
-      std::vector<std::string> files;
-      for (int threads : {1, 2}) {
-        c.threads = threads;
-        c.save = (data / str_cat(norm, "-", precision, "-", threads, ".safetensors")).string();
-        const Recorded s = train_recorded(c, std::cout);
-        EXPECT_GE(s.test_accuracy, 0.9);
-        EXPECT_NEAR(s.test_accuracy, fp32.test_accuracy, 0.03);
-        EXPECT_EQ(s.skipped_steps, 0);
-        // 16-bit activations, the norms' included (their CPU kernels keep no float32 copies)
-        EXPECT_LE(s.peak_activation_bytes, 0.7 * fp32.peak_activation_bytes);
-        for (const auto& [name, t] : optim::read_safetensors(c.save)) {
-          if (t.dtype() == DType::kInt64) continue;  // BatchNorm's num_batches_tracked
-          EXPECT_EQ(t.dtype(), DType::kFloat32) << name << ": the masters and buffers are saved";
-        }
-        std::ifstream in(c.save, std::ios::binary);
-        files.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+// activations take at most 0.7x float32's bytes. One case per norm, so CTest runs them side by
+// side (together, the suite's longest test).
+class CnnInSixteenBits : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CnnInSixteenBits, TrainsOnTheCpu) {
+  const char* norm = GetParam();
+  const fs::path data = make_dataset(str_cat("cnn-half-", norm), 512, 128);
+  mnist::Config c = small_config(data);
+  c.model = "cnn";
+  c.norm = norm;
+  c.device = Device::cpu();
+  c.epochs = 2;
+  c.threads = 2;  // the per-thread scratch counts as activations: the most the runs below use
+  const Recorded fp32 = train_recorded(c, std::cout);
+  for (const char* precision : {"bf16", "fp16"}) {
+    SCOPED_TRACE(str_cat(precision, ", --norm ", norm));
+    c.precision = train::parse_precision(precision);
+    std::vector<std::string> files;
+    for (int threads : {1, 2}) {
+      c.threads = threads;
+      c.save = (data / str_cat(norm, "-", precision, "-", threads, ".safetensors")).string();
+      const Recorded s = train_recorded(c, std::cout);
+      EXPECT_GE(s.test_accuracy, 0.9);
+      EXPECT_NEAR(s.test_accuracy, fp32.test_accuracy, 0.03);
+      EXPECT_EQ(s.skipped_steps, 0);
+      // 16-bit activations, the norms' included (their CPU kernels keep no float32 copies)
+      EXPECT_LE(s.peak_activation_bytes, 0.7 * fp32.peak_activation_bytes);
+      for (const auto& [name, t] : optim::read_safetensors(c.save)) {
+        if (t.dtype() == DType::kInt64) continue;  // BatchNorm's num_batches_tracked
+        EXPECT_EQ(t.dtype(), DType::kFloat32) << name << ": the masters and buffers are saved";
       }
-      EXPECT_EQ(files[0], files[1]) << "1 and 2 threads";
+      std::ifstream in(c.save, std::ios::binary);
+      files.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
     }
+    EXPECT_EQ(files[0], files[1]) << "1 and 2 threads";
   }
 }
+INSTANTIATE_TEST_SUITE_P(Trainer, CnnInSixteenBits, ::testing::Values("none", "group", "batch"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param);
+                         });
 
 // --accum-schedule: each epoch's windows have the effective batch its k gives, the learning rate
 // follows through --lr-scaling, and every window is exact for its own size: the same schedule
