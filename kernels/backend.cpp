@@ -66,6 +66,10 @@ Backend& backend_for(Device device) {
   return trace_enabled() ? traced(device) : untraced(device);
 }
 
+void prepare_backend(Device device) {
+  if (device.is_cuda()) prepare_cuda_backend(device.index);
+}
+
 std::string conv_unavailable_reason(Device device) {
   return device.is_cuda() ? cuda_conv_unavailable_reason() : std::string();
 }

@@ -209,6 +209,11 @@ inline constexpr const char* kBackendPrimitives[] = {
 
 Backend& backend_for(Device device);
 
+// Creates the device's library handles and kernel scratch now (on a GPU: cuBLAS and cuBLASLt, the
+// reduction partials, the GEMM workspace; on the CPU nothing), instead of at the first kernel that
+// needs them. The engine calls it while setting up, so a run's first window times training.
+void prepare_backend(Device device);
+
 // Why the convolution primitives cannot run on `device`, in words; "" when they can (the CPU,
 // and a GPU of a build with cuDNN). Those primitives throw DeviceError with these words; the
 // tests skip on them.

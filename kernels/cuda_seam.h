@@ -14,6 +14,8 @@ class Backend;
 class DeviceMarks;
 
 Backend& cuda_backend(int device_index);
+// The device's kernel context (library handles, scratch), made now.
+void prepare_cuda_backend(int device_index);
 // "" when this build has cuDNN; otherwise what is missing.
 std::string cuda_conv_unavailable_reason();
 // CUDA events on the device's stream, as the profiler's marks (kernels/profile.h).

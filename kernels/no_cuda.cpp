@@ -12,6 +12,10 @@ Backend& cuda_backend(int) {
   throw DeviceError("[cuda] " + cuda_unavailable_reason());
 }
 
+void prepare_cuda_backend(int) {
+  throw DeviceError("[cuda] " + cuda_unavailable_reason());
+}
+
 std::string cuda_conv_unavailable_reason() {
   return cuda_unavailable_reason();
 }

@@ -9,10 +9,13 @@ namespace accrue::nn {
 
 // What a loss hands to the training loop: the sum of its per-item losses and the number of items
 // it summed (samples for classification, target tokens for a sequence model). The window's
-// normaliser is the item count of the whole window; the counts check it.
+// normaliser is the item count of the whole window; the counts check it. The count is a tensor
+// computed with the loss, a number the host knows without the device (a classifier's rows: no
+// kernel counts them), or the sum of both.
 struct LossSum {
   Tensor sum;    // 0-d, requires grad
   Tensor count;  // 0-d, any dtype (on the device: a count of unmasked tokens needs no host read)
+  double host_count = 0;  // items known on the host, added to `count` (or alone, count undefined)
 };
 
 class CrossEntropyLoss {

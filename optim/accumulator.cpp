@@ -17,9 +17,9 @@ namespace accrue::optim {
 struct Accumulator::BoundaryGraph {
   struct Key {
     double lr, max_norm;
-    bool counted, scaled;
+    bool veto, scaled;  // the count checked on the device; a loss scale
     bool operator==(const Key& o) const {
-      return lr == o.lr && max_norm == o.max_norm && counted == o.counted && scaled == o.scaled;
+      return lr == o.lr && max_norm == o.max_norm && veto == o.veto && scaled == o.scaled;
     }
   };
   DeviceGraph graph;
@@ -148,18 +148,34 @@ void Accumulator::micro_step(int64_t items, const std::function<nn::LossSum()>& 
   counted_ = true;
   run_micro_step(items, [&] {
     const nn::LossSum loss = forward();
-    add_count(loss.count);  // checks it is one element
+    add_count(loss);  // checks it is one element
     return loss.sum;
   });
 }
 
-void Accumulator::add_count(const Tensor& count) {
-  if (!count.defined() || count.numel() != 1) {
-    throw ValueError(
-        str_cat("[accumulator] a LossSum's count must be one element, got ", count.describe()));
+void Accumulator::add_count(const nn::LossSum& loss) {
+  const Tensor& count = loss.count;
+  if (!(loss.host_count >= 0) || !std::isfinite(loss.host_count) ||
+      (count.defined() ? count.numel() != 1 : loss.host_count == 0)) {
+    throw ValueError(str_cat("[accumulator] a LossSum's count must be one element or a host ",
+                             "count > 0 (or both), got ", count.describe(), " and host count ",
+                             loss.host_count));
   }
+  host_count_ += loss.host_count;
+  if (!count.defined()) return;
   backend_for(count_sum_.device())
       .axpy(1.0, to_dtype(count, count_sum_.dtype()).to(count_sum_.device()), count_sum_);
+  device_counted_ = true;
+}
+
+void Accumulator::fold_host_count() {
+  if (host_count_ == 0) return;
+  if (!device_counted_) {
+    fill_(count_sum_, host_count_);
+  } else {
+    fill_(count_error_, host_count_);  // scratch: the boundary writes it again before reading it
+    backend_for(count_sum_.device()).axpy(1.0, count_error_, count_sum_);
+  }
 }
 
 void Accumulator::pipelined_window(const std::function<nn::LossSum(const Tensor& seed)>& run) {
@@ -180,7 +196,7 @@ void Accumulator::pipelined_window(const std::function<nn::LossSum(const Tensor&
     }
     backend_for(loss_sum_.device())
         .axpy(1.0, to_dtype(sums.sum, loss_sum_.dtype()).to(loss_sum_.device()), loss_sum_);
-    add_count(sums.count);
+    add_count(sums);
   } catch (...) {
     abandon_window();
     throw;
@@ -226,6 +242,7 @@ void Accumulator::run_micro_step(int64_t items, const std::function<Tensor()>& f
   check_micro_batch(items);
   CachingAllocator& alloc = allocator_for(optimizer_.arena().device());
   const size_t before = alloc.stats().live_bytes;
+  const double host_count_before = host_count_;
   alloc.reset_peak();
   try {
     const Tensor loss = forward();
@@ -250,8 +267,10 @@ void Accumulator::run_micro_step(int64_t items, const std::function<Tensor()>& f
     if (options_.gradients != nullptr) options_.gradients->micro_step_done();
   } catch (const NotCapturable&) {
     // An op refused a CUDA graph's capture before changing anything: the window stays whole, and
-    // the caller runs this micro-step again eagerly. Only the forward's tape goes.
+    // the caller runs this micro-step again eagerly. Only the forward's tape goes, and the count
+    // the host took from it.
     clear_tape();
+    host_count_ = host_count_before;
     throw;
   } catch (...) {
     abandon_window();
@@ -261,7 +280,8 @@ void Accumulator::run_micro_step(int64_t items, const std::function<Tensor()>& f
   record_memory(alloc, before);
 }
 
-void Accumulator::replayed_micro_step(int64_t items, const std::function<void()>& launch) {
+void Accumulator::replayed_micro_step(int64_t items, const std::function<void()>& launch,
+                                      double host_count) {
   check_micro_batch(items);
   if (seen_items_ > 0 && !counted_) {
     throw ValueError("[accumulator] a window's micro-steps all return counts (LossSum) or none");
@@ -276,6 +296,7 @@ void Accumulator::replayed_micro_step(int64_t items, const std::function<void()>
     throw;
   }
   counted_ = true;
+  host_count_ += host_count;
   seen_items_ += items;
 }
 
@@ -290,6 +311,9 @@ StepResult Accumulator::step() {
   BoundaryScalars report;
   std::vector<double> values;
   try {
+    // A count the host summed alone is checked before anything is queued.
+    const bool host_only = counts_on_host_only();
+    if (host_only) check_counted_items(host_count_);
     if (!buckets_.empty()) {
       // Buckets no backward finished (a rank with no samples in a short window, a parameter
       // without gradient) go to the consumer now, in order. A failure abandons the window, which
@@ -301,6 +325,7 @@ StepResult Accumulator::step() {
       reset_buckets();
     }
     if (options_.gradients != nullptr) options_.gradients->finish();
+    if (!host_only) fold_host_count();
     if (stop_vote_) fill_(stop_votes_, 1.0);
     if (options_.loss_reducer != nullptr) {
       // Every rank sums them, whether or not it ran a micro-step in this window (a short last
@@ -314,7 +339,7 @@ StepResult Accumulator::step() {
     // The window's one wait for the device, after the whole step has been queued; it is also
     // where a fault a kernel recorded during the window is reported.
     values = read_boundary();
-    check_counted_items(values[1]);
+    if (!host_only) check_counted_items(values[1]);
   } catch (...) {
     abandon_window();
     throw;
@@ -341,14 +366,15 @@ void Accumulator::set_graph_boundary(bool on) {
 void Accumulator::run_boundary() {
   Backend& be = backend_for(readback_.device());
   const bool same_device = optimizer_.boundary_scalars().device() == readback_.device();
+  const bool veto = counted_ && !counts_on_host_only();
   const auto queue = [&] {
-    if (counted_) {
+    if (veto) {
       // (counted - planned)^2: the device skips the update when the losses miscounted, and the
       // host throws at the read below, so a wrong count never reaches the weights.
       be.binary(BinaryOp::kSub, count_sum_, planned_, count_error_);
       be.binary(BinaryOp::kMul, count_error_, count_error_, veto_);
     }
-    optimizer_.queue_step(options_.max_norm, counted_ ? veto_ : Tensor());
+    optimizer_.queue_step(options_.max_norm, veto ? veto_ : Tensor());
     if (same_device) scalars_.copy_(optimizer_.boundary_scalars());
   };
   const bool graphable = options_.graph_boundary && readback_.device().is_cuda() && same_device &&
@@ -359,7 +385,7 @@ void Accumulator::run_boundary() {
   } else {
     if (!boundary_graph_) boundary_graph_ = std::make_unique<BoundaryGraph>();
     BoundaryGraph& g = *boundary_graph_;
-    const BoundaryGraph::Key key{optimizer_.lr(), options_.max_norm, counted_,
+    const BoundaryGraph::Key key{optimizer_.lr(), options_.max_norm, veto,
                                  optimizer_.loss_scaled()};
     const auto replay = [&] {
       profile_device_work(readback_.device(), "graph: boundary", [&] { g.graph.replay(); });
@@ -413,6 +439,8 @@ void Accumulator::abandon_window() {
 void Accumulator::close_window() {
   readback_.zero_();
   counted_ = false;
+  host_count_ = 0;
+  device_counted_ = false;
   window_items_ = local_items_ = 0;
   window_open_ = false;
   seen_items_ = 0;

@@ -84,9 +84,11 @@ class Accumulator {
   // One micro-step of `items` loss items: forward() returns their sum-reduced loss (0-d). If
   // forward or backward throws, the window is abandoned (abandon_window()) before rethrowing.
   void micro_step(int64_t items, const std::function<Tensor()>& forward);
-  // The same with the loss's own count of its items (nn::LossSum): the counts are summed on the
-  // device, over the ranks too, and step() throws ValueError naming both when the window's sum
-  // differs from the planned items.
+  // The same with the loss's own count of its items (nn::LossSum): the counts are summed, over
+  // the ranks too, and step() throws ValueError naming both when the window's sum differs from
+  // the planned items. A count tensor is summed where it is (on the device: unmasked tokens); a
+  // host count (LossSum::host_count) is summed on the host and written into the sum once, at the
+  // boundary: no kernel per micro-step.
   void micro_step(int64_t items, const std::function<nn::LossSum()>& forward);
   // Pipeline stages (distributed/pipeline.h): the window's micro-batches run through every
   // stage at once, so the caller runs them all: run(seed) runs backward seeded with `seed` (1 / N,
@@ -106,8 +108,12 @@ class Accumulator {
 
   // CUDA graphs of micro-steps (train/step_graphs.h): a micro-step of `items` loss items whose
   // device work launch() queues (a graph captured from an earlier micro_step() with a LossSum);
-  // the window's bookkeeping is that micro_step()'s.
-  void replayed_micro_step(int64_t items, const std::function<void()>& launch);
+  // the window's bookkeeping is that micro_step()'s, and `host_count` what its loss counted on
+  // the host (host_count() after the captured micro-step, less before: the graph cannot hold it).
+  void replayed_micro_step(int64_t items, const std::function<void()>& launch,
+                           double host_count = 0);
+  // The open window's items counted on the host so far.
+  double host_count() const { return host_count_; }
   // Whether the micro-step of `items` items that comes next hands buckets to the consumer during
   // its backward (host work that a graph cannot hold).
   bool hands_over_in(int64_t items) const {
@@ -157,6 +163,9 @@ class Accumulator {
   Tensor count_error_, veto_;  // 0-d scratch: counted - planned, and its square
   bool stop_vote_ = false;
   bool counted_ = false;  // the open window's micro-steps returned counts
+  // The open window's counts given on the host, summed here, and whether any came on the device.
+  double host_count_ = 0;
+  bool device_counted_ = false;
   // Throws unless a window is open and `items` fits in what it has left.
   void check_micro_batch(int64_t items) const;
   // The micro-step without its bookkeeping of counts.
@@ -171,8 +180,15 @@ class Accumulator {
   struct BoundaryGraph;
   std::unique_ptr<BoundaryGraph> boundary_graph_;
   int64_t boundaries_replayed_ = 0;
-  // count_sum_ += count (a LossSum's, one element).
-  void add_count(const Tensor& count);
+  // count_sum_ += loss.count (one element, when defined), host_count_ += loss.host_count.
+  void add_count(const nn::LossSum& loss);
+  // Whether the open window's count is checked on the host, before the boundary is queued: every
+  // count came on the host and no other rank adds to it. Then no kernel checks it either.
+  bool counts_on_host_only() const {
+    return counted_ && !device_counted_ && options_.loss_reducer == nullptr;
+  }
+  // Writes host_count_ into count_sum_: one kernel at the boundary, before the sums' all-reduce.
+  void fold_host_count();
   // The memory statistics of a micro-step (or a pipelined window) that began at `before` live
   // bytes, with the allocator's peak reset then.
   void record_memory(CachingAllocator& alloc, size_t before);

@@ -361,6 +361,20 @@ std::vector<Row> rows() {
                               m.ints(labels_with_ignored(kRows, kCols)), loss, probs);
          return Outputs{loss, probs};
        }},
+      // At most kThreads rows: one CUDA launch sums the rows' losses too (a micro-batch's loss).
+      {"cross_entropy/micro_batch",
+       [](const Maker& m) {
+         Tensor loss = m.empty({}), probs = m.empty({32, 10});
+         m.be().cross_entropy(m.uniform({32, 10}, 16, -5, 5), m.ints(labels(32, 10)), loss, probs);
+         return Outputs{loss, probs};
+       }},
+      {"cross_entropy/one_block_limit",
+       [](const Maker& m) {
+         Tensor loss = m.empty({}), probs = m.empty({256, 37});
+         m.be().cross_entropy(m.uniform({256, 37}, 16, -5, 5), m.ints(labels_with_ignored(256, 37)),
+                              loss, probs);
+         return Outputs{loss, probs};
+       }},
       {"cross_entropy_backward_ignoring",
        [](const Maker& m) {
          Tensor dlogits = m.empty({kRows, kCols});

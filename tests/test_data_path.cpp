@@ -35,7 +35,7 @@ std::vector<std::string> quoted_block(const std::string& path) {
 }
 
 // The window's start and its first micro-step (the seed's fill up to the next micro-step's
-// gather_rows), and the boundary (the count check's binary(sub ...) up to the one read,
+// gather_rows), and the boundary (the optimizer's norm_sq up to the one read,
 // cast(float32[7] ...)).
 std::vector<std::string> micro_step_and_boundary(const std::vector<std::string>& trace) {
   const auto find = [&](size_t from, const std::string& prefix) {
@@ -47,7 +47,7 @@ std::vector<std::string> micro_step_and_boundary(const std::vector<std::string>&
   };
   const size_t start = find(0, "fill(float32[] on cpu, 0.0078125)");
   const size_t second = find(find(start, "cross_entropy_backward("), "gather_rows(");
-  const size_t boundary = find(second, "binary(sub");
+  const size_t boundary = find(second, "norm_sq(");
   const size_t report = find(boundary, "cast(float32[7]");
   std::vector<std::string> out(trace.begin() + start, trace.begin() + second);
   out.insert(out.end(), trace.begin() + boundary,

@@ -187,6 +187,88 @@ TEST(Misuse, ARefusedCountedMicroStepLeavesTheWindowAsItWas) {
   EXPECT_EQ(sgd.applied_steps(), 1);
 }
 
+// A loss may give its count as a tensor, as a number the host knows (no kernel counts it), or
+// both: the window's sum is the same, and checked the same way at the boundary. Each row: the two
+// micro-steps' counts, and the error (empty: the window steps).
+TEST(Misuse, HostCountsAreSummedAndCheckedLikeCountTensors) {
+  struct Row {
+    const char* name;
+    std::function<nn::LossSum(const Tensor& loss, int micro)> count;
+    std::vector<std::string> error;  // at the micro-step or at the boundary; empty: none
+  };
+  const auto tensor = [](double n) { return scalar(n, DType::kFloat32); };
+  const std::vector<Row> rows = {
+      {"tensors",
+       [&](const Tensor& l, int) {
+         return nn::LossSum{l, tensor(2)};
+       },
+       {}},
+      {"host",
+       [&](const Tensor& l, int) {
+         return nn::LossSum{l, Tensor(), 2};
+       },
+       {}},
+      {"both",
+       [&](const Tensor& l, int) {
+         return nn::LossSum{l, tensor(1), 1};
+       },
+       {}},
+      {"host then tensor",
+       [&](const Tensor& l, int m) {
+         return m == 0 ? nn::LossSum{l, Tensor(), 2} : nn::LossSum{l, tensor(2)};
+       },
+       {}},
+      {"host miscounted",
+       [&](const Tensor& l, int m) {
+         return nn::LossSum{l, Tensor(), m == 0 ? 2.0 : 1.0};
+       },
+       {"[accumulator]", "counted 3 items", "plans 4"}},
+      {"neither",
+       [&](const Tensor& l, int) {
+         return nn::LossSum{l, Tensor()};
+       },
+       {"[accumulator]", "one element or a host count > 0", "undefined tensor"}},
+      {"negative host count",
+       [&](const Tensor& l, int) {
+         return nn::LossSum{l, Tensor(), -2};
+       },
+       {"[accumulator]", "host count -2"}},
+      {"NaN host count",
+       [&](const Tensor& l, int) {
+         return nn::LossSum{l, Tensor(), std::nan("")};
+       },
+       {"[accumulator]", "host count nan"}},
+      {"two-element tensor",
+       [&](const Tensor& l, int) {
+         return nn::LossSum{l, Tensor::zeros({2}, DType::kFloat32)};
+       },
+       {"[accumulator]", "float32[2]"}},
+  };
+  std::vector<float> stepped;  // the weights after the first row's window
+  for (const Row& row : rows) {
+    SCOPED_TRACE(row.name);
+    SmallRun s({3, 2});
+    auto& [model, arena, sgd, acc, x, y] = s;
+    const auto window = [&] {
+      acc.begin_window(4);
+      for (int m = 0; m < 2; ++m) {
+        acc.micro_step(
+            2, [&] { return row.count(cross_entropy(model(x.narrow(0, 2)), y.narrow(0, 2)), m); });
+      }
+      return acc.step();
+    };
+    if (!row.error.empty()) {
+      expect_error<ValueError>(window, row.error);
+      EXPECT_EQ(sgd.applied_steps(), 0);
+      continue;
+    }
+    EXPECT_EQ(window().items, 4);
+    if (stepped.empty()) stepped = arena.masters().to_vector<float>();
+    EXPECT_EQ(arena.masters().to_vector<float>(), stepped);
+    EXPECT_EQ(window().items, 4) << "the next window starts from no count";
+  }
+}
+
 // Device-resident indices and labels cannot be checked by the host without a copy: a kernel
 // records the first bad one, the next host read reports it, and a bad label's window is skipped.
 TEST(Misuse, BadDeviceIndicesAndLabelsAreReportedAtTheNextHostRead) {

@@ -17,6 +17,7 @@ constexpr int64_t kMaxStepGraphs = 64;
 // Host-built micro-batches are staged (Task::host_samples); micro-steps and the boundary are
 // replayed from CUDA graphs on a GPU unless --cuda-graphs off (pipeline stages run eagerly).
 void Run::setup_device_path() {
+  prepare_backend(c_.device);
   if (task_.host_samples) stager_ = std::make_unique<HostToDevice>(c_.device);
   if (c_.device.is_cuda() && c_.cuda_graphs != CudaGraphs::kOff &&
       strategies_->window_runner() == nullptr && !strategies_->works_in_micro_steps()) {

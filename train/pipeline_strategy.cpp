@@ -251,9 +251,7 @@ nn::LossSum PipelineStages::run_micro_batches(nn::Module&, const WindowRun& run)
   };
   f.loss = [&](const Tensor& y, int m) {
     const nn::LossSum loss = task_.loss_of_output(y, batch_of(m), master_);
-    const NoGradGuard no_grad;
-    backend_for(c_.device).axpy(1.0, to_dtype(loss.sum, master_), sums.sum);
-    backend_for(c_.device).axpy(1.0, to_dtype(loss.count, master_), sums.count);
+    Strategy::add_loss(loss, master_, sums);
     batches[m].reset();  // its activations stay on the tape; its data can go
     return loss.sum;
   };

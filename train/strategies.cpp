@@ -8,6 +8,8 @@
 
 #include "distributed/data_parallel.h"
 #include "distributed/zero.h"
+#include "kernels/backend.h"
+#include "ops/autograd.h"
 #include "train/checkpoint.h"
 #include "train/engine.h"
 #include "train/pipeline_strategy.h"
@@ -391,6 +393,14 @@ bool Strategies::works_in_micro_steps() const {
 
 nn::LossSum Strategy::run_micro_batches(nn::Module&, const WindowRun&) {
   throw std::logic_error("[strategy] " + name() + " does not run windows");
+}
+
+void Strategy::add_loss(const nn::LossSum& loss, DType dtype, nn::LossSum& sums) {
+  const NoGradGuard no_grad;
+  Backend& be = backend_for(sums.sum.device());
+  be.axpy(1.0, to_dtype(loss.sum, dtype), sums.sum);
+  if (loss.count.defined()) be.axpy(1.0, to_dtype(loss.count, dtype), sums.count);
+  sums.host_count += loss.host_count;
 }
 
 }  // namespace accrue::train

@@ -101,6 +101,9 @@ class Strategy {
   // Runs the window's micro-batches on this rank and returns the loss sum and item count of
   // those whose loss it computed (Accumulator::pipelined_window).
   virtual nn::LossSum run_micro_batches(nn::Module& model, const WindowRun& run);
+  // sums += loss, for run_micro_batches: the loss and a count tensor on sums' device in `dtype`,
+  // a host count on the host. No gradient flows through it.
+  static void add_loss(const nn::LossSum& loss, DType dtype, nn::LossSum& sums);
   // Throws when an epoch's plan does not suit it (fewer micro-batches than stages).
   virtual void check_plan(const optim::ResolvedBatch& /*batch*/, int64_t /*epoch*/) const {}
 

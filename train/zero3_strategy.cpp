@@ -7,7 +7,6 @@
 
 #include "distributed/data_parallel.h"
 #include "distributed/zero3.h"
-#include "kernels/backend.h"
 #include "kernels/factories.h"
 #include "nn/norm.h"
 #include "ops/autograd.h"
@@ -87,7 +86,6 @@ class ZeroStageThree final : public OverRanks {
   nn::LossSum run_micro_batches(nn::Module&, const WindowRun& run) override {
     const optim::Window& w = run.window;
     nn::LossSum sums{Tensor::zeros({}, master_, c_.device), Tensor::zeros({}, master_, c_.device)};
-    Backend& be = backend_for(c_.device);
     for (const optim::MicroBatch& mb : w.micro) {
       const Tensor index = run.order.narrow(mb.start, mb.count);
       const nn::SampleKeys keys(c_.seed, run.step, index);
@@ -101,11 +99,7 @@ class ZeroStageThree final : public OverRanks {
         h = sharded_->mark(h, i);
       }
       const nn::LossSum loss = task_.loss_of_output(h, batch, master_);
-      {
-        const NoGradGuard no_grad;
-        be.axpy(1.0, to_dtype(loss.sum, master_), sums.sum);
-        be.axpy(1.0, to_dtype(loss.count, master_), sums.count);
-      }
+      add_loss(loss, master_, sums);
       backward(loss.sum, to_dtype(run.seed, loss.sum.dtype()).view(loss.sum.shape()));
       sharded_->after_backward();
     }

@@ -67,9 +67,9 @@ double accuracy(nn::Module& model, const Split& test) {
 // The softmax and the loss in float32 (or float64), whatever the activations are in.
 nn::LossSum loss_of_logits(const Tensor& logits, const train::Samples& b, DType loss_dtype) {
   return nn::LossSum{
-      cross_entropy(cast(logits, loss_dtype), b.target),
-      // In the loss dtype, the accumulator's own: its count sum adds it without a cast.
-      scalar(static_cast<double>(b.target.numel()), loss_dtype, b.target.device())};
+      cross_entropy(cast(logits, loss_dtype), b.target), Tensor(),
+      // One item per row, known on the host: the accumulator sums it there, with no kernel.
+      static_cast<double>(b.target.numel())};
 }
 
 }  // namespace

@@ -1,10 +1,11 @@
 // CUDA softmax family over the rows of [N, C] logits: one warp per row, lanes striding over the
 // classes, warp shuffles for the row max and sums. The cross-entropy loss sums per-row losses
-// with the deterministic sum_all. A label outside [0, C) (the CPU checks labels at the public
-// edge; device-resident labels cannot be checked without a copy) makes its row's loss and its
-// row's gradient NaN, so the boundary step skips the update, and is recorded as a fault that the
-// next host read reports.
+// with the deterministic sum_all, or, for at most kThreads rows, in the same launch. A label
+// outside [0, C) (the CPU checks labels at the public edge; device-resident labels cannot be
+// checked without a copy) makes its row's loss and its row's gradient NaN, so the boundary step
+// skips the update, and is recorded as a fault that the next host read reports.
 #include <cmath>
+#include <cub/block/block_reduce.cuh>
 
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/launch.cuh"
@@ -66,24 +67,52 @@ __global__ void log_softmax_backward_kernel(const T* y, const T* dy, T* dx, int6
   }
 }
 
-// logits [N, C], labels [N] -> probs [N, C] = softmax, row_loss [N] = lse - logits[label] (0 for
-// an ignored label)
+// Row r of logits [N, C] by one warp: probs[r, :] = softmax, and the row's loss lse -
+// logits[label] (0 for an ignored label), returned to lane 0.
+template <typename T>
+__device__ T cross_entropy_row(const T* x, const int32_t* labels, T* probs, int64_t r, int64_t cols,
+                               int lane, DeviceFault* fault) {
+  const T* row = x + r * cols;
+  const T lse = row_lse(row, cols, lane);
+  for (int64_t c = lane; c < cols; c += kWarp) probs[r * cols + c] = exp(row[c] - lse);
+  if (lane != 0) return T(0);
+  const int32_t label = labels[r];
+  const bool ignored = label == fn::kIgnoreLabel;
+  const bool valid = label >= 0 && label < cols;
+  if (!valid && !ignored) record_fault(fault, kLabel, label, r, cols);
+  return ignored ? T(0) : valid ? lse - row[label] : T(NAN);
+}
+
+// logits [N, C], labels [N] -> probs [N, C] = softmax, row_loss [N] = the rows' losses
 template <typename T>
 __global__ void cross_entropy_kernel(const T* x, const int32_t* labels, T* probs, T* row_loss,
                                      int64_t rows, int64_t cols, DeviceFault* fault) {
   const int64_t r = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (r >= rows) return;
-  const T* row = x + r * cols;
-  const T lse = row_lse(row, cols, lane);
-  for (int64_t c = lane; c < cols; c += kWarp) probs[r * cols + c] = exp(row[c] - lse);
-  if (lane == 0) {
-    const int32_t label = labels[r];
-    const bool ignored = label == fn::kIgnoreLabel;
-    const bool valid = label >= 0 && label < cols;
-    if (!valid && !ignored) record_fault(fault, kLabel, label, r, cols);
-    row_loss[r] = ignored ? T(0) : valid ? lse - row[label] : T(NAN);
+  const T loss = cross_entropy_row(x, labels, probs, r, cols, lane, fault);
+  if (lane == 0) row_loss[r] = loss;
+}
+
+// logits [N, C], labels [N] -> probs [N, C], loss [] = the sum of the rows' losses, for N <=
+// kThreads (a micro-batch of a classifier): one block, warp w taking rows w, w + kRowsPerBlock,
+// ...; thread t then holds row t's loss, in double, and the block sums them in a fixed tree. One
+// launch where the general form takes two (the rows, then sum_all over them).
+template <typename T>
+__global__ void cross_entropy_one_block(const T* x, const int32_t* labels, T* probs, T* loss,
+                                        int64_t rows, int64_t cols, DeviceFault* fault) {
+  using BlockReduce = cub::BlockReduce<double, kThreads>;
+  __shared__ typename BlockReduce::TempStorage temp;
+  __shared__ double row_loss[kThreads];
+  const int lane = threadIdx.x % kWarp;
+  for (int64_t r = threadIdx.x / kWarp; r < rows; r += kRowsPerBlock) {
+    const T value = cross_entropy_row(x, labels, probs, r, cols, lane, fault);
+    if (lane == 0) row_loss[r] = double(value);
   }
+  __syncthreads();
+  const double mine = threadIdx.x < rows ? row_loss[threadIdx.x] : 0.0;
+  const double total = BlockReduce(temp).Sum(mine);
+  if (threadIdx.x == 0) loss[0] = T(total);
 }
 
 // x [B, Q, T] (Q <= T) -> y: row r is the query at position r % Q + T - Q among the T keys; the
@@ -178,6 +207,13 @@ void CudaBackend::cross_entropy(const Tensor& logits, const Tensor& labels, Tens
       return;
     }
     DeviceContext& ctx = context(logits.device().index);
+    if (rows <= kThreads) {
+      cross_entropy_one_block<<<1, kThreads, 0, ctx.stream>>>(
+          logits.data<T>(), labels.data<int32_t>(), probs.data<T>(), loss.data<T>(), rows,
+          logits.size(1), ctx.fault);
+      ACCRUE_CUDA_LAUNCH_CHECK();
+      return;
+    }
     T* row_loss = static_cast<T*>(row_scratch(ctx, sizeof(T) * size_t(rows)));
     cross_entropy_kernel<<<row_blocks(rows), kThreads, 0, ctx.stream>>>(
         logits.data<T>(), labels.data<int32_t>(), probs.data<T>(), row_loss, rows, logits.size(1),
