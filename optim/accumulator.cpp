@@ -162,10 +162,12 @@ void Accumulator::add_count(const nn::LossSum& loss) {
                              loss.host_count));
   }
   host_count_ += loss.host_count;
+  last_counts_.host += loss.host_count;
   if (!count.defined()) return;
   backend_for(count_sum_.device())
       .axpy(1.0, to_dtype(count, count_sum_.dtype()).to(count_sum_.device()), count_sum_);
   device_counted_ = true;
+  last_counts_.device = true;
 }
 
 void Accumulator::fold_host_count() {
@@ -243,6 +245,7 @@ void Accumulator::run_micro_step(int64_t items, const std::function<Tensor()>& f
   CachingAllocator& alloc = allocator_for(optimizer_.arena().device());
   const size_t before = alloc.stats().live_bytes;
   const double host_count_before = host_count_;
+  last_counts_ = {};
   alloc.reset_peak();
   try {
     const Tensor loss = forward();
@@ -281,7 +284,7 @@ void Accumulator::run_micro_step(int64_t items, const std::function<Tensor()>& f
 }
 
 void Accumulator::replayed_micro_step(int64_t items, const std::function<void()>& launch,
-                                      double host_count) {
+                                      MicroStepCounts counted) {
   check_micro_batch(items);
   if (seen_items_ > 0 && !counted_) {
     throw ValueError("[accumulator] a window's micro-steps all return counts (LossSum) or none");
@@ -296,7 +299,9 @@ void Accumulator::replayed_micro_step(int64_t items, const std::function<void()>
     throw;
   }
   counted_ = true;
-  host_count_ += host_count;
+  host_count_ += counted.host;
+  device_counted_ = device_counted_ || counted.device;
+  last_counts_ = counted;
   seen_items_ += items;
 }
 

@@ -108,12 +108,16 @@ class Accumulator {
 
   // CUDA graphs of micro-steps (train/step_graphs.h): a micro-step of `items` loss items whose
   // device work launch() queues (a graph captured from an earlier micro_step() with a LossSum);
-  // the window's bookkeeping is that micro_step()'s, and `host_count` what its loss counted on
-  // the host (host_count() after the captured micro-step, less before: the graph cannot hold it).
+  // the window's bookkeeping is that micro_step()'s, and `counted` what its loss counted
+  // (last_counts() after it: a graph holds the device's count, not the host's).
+  struct MicroStepCounts {
+    double host = 0;      // LossSum::host_count
+    bool device = false;  // a count tensor, added on the device
+  };
   void replayed_micro_step(int64_t items, const std::function<void()>& launch,
-                           double host_count = 0);
-  // The open window's items counted on the host so far.
-  double host_count() const { return host_count_; }
+                           MicroStepCounts counted);
+  // What the last micro-step's loss counted.
+  MicroStepCounts last_counts() const { return last_counts_; }
   // Whether the micro-step of `items` items that comes next hands buckets to the consumer during
   // its backward (host work that a graph cannot hold).
   bool hands_over_in(int64_t items) const {
@@ -166,6 +170,7 @@ class Accumulator {
   // The open window's counts given on the host, summed here, and whether any came on the device.
   double host_count_ = 0;
   bool device_counted_ = false;
+  MicroStepCounts last_counts_;
   // Throws unless a window is open and `items` fits in what it has left.
   void check_micro_batch(int64_t items) const;
   // The micro-step without its bookkeeping of counts.

@@ -194,7 +194,7 @@ TEST(Backend, Bf16ProductsAgreeOnBothPathsAndRepeatOnEveryThreadCount) {
 // (OpenBLAS's AVX2 kernels) the backend keeps every product as written, and there is nothing to
 // check.
 // beta = 0 overwrites c: what it held, NaN included, never reaches the result. cuBLAS documents
-// it; cuBLASLt, which CUDA's gemm and Linear forward use, does not say. On every device: float32,
+// it; cuBLASLt, which CUDA's Linear forward uses, does not say. On every device: float32,
 // float64 and bf16 operands into a float32 c, each operand order, and the Linear forward.
 TEST(Backend, ProductsWithBetaZeroNeverReadWhatTheOutputHeld) {
   struct Types {

@@ -269,6 +269,34 @@ TEST(Misuse, HostCountsAreSummedAndCheckedLikeCountTensors) {
   }
 }
 
+// A micro-step replayed from a CUDA graph counts what the micro-step it was captured from
+// counted: a host count is added again on the host, and a count tensor is the graph's to add
+// on the device (a launch that adds none is caught there, at the boundary). Graph or not, the
+// accumulator's bookkeeping is the same, so the CPU checks it with launches that stand in.
+TEST(Misuse, AReplayedMicroStepCountsWhatItsCaptureCounted) {
+  for (const bool on_host : {true, false}) {
+    SCOPED_TRACE(on_host ? "host count" : "count tensor");
+    SmallRun s({3, 2});
+    auto& [model, arena, sgd, acc, x, y] = s;
+    acc.begin_window(4);
+    acc.micro_step(2, [&] {
+      const Tensor loss = cross_entropy(model(x.narrow(0, 2)), y.narrow(0, 2));
+      return on_host ? nn::LossSum{loss, Tensor(), 2} : nn::LossSum{loss, scalar(2.0)};
+    });
+    const optim::Accumulator::MicroStepCounts counted = acc.last_counts();
+    EXPECT_EQ(counted.host, on_host ? 2.0 : 0.0);
+    EXPECT_EQ(counted.device, !on_host);
+    int launches = 0;
+    acc.replayed_micro_step(2, [&] { ++launches; }, counted);
+    EXPECT_EQ(launches, 1);
+    if (on_host) {
+      EXPECT_EQ(acc.step().items, 4);
+    } else {
+      expect_error<ValueError>([&] { acc.step(); }, {"counted 2 items", "plans 4"});
+    }
+  }
+}
+
 // Device-resident indices and labels cannot be checked by the host without a copy: a kernel
 // records the first bad one, the next host read reports it, and a bad label's window is skipped.
 TEST(Misuse, BadDeviceIndicesAndLabelsAreReportedAtTheNextHostRead) {

@@ -25,14 +25,13 @@ void StepGraphs::micro_step(optim::Accumulator& acc, int64_t items,
     acc.replayed_micro_step(
         items,
         [&] { profile_device_work(device_, "graph: micro-step", [&] { e.graph.replay(); }); },
-        e.host_count);
+        e.counts);
     ++counts_.replayed;
     return;
   }
   if (e.seen == 1 || counts_.graphs >= max_graphs_) return eager();
   e.inputs.clear();
   for (const Tensor& t : inputs) e.inputs.push_back(t.clone());
-  const double host_count_before = acc.host_count();
   try {
     e.graph = DeviceGraph::capture(device_,
                                    [&] { acc.micro_step(items, [&] { return loss(e.inputs); }); });
@@ -48,7 +47,7 @@ void StepGraphs::micro_step(optim::Accumulator& acc, int64_t items,
     acc.abandon_window();
     throw;
   }
-  e.host_count = acc.host_count() - host_count_before;
+  e.counts = acc.last_counts();
   ++counts_.graphs;
   ++counts_.captured;
   // The capture queued nothing: this micro-step runs now.

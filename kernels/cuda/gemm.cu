@@ -1,8 +1,10 @@
-// CUDA GEMM through cuBLASLt, with cuBLAS where cuBLASLt has no algorithm. accrue is row-major and
-// cuBLAS column-major: a row-major C = op(A) op(B) is the column-major C^T = op(B)^T op(A)^T, so
-// the operands are passed swapped. beta = 1 is how the weight-gradient GEMM accumulates into the
-// gradient arena in place. The Linear forward goes through cuBLASLt so the bias add is fused into
-// the GEMM as an epilogue. 16-bit operands (bfloat16, float16) multiply with float32 compute into a
+// CUDA GEMM through cuBLAS. accrue is row-major and cuBLAS column-major: a row-major C = op(A)
+// op(B) is the column-major C^T = op(B)^T op(A)^T, so the operands are passed swapped. beta = 1 is
+// how the weight-gradient GEMM accumulates into the gradient arena in place. The Linear forward
+// goes through cuBLASLt so the bias add is fused into the GEMM as an epilogue (cuBLAS where
+// cuBLASLt has no algorithm). Plain GEMMs stay with cuBLAS: through cuBLASLt, with descriptors
+// made per call and a heuristic query per new shape, they cost the host more
+// (docs/device-path.md). 16-bit operands (bfloat16, float16) multiply with float32 compute into a
 // float32 C (the weight gradient into the arena) or a 16-bit C: cublasGemmEx and cuBLASLt with
 // CUBLAS_COMPUTE_32F and float32 alpha and beta; a 16-bit Linear with a bias adds it after the
 // GEMM, in float32 (see gemm_then_bias).
@@ -105,7 +107,7 @@ struct LtProduct {
 // Runs p through one cuBLASLt call with the context's cached algorithm for its shape, types and
 // alignments. False, with nothing run, when cuBLASLt has no algorithm for it, or the one its
 // heuristic gave is refused at the call (then the key is marked so, and later calls go to cuBLAS
-// at once). A cached algorithm spares the host cuBLAS's per-call work (docs/device-path.md).
+// at once).
 bool lt_matmul(DeviceContext& ctx, const LtProduct& p, double alpha, double beta) {
   // float32 compute and scale for float32 and the 16-bit types, float64 for float64.
   const bool f32 = p.ab != DType::kFloat64;
@@ -224,24 +226,8 @@ void CudaBackend::gemm(bool trans_a, bool trans_b, double alpha, const Tensor& a
   // op(a) [M, K] @ op(b) [K, N] -> c [M, N]
   const auto [m, n, k, lda, ldb] = gemm_dims(trans_a, a, b, c);
   if (m == 0 || n == 0) return;
-  DeviceContext& ctx = context(c.device().index);
   // Column-major, c^T [n, m] = op(b)^T op(a)^T: b is cuBLAS's A and a its B.
-  const LtProduct product{trans_b,
-                          trans_a,
-                          static_cast<uint64_t>(n),
-                          static_cast<uint64_t>(m),
-                          static_cast<uint64_t>(k),
-                          ldb,
-                          lda,
-                          n,
-                          b.raw(),
-                          a.raw(),
-                          c.raw(),
-                          nullptr,
-                          a.dtype(),
-                          c.dtype()};
-  if (k > 0 && b.dtype() == a.dtype() && lt_matmul(ctx, product, alpha, beta)) return;
-  cublasHandle_t handle = ctx.cublas;
+  cublasHandle_t handle = context(c.device().index).cublas;
   const cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   if (is_half(a.dtype())) {
