@@ -287,7 +287,8 @@ TEST(Misuse, AReplayedMicroStepCountsWhatItsCaptureCounted) {
     EXPECT_EQ(counted.host, on_host ? 2.0 : 0.0);
     EXPECT_EQ(counted.device, !on_host);
     int launches = 0;
-    acc.replayed_micro_step(2, [&] { ++launches; }, counted);
+    acc.replayed_micro_step(
+        2, [&] { ++launches; }, counted);
     EXPECT_EQ(launches, 1);
     if (on_host) {
       EXPECT_EQ(acc.step().items, 4);
