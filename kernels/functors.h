@@ -278,6 +278,16 @@ struct CausalSoftmaxGrad {
   }
 };
 
+// Softmax cross-entropy, one row's loss: lse - logits[label], 0 for kIgnoreLabel, NaN for a label
+// outside [0, C) (the CPU checks labels before; a device records the fault beside it).
+struct CrossEntropyRowLoss {
+  template <typename T>
+  ACCRUE_HD T operator()(T lse, const T* row, int32_t label, int64_t cols) const {
+    if (label == kIgnoreLabel) return T(0);
+    return label >= 0 && label < cols ? lse - row[label] : T(NAN);
+  }
+};
+
 // Softmax cross-entropy backward: dlogits = dloss * (softmax - onehot(label)), 0 for a row whose
 // label is kIgnoreLabel.
 struct CrossEntropyGrad {

@@ -161,21 +161,22 @@ void Accumulator::add_count(const nn::LossSum& loss) {
                              "count > 0 (or both), got ", count.describe(), " and host count ",
                              loss.host_count));
   }
-  host_count_ += loss.host_count;
-  last_counts_.host += loss.host_count;
-  if (!count.defined()) return;
-  backend_for(count_sum_.device())
-      .axpy(1.0, to_dtype(count, count_sum_.dtype()).to(count_sum_.device()), count_sum_);
-  device_counted_ = true;
-  last_counts_.device = true;
+  if (count.defined()) {
+    backend_for(count_sum_.device())
+        .axpy(1.0, to_dtype(count, count_sum_.dtype()).to(count_sum_.device()), count_sum_);
+  }
+  const LossCounts counted{loss.host_count, count.defined()};
+  window_counts_ += counted;
+  last_counts_ += counted;
 }
 
 void Accumulator::fold_host_count() {
-  if (host_count_ == 0) return;
-  if (!device_counted_) {
-    fill_(count_sum_, host_count_);
+  const double host = window_counts_.host;
+  if (host == 0) return;
+  if (!window_counts_.device) {
+    fill_(count_sum_, host);
   } else {
-    fill_(count_error_, host_count_);  // scratch: the boundary writes it again before reading it
+    fill_(count_error_, host);  // scratch: the boundary writes it again before reading it
     backend_for(count_sum_.device()).axpy(1.0, count_error_, count_sum_);
   }
 }
@@ -244,7 +245,7 @@ void Accumulator::run_micro_step(int64_t items, const std::function<Tensor()>& f
   check_micro_batch(items);
   CachingAllocator& alloc = allocator_for(optimizer_.arena().device());
   const size_t before = alloc.stats().live_bytes;
-  const double host_count_before = host_count_;
+  const LossCounts counts_before = window_counts_;
   last_counts_ = {};
   alloc.reset_peak();
   try {
@@ -273,7 +274,7 @@ void Accumulator::run_micro_step(int64_t items, const std::function<Tensor()>& f
     // the caller runs this micro-step again eagerly. Only the forward's tape goes, and the count
     // the host took from it.
     clear_tape();
-    host_count_ = host_count_before;
+    window_counts_ = counts_before;
     throw;
   } catch (...) {
     abandon_window();
@@ -284,7 +285,7 @@ void Accumulator::run_micro_step(int64_t items, const std::function<Tensor()>& f
 }
 
 void Accumulator::replayed_micro_step(int64_t items, const std::function<void()>& launch,
-                                      MicroStepCounts counted) {
+                                      LossCounts counted) {
   check_micro_batch(items);
   if (seen_items_ > 0 && !counted_) {
     throw ValueError("[accumulator] a window's micro-steps all return counts (LossSum) or none");
@@ -299,8 +300,7 @@ void Accumulator::replayed_micro_step(int64_t items, const std::function<void()>
     throw;
   }
   counted_ = true;
-  host_count_ += counted.host;
-  device_counted_ = device_counted_ || counted.device;
+  window_counts_ += counted;
   last_counts_ = counted;
   seen_items_ += items;
 }
@@ -318,7 +318,7 @@ StepResult Accumulator::step() {
   try {
     // A count the host summed alone is checked before anything is queued.
     const bool host_only = counts_on_host_only();
-    if (host_only) check_counted_items(host_count_);
+    if (host_only) check_counted_items(window_counts_.host);
     if (!buckets_.empty()) {
       // Buckets no backward finished (a rank with no samples in a short window, a parameter
       // without gradient) go to the consumer now, in order. A failure abandons the window, which
@@ -444,8 +444,7 @@ void Accumulator::abandon_window() {
 void Accumulator::close_window() {
   readback_.zero_();
   counted_ = false;
-  host_count_ = 0;
-  device_counted_ = false;
+  window_counts_ = {};
   window_items_ = local_items_ = 0;
   window_open_ = false;
   seen_items_ = 0;

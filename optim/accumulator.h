@@ -110,14 +110,18 @@ class Accumulator {
   // device work launch() queues (a graph captured from an earlier micro_step() with a LossSum);
   // the window's bookkeeping is that micro_step()'s, and `counted` what its loss counted
   // (last_counts() after it: a graph holds the device's count, not the host's).
-  struct MicroStepCounts {
-    double host = 0;      // LossSum::host_count
-    bool device = false;  // a count tensor, added on the device
+  struct LossCounts {
+    double host = 0;      // LossSum::host_count, summed
+    bool device = false;  // a count tensor was added on the device
+    LossCounts& operator+=(const LossCounts& o) {
+      host += o.host;
+      device = device || o.device;
+      return *this;
+    }
   };
-  void replayed_micro_step(int64_t items, const std::function<void()>& launch,
-                           MicroStepCounts counted);
+  void replayed_micro_step(int64_t items, const std::function<void()>& launch, LossCounts counted);
   // What the last micro-step's loss counted.
-  MicroStepCounts last_counts() const { return last_counts_; }
+  LossCounts last_counts() const { return last_counts_; }
   // Whether the micro-step of `items` items that comes next hands buckets to the consumer during
   // its backward (host work that a graph cannot hold).
   bool hands_over_in(int64_t items) const {
@@ -166,11 +170,8 @@ class Accumulator {
   Tensor seed_, planned_;
   Tensor count_error_, veto_;  // 0-d scratch: counted - planned, and its square
   bool stop_vote_ = false;
-  bool counted_ = false;  // the open window's micro-steps returned counts
-  // The open window's counts given on the host, summed here, and whether any came on the device.
-  double host_count_ = 0;
-  bool device_counted_ = false;
-  MicroStepCounts last_counts_;
+  bool counted_ = false;                    // the open window's micro-steps returned counts
+  LossCounts window_counts_, last_counts_;  // the open window's, the last micro-step's
   // Throws unless a window is open and `items` fits in what it has left.
   void check_micro_batch(int64_t items) const;
   // The micro-step without its bookkeeping of counts.
@@ -185,14 +186,14 @@ class Accumulator {
   struct BoundaryGraph;
   std::unique_ptr<BoundaryGraph> boundary_graph_;
   int64_t boundaries_replayed_ = 0;
-  // count_sum_ += loss.count (one element, when defined), host_count_ += loss.host_count.
+  // count_sum_ += loss.count (one element, when defined); the host count into the LossCounts.
   void add_count(const nn::LossSum& loss);
   // Whether the open window's count is checked on the host, before the boundary is queued: every
   // count came on the host and no other rank adds to it. Then no kernel checks it either.
   bool counts_on_host_only() const {
-    return counted_ && !device_counted_ && options_.loss_reducer == nullptr;
+    return counted_ && !window_counts_.device && options_.loss_reducer == nullptr;
   }
-  // Writes host_count_ into count_sum_: one kernel at the boundary, before the sums' all-reduce.
+  // Writes the window's host count into count_sum_: at the boundary, before the sums' all-reduce.
   void fold_host_count();
   // The memory statistics of a micro-step (or a pipelined window) that began at `before` live
   // bytes, with the allocator's peak reset then.

@@ -283,7 +283,7 @@ TEST(Misuse, AReplayedMicroStepCountsWhatItsCaptureCounted) {
       const Tensor loss = cross_entropy(model(x.narrow(0, 2)), y.narrow(0, 2));
       return on_host ? nn::LossSum{loss, Tensor(), 2} : nn::LossSum{loss, scalar(2.0)};
     });
-    const optim::Accumulator::MicroStepCounts counted = acc.last_counts();
+    const optim::Accumulator::LossCounts counted = acc.last_counts();
     EXPECT_EQ(counted.host, on_host ? 2.0 : 0.0);
     EXPECT_EQ(counted.device, !on_host);
     int launches = 0;

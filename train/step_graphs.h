@@ -53,7 +53,7 @@ class StepGraphs {
     int64_t seen = 0;            // micro-steps of this key so far
     std::vector<Tensor> inputs;  // what the graph reads
     DeviceGraph graph;
-    optim::Accumulator::MicroStepCounts counts;  // what the captured micro-step's loss counted
+    optim::Accumulator::LossCounts counts;  // what the captured micro-step's loss counted
   };
   static std::string key_of(const std::vector<Tensor>& inputs);
 

@@ -155,7 +155,7 @@ void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& labels, Tenso
       T* p = pp + r * cols;
       const T lse = log_softmax_row(x, p, cols);
       exps<false>(p, cols, T(1), T(0), [=](int64_t c, T e) { p[c] = e; });
-      losses[r] = label[r] == fn::kIgnoreLabel ? T(0) : lse - x[label[r]];
+      losses[r] = fn::CrossEntropyRowLoss{}(lse, x, label[r], cols);
     });
     T total = 0;
     for (T v : row_loss) total += v;

@@ -77,10 +77,10 @@ __device__ T cross_entropy_row(const T* x, const int32_t* labels, T* probs, int6
   for (int64_t c = lane; c < cols; c += kWarp) probs[r * cols + c] = exp(row[c] - lse);
   if (lane != 0) return T(0);
   const int32_t label = labels[r];
-  const bool ignored = label == fn::kIgnoreLabel;
-  const bool valid = label >= 0 && label < cols;
-  if (!valid && !ignored) record_fault(fault, kLabel, label, r, cols);
-  return ignored ? T(0) : valid ? lse - row[label] : T(NAN);
+  if (label != fn::kIgnoreLabel && (label < 0 || label >= cols)) {
+    record_fault(fault, kLabel, label, r, cols);
+  }
+  return fn::CrossEntropyRowLoss{}(lse, row, label, cols);
 }
 
 // logits [N, C], labels [N] -> probs [N, C] = softmax, row_loss [N] = the rows' losses
