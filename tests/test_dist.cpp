@@ -681,6 +681,44 @@ TEST(Dist, ShardedRunsResumeBitForBit) {
   expect_same_on_every_rank(resumed.parameter_hash);
 }
 
+// Plain data parallelism: rank 0 writes the checkpoints and every rank resumes from them. Ranks
+// given different folders (an MPMD launch, or a copy on one node that went stale) would train
+// diverged replicas from different steps: they are stopped, naming both steps.
+TEST(Dist, RanksResumingFromDifferentStepsAreStopped) {
+  const auto data = testing::make_dataset("dist-resume-folders", 1001, 64);
+  mnist::Config c = dp_config(data, "fp32");
+  c.accum_steps = 2;
+  c.max_steps = 10;
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / "accrue-dist-resume-folders";
+  const std::filesystem::path written = dir / "written", stale = dir / "stale";
+  if (comm().rank() == 0) std::filesystem::remove_all(dir);
+  comm().barrier();
+  c.checkpoint = written.string();
+  c.checkpoint_every = 5;
+  train_recorded(c, std::cout);
+  comm().barrier();
+  if (comm().rank() == 0) {
+    std::filesystem::copy(written, stale, std::filesystem::copy_options::recursive);
+    for (const char* ext : {".json", ".safetensors"}) {
+      ASSERT_TRUE(std::filesystem::remove(stale / (std::string("step-0000000010") + ext)));
+    }
+  }
+  comm().barrier();
+  c.checkpoint.clear();
+  c.max_steps = 12;
+  c.resume = (comm().rank() == 0 ? written : stale).string();
+  testing::expect_error<FileError>(
+      [&] { train_recorded(c, std::cout); },
+      {"different steps", comm().rank() == 0 ? "rank 0: 10, rank 1: 5" : "rank 1: 5, rank 0: 10",
+       "the same folder"});
+  comm().barrier();
+  // The same folder on every rank resumes.
+  c.resume = written.string();
+  EXPECT_NO_THROW(train_recorded(c, std::cout));
+  comm().barrier();
+}
+
 // Pipeline stages checkpoint each their part (DIR/stage-<s>, written by the stage's own rank) and
 // resume bit for bit; another --pipeline setting is refused by name.
 TEST(Dist, PipelineStagesResumeBitForBit) {

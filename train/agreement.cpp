@@ -66,17 +66,22 @@ std::vector<int64_t> gather_from_ranks(distributed::Communicator& comm, int64_t 
 }
 
 void check_same_resume_step(distributed::Communicator& comm, int64_t step,
-                            const std::string& resume, const char* who) {
+                            const std::string& resume, const char* who, bool per_rank) {
+  if (comm.world_size() == 1) return;
   const std::vector<int64_t> steps = gather_from_ranks(comm, step);
   for (size_t r = 0; r < steps.size(); ++r) {
-    if (steps[r] != step) {
-      throw FileError(str_cat("--resume ", resume, ": the ", who,
-                              "s' newest complete checkpoints are at different steps (rank ",
-                              comm.rank(), ": ", step, ", rank ", r, ": ", steps[r], "); a ", who,
-                              " stopped while writing: remove the newer step-",
+    if (steps[r] == step) continue;
+    const std::string what = str_cat("--resume ", resume, ": the ", who,
+                                     "s' newest complete checkpoints are at different steps (rank ",
+                                     comm.rank(), ": ", step, ", rank ", r, ": ", steps[r], "); ");
+    if (per_rank) {
+      throw FileError(str_cat(what, "a ", who, " stopped while writing: remove the newer step-",
                               std::max(step, steps[r]), " files to resume from the step every ",
                               who, " has"));
     }
+    throw FileError(str_cat(what, "every ", who,
+                            " resumes from the one checkpoint rank 0 wrote: give each the same "
+                            "folder (a shared file system, or identical copies)"));
   }
 }
 

@@ -24,10 +24,12 @@ void check_ranks_agree(distributed::Communicator& comm, const nlohmann::ordered_
 // Every rank's `value`, in rank order (one all-gather). Collective.
 std::vector<int64_t> gather_from_ranks(distributed::Communicator& comm, int64_t value);
 
-// After a resume where each rank read its own newest checkpoint (pipeline stages, ZeRO-3's
-// shards): throws FileError naming both steps when a rank (`who`: "stage", "rank") read another
-// step than this one, which a rank stopped while writing leaves. Collective.
+// After a resume: throws FileError naming both steps when a rank (`who`: "stage", "rank") read
+// another step than this one. Where each rank read its own newest checkpoint (pipeline stages,
+// ZeRO-3's shards, `per_rank`), a rank stopped while writing leaves one fewer; where every rank
+// reads the one folder rank 0 wrote, the ranks were given different folders (an MPMD launch, or
+// a copy per node that went stale), and would train diverged replicas. Collective.
 void check_same_resume_step(distributed::Communicator& comm, int64_t step,
-                            const std::string& resume, const char* who);
+                            const std::string& resume, const char* who, bool per_rank);
 
 }  // namespace accrue::train

@@ -164,6 +164,11 @@ void Run::resume() {
   }
   acc_->restore_clock(saved.position.step, saved.position.skipped);
   strategies_->after_resume(saved.position.step);
+  // Where every rank read the folder rank 0 wrote, they must have read the same step (the
+  // strategies that checkpoint per rank compared theirs above).
+  if (!strategies_->checkpoints_per_rank()) {
+    check_same_resume_step(*world_, saved.position.step, c_.resume, "rank", false);
+  }
   start_ = saved.position;
   // The position is on disk already when this run checkpoints into the folder it resumed from;
   // a resume into another folder writes it there too, even with nothing left to train.

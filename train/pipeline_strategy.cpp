@@ -220,7 +220,7 @@ std::optional<std::vector<nn::NamedTensor>> PipelineStages::whole_masters(
 // stopped while writing may have one fewer. The copies of tied parameters take the owner's values.
 void PipelineStages::after_resume(int64_t step) {
   if (tied_) tied_->after_update();
-  check_same_resume_step(*world_, step, c_.resume, "stage");
+  check_same_resume_step(*world_, step, c_.resume, "stage", true);
 }
 
 // This stage's part of a window: its micro-batches through the stage's layers under the

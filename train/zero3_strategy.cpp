@@ -129,7 +129,7 @@ class ZeroStageThree final : public OverRanks {
   // and the ranks must start from the same step. The layers gathered before the resume hold the
   // values from before it: released, the next use gathers the resumed ones.
   void after_resume(int64_t step) override {
-    check_same_resume_step(*ranks_, step, c_.resume, "rank");
+    check_same_resume_step(*ranks_, step, c_.resume, "rank", true);
     sharded_->begin_window();
   }
   // Names what the folder holds when this rank's is missing: per-rank folders of another rank
