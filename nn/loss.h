@@ -12,11 +12,17 @@ namespace accrue::nn {
 // normaliser is the item count of the whole window; the counts check it. The count is a tensor
 // computed with the loss, a number the host knows without the device (a classifier's rows: no
 // kernel counts them), or the sum of both.
+// A micro-step replayed from a CUDA graph adds the counts its capture added: a host count must
+// follow from the micro-batch's shapes (the graph's key), as a classifier's rows do; a count that
+// depends on the values (unmasked tokens) belongs in `count`.
 struct LossSum {
   Tensor sum;    // 0-d, requires grad
   Tensor count;  // 0-d, any dtype (on the device: a count of unmasked tokens needs no host read)
   double host_count = 0;  // items known on the host, added to `count` (or alone, count undefined)
 };
+
+// Throws ValueError, naming `op`, unless the count is one element, a host count > 0, or both.
+void check_count(const LossSum& loss, const char* op);
 
 class CrossEntropyLoss {
  public:

@@ -154,13 +154,8 @@ void Accumulator::micro_step(int64_t items, const std::function<nn::LossSum()>& 
 }
 
 void Accumulator::add_count(const nn::LossSum& loss) {
+  nn::check_count(loss, "accumulator");
   const Tensor& count = loss.count;
-  if (!(loss.host_count >= 0) || !std::isfinite(loss.host_count) ||
-      (count.defined() ? count.numel() != 1 : loss.host_count == 0)) {
-    throw ValueError(str_cat("[accumulator] a LossSum's count must be one element or a host ",
-                             "count > 0 (or both), got ", count.describe(), " and host count ",
-                             loss.host_count));
-  }
   if (count.defined()) {
     backend_for(count_sum_.device())
         .axpy(1.0, to_dtype(count, count_sum_.dtype()).to(count_sum_.device()), count_sum_);
@@ -199,6 +194,7 @@ void Accumulator::pipelined_window(const std::function<nn::LossSum(const Tensor&
     }
     backend_for(loss_sum_.device())
         .axpy(1.0, to_dtype(sums.sum, loss_sum_.dtype()).to(loss_sum_.device()), loss_sum_);
+    last_counts_ = {};
     add_count(sums);
   } catch (...) {
     abandon_window();

@@ -375,6 +375,14 @@ std::vector<Row> rows() {
                               loss, probs);
          return Outputs{loss, probs};
        }},
+      // Few rows of many classes: more than one block's worth of logits takes the launch per row.
+      {"cross_entropy/wide_rows",
+       [](const Maker& m) {
+         Tensor loss = m.empty({}), probs = m.empty({40, 2000});
+         m.be().cross_entropy(m.uniform({40, 2000}, 16, -5, 5),
+                              m.ints(labels_with_ignored(40, 2000)), loss, probs);
+         return Outputs{loss, probs};
+       }},
       {"cross_entropy_backward_ignoring",
        [](const Maker& m) {
          Tensor dlogits = m.empty({kRows, kCols});

@@ -37,7 +37,8 @@ class StepGraphs {
       : device_(device), max_graphs_(max_graphs), log_(std::move(log)) {}
 
   // The micro-step's loss from its inputs (the tensors given to micro_step, or during capture
-  // and replays the graph's own copies of them).
+  // and replays the graph's own copies of them). Its host count follows from the inputs' shapes
+  // (nn::LossSum): a replay adds the count of its capture.
   using Loss = std::function<nn::LossSum(const std::vector<Tensor>& inputs)>;
   // One micro-step of `items` loss items through acc: eager, captured then replayed, or
   // replayed. When an op of the model refuses to be captured (NotCapturable: a dropout, a

@@ -396,6 +396,7 @@ nn::LossSum Strategy::run_micro_batches(nn::Module&, const WindowRun&) {
 }
 
 void Strategy::add_loss(const nn::LossSum& loss, DType dtype, nn::LossSum& sums) {
+  nn::check_count(loss, "strategy");
   const NoGradGuard no_grad;
   Backend& be = backend_for(sums.sum.device());
   be.axpy(1.0, to_dtype(loss.sum, dtype), sums.sum);

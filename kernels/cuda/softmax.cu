@@ -1,9 +1,10 @@
 // CUDA softmax family over the rows of [N, C] logits: one warp per row, lanes striding over the
 // classes, warp shuffles for the row max and sums. The cross-entropy loss sums per-row losses
-// with the deterministic sum_all, or, for at most kThreads rows, in the same launch. A label
-// outside [0, C) (the CPU checks labels at the public edge; device-resident labels cannot be
-// checked without a copy) makes its row's loss and its row's gradient NaN, so the boundary step
-// skips the update, and is recorded as a fault that the next host read reports.
+// with the deterministic sum_all, or, for at most kThreads rows of few classes, in the same
+// launch. A label outside [0, C) (the CPU checks labels at the public edge; device-resident
+// labels cannot be checked without a copy) makes its row's loss and its row's gradient NaN, so
+// the boundary step skips the update, and is recorded as a fault that the next host read
+// reports.
 #include <cmath>
 #include <cub/block/block_reduce.cuh>
 
@@ -95,7 +96,8 @@ __global__ void cross_entropy_kernel(const T* x, const int32_t* labels, T* probs
 }
 
 // logits [N, C], labels [N] -> probs [N, C], loss [] = the sum of the rows' losses, for N <=
-// kThreads (a micro-batch of a classifier): one block, warp w taking rows w, w + kRowsPerBlock,
+// kThreads and N * C small (a micro-batch of a classifier): one block, warp w taking rows w, w +
+// kRowsPerBlock,
 // ...; thread t then holds row t's loss, in double, and the block sums them in a fixed tree. One
 // launch where the general form takes two (the rows, then sum_all over them).
 template <typename T>
@@ -207,7 +209,10 @@ void CudaBackend::cross_entropy(const Tensor& logits, const Tensor& labels, Tens
       return;
     }
     DeviceContext& ctx = context(logits.device().index);
-    if (rows <= kThreads) {
+    // One block while its threads have little to read: a micro-batch over a wide vocabulary
+    // (256 rows of 32k classes) would otherwise run on one multiprocessor.
+    constexpr int64_t kOneBlockElements = int64_t(1) << 16;
+    if (rows <= kThreads && rows * logits.size(1) <= kOneBlockElements) {
       cross_entropy_one_block<<<1, kThreads, 0, ctx.stream>>>(
           logits.data<T>(), labels.data<int32_t>(), probs.data<T>(), loss.data<T>(), rows,
           logits.size(1), ctx.fault);
