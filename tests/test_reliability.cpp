@@ -756,6 +756,30 @@ TEST(Reliability, MetricsOfAnotherRunOrWithMissingStepsAreRefused) {
   EXPECT_EQ(continued.find("pipeline"), std::string::npos) << continued;
   EXPECT_EQ(continued.find("summary"), std::string::npos) << continued;
   EXPECT_NE(continued.find("\"step\":3"), std::string::npos) << continued;
+  // Files no run writes, refused by name and left as they were: brackets nested 200,000 deep
+  // (parsed and copied as they were, they overflowed the stack), a step past int64, a file too
+  // large to hold (sparse: refused from its size, before a byte is read).
+  const fs::path hostile = data / "hostile.jsonl";
+  const std::string run_line = "{\"event\":\"run\",\"run_id\":\"r\"}\n";
+  const std::vector<std::pair<std::string, std::vector<std::string>>> rows = {
+      {run_line + "{\"event\":" + std::string(200000, '[') + std::string(200000, ']') + "}\n",
+       {"line 2 is not JSON", "nested more than 64 levels"}},
+      {run_line + "{\"step\":18446744073709551615,\"loss\":1}\n",
+       {"line 2 has step 18446744073709551615, beyond any run"}},
+      {"", {"bytes, more than a metrics log to continue can be"}},
+  };
+  for (const auto& [text, words] : rows) {
+    std::ofstream(hostile, std::ios::trunc) << text;
+    if (text.empty()) fs::resize_file(hostile, (uint64_t(1) << 30) + 1);
+    const auto size = fs::file_size(hostile);
+    train::MetricsLog refused(hostile.string());
+    std::vector<std::string> expected = words;
+    expected.push_back(hostile.string());
+    expected.push_back("give --metrics another file");
+    expect_error<FileError>([&] { refused.continue_from(2, 0, "r"); }, expected);
+    EXPECT_EQ(fs::file_size(hostile), size);
+  }
+  fs::remove(hostile);
 }
 
 // The watchdog says which rank was stopped: a wait whose own polls stopped for a second or more,

@@ -4,10 +4,14 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
+#include <string_view>
+
+#include "optim/strict_json.h"
 
 namespace accrue::train {
 
@@ -43,38 +47,60 @@ MetricsLog::MetricsLog(const std::string& path) : path_(path) {
   }
 }
 
+// A metrics log to continue is read whole and held until publish(): far larger than the records
+// of any run (a few hundred bytes a step), and small enough to hold twice.
+constexpr uint64_t kMaxMetricsBytes = uint64_t(1) << 30;
+
 bool MetricsLog::continue_from(int64_t step, int64_t epochs_done, const std::string& run_id) {
   if (path_.empty() || stream_) return false;
   std::error_code ec;
   if (!std::filesystem::exists(path_, ec)) return false;
-  const std::vector<uint8_t> bytes = read_file_bytes(path_);
-  std::istringstream in(std::string(bytes.begin(), bytes.end()));
-  std::string line, kept;
   const std::string advice =
       "; the resumed run would lose its records: give --metrics another file";
+  std::vector<uint8_t> bytes;
+  try {
+    bytes = read_file_bytes(path_, kMaxMetricsBytes, "a metrics log to continue");
+  } catch (const FileError& e) {
+    throw FileError(e.what() + advice);
+  }
+  const char* const text = reinterpret_cast<const char*>(bytes.data());
+  const size_t size = bytes.size();
+  std::string kept;
   int64_t last_step = 0;  // of the step records kept
-  for (int64_t number = 1; std::getline(in, line); ++number) {
+  size_t begin = 0;
+  for (int64_t number = 1; begin < size; ++number) {
+    const char* newline = static_cast<const char*>(std::memchr(text + begin, '\n', size - begin));
+    const size_t end = newline ? static_cast<size_t>(newline - text) : size;
+    const std::string_view line(text + begin, end - begin);
+    begin = end + 1;
     nlohmann::json record;
     try {
-      record = nlohmann::json::parse(line);
-    } catch (const std::exception&) {
-      throw FileError(str_cat(path_, ": line ", number, " is not JSON", advice));
+      record = optim::parse_strict_json(line.begin(), line.end());
+    } catch (const std::invalid_argument& e) {
+      throw FileError(str_cat(path_, ": line ", number, " is not JSON (", e.what(), ")", advice));
     }
-    const auto field = [&](const char* key) {
-      return record.is_object() && record.contains(key) ? record[key] : nlohmann::json();
+    static const nlohmann::json kAbsent;
+    const auto field = [&](const char* key) -> const nlohmann::json& {
+      return record.is_object() && record.contains(key) ? record.at(key) : kAbsent;
     };
+    const nlohmann::json& step_field = field("step");
+    if (step_field.is_number_unsigned() &&
+        step_field.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+      throw FileError(str_cat(path_, ": line ", number, " has step ", step_field.dump(),
+                              ", beyond any run", advice));
+    }
     if (field("event") == "run" && field("run_id").is_string() && !run_id.empty() &&
         field("run_id") != run_id) {
       throw FileError(str_cat(path_, ": line ", number, " starts run ",
-                              field("run_id").get<std::string>(), ", not the resumed run ", run_id,
+                              optim::brief_json(field("run_id")), ", not the resumed run ", run_id,
                               advice));
     }
     // The end of a run: what follows belongs to no checkpoint this run resumes from.
     const bool ended = field("event") == "summary" || field("event") == "pipeline";
-    const bool is_step = field("step").is_number_integer() && !field("event").is_string();
-    if (ended || (field("step").is_number_integer() && field("step").get<int64_t>() > step)) break;
+    const bool is_step = step_field.is_number_integer() && !field("event").is_string();
+    if (ended || (step_field.is_number_integer() && step_field.get<int64_t>() > step)) break;
     if (is_step) {
-      const int64_t s = field("step").get<int64_t>();
+      const int64_t s = step_field.get<int64_t>();
       if (last_step != 0 && s != last_step + 1) {
         throw FileError(
             str_cat(path_, ": line ", number, " is step ", s, " after step ", last_step, advice));
@@ -83,13 +109,13 @@ bool MetricsLog::continue_from(int64_t step, int64_t epochs_done, const std::str
     }
     const bool unfinished_epoch = field("event") == "epoch" && field("epoch").is_number_integer() &&
                                   field("epoch").get<int64_t>() > epochs_done;
-    if (!unfinished_epoch) kept += line + "\n";
+    if (!unfinished_epoch) kept.append(line).push_back('\n');
   }
   if (last_step != 0 && last_step != step) {
     throw FileError(str_cat(path_, ": its step records end at step ", last_step,
                             ", the checkpoint is at step ", step, advice));
   }
-  text_ = kept;
+  text_ = std::move(kept);
   return true;
 }
 
