@@ -306,7 +306,8 @@ std::map<std::string, Tensor> read_safetensors(const std::string& path,
 
 void load_parameters(nn::Module& module, const std::string& path) {
   const auto tensors = read_safetensors(path);
-  const auto params = module.named_state();  // parameters, then buffers (running statistics)
+  const auto params = module.named_state();    // parameters, then buffers (running statistics)
+  std::map<std::string, Tensor> converted_to;  // each tensor in its parameter's dtype
   for (const auto& [name, t] : tensors) {
     const bool known = std::any_of(params.begin(), params.end(),
                                    [&](const nn::NamedTensor& p) { return p.first == name; });
@@ -333,15 +334,21 @@ void load_parameters(nn::Module& module, const std::string& path) {
                               " but the model expects ", dtype_name(param.dtype()),
                               shape_str(param.shape())));
     }
-    if (const auto bad = is_floating(param.dtype()) ? first_nonfinite(it->second) : std::nullopt) {
-      throw FileError(str_cat("[load] ", path, ": tensor '", name, "' holds ", bad->value,
-                              " at element ", bad->index, "; parameters must be finite"));
+    // Finite as the parameter will hold it: an F64 1e300 is inf in float32.
+    const Tensor& converted =
+        converted_to.emplace(name, to_dtype(it->second, param.dtype())).first->second;
+    if (const auto bad = is_floating(param.dtype()) ? first_nonfinite(converted) : std::nullopt) {
+      const double stored = it->second.view({it->second.numel()}).narrow(bad->index, 1).item();
+      throw FileError(str_cat(
+          "[load] ", path, ": tensor '", name, "' holds ", stored, " at element ", bad->index,
+          std::isfinite(stored) ? str_cat(", ", bad->value, " in ", dtype_name(param.dtype())) : "",
+          "; parameters must be finite"));
     }
   }
   // Every check passed: only now is any parameter written.
   for (const auto& [name, param] : params) {
     Tensor target = param;
-    target.copy_(to_dtype(tensors.at(name), param.dtype()).to(param.device()));
+    target.copy_(converted_to.at(name).to(param.device()));
   }
 }
 

@@ -307,6 +307,13 @@ TEST(BadInput, LoadingRejectsUnknownNonFiniteAndIntegerTensors) {
     expect_error<FileError>([&] { optim::load_parameters(model, path); },
                             {path, "'layers.0.bias'", "element 1", "must be finite"});
   }
+  // Finite as stored, infinite in the parameter's float32.
+  Tensor wide = Tensor::zeros({2}, DType::kFloat64);
+  wide.data<double>()[1] = 1e300;
+  path = save("wide.safetensors", {{"layers.0.weight", w}, {"layers.0.bias", wide}});
+  expect_error<FileError>(
+      [&] { optim::load_parameters(model, path); },
+      {path, "'layers.0.bias' holds 1e+300 at element 1, inf in float32", "must be finite"});
   path = save("int.safetensors",
               {{"layers.0.weight", Tensor::zeros({2, 3}, DType::kInt32)}, {"layers.0.bias", b}});
   expect_error<FileError>([&] { optim::load_parameters(model, path); },
@@ -409,6 +416,7 @@ TEST(BadInput, CommandLineMistakesExitTwoBeforeReadingData) {
       {{"--momentum", "1"}, {"--momentum", "'1'"}},
       {{"--weight-decay", "nan"}, {"--weight-decay", "nan"}},
       {{"--weight-decay", "-0.1"}, {"--weight-decay"}},
+      {{"--weight-decay", "1e39"}, {"--weight-decay", "'1e39' must be in [0, 3.40282e+38]"}},
       {{"--lr-scaling", "linear", "--base-batch", "1", "--lr", "1e307"},
        {"--lr 1e+307", "linear", "gives inf"}},
       {{"--epochs", "9223372036854775807"}, {"--epochs", "9223372036854775807"}},

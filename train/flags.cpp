@@ -201,8 +201,9 @@ void Flags::add_optimizer_flags() {
           },
           ""));
   if (c_.weight_decay) weight_decay_ = str_cat(*c_.weight_decay);
+  // The optimizers apply the decay in the parameters' type: past float32's range it is inf.
   app_.add_option("--weight-decay", weight_decay_, "Weight decay (default: " + decays + ")")
-      ->check(finite_in(0, kHuge));
+      ->check(finite_in(0, std::numeric_limits<float>::max()));
   app_.add_option("--momentum", c_.momentum, "SGD momentum")->check(finite_in(0, 1, Open::kHigh));
   app_.add_option("--seed", c_.seed, "Seed for initialisation and shuffling")
       ->transform(unsigned_64());
