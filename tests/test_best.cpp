@@ -164,5 +164,52 @@ TEST(Best, AResumeIntoAnotherFolderCarriesTheBestWeights) {
       0);
 }
 
+// The best weights a resume finds must be the checkpoint's best: a run stopped after a better
+// evaluation but before its next checkpoint leaves newer ones, a file may be damaged or gone.
+// Such a file is neither carried nor named by the summary (the log says why), and stays as it was
+// until the resumed run's own evaluations choose a best.
+TEST(Best, ABestFileTheCheckpointDoesNotDescribeIsNotCarried) {
+  const fs::path data = make_dataset("best-mismatch", 448, 64);
+  const fs::path first = data / "first";
+  ASSERT_EQ(cli(base(data, {"--lr", "1e-12", "--eval-every", "1", "--keep-best", "--checkpoint",
+                            first.string(), "--max-steps", "2"}))
+                .status,
+            0);
+  std::map<std::string, std::string> meta;
+  const auto weights = optim::read_safetensors((first / "best.safetensors").string(), &meta);
+  ASSERT_EQ(meta["accrue.best.step"], "1");  // the earliest of equal evaluations
+  std::vector<nn::NamedTensor> named(weights.begin(), weights.end());
+  meta["accrue.best.step"] = "2";
+  const fs::path newer_weights = data / "newer.safetensors";
+  optim::save_safetensors(newer_weights.string(), named, optim::with_digest(meta, named));
+  const std::vector<std::pair<std::string, std::string>> rows = {
+      {"newer", "it holds the weights of step 2, not those of the checkpoint's best (step 1)"},
+      {"damaged", "best.safetensors"},
+      {"missing", "best.safetensors is missing"},
+  };
+  for (const auto& [name, words] : rows) {
+    const fs::path folder = data / name, other = data / (name + "-other");
+    fs::remove_all(folder);
+    fs::remove_all(other);
+    fs::copy(first, folder, fs::copy_options::recursive);
+    const fs::path best = folder / "best.safetensors";
+    if (name == "newer") fs::copy_file(newer_weights, best, fs::copy_options::overwrite_existing);
+    if (name == "damaged") std::ofstream(best, std::ios::trunc) << "garbage";
+    if (name == "missing") fs::remove(best);
+    const std::string before = fs::exists(best) ? slurp(best) : "";
+    // Into another folder, then into the same one (both from step 2).
+    for (const fs::path& to : {other, folder}) {
+      const CliResult r =
+          cli({"--resume", folder.string(), "--checkpoint", to.string(), "--max-steps", "3"});
+      ASSERT_EQ(r.status, 0) << name << ": " << r.err;
+      expect_words(r.out, {"--keep-best: ", words, "written again when this run's evaluations",
+                           "resumed from", "step 2", "best validation accuracy"});
+      EXPECT_EQ(r.out.find("(weights in"), std::string::npos) << name << ": " << r.out;
+      EXPECT_EQ(fs::exists(best) ? slurp(best) : "", before) << name;
+      EXPECT_FALSE(fs::exists(other / "best.safetensors")) << name;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace accrue::testing

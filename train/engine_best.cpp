@@ -84,13 +84,14 @@ void Run::write_best_weights(const Evaluation& e, int64_t step) {
                 {{"accrue.best.step", std::to_string(step)},
                  {"accrue.best." + e.key, json_number(e.value).dump()}});
   wait_for_the_lead(bytes_of(masters));
+  best_weights_kept_ = true;
 }
 
 // The summary's words about the best: "best validation PER 9.87% at step 1200 (weights in ...)".
 std::string Run::best_text() const {
   if (!best_.any) return "";
   return str_cat("best ", evaluation_text(best_measure_), " at step ", best_.step,
-                 c_.keep_best ? str_cat(" (weights in ", best_weights_path(), ")") : "");
+                 best_weights_kept_ ? str_cat(" (weights in ", best_weights_path(), ")") : "");
 }
 
 }  // namespace accrue::train::engine

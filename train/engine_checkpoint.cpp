@@ -192,13 +192,41 @@ void Run::resume() {
               ", window ", start_.window + 1));
 }
 
-// --keep-best resumed into another --checkpoint folder: the best so far comes along, so the
-// folder the summary names holds it even when the resumed run never improves on it.
-void Run::carry_best_weights() const {
-  if (!c_.keep_best || !best_.any || !lead_ || c_.checkpoint.empty()) return;
+// --keep-best: the best so far comes along with the resume. The weights in the folder it resumed
+// from are the checkpoint's best only if they say so: a run stopped after a better evaluation
+// but before its next checkpoint left newer ones (this run evaluates that step again), and a
+// damaged file is no best. Resumed into another --checkpoint folder, the file is copied there, so
+// the folder the summary names holds it even when the resumed run never improves on it.
+void Run::carry_best_weights() {
+  best_weights_kept_ = false;
+  if (!c_.keep_best || !best_.any || !lead_) return;
   const fs::path from = fs::path(c_.resume) / kBestWeights;
   std::error_code ec;
-  if (!fs::exists(from, ec) || fs::equivalent(c_.resume, c_.checkpoint, ec)) return;
+  if (!fs::exists(from, ec)) {
+    log(str_cat("--keep-best: ", from.string(), " is missing; the best weights are written again ",
+                "when this run's evaluations choose them"));
+    return;
+  }
+  std::string problem;
+  try {
+    std::map<std::string, std::string> meta;
+    optim::read_safetensors(from.string(), &meta);
+    const auto step = meta.find("accrue.best.step");
+    if (step == meta.end() || step->second != std::to_string(best_.step)) {
+      problem = str_cat("it holds the weights of step ",
+                        step == meta.end() ? "(none given)" : step->second,
+                        ", not those of the checkpoint's best (step ", best_.step, ")");
+    }
+  } catch (const std::exception& e) {
+    problem = e.what();
+  }
+  if (!problem.empty()) {
+    log(str_cat("--keep-best: ", from.string(), ": ", problem,
+                "; the best weights are written again when this run's evaluations choose them"));
+    return;
+  }
+  best_weights_kept_ = true;
+  if (c_.checkpoint.empty() || fs::equivalent(c_.resume, c_.checkpoint, ec)) return;
   fs::create_directories(c_.checkpoint, ec);
   AtomicFile out(best_weights_path());
   const std::vector<uint8_t> bytes = read_file_bytes(from.string());

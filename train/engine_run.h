@@ -73,7 +73,7 @@ class Run {
   nlohmann::json run_config();
   void resume();
   void check_same_horizon(const Checkpoint& saved) const;
-  void carry_best_weights() const;
+  void carry_best_weights();
   void validate_position(const Checkpoint& saved);
   void write_weights(const std::string& path, const std::vector<nn::NamedTensor>& masters,
                      const std::map<std::string, std::string>& extra = {});
@@ -170,6 +170,9 @@ class Run {
   // last compared with it, and whether --early-stop has ended the run.
   BestSoFar best_;
   Evaluation best_measure_;
+  // --keep-best: the best's weights are in best_weights_path() (this run wrote them, or the
+  // resume found them there or carried them there).
+  bool best_weights_kept_ = false;
   int64_t last_considered_step_ = -1;
   bool stopping_early_ = false;
 };
