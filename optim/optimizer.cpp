@@ -1,6 +1,8 @@
 // The shared boundary pipeline of every optimizer.
 #include "optim/optimizer.h"
 
+#include <algorithm>
+
 #include <cmath>
 
 #include "kernels/backend.h"
@@ -140,9 +142,8 @@ std::vector<nn::NamedTensor> Optimizer::save_state() {
   return out;
 }
 
-void Optimizer::load_state(const std::map<std::string, Tensor>& state) {
-  // Copies in flight may still read the state (the offloaded optimizer's): they finish first.
-  if (sync_ != nullptr) sync_->quiesce();
+std::vector<std::pair<Tensor, Tensor>> Optimizer::state_copies(
+    const std::map<std::string, Tensor>& state) {
   const auto get = [&](const std::string& name, const Shape& shape, DType dtype) {
     const auto it = state.find(name);
     if (it == state.end() || it->second.shape() != shape || it->second.dtype() != dtype) {
@@ -155,7 +156,17 @@ void Optimizer::load_state(const std::map<std::string, Tensor>& state) {
   // Every tensor is found and checked before the first one is copied: a refused state leaves the
   // optimizer as it was.
   std::vector<std::pair<Tensor, Tensor>> copies;  // {destination, source}
-  for (auto& [name, t] : element_state()) {
+  const auto elements = element_state();
+  for (const auto& [name, t] : state) {
+    const bool kept = name == "steps" || name == "scaler" ||
+                      std::any_of(elements.begin(), elements.end(),
+                                  [&](const auto& e) { return e.first == name; });
+    if (!kept) {
+      throw ValueError(str_cat("[optimizer] the checkpoint's optimizer state has '", name, "' (",
+                               t.describe(), "), which this optimizer does not keep"));
+    }
+  }
+  for (auto& [name, t] : elements) {
     const Tensor full = get(name, {arena_.size()}, t.dtype());
     copies.emplace_back(t, full.narrow(restricted() ? slice_offset_ : 0, t.numel()));
   }
@@ -175,7 +186,17 @@ void Optimizer::load_state(const std::map<std::string, Tensor>& state) {
   } else if (state.count("scaler")) {
     throw ValueError("[optimizer] the checkpoint has a loss scaler; this run has no loss scaling");
   }
-  for (auto& [to, from] : copies) to.copy_(from.to(to.device()));
+  return copies;
+}
+
+void Optimizer::check_state(const std::map<std::string, Tensor>& state) {
+  state_copies(state);
+}
+
+void Optimizer::load_state(const std::map<std::string, Tensor>& state) {
+  // Copies in flight may still read the state (the offloaded optimizer's): they finish first.
+  if (sync_ != nullptr) sync_->quiesce();
+  for (auto& [to, from] : state_copies(state)) to.copy_(from.to(to.device()));
   if (scaler_.defined() && sync_ != nullptr) sync_->scalars_changed();
   stepped_ = true;
 }

@@ -97,9 +97,12 @@ class Optimizer {
   // full arena (through the SliceGather when restricted: collective, every process calls it), the
   // applied-step counter and the loss scaler, under fixed names ("exp_avg", "momentum_buffer",
   // "steps", "scaler"). load_state() takes the same (each rank keeps its slice) and throws
-  // ValueError naming a missing or misshapen entry.
+  // ValueError naming a missing, misshapen or unknown entry, changing nothing; check_state()
+  // makes the same checks and copies nothing (a checkpoint is refused while an older one can be
+  // named).
   std::vector<nn::NamedTensor> save_state();
   void load_state(const std::map<std::string, Tensor>& state);
+  void check_state(const std::map<std::string, Tensor>& state);
 
   // Dynamic or fixed loss scaling from now on, starting at initial_scale (a power of two keeps
   // the scaling exact). The backward seed reads loss_scale() on the device.
@@ -143,6 +146,8 @@ class Optimizer {
   Tensor params_, grads_, working_;
 
  private:
+  // load_state's checks: the {destination, source} pairs it copies.
+  std::vector<std::pair<Tensor, Tensor>> state_copies(const std::map<std::string, Tensor>& state);
   Tensor scale_mirror_;        // mirror_loss_scale(), or undefined
   int64_t slice_offset_ = -1;  // restrict_to_slice; -1: the whole arena
   PartialSumReducer* reducer_ = nullptr;

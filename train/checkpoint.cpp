@@ -191,6 +191,7 @@ Checkpoint read_checkpoint(const std::string& dir, int64_t step,
                               " (a finite number; both 0 at an epoch's first window)"));
     }
     c.position.epoch_loss = loss->get<double>();
+    c.position.has_epoch_sums = true;
   }
   if (j.contains("best")) {
     const nlohmann::json& best = j["best"];
@@ -236,8 +237,11 @@ Checkpoint read_checkpoint(const std::string& dir, int64_t step,
   }
   // The optimizer counts the updates it applied: every step that was not skipped.
   const auto applied = c.optimizer.find("steps");
-  if (applied == c.optimizer.end() || applied->second.numel() != 1) {
-    throw FileError(str_cat(tensors, ": 'optimizer/steps' is missing or not one element"));
+  if (applied == c.optimizer.end() || applied->second.numel() != 1 ||
+      applied->second.dtype() != DType::kInt32) {
+    throw FileError(str_cat(tensors, ": 'optimizer/steps' is ",
+                            applied == c.optimizer.end() ? "missing" : applied->second.describe(),
+                            ", not one int32"));
   }
   if (static_cast<int64_t>(applied->second.item()) != c.position.step - c.position.skipped) {
     throw FileError(str_cat(c.path, ": step ", c.position.step, " with ", c.position.skipped,

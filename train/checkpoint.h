@@ -43,6 +43,7 @@ struct TrainPosition {
   // their items, so that a run resumed mid-epoch reports the whole epoch's train loss.
   double epoch_loss = 0;
   int64_t epoch_items = 0;
+  bool has_epoch_sums = false;  // false in the checkpoints of earlier versions
 };
 
 // A new run's id: 16 hex digits from the system's entropy.

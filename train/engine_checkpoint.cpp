@@ -11,6 +11,7 @@
 #include "optim/safetensors.h"
 #include "optim/strict_json.h"
 #include "train/agreement.h"
+#include "train/sample_order.h"
 
 namespace accrue::train::engine {
 
@@ -137,6 +138,7 @@ void Run::resume() {
     check_compatible(c.config, run_config_, c.path);
     validate_position(c);
     only_known_tensors(c);
+    check_optimizer_state(c);
   });
   if (!saved.run_id.empty()) run_id_ = saved.run_id;
   for (auto& [name, t] : state) {
@@ -157,11 +159,8 @@ void Run::resume() {
     const Tensor& masters = whole.defined() ? whole : arena_->masters();
     arena_->working().copy_(to_dtype(masters, arena_->working().dtype()));
   }
-  try {
-    optimizer_->load_state(saved.optimizer);
-  } catch (const std::invalid_argument& e) {
-    throw FileError(str_cat(saved.path, ": its optimizer state does not fit this run: ", e.what()));
-  }
+  check_optimizer_state(saved);
+  optimizer_->load_state(saved.optimizer);
   acc_->restore_clock(saved.position.step, saved.position.skipped);
   strategies_->after_resume(saved.position.step);
   // Where every rank read the folder rank 0 wrote, they must have read the same step (the
@@ -190,6 +189,15 @@ void Run::resume() {
     samples_seen_ += windows[static_cast<size_t>(w)].samples;
   log(str_cat("resumed from ", saved.path, ": step ", start_.step, ", epoch ", start_.epoch + 1,
               ", window ", start_.window + 1));
+}
+
+// The optimizer's state in a checkpoint, as this run's optimizer would load it.
+void Run::check_optimizer_state(const Checkpoint& saved) {
+  try {
+    optimizer_->check_state(saved.optimizer);
+  } catch (const std::invalid_argument& e) {
+    throw FileError(str_cat(saved.path, ": its optimizer state does not fit this run: ", e.what()));
+  }
 }
 
 // --keep-best: the best so far comes along with the resume. The weights in the folder it resumed
@@ -267,6 +275,19 @@ void Run::validate_position(const Checkpoint& saved) {
     throw FileError(str_cat(saved.path, ": position step ", p.step, ", epoch ", p.epoch,
                             ", window ", p.window, " is not one this run reaches (epoch ", p.epoch,
                             " starts at step ", steps, " and has ", windows, " windows)"));
+  }
+  // The epoch's items so far are those of the windows before the position, in the epoch's order:
+  // an edited count would report another epoch loss, or overflow.
+  if (!p.has_epoch_sums || p.window == 0) return;
+  std::vector<int32_t> order = epoch_order(train_samples_, c_.seed, p.epoch, c_.shuffle);
+  order_shares_by_length(plan_for(p.epoch), order);
+  const int64_t end = plan_for(p.epoch).windows[static_cast<size_t>(p.window)].start;
+  int64_t items = 0;
+  for (int64_t i = 0; i < end; ++i) items += task_.items ? task_.items(order[i]) : 1;
+  if (p.epoch_items != items) {
+    throw FileError(str_cat(saved.path, ": position epoch_items is ", p.epoch_items, ", but the ",
+                            p.window, " windows of epoch ", p.epoch + 1, " before it hold ", items,
+                            " items"));
   }
 }
 

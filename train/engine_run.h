@@ -73,6 +73,7 @@ class Run {
   nlohmann::json run_config();
   void resume();
   void check_same_horizon(const Checkpoint& saved) const;
+  void check_optimizer_state(const Checkpoint& saved);
   void carry_best_weights();
   void validate_position(const Checkpoint& saved);
   void write_weights(const std::string& path, const std::vector<nn::NamedTensor>& masters,
