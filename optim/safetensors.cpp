@@ -68,6 +68,11 @@ struct Entry {
 template <typename Fail>
 Entry parse_entry(const std::string& name, const nlohmann::json& e, uint64_t data_size,
                   const Fail& fail) {
+  // A name is quoted in every message about its tensor, and a message is a C string: a NUL would
+  // end it there, cutting off what is wrong (other control characters are escaped when printed).
+  if (name.find('\0') != std::string::npos) {
+    throw fail(str_cat("the tensor name ", brief_json(name), " holds a NUL byte"));
+  }
   const auto bad = [&](const std::string& what) { return fail("tensor '" + name + "' " + what); };
   if (!e.is_object()) throw bad("is not a JSON object");
   Entry out{name, DType::kFloat32, {}, 0, 0};
@@ -280,7 +285,9 @@ std::map<std::string, Tensor> read_safetensors(const std::string& path,
       if (it.key() == "__metadata__") {
         if (!it.value().is_object()) throw fail("__metadata__ is not a JSON object");
         for (const auto& [key, value] : it.value().items()) {
-          if (!value.is_string()) throw fail(str_cat("__metadata__ '", key, "' is not a string"));
+          if (!value.is_string()) {
+            throw fail(str_cat("__metadata__ ", brief_json(key), " is not a string"));
+          }
           if (metadata != nullptr) (*metadata)[key] = value.get<std::string>();
         }
         continue;

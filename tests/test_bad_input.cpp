@@ -227,6 +227,10 @@ TEST(BadInput, SafetensorsFilesAreRejectedNamingFileTensorAndFault) {
                    f32x2),
        {"'a' [0, 8)", "'b' [4, 8)", "overlap"}},
       {"metadata_not_object", safetensors(R"({"__metadata__":[1]})", ""), {"__metadata__"}},
+      {"name_with_nul",
+       safetensors(R"({"layers.1.bias\u0000x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+                   f32x2),
+       {"the tensor name \"layers.1.bias\\u0000x\" holds a NUL byte"}},
       // Copying or printing a value recurses once per level: deep nesting is refused at parse.
       {"nested_deep",
        safetensors(std::string(100000, '[') + std::string(100000, ']'), ""),
