@@ -141,6 +141,27 @@ TEST(Resume, BrokenFlagRecordsAreNamedBeforeTheData) {
     EXPECT_EQ(r.status, 2) << r.err;
     expect_words(r.err, {broken.string(), row.words, "no older intact checkpoint"});
   }
+  // Records that parse but hold what the command line refuses: named as the checkpoint's.
+  const std::vector<Row> refused{
+      {"an empty value", {{"--data", {""}}}, "--data: the value is empty (--data: from the"},
+      {"a flag its optimizer does not take",
+       {{"--optimizer", {"adam"}}, {"--momentum", {"0.5"}}},
+       "(--optimizer, --momentum: from the"},
+  };
+  for (const Row& row : refused) {
+    SCOPED_TRACE(row.name);
+    fs::remove_all(broken);
+    fs::copy(ckpt, broken);
+    for (const auto& entry : fs::directory_iterator(broken)) {
+      if (entry.path().extension() != ".json") continue;
+      nlohmann::json j = nlohmann::json::parse(slurp(entry.path()));
+      j["flags"] = row.flags;
+      std::ofstream(entry.path(), std::ios::trunc) << j.dump();
+    }
+    const CliResult r = cli({"--resume", broken.string(), "--quiet"});
+    EXPECT_EQ(r.status, 2) << r.err;
+    expect_words(r.err, {row.words, "checkpoint in " + broken.string() + ")"});
+  }
   fs::create_directories(data / "empty");
   const CliResult r = cli({"--resume", (data / "empty").string(), "--quiet"});
   EXPECT_EQ(r.status, 2) << r.err;

@@ -3,6 +3,7 @@
 #include "train/flags.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -616,6 +617,27 @@ void Flags::read_typed_values() {
 void Flags::check() {
   check_no_empty_values();
   take_resumed_flags();
+  try {
+    check_no_empty_values();  // the checkpoint's values too
+    check_settings();
+  } catch (const ValueError& e) {
+    // A mistake in what the checkpoint recorded: say where the flags it names came from.
+    std::string from;
+    const std::string what = e.what();
+    for (const std::string& flag : taken_from_checkpoint_) {
+      const size_t at = what.find(flag);
+      const bool named = at != std::string::npos &&
+                         (at + flag.size() == what.size() ||
+                          !(std::isalnum(static_cast<unsigned char>(what[at + flag.size()])) ||
+                            what[at + flag.size()] == '-'));
+      if (named) from += (from.empty() ? "" : ", ") + flag;
+    }
+    if (from.empty()) throw;
+    throw ValueError(str_cat(what, " (", from, ": from the checkpoint in ", c_.resume, ")"));
+  }
+}
+
+void Flags::check_settings() {
   read_typed_values();
   c_.device = Device::parse(device_);
   c_.cuda_graphs = cuda_graphs_ == "on"    ? CudaGraphs::kOn

@@ -32,6 +32,7 @@ class Flags {
   void check();
 
  private:
+  void check_settings();  // check()'s checks after the resumed flags are taken
   void add_device_flags();
   void add_batch_flags();
   void add_optimizer_flags();
