@@ -153,7 +153,7 @@ void ThreadTuner::record(double seconds_per_sample) {
     const bool slowed =
         recent_.size() == keep && median(recent_) > options_.slowdown * chosen_median_;
     if (--hold_left_ <= 0 || slowed) {
-      if (slowed) hold_ = options_.first_hold;
+      slowed_down_ = slowed;
       start_probe();
     }
     return;
@@ -198,8 +198,11 @@ void ThreadTuner::finish_probe() {
   chosen_median_ = medians_[best];
   ++checks_;
   if (checks_ > 1 && chosen_ != previous) ++switches_;
-  hold_ = (checks_ > 1 && chosen_ == previous) ? std::min(2 * hold_, options_.max_hold)
-                                               : options_.first_hold;
+  // After a slowdown the machine has changed: the next check comes soon, kept or not.
+  hold_ = (checks_ > 1 && chosen_ == previous && !slowed_down_)
+              ? std::min(2 * hold_, options_.max_hold)
+              : options_.first_hold;
+  slowed_down_ = false;
   hold_left_ = hold_;
   recent_.clear();
   probing_ = false;

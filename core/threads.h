@@ -71,6 +71,7 @@ class ThreadTuner {
   double chosen_median_ = 0;
   std::vector<double> recent_;  // the chosen count's last probe_windows timings while holding
   int64_t hold_ = 0, hold_left_ = 0;
+  bool slowed_down_ = false;  // the probe running was started by a slowdown
   int64_t checks_ = 0, switches_ = 0;
 };
 

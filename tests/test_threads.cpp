@@ -264,6 +264,29 @@ TEST(ThreadTuner, LeavesACountThatSlowsDownAndComesBackWhenTheLoadGoes) {
   EXPECT_GE(tuner.switches(), 2);
 }
 
+// A slowdown that leaves the choice standing (the whole machine slowed) brings the next check
+// after first_hold windows: the interval starts again instead of doubling.
+TEST(ThreadTuner, AfterASlowdownTheIntervalStartsAgain) {
+  ThreadTunerOptions o = idle_machine();
+  o.first_hold = 10;
+  o.max_hold = 1000;
+  ThreadTuner tuner({1, 2}, o);
+  drive(tuner, 11, [](int t) { return t == 2 ? 0.6 : 1.0; });
+  ASSERT_EQ(tuner.chosen(), 2);
+  ASSERT_EQ(tuner.checks(), 1);
+  const auto slow = [](int t) { return t == 2 ? 1.2 : 2.0; };  // both twice as slow
+  // Five slow windows (the median of five past 1.5x), then two on one thread: still slower.
+  drive(tuner, 7, slow);
+  ASSERT_EQ(tuner.checks(), 2);
+  ASSERT_EQ(tuner.chosen(), 2);
+  int windows = 0;
+  while (tuner.checks() == 2 && windows < 100) {
+    drive(tuner, 1, slow);
+    ++windows;
+  }
+  EXPECT_EQ(windows, 10 + 2) << "first_hold windows held, then two on one thread";
+}
+
 // On a busy machine a check of the slow count costs one window.
 TEST(ThreadTuner, UnderLoadACheckOfTheSlowCountStopsAfterOneWindow) {
   ThreadTunerOptions o = idle_machine();
