@@ -23,7 +23,12 @@ struct CollectiveBytes {
 class CountingCommunicator final : public Communicator {
  public:
   // `inner` must outlive this.
-  explicit CountingCommunicator(Communicator& inner) : inner_(inner) {}
+  explicit CountingCommunicator(Communicator& inner) : inner_(inner) { timeout_ = inner.timeout(); }
+  // The waits are inner's: its limit is the one that counts.
+  void set_timeout(double seconds) override {
+    Communicator::set_timeout(seconds);
+    inner_.set_timeout(seconds);
+  }
   const CollectiveBytes& bytes() const { return bytes_; }
 
   int rank() const override { return inner_.rank(); }

@@ -68,6 +68,17 @@ std::vector<Held> schedule(ZeroPrefetch prefetch) {
   };
 }
 
+// The watchdog's limit set through the counting wrapper reaches the communicator that waits.
+TEST(Zero3, TheCountingWrapperPassesItsTimeoutOn) {
+  const auto single = distributed::make_single_process();
+  single->set_timeout(42);
+  distributed::CountingCommunicator counted(*single);
+  EXPECT_EQ(counted.timeout(), 42);
+  counted.set_timeout(7);
+  EXPECT_EQ(counted.timeout(), 7);
+  EXPECT_EQ(single->timeout(), 7);
+}
+
 TEST(Zero3, EachPrefetchHoldsTheLayersItSaysAndGathersTheSameBytes) {
   size_t gathered_without_prefetch = 0;
   for (ZeroPrefetch prefetch :
