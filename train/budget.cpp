@@ -23,9 +23,14 @@ int64_t parse_bytes(const std::string& text) {
   if (unit == "KiB") scale = 1024.0;
   if (unit == "MiB") scale = 1024.0 * 1024;
   if (unit == "GiB") scale = 1024.0 * 1024 * 1024;
-  if (scale == 0 || !std::isfinite(value) || !(value > 0)) throw bad();
-  const double bytes = std::floor(value * scale);
-  if (!(bytes >= 1) || bytes > 9.0e18) throw bad();
+  if (scale == 0 || !std::isfinite(value)) throw bad();
+  const double bytes = value * scale;
+  const auto refused = [&](const std::string& why) {
+    return ValueError(str_cat("--memory-budget ", text, ": ", why));
+  };
+  if (!(bytes >= 1)) throw refused("the budget must be at least 1 byte");
+  if (bytes != std::floor(bytes)) throw refused(str_cat(bytes, " bytes is not a whole number"));
+  if (bytes > 9.0e18) throw refused("more bytes than any machine has (at most 9e18)");
   return static_cast<int64_t>(bytes);
 }
 
