@@ -202,6 +202,21 @@ TEST(Engine, ACheckpointedRunResumesBitForBit) {
   EXPECT_EQ(nothing.summary.samples_trained, 0);
   EXPECT_EQ(nothing.summary.samples_per_second, 0);
   EXPECT_EQ(nothing.summary.first_window_seconds, 0);
+  // A task whose model settings differ from the checkpoint's is refused before its model is
+  // built: what an edited flags record describes may not fit the machine.
+  train::Task other = toy_task();
+  other.settings = {{"toy", 2}};
+  int models_built = 0;
+  const auto build = other.model;
+  other.model = [&](DType dtype) {
+    ++models_built;
+    return build(dtype);
+  };
+  std::ostringstream out;
+  expect_error<ValueError>(
+      [&] { train::train(rest, other, out); },
+      {"--resume", "step-0000000004.json", "was written with toy = 1", "this run has 2"});
+  EXPECT_EQ(models_built, 0);
   fs::remove_all(dir);
 }
 

@@ -517,7 +517,12 @@ Checkpoint read_latest_checkpoint(const std::string& dir,
   }
 }
 
-nlohmann::json recorded_flags(const std::string& dir) {
+namespace {
+
+// The newest checkpoint description of dir (of dir/stage-0, of a ZeRO-3 rank folder) that reads
+// as a JSON object, and its path. A damaged newest one is passed over here: the engine names it,
+// and the older checkpoint it resumes from. When none can be read, that is said now.
+std::pair<std::string, nlohmann::json> newest_description(const std::string& dir) {
   std::string folder = dir;
   std::error_code ec;
   if (listed_steps(folder).empty() && fs::is_directory(fs::path(dir) / "stage-0", ec)) {
@@ -529,26 +534,35 @@ nlohmann::json recorded_flags(const std::string& dir) {
   }
   const std::vector<int64_t> steps = listed_steps(folder);
   if (steps.empty()) throw FileError("--resume " + dir + ": no checkpoint (step-*.json) in it");
-  // A damaged newest one is passed over here: the engine names it, and the older checkpoint it
-  // resumes from. When none can be read, that is said now, before the data.
   std::string damage;
   for (int64_t step : steps) {
     const std::string path = (fs::path(folder) / (stem(step) + ".json")).string();
     try {
       const std::vector<uint8_t> text = read_file_bytes(path, kMaxDescriptionBytes, kDescription);
-      nlohmann::json j;
       try {
-        j = optim::parse_strict_json(text.begin(), text.end());
+        return {path, optim::parse_strict_json(text.begin(), text.end())};
       } catch (const std::exception& e) {
         throw FileError(path + ": not JSON (" + e.what() + ")");
       }
-      if (!j.is_object() || !j.contains("flags")) return nlohmann::json::object();
-      return flags_field(j["flags"], path);
     } catch (const FileError& e) {
       if (damage.empty()) damage = e.what();
     }
   }
   throw FileError(damage + "; no older intact checkpoint");
+}
+
+}  // namespace
+
+nlohmann::json recorded_flags(const std::string& dir) {
+  const auto [path, j] = newest_description(dir);
+  if (!j.is_object() || !j.contains("flags")) return nlohmann::json::object();
+  return flags_field(j["flags"], path);
+}
+
+void check_recorded_settings(const std::string& dir, const nlohmann::json& settings) {
+  const auto [path, j] = newest_description(dir);
+  if (!j.is_object() || !j.contains("config") || !j["config"].is_object()) return;
+  check_compatible(j["config"], settings, path);
 }
 
 const char* const kLaterKeys[3] = {"device_type", "data_hash", "horizon"};

@@ -108,6 +108,11 @@ Checkpoint read_latest_checkpoint(const std::string& dir,
 // damaged newest one is the engine's to name, with the older intact one it resumes from. Throws
 // FileError when dir holds no checkpoint, or none whose description can be read.
 nlohmann::json recorded_flags(const std::string& dir);
+// Throws ValueError (check_compatible's) when the newest readable checkpoint of dir was written
+// with other values of `settings` (the task's model settings): for a resume to refuse them before
+// it builds the model they describe (an edited flags record could make it huge). A description
+// without a config is the engine's to name later.
+void check_recorded_settings(const std::string& dir, const nlohmann::json& settings);
 
 // ZeRO-3's per-rank folder under a checkpoint folder: "rank-<r>-of-<N>".
 std::string rank_folder(int rank, int ranks);

@@ -416,6 +416,7 @@ Summary Run::train() {
     checkpoint_lock_.emplace(checkpoint_dir_);
   }
   run_id_ = new_run_id();
+  if (!c_.resume.empty()) check_recorded_settings(c_.resume, task_.settings);
   build_model();
   check_ranks_agree_before_training();
   fit_memory_budget();
