@@ -208,7 +208,12 @@ TEST(Resume, ACheckpointWithoutItsFlagsResumesAsBefore) {
     for (const char* later : {"device_type", "data_hash", "horizon"}) j["config"].erase(later);
     std::ofstream(entry.path(), std::ios::trunc) << j.dump(2);
   }
+  // The model's settings are compared first, before the model is built; then the rest.
   CliResult r = cli({"--resume", ckpt, "--data", data.string(), "--max-steps", "6", "--quiet"});
+  EXPECT_EQ(r.status, 1) << r.err;
+  expect_words(r.err, {"hidden = [24,12], this run has [512,256,128]"});
+  r = cli({"--resume", ckpt, "--data", data.string(), "--hidden", "24,12", "--max-steps", "6",
+           "--quiet"});
   EXPECT_EQ(r.status, 1) << r.err;
   expect_words(r.err, {"accum_steps = 3, this run has 4", "lr = 0.003, this run has 0.001",
                        "seed = 7, this run has 0"});

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 
 #include "core/file.h"
@@ -520,9 +521,12 @@ Checkpoint read_latest_checkpoint(const std::string& dir,
 namespace {
 
 // The newest checkpoint description of dir (of dir/stage-0, of a ZeRO-3 rank folder) that reads
-// as a JSON object, and its path. A damaged newest one is passed over here: the engine names it,
-// and the older checkpoint it resumes from. When none can be read, that is said now.
-std::pair<std::string, nlohmann::json> newest_description(const std::string& dir) {
+// as JSON and that `check` (throwing FileError) accepts, and its path. A damaged newest one is
+// passed over here: the engine names it, and the older checkpoint it resumes from. When none
+// can be read, that is said now.
+std::pair<std::string, nlohmann::json> newest_description(
+    const std::string& dir,
+    const std::function<void(const std::string& path, const nlohmann::json& j)>& check) {
   std::string folder = dir;
   std::error_code ec;
   if (listed_steps(folder).empty() && fs::is_directory(fs::path(dir) / "stage-0", ec)) {
@@ -539,11 +543,14 @@ std::pair<std::string, nlohmann::json> newest_description(const std::string& dir
     const std::string path = (fs::path(folder) / (stem(step) + ".json")).string();
     try {
       const std::vector<uint8_t> text = read_file_bytes(path, kMaxDescriptionBytes, kDescription);
+      nlohmann::json j;
       try {
-        return {path, optim::parse_strict_json(text.begin(), text.end())};
+        j = optim::parse_strict_json(text.begin(), text.end());
       } catch (const std::exception& e) {
         throw FileError(path + ": not JSON (" + e.what() + ")");
       }
+      check(path, j);
+      return {path, std::move(j)};
     } catch (const FileError& e) {
       if (damage.empty()) damage = e.what();
     }
@@ -554,13 +561,15 @@ std::pair<std::string, nlohmann::json> newest_description(const std::string& dir
 }  // namespace
 
 nlohmann::json recorded_flags(const std::string& dir) {
-  const auto [path, j] = newest_description(dir);
-  if (!j.is_object() || !j.contains("flags")) return nlohmann::json::object();
-  return flags_field(j["flags"], path);
+  nlohmann::json flags = nlohmann::json::object();
+  newest_description(dir, [&](const std::string& path, const nlohmann::json& j) {
+    if (j.is_object() && j.contains("flags")) flags = flags_field(j["flags"], path);
+  });
+  return flags;
 }
 
 void check_recorded_settings(const std::string& dir, const nlohmann::json& settings) {
-  const auto [path, j] = newest_description(dir);
+  const auto [path, j] = newest_description(dir, [](const std::string&, const nlohmann::json&) {});
   if (!j.is_object() || !j.contains("config") || !j["config"].is_object()) return;
   check_compatible(j["config"], settings, path);
 }
