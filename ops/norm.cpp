@@ -279,7 +279,9 @@ Tensor group_norm_relu_max_pool2d(const Tensor& x, int64_t groups, const Tensor&
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   check_batched("layer_norm", x, 2);
   // Each sample's features as the channels of one group: per-element affine.
-  const int64_t features = x.size(0) ? x.numel() / x.size(0) : 0;
+  // The product of the dimensions after the first: an empty batch still has its features.
+  int64_t features = 1;
+  for (size_t d = 1; d < x.shape().size(); ++d) features *= x.shape()[d];
   for (const Tensor* t : {&weight, &bias}) {
     if (t->defined() && t->numel() != features) {
       throw ShapeError(str_cat("[layer_norm] ", t == &weight ? "weight" : "bias", " has shape ",

@@ -346,6 +346,19 @@ TEST(NormModules, EmptyBatchesGiveEmptyGradients) {
         for (double v : as_doubles(p.grad())) ASSERT_EQ(v, 0.0) << name << " on " << device.str();
       }
     }
+    // LayerNorm of [0, 3, 4] over its last two dimensions (it once counted 0 features a sample
+    // and refused its own weight).
+    nn::LayerNorm ln({3, 4});
+    ln.to(device);
+    for (auto& [name, p] : ln.named_parameters())
+      p.set_grad(Tensor::zeros(p.shape(), p.dtype(), device));
+    const Tensor x = Tensor::empty({0, 3, 4}, DType::kFloat32, device);
+    const Tensor y = ln(x);
+    EXPECT_EQ(y.shape(), (Shape{0, 3, 4}));
+    backward(sum(y));
+    for (auto& [name, p] : ln.named_parameters()) {
+      for (double v : as_doubles(p.grad())) ASSERT_EQ(v, 0.0) << name << " on " << device.str();
+    }
   }
 }
 
