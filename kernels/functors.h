@@ -23,11 +23,11 @@ namespace accrue::fn {
 // exp and erf for float32 written without branches or library calls, so the CPU's element-wise
 // loops vectorise them (libm's expf and erff are scalar calls; GELU spent a fifth of a G2P step
 // in them). exp: x = n ln2 + r, |r| <= ln2 / 2, e^r by a degree-6 minimax polynomial, 2^n put
-// into the exponent bits; relative error ~1e-7, inputs clamped to [-87.3, 88.7] (the result's
-// normal range). erf: Abramowitz and Stegun 7.1.26, |error| <= 1.5e-7. CUDA's device code and
-// float64 use the library functions.
+// into the exponent bits; relative error ~1e-7, inputs clamped to [-87.3, 88.37] (n stays in
+// [-126, 127], so the result is normal and finite: at most e^88.37 = 2.4e38). erf: Abramowitz and
+// Stegun 7.1.26, |error| <= 1.5e-7. CUDA's device code and float64 use the library functions.
 ACCRUE_HD float exp_approx(float x) {
-  x = x < -87.3f ? -87.3f : (x > 88.7f ? 88.7f : x);
+  x = x < -87.3f ? -87.3f : (x > 88.37f ? 88.37f : x);
   // NaN passes the clamp and reaches the result through r; n, which becomes an integer, takes 0
   // for it instead (converting NaN to an integer is undefined, and its usual INT_MIN then
   // overflowed the shift below).
