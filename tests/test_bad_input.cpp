@@ -620,6 +620,26 @@ TEST(BadInput, CommandLineMistakesExitTwoBeforeReadingData) {
   }
 }
 
+// An output naming one of the data's files (directly, or through ./ and a link) would replace
+// what the run reads: exit 2 before the data is read, the file as it was.
+TEST(BadInput, AnOutputNamingADataFileIsRefused) {
+  const fs::path data = make_dataset("output-is-data", 64, 16);
+  const fs::path images = data / "train-images-idx3-ubyte";
+  const std::string before = slurp(images);
+  fs::create_symlink(images, data / "link");
+  const std::string dotted = (data / "." / "train-images-idx3-ubyte").string();
+  const std::string linked = (data / "link").string();
+  for (const std::string& flag : {"--save", "--metrics", "--save-init"}) {
+    for (const std::string& path : {images.string(), dotted, linked}) {
+      const CliResult r = cli({"--data", data.string(), flag, path, "--quiet"});
+      EXPECT_EQ(r.status, 2) << r.err;
+      expect_words(r.err, {flag + " " + path, "is the data file", "which the run reads"});
+    }
+  }
+  EXPECT_EQ(slurp(images), before);
+  fs::remove_all(data);
+}
+
 // A file's names may be a megabyte long or hold line breaks: the error is still one line, its
 // start and end kept (the file's name, what is wrong), control characters escaped.
 TEST(BadInput, ErrorsQuotingAFilesNamesStayOneShortLine) {

@@ -6,6 +6,8 @@
 #include <sys/stat.h>
 
 #include <cmath>
+#include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include "g2p.h"
@@ -214,6 +216,19 @@ TEST(G2PFlags, MistakesExitTwoAndEngineFlagsCombine) {
       EXPECT_EQ(c.layers, 10);
     }
   }
+  // An output naming the dictionary would replace the data: refused, the file as it was.
+  const std::string dict = write(dir, "dict.txt", "HELLO  HH AH0 L OW1\n");
+  for (const char* flag : {"--save", "--metrics"}) {
+    std::vector<const char*> argv{"accrue-g2p", "--data", dict.c_str(), flag, dict.c_str()};
+    g2p::Config c;
+    std::ostringstream out, err;
+    EXPECT_EQ(g2p::parse_args(static_cast<int>(argv.size()), argv.data(), c, out, err), 2);
+    EXPECT_NE(err.str().find(str_cat(flag, " ", dict, " is the data file ", dict)),
+              std::string::npos)
+        << err.str();
+    std::ifstream in(dict);
+    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "HELLO  HH AH0 L OW1\n");
+  }
   // Under 8 launched ranks, 8 stages of 3 blocks' 5 layers: before the data is read (D10).
   ::setenv("OMPI_COMM_WORLD_SIZE", "8", 1);
   ::setenv("OMPI_COMM_WORLD_RANK", "0", 1);
@@ -294,6 +309,22 @@ TEST(G2PFlags, PredictChecksTheMetadataAgainstTheTensors) {
   out.str("");
   g2p::predict(c, out);
   EXPECT_EQ(out.str(), "HELLO  (no phonemes: the model predicted <eos> first)\n");
+  // One that never predicts <eos> (a phoneme's embedding all ones instead) fills the context:
+  // "<bos> HELLO <sep>" is 7 of its 8 tokens, so two phonemes, and the output says it was cut.
+  const int32_t phoneme = vocab.phoneme_ids.begin()->second;
+  for (auto& [name, t] : model.named_parameters()) {
+    if (name == "transformer.wte.weight") {
+      fill_(t.narrow(g2p::Vocabulary::kEos, 1), 0.0);
+      fill_(t.narrow(phoneme, 1), 1.0);
+    }
+  }
+  c.init = saved("n_head", "2");
+  out.str("");
+  g2p::predict(c, out);
+  const std::string symbol = vocab.decoded(phoneme);
+  EXPECT_EQ(out.str(), "HELLO  " + symbol + " " + symbol +
+                           " (cut short: the word and these phonemes fill the model's context of "
+                           "8 tokens)\n");
   // D7: n_head 4 divides the width as 2 does and changes no shape, but the digest no longer
   // matches the edited metadata; unedited, the file with its digest predicts.
   c.init = saved("n_head", "4", true);

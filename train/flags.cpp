@@ -348,13 +348,20 @@ void Flags::check_outputs() {
     p = p.lexically_normal();
     return p.has_filename() ? p : p.parent_path();
   };
-  // An output must not overwrite what the run reads (--init) nor a file the checkpoint writer
-  // owns in the --checkpoint or --resume folder (its step-* files and its lock).
+  // An output must not overwrite what the run reads (--init, the data) nor a file the checkpoint
+  // writer owns in the --checkpoint or --resume folder (its step-* files and its lock).
+  const std::vector<std::string> data = data_files_ ? data_files_() : std::vector<std::string>{};
   for (const Output& o : outputs) {
     if (o.flag == "--checkpoint" || o.stream) continue;
     const std::filesystem::path at = identity(o.path);
     if (!c_.init.empty() && at == identity(c_.init)) {
       throw ValueError(str_cat(o.flag, " ", o.path, " is the --init file ", c_.init));
+    }
+    for (const std::string& file : data) {
+      if (at == identity(file)) {
+        throw ValueError(
+            str_cat(o.flag, " ", o.path, " is the data file ", file, ", which the run reads"));
+      }
     }
     for (const std::string& folder : {c_.checkpoint, c_.resume}) {
       const std::string name = at.filename().string();

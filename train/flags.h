@@ -30,6 +30,11 @@ class Flags {
   // arithmetic on the launcher's world size, the learning rate it scales to, exclusive flags,
   // output paths). Throws ValueError or FileError with one line naming the flag.
   void check();
+  // The files the program reads as its data (resolved after the flags are: --data may come from
+  // a checkpoint); check() refuses an output that names one.
+  void data_files_are(std::function<std::vector<std::string>()> files) {
+    data_files_ = std::move(files);
+  }
 
  private:
   void check_settings();  // check()'s checks after the resumed flags are taken
@@ -54,6 +59,7 @@ class Flags {
                        bucket_kib_, zero_reduce_, zero_prefetch_;
   bool no_shuffle_ = false;
   std::vector<std::string> taken_from_checkpoint_;  // the flags take_resumed_flags() set
+  std::function<std::vector<std::string>()> data_files_;
 };
 
 // A CLI11 transform for an integer flag: a whole decimal integer in [low, high] (no '+', hex,

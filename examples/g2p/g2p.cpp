@@ -592,6 +592,12 @@ void predict(const Config& c, std::ostream& out) {
     for (const std::string& s : p[i]) out << " " << s;
     // The model ended the pronunciation at once: said, not an empty column.
     if (p[i].empty()) out << " (no phonemes: the model predicted <eos> first)";
+    // decode() stops a word whose tokens fill the model's context: the pronunciation may go on.
+    const int64_t context = model.config().block_size;
+    if (static_cast<int64_t>(prompt(vocab, words[i]).size() + p[i].size()) > context) {
+      out << " (cut short: the word and these phonemes fill the model's context of " << context
+          << " tokens)";
+    }
     out << "\n";
   }
 }
@@ -601,6 +607,7 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
       "accrue-g2p: train a small GPT to pronounce English words (CMUdict), with gradient "
       "accumulation over token-normalised windows"};
   train::Flags flags(app, c);
+  flags.data_files_are([&c] { return std::vector<std::string>{c.data}; });
   app.add_option("--data", c.data, "CMUdict's dict.txt (scripts/fetch-cmudict.sh)");
   app.add_option("--layers", c.layers, "Transformer blocks")->transform(train::int_in(1, 64));
   app.add_option("--heads", c.heads, "Attention heads per block")->transform(train::int_in(1, 64));

@@ -96,6 +96,15 @@ std::pair<Split, Split> hold_out(const Split& all, const std::vector<size_t>& he
 
 }  // namespace
 
+std::vector<std::string> data_files(const std::string& dir) {
+  std::vector<std::string> files;
+  for (const char* file : {"train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                           "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"}) {
+    files.push_back(dir + "/" + file);
+  }
+  return files;
+}
+
 train::Task make_task(const Config& c) {
   struct Data {
     Split train, test, validation;
@@ -155,10 +164,7 @@ train::Task make_task(const Config& c) {
     };
   }
   task.settings = {{"model", c.model}, {"norm", c.norm}, {"hidden", c.hidden}};
-  for (const char* file : {"train-images-idx3-ubyte", "train-labels-idx1-ubyte",
-                           "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"}) {
-    task.data_files.push_back(c.data + "/" + file);
-  }
+  task.data_files = data_files(c.data);
   task.reported = {{"model", c.model}, {"norm", c.norm}};
   return task;
 }
@@ -173,6 +179,7 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
       "accrue-mnist: train an MLP or a CNN to classify MNIST digits, with gradient "
       "accumulation"};
   train::Flags flags(app, c);
+  flags.data_files_are([&c] { return data_files(c.data); });
   std::string hidden = "512,256,128";
   app.add_option("--data", c.data, "Folder with the four MNIST IDX files");
   app.add_option("--model", c.model, "mlp, or cnn (conv-pool x 2, fc 128, fc 10)")

@@ -30,6 +30,8 @@ struct Config : train::Config {
 // model, cross-entropy (a sum over the micro-batch's samples and their count), the accuracy on
 // the test split, and on the held-out samples.
 train::Task make_task(const Config& config);
+// The four IDX files of the data folder `dir`: training and test images and labels.
+std::vector<std::string> data_files(const std::string& dir);
 
 // Trains and evaluates (train::train with make_task).
 train::Summary train(const Config& config, std::ostream& out,
