@@ -620,17 +620,18 @@ TEST(BadInput, CommandLineMistakesExitTwoBeforeReadingData) {
   }
 }
 
-// An output naming one of the data's files (directly, or through ./ and a link) would replace
-// what the run reads: exit 2 before the data is read, the file as it was.
+// An output naming one of the data's files (directly, through ./, a link or a hard link) would
+// replace what the run reads: exit 2 before the data is read, the file as it was.
 TEST(BadInput, AnOutputNamingADataFileIsRefused) {
   const fs::path data = make_dataset("output-is-data", 64, 16);
   const fs::path images = data / "train-images-idx3-ubyte";
   const std::string before = slurp(images);
   fs::create_symlink(images, data / "link");
+  fs::create_hard_link(images, data / "hard-link");
   const std::string dotted = (data / "." / "train-images-idx3-ubyte").string();
-  const std::string linked = (data / "link").string();
+  const std::string linked = (data / "link").string(), hard = (data / "hard-link").string();
   for (const std::string& flag : {"--save", "--metrics", "--save-init"}) {
-    for (const std::string& path : {images.string(), dotted, linked}) {
+    for (const std::string& path : {images.string(), dotted, linked, hard}) {
       const CliResult r = cli({"--data", data.string(), flag, path, "--quiet"});
       EXPECT_EQ(r.status, 2) << r.err;
       expect_words(r.err, {flag + " " + path, "is the data file", "which the run reads"});
