@@ -126,18 +126,22 @@ TEST(Resume, BrokenFlagRecordsAreNamedBeforeTheData) {
       {"a value that is no list", {{"--lr", "0.001"}}, "'flags'"},
       {"a number", {{"--lr", nlohmann::json::array({0.001})}}, "'flags'"},
   };
+  // A copy of the checkpoint folder whose descriptions record `flags`; the resume's result.
   const fs::path broken = data / "broken";
-  for (const Row& row : table) {
-    SCOPED_TRACE(row.name);
+  const auto resume_recording = [&](const nlohmann::json& flags) {
     fs::remove_all(broken);
     fs::copy(ckpt, broken);
     for (const auto& entry : fs::directory_iterator(broken)) {
       if (entry.path().extension() != ".json") continue;
       nlohmann::json j = nlohmann::json::parse(slurp(entry.path()));
-      j["flags"] = row.flags;
+      j["flags"] = flags;
       std::ofstream(entry.path(), std::ios::trunc) << j.dump();
     }
-    const CliResult r = cli({"--resume", broken.string(), "--quiet"});
+    return cli({"--resume", broken.string(), "--quiet"});
+  };
+  for (const Row& row : table) {
+    SCOPED_TRACE(row.name);
+    const CliResult r = resume_recording(row.flags);
     EXPECT_EQ(r.status, 2) << r.err;
     expect_words(r.err, {broken.string(), row.words, "no older intact checkpoint"});
   }
@@ -150,15 +154,7 @@ TEST(Resume, BrokenFlagRecordsAreNamedBeforeTheData) {
   };
   for (const Row& row : refused) {
     SCOPED_TRACE(row.name);
-    fs::remove_all(broken);
-    fs::copy(ckpt, broken);
-    for (const auto& entry : fs::directory_iterator(broken)) {
-      if (entry.path().extension() != ".json") continue;
-      nlohmann::json j = nlohmann::json::parse(slurp(entry.path()));
-      j["flags"] = row.flags;
-      std::ofstream(entry.path(), std::ios::trunc) << j.dump();
-    }
-    const CliResult r = cli({"--resume", broken.string(), "--quiet"});
+    const CliResult r = resume_recording(row.flags);
     EXPECT_EQ(r.status, 2) << r.err;
     expect_words(r.err, {row.words, "checkpoint in " + broken.string() + ")"});
   }
