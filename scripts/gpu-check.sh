@@ -34,7 +34,8 @@
 #   GPU_CHECK_BINARIES  the test binaries the tests and sanitizers run (default: every one built)
 #   GPU_CHECK_FILTER    the gtest filter of the tests and memcheck (default: '*')
 #   GPU_CHECK_PEERS=0   train leaves out the PyTorch peers (about 40 s)
-#   GPU_CHECK_BENCH     the benchmark filter of bench (default: every CUDA row, /cuda)
+#   GPU_CHECK_BENCH     the benchmark filter of bench (default: the GEMM, convolution, MNIST
+#                       step and softmax rows on CUDA; /cuda: every CUDA row)
 # The script fails (exit 1) when no GPU is usable, since then every CUDA test would skip and prove
 # nothing, when any test or sanitizer reports an error, and when a step was left out for time.
 # Logs go to $OUT (or gpu-check/), at most 8 files so the device tool brings them all back; the
@@ -409,8 +410,10 @@ print("|".join(re.escape(n) for n in names))')
       ;;
     bench)
       fits 110 "the CUDA benchmarks" || continue
+      # Every CUDA row takes longer than the step's 150 s: the training path's rows by default.
+      default_bench='^(gemm_[a-z_0-9]+|conv2d_[a-z_0-9]+|mnist_micro_step|mnist_boundary_step|softmax_ce)/cuda'
       timeout "$(left 150)" build-gpu/bench/accrue-bench \
-        --benchmark_filter="${GPU_CHECK_BENCH:-/cuda}" \
+        --benchmark_filter="${GPU_CHECK_BENCH:-$default_bench}" \
         --benchmark_min_time=0.1 --benchmark_out="$out/bench-cuda.json" \
         --benchmark_out_format=json > /tmp/bench-cuda.txt 2>&1 ||
         { tail -20 /tmp/bench-cuda.txt >> "$summary"; fail "accrue-bench failed"; continue; }
