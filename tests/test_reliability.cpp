@@ -675,6 +675,28 @@ TEST(Reliability, SigtermEndsTheProgramWithStatus75) {
   EXPECT_TRUE(checkpoint);
 }
 
+// The program: a refused command line writes nothing, not even ACCRUE_PROFILE's trace at exit
+// (it once wrote it to the very path refused: a data file, or a good file --save also named).
+TEST(Reliability, ARefusedCommandWritesNoProfileTrace) {
+  const fs::path data = make_dataset("refused-trace", 64, 16);
+  const fs::path labels = data / "train-labels-idx1-ubyte", good = data / "good.safetensors";
+  std::ofstream(good) << "the user's weights";
+  for (const auto& [trace, more] : std::vector<std::pair<fs::path, std::string>>{
+           {labels, ""}, {good, " --save '" + good.string() + "'"}}) {
+    const std::string before = slurp(trace);
+    const std::string command = "ACCRUE_PROFILE=1 ACCRUE_PROFILE_JSON='" + trace.string() +
+                                "' '" ACCRUE_MNIST_BINARY "' --data '" + data.string() + "'" +
+                                more + " 2>'" + (data / "err").string() + "'";
+    const int status = std::system(command.c_str());
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 2);
+    const std::string err = slurp(data / "err");
+    expect_words(err, {"ACCRUE_PROFILE_JSON " + trace.string()});
+    EXPECT_EQ(err.find("[profile] wrote"), std::string::npos) << err;
+    EXPECT_EQ(slurp(trace), before) << trace;
+  }
+}
+
 // Checkpoints republish the metrics file, so a run killed later keeps its records up to the
 // checkpoint; a resumed run continues the file from the checkpoint's step.
 TEST(Reliability, MetricsSurviveAKillAndContinueOnResume) {

@@ -695,27 +695,28 @@ std::vector<int64_t> parse_size_list(const std::string& flag, const std::string&
 
 int parse_command_line(CLI::App& app, int argc, const char* const* argv, const std::string& program,
                        std::ostream& out, std::ostream& err, const std::function<void()>& check) {
+  // Each line in one write: ranks' lines stay whole. A refused command writes nothing, not even
+  // ACCRUE_PROFILE's trace at exit (its path may be what was refused).
+  const auto refuse = [&](const std::string& line) {
+    set_profile_trace_path("");
+    err << str_cat(program, ": ", printable_line(line), "\n");
+    return 2;
+  };
   try {
     app.parse(argc, argv);
     check();
   } catch (const CLI::CallForHelp&) {
     out << app.help();
     return 0;
-  } catch (const CLI::ParseError& e) {  // each line in one write: ranks' lines stay whole
+  } catch (const CLI::ParseError& e) {
     std::string what = e.what();
-    what = what.substr(0, what.find('\n'));
-    err << str_cat(program, ": ", printable_line(what), " (see --help)\n");
-    return 2;
+    return refuse(what.substr(0, what.find('\n')) + " (see --help)");
   } catch (const std::invalid_argument& e) {
-    err << str_cat(program, ": ", printable_line(e.what()), "\n");
-    return 2;
+    return refuse(e.what());
   } catch (const FileError& e) {
-    err << str_cat(program, ": ", printable_line(e.what()), "\n");
-    return 2;
+    return refuse(e.what());
   } catch (const std::filesystem::filesystem_error& e) {
-    err << str_cat(program, ": ", printable_line(e.path1().string() + ": " + e.code().message()),
-                   "\n");
-    return 2;
+    return refuse(e.path1().string() + ": " + e.code().message());
   }
   return -1;
 }
