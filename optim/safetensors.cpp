@@ -268,34 +268,58 @@ void check_digest(const nlohmann::json& header, const std::map<std::string, Tens
   }
 }
 
-}  // namespace
+// The header's entries of an open file, checked to cover its data exactly; the metadata into
+// `metadata` when given. fail(what) builds the error.
+template <typename Fail>
+std::vector<Entry> read_entries(const RegularFile& file, nlohmann::json& header,
+                                uint64_t& header_size, std::map<std::string, std::string>* metadata,
+                                const Fail& fail) {
+  header = read_header(file, header_size, fail);
+  const uint64_t data_size = file.size() - 8 - header_size;
+  std::vector<Entry> entries;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__") {
+      if (!it.value().is_object()) throw fail("__metadata__ is not a JSON object");
+      for (const auto& [key, value] : it.value().items()) {
+        if (!value.is_string()) {
+          throw fail(str_cat("__metadata__ ", brief_json(key), " is not a string"));
+        }
+        if (metadata != nullptr) (*metadata)[key] = value.template get<std::string>();
+      }
+      continue;
+    }
+    entries.push_back(parse_entry(it.key(), it.value(), data_size, fail));
+  }
+  check_covers_data(entries, data_size, fail);
+  return entries;
+}
 
-std::map<std::string, Tensor> read_safetensors(const std::string& path,
-                                               std::map<std::string, std::string>* metadata) {
+// Runs read(file, fail) with the format's errors named "[safetensors] <path>: ...", the file's
+// own (RegularFile's) too.
+template <typename Read>
+auto with_safetensors_errors(const std::string& path, const Read& read) {
   const auto fail = [&](const std::string& what) {
     return FileError("[safetensors] " + path + ": " + what);
   };
   try {
     const RegularFile file(path);
+    return read(file, fail);
+  } catch (const FileError& e) {
+    const std::string what = e.what();
+    if (what.rfind("[safetensors]", 0) == 0) throw;
+    throw FileError("[safetensors] " + what);
+  }
+}
+
+}  // namespace
+
+std::map<std::string, Tensor> read_safetensors(const std::string& path,
+                                               std::map<std::string, std::string>* metadata) {
+  return with_safetensors_errors(path, [&](const RegularFile& file, const auto& fail) {
+    nlohmann::json header;
     uint64_t header_size = 0;
-    const nlohmann::json header = read_header(file, header_size, fail);
-    const uint64_t data_size = file.size() - 8 - header_size;
-    std::vector<Entry> entries;
-    for (auto it = header.begin(); it != header.end(); ++it) {
-      if (it.key() == "__metadata__") {
-        if (!it.value().is_object()) throw fail("__metadata__ is not a JSON object");
-        for (const auto& [key, value] : it.value().items()) {
-          if (!value.is_string()) {
-            throw fail(str_cat("__metadata__ ", brief_json(key), " is not a string"));
-          }
-          if (metadata != nullptr) (*metadata)[key] = value.get<std::string>();
-        }
-        continue;
-      }
-      entries.push_back(parse_entry(it.key(), it.value(), data_size, fail));
-    }
-    check_covers_data(entries, data_size, fail);
-    const std::vector<uint8_t> data = file.read(8 + header_size, data_size);
+    const std::vector<Entry> entries = read_entries(file, header, header_size, metadata, fail);
+    const std::vector<uint8_t> data = file.read(8 + header_size, file.size() - 8 - header_size);
     std::map<std::string, Tensor> out;
     for (const Entry& e : entries) {
       Tensor t = Tensor::empty(e.shape, e.dtype);
@@ -304,11 +328,20 @@ std::map<std::string, Tensor> read_safetensors(const std::string& path,
     }
     check_digest(header, out, fail);
     return out;
-  } catch (const FileError& e) {  // the file's own errors (RegularFile's) named as the format's
-    const std::string what = e.what();
-    if (what.rfind("[safetensors]", 0) == 0) throw;
-    throw FileError("[safetensors] " + what);
-  }
+  });
+}
+
+std::map<std::string, TensorHeader> read_safetensors_header(
+    const std::string& path, std::map<std::string, std::string>* metadata) {
+  return with_safetensors_errors(path, [&](const RegularFile& file, const auto& fail) {
+    nlohmann::json header;
+    uint64_t header_size = 0;
+    std::map<std::string, TensorHeader> out;
+    for (const Entry& e : read_entries(file, header, header_size, metadata, fail)) {
+      out.emplace(e.name, TensorHeader{e.dtype, e.shape});
+    }
+    return out;
+  });
 }
 
 void load_parameters(nn::Module& module, const std::string& path) {

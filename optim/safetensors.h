@@ -22,6 +22,14 @@ void save_safetensors(const std::string& path, const std::vector<nn::NamedTensor
 // error).
 std::map<std::string, Tensor> read_safetensors(
     const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
+// What the header says of each tensor, with the same checks (the tensors cover the data exactly)
+// but no tensor read: for a look at a file that may be large. The digest is not checked.
+struct TensorHeader {
+  DType dtype;
+  Shape shape;
+};
+std::map<std::string, TensorHeader> read_safetensors_header(
+    const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
 // The metadata key of a digest (FNV-1a 64, hex) over the rest of the metadata and every tensor's
 // name, dtype, shape and bytes. read_safetensors refuses a file whose digest no longer matches:
 // it was edited after it was saved (an edited accrue.g2p.n_head changes no tensor's shape, but

@@ -182,8 +182,13 @@ TEST(Best, ABestFileTheCheckpointDoesNotDescribeIsNotCarried) {
   meta["accrue.best.step"] = "2";
   const fs::path newer_weights = data / "newer.safetensors";
   optim::save_safetensors(newer_weights.string(), named, optim::with_digest(meta, named));
+  // Step 1's metadata over tensors that are not the model's.
+  meta["accrue.best.step"] = "1";
+  const fs::path foreign_weights = data / "foreign.safetensors";
+  optim::save_safetensors(foreign_weights.string(), {{"big", Tensor::zeros({3})}}, meta);
   const std::vector<std::pair<std::string, std::string>> rows = {
       {"newer", "it holds the weights of step 2, not those of the checkpoint's best (step 1)"},
+      {"foreign", "its tensors are not the model's"},
       {"damaged", "best.safetensors"},
       {"missing", "best.safetensors is missing"},
   };
@@ -194,6 +199,9 @@ TEST(Best, ABestFileTheCheckpointDoesNotDescribeIsNotCarried) {
     fs::copy(first, folder, fs::copy_options::recursive);
     const fs::path best = folder / "best.safetensors";
     if (name == "newer") fs::copy_file(newer_weights, best, fs::copy_options::overwrite_existing);
+    if (name == "foreign") {
+      fs::copy_file(foreign_weights, best, fs::copy_options::overwrite_existing);
+    }
     if (name == "damaged") std::ofstream(best, std::ios::trunc) << "garbage";
     if (name == "missing") fs::remove(best);
     const std::string before = fs::exists(best) ? slurp(best) : "";
@@ -209,6 +217,19 @@ TEST(Best, ABestFileTheCheckpointDoesNotDescribeIsNotCarried) {
       EXPECT_FALSE(fs::exists(other / "best.safetensors")) << name;
     }
   }
+  // A best.safetensors that links to a data file would be written through: refused first.
+  const fs::path linked = data / "linked", labels = data / "train-labels-idx1-ubyte";
+  fs::remove_all(linked);
+  fs::copy(first, linked, fs::copy_options::recursive);
+  fs::remove(linked / "best.safetensors");
+  fs::create_symlink(labels, linked / "best.safetensors");
+  const std::string before = slurp(labels);
+  const CliResult r =
+      cli({"--resume", linked.string(), "--checkpoint", linked.string(), "--max-steps", "3"});
+  EXPECT_EQ(r.status, 2) << r.err;
+  expect_words(r.err,
+               {"--keep-best " + (linked / "best.safetensors").string(), "is the data file"});
+  EXPECT_EQ(slurp(labels), before);
 }
 
 }  // namespace

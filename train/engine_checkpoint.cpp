@@ -215,15 +215,25 @@ void Run::carry_best_weights() {
                 "when this run's evaluations choose them"));
     return;
   }
+  // The header alone (the weights may be large): its step, and where this rank holds the whole
+  // model, the model's tensors.
   std::string problem;
   try {
     std::map<std::string, std::string> meta;
-    optim::read_safetensors(from.string(), &meta);
+    const auto tensors = optim::read_safetensors_header(from.string(), &meta);
     const auto step = meta.find("accrue.best.step");
     if (step == meta.end() || step->second != std::to_string(best_.step)) {
       problem = str_cat("it holds the weights of step ",
                         step == meta.end() ? "(none given)" : step->second,
                         ", not those of the checkpoint's best (step ", best_.step, ")");
+    } else if (c_.pipeline == 1 && c_.zero != 3) {
+      const auto state = model_->named_state();
+      const bool same = tensors.size() == state.size() &&
+                        std::all_of(state.begin(), state.end(), [&](const nn::NamedTensor& t) {
+                          const auto it = tensors.find(t.first);
+                          return it != tensors.end() && it->second.shape == t.second.shape();
+                        });
+      if (!same) problem = "its tensors are not the model's";
     }
   } catch (const std::exception& e) {
     problem = e.what();

@@ -332,6 +332,8 @@ void Flags::check_outputs() {
                                " exists and this run did not write it: move it, or choose another "
                                "--checkpoint folder"));
     }
+    // Written through a link it may be (a resume continues its own): it must not reach the data.
+    if (c_.keep_best) outputs.push_back({"--keep-best", best.string(), false});
   }
   // The profiler's trace, written at exit (kernels/profile.h), is an output like the others.
   const std::string trace = profile_trace_path();
@@ -365,6 +367,7 @@ void Flags::check_outputs() {
       }
     }
     for (const std::string& folder : {c_.checkpoint, c_.resume}) {
+      if (o.flag == "--keep-best") break;  // the checkpoint writer's file, written by it
       const std::string name = at.filename().string();
       if (!folder.empty() && at.parent_path() == identity(folder) &&
           (name.rfind("step-", 0) == 0 || name == ".lock" || name == kBestWeights)) {
