@@ -460,7 +460,7 @@ TEST(Reliability, EditedCheckpointDescriptionsAreRefused) {
       {"position missing", [](auto& j) { j.erase("position"); }, {"'position'"}},
       {"epoch loss a string",
        [](auto& j) { j["position"]["epoch_loss"] = "1.5"; },
-       {"'epoch_loss' is", "1.5", "a finite number"}},
+       {"'epoch_loss' is", "1.5", "a number, or \"nan\""}},
       {"epoch loss not finite (null)",
        [](auto& j) { j["position"]["epoch_loss"] = nullptr; },
        {"'epoch_loss' is null"}},
@@ -522,6 +522,24 @@ TEST(Reliability, EditedCheckpointDescriptionsAreRefused) {
   }
   std::ofstream(json, std::ios::trunc) << good;
   r = run(data, {"--resume", ckpt.string(), "--max-steps", "12"});
+  EXPECT_EQ(r.status, 0) << r.err;
+}
+
+// A run whose losses overflow (a skipped step's loss is NaN, and the epoch's sum with it) resumes
+// from its own checkpoint: the sum is written "nan" (JSON has no NaN; it was null, which the
+// reader refused as damage).
+TEST(Reliability, ARunWhoseLossesOverflowResumesFromItsOwnCheckpoint) {
+  const fs::path data = make_dataset("ckpt-nan-loss", 512, 64);
+  const fs::path ckpt = data / "ckpt";
+  const std::vector<std::string> diverging = {"--optimizer", "sgd", "--lr", "1e15", "--clip", "0"};
+  std::vector<std::string> first = diverging;
+  first.insert(first.end(),
+               {"--checkpoint", ckpt.string(), "--checkpoint-every", "2", "--max-steps", "4"});
+  CliResult r = run(data, first);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(slurp(ckpt / "step-0000000004.json"));
+  EXPECT_EQ(j["position"]["epoch_loss"], "nan") << j["position"];
+  r = run(data, {"--resume", ckpt.string(), "--max-steps", "6"});
   EXPECT_EQ(r.status, 0) << r.err;
 }
 

@@ -13,6 +13,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
+#include <optional>
 #include <random>
 
 #include "core/file.h"
@@ -25,6 +27,22 @@ namespace accrue::train {
 namespace fs = std::filesystem;
 
 namespace {
+
+// An epoch's loss sum as a checkpoint holds it: a number, or the string JSON has no number for
+// (a skipped step's loss may be NaN or infinite, and the sum with it).
+nlohmann::json loss_to_json(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return v;
+}
+
+std::optional<double> loss_from_json(const nlohmann::json& j) {
+  if (j.is_number()) return j.get<double>();
+  if (j == "nan") return std::numeric_limits<double>::quiet_NaN();
+  if (j == "inf") return std::numeric_limits<double>::infinity();
+  if (j == "-inf") return -std::numeric_limits<double>::infinity();
+  return std::nullopt;
+}
 
 // A checkpoint's description is a few KiB (the run's configuration and position); a file far
 // larger is not one, and is refused before it is read.
@@ -184,14 +202,16 @@ Checkpoint read_checkpoint(const std::string& dir, int64_t step,
   if (position->contains("epoch_items")) {
     c.position.epoch_items = integer_field(*position, "epoch_items", 0, INT64_MAX, at);
     const auto loss = position->find("epoch_loss");
-    if (loss == position->end() || !loss->is_number() || !std::isfinite(loss->get<double>()) ||
-        (c.position.window == 0 && (c.position.epoch_items != 0 || loss->get<double>() != 0))) {
+    const std::optional<double> value =
+        loss == position->end() ? std::nullopt : loss_from_json(*loss);
+    if (!value || (c.position.window == 0 && (c.position.epoch_items != 0 || *value != 0))) {
       throw FileError(str_cat(at, ": 'epoch_loss' is ",
                               loss == position->end() ? "missing" : optim::brief_json(*loss),
                               " beside 'epoch_items' ", c.position.epoch_items,
-                              " (a finite number; both 0 at an epoch's first window)"));
+                              " (a number, or \"nan\", \"inf\" or \"-inf\" when a step's loss "
+                              "was; both 0 at an epoch's first window)"));
     }
-    c.position.epoch_loss = loss->get<double>();
+    c.position.epoch_loss = *value;
     c.position.has_epoch_sums = true;
   }
   if (j.contains("best")) {
@@ -475,7 +495,7 @@ void write_checkpoint(const std::string& dir, const std::string& run_id,
                    {"skipped", position.skipped},
                    {"epoch", position.epoch},
                    {"window", position.window},
-                   {"epoch_loss", position.epoch_loss},
+                   {"epoch_loss", loss_to_json(position.epoch_loss)},
                    {"epoch_items", position.epoch_items}};
   if (best.any) {
     j["best"] = {{"key", best.key},
