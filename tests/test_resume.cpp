@@ -151,6 +151,12 @@ TEST(Resume, BrokenFlagRecordsAreNamedBeforeTheData) {
       {"a flag its optimizer does not take",
        {{"--optimizer", {"adam"}}, {"--momentum", {"0.5"}}},
        "(--optimizer, --momentum: from the"},
+      {"a value the program's own check refuses",
+       {{"--hidden", {"32,"}}},
+       "--hidden: '' in '32,' is not an integer"},
+      {"two flags the program's own check finds at odds",
+       {{"--model", {"cnn"}}, {"--norm", {"none"}}, {"--zero", {"3"}}},
+       "(--zero, --model: from the"},
   };
   for (const Row& row : refused) {
     SCOPED_TRACE(row.name);

@@ -628,11 +628,24 @@ void Flags::read_typed_values() {
 void Flags::check() {
   check_no_empty_values();
   take_resumed_flags();
-  try {
+  checking_resumed_flags([&] {
     check_no_empty_values();  // the checkpoint's values too
     check_settings();
+  });
+}
+
+std::function<void()> Flags::checked(std::function<void()> more) {
+  return [this, more = std::move(more)] {
+    check();
+    checking_resumed_flags(more);
+  };
+}
+
+// A mistake in what the checkpoint recorded: the error says where the flags it names came from.
+void Flags::checking_resumed_flags(const std::function<void()>& checks) const {
+  try {
+    checks();
   } catch (const ValueError& e) {
-    // A mistake in what the checkpoint recorded: say where the flags it names came from.
     std::string from;
     const std::string what = e.what();
     for (const std::string& flag : taken_from_checkpoint_) {

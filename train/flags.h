@@ -30,6 +30,9 @@ class Flags {
   // arithmetic on the launcher's world size, the learning rate it scales to, exclusive flags,
   // output paths). Throws ValueError or FileError with one line naming the flag.
   void check();
+  // check(), then the program's own checks of its flags, whose errors also say which flags came
+  // from the checkpoint: for parse_command_line.
+  std::function<void()> checked(std::function<void()> more);
   // The files the program reads as its data (resolved after the flags are: --data may come from
   // a checkpoint); check() refuses an output that names one.
   void data_files_are(std::function<std::vector<std::string>()> files) {
@@ -38,6 +41,7 @@ class Flags {
 
  private:
   void check_settings();  // check()'s checks after the resumed flags are taken
+  void checking_resumed_flags(const std::function<void()>& checks) const;
   void add_device_flags();
   void add_batch_flags();
   void add_optimizer_flags();

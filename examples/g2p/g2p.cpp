@@ -621,8 +621,7 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
       ->transform(train::int_in(0, int64_t{1} << 30));
   app.add_option("--predict", c.predict,
                  "Pronounce these words with the model of --init (no training)");
-  return train::parse_command_line(app, argc, argv, "accrue-g2p", out, err, [&] {
-    flags.check();
+  return train::parse_command_line(app, argc, argv, "accrue-g2p", out, err, flags.checked([&] {
     // --pipeline cuts the embeddings, each block and the head into stages (D10).
     if (c.pipeline > c.layers + 2) {
       throw ValueError(str_cat("--pipeline ", c.pipeline, " needs as many layers; --layers ",
@@ -657,7 +656,7 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
         }
       }
     }
-  });
+  }));
 }
 
 int run_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {

@@ -193,8 +193,7 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
                  "Hold out this many training samples (drawn with --seed) as the validation split "
                  "that --keep-best and --early-stop choose by (0: none)")
       ->transform(train::int_in(0, INT32_MAX));
-  return train::parse_command_line(app, argc, argv, "accrue-mnist", out, err, [&] {
-    flags.check();
+  return train::parse_command_line(app, argc, argv, "accrue-mnist", out, err, flags.checked([&] {
     c.hidden = train::parse_size_list("--hidden", hidden, kMaxWidth, "512,256,128");
     if (c.model == "mlp")
       train::check_model_fits("--hidden " + hidden, mlp_parameters(c.hidden), c);
@@ -239,7 +238,7 @@ int parse_args(int argc, const char* const* argv, Config& c, std::ostream& out, 
                                "and fp64), got --device ",
                                c.device.str()));
     }
-  });
+  }));
 }
 
 int run_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
