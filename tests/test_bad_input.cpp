@@ -461,6 +461,7 @@ TEST(BadInput, CommandLineMistakesExitTwoBeforeReadingData) {
       {{"--memory-budget", "0.5"}, {"--memory-budget 0.5", "at least 1 byte"}},
       {{"--memory-budget", "1.5"}, {"--memory-budget 1.5", "1.5 bytes is not a whole number"}},
       {{"--memory-budget", "1e-3KiB"}, {"1.024 bytes is not a whole number"}},
+      {{"--memory-budget", "1.0000001KiB"}, {"1.0000001KiB: 1024.0001024", "not a whole number"}},
       {{"--memory-budget", "64MiB", "--micro-batch", "8"}, {"--memory-budget", "--micro-batch"}},
       {{"--accum-schedule", "2:2"}, {"--accum-schedule 2:2", "epoch 1"}},
       {{"--accum-schedule", "1:1,1:2"}, {"--accum-schedule", "increase"}},

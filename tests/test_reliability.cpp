@@ -472,7 +472,7 @@ TEST(Reliability, EditedCheckpointDescriptionsAreRefused) {
        {"'epoch_items' is -1"}},
       {"epoch items 2^63 - 1",
        [](auto& j) { j["position"]["epoch_items"] = INT64_MAX; },
-       {"position epoch_items is 9223372036854775807, but the 10 windows of epoch 1 before it "
+       {"position epoch_items is 9223372036854775807, but the 10 windows of epoch 0 before it "
         "hold 160 items"}},
       {"config a list", [](auto& j) { j["config"] = nlohmann::json::array(); }, {"'config'"}},
       {"tensors elsewhere", [](auto& j) { j["tensors"] = "../x.safetensors"; }, {"'tensors'"}},

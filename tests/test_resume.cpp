@@ -170,6 +170,27 @@ TEST(Resume, BrokenFlagRecordsAreNamedBeforeTheData) {
   expect_words(r.err, {"no checkpoint (step-*.json) in it"});
 }
 
+// A newest checkpoint whose flags record is broken is passed over for the model's settings too:
+// the run names its damage and the older intact checkpoint, not a difference the broken one
+// records (its config edited to another --hidden).
+TEST(Resume, TheModelsSettingsComeFromTheCheckpointTheFlagsCameFrom) {
+  const fs::path data = make_dataset("resume-newest-broken", 384, 64);
+  const fs::path ckpt = data / "ckpt";
+  ASSERT_EQ(cli(with(recipe(data), {"--max-steps", "4", "--checkpoint", ckpt.string(),
+                                    "--checkpoint-every", "2"}))
+                .status,
+            0);
+  const fs::path newest = ckpt / "step-0000000004.json";
+  nlohmann::json j = nlohmann::json::parse(slurp(newest));
+  j["flags"] = "garbage";
+  j["config"]["hidden"] = {64};
+  std::ofstream(newest, std::ios::trunc) << j.dump();
+  const CliResult r = cli({"--resume", ckpt.string(), "--max-steps", "6", "--quiet"});
+  EXPECT_EQ(r.status, 1) << r.err;
+  expect_words(r.err, {newest.string(), "'flags' is \"garbage\"", "step-0000000002 is intact"});
+  EXPECT_EQ(r.err.find("hidden"), std::string::npos) << r.err;
+}
+
 // Other data under the same name, or a cosine run made longer, is refused after the data is read
 // (exit 1), naming the data's hash or the horizon; a constant schedule may run longer.
 TEST(Resume, OtherDataAndAMovedCosineHorizonAreRefused) {

@@ -3,6 +3,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <iomanip>
+#include <sstream>
 
 #include "core/error.h"
 #include "train/config.h"
@@ -29,7 +31,11 @@ int64_t parse_bytes(const std::string& text) {
     return ValueError(str_cat("--memory-budget ", text, ": ", why));
   };
   if (!(bytes >= 1)) throw refused("the budget must be at least 1 byte");
-  if (bytes != std::floor(bytes)) throw refused(str_cat(bytes, " bytes is not a whole number"));
+  if (bytes != std::floor(bytes)) {
+    std::ostringstream exact;  // all the digits: 1024.0001024 is no whole number, "1024" is
+    exact << std::setprecision(17) << bytes;
+    throw refused(exact.str() + " bytes is not a whole number");
+  }
   if (bytes > 9.0e18) throw refused("more bytes than any machine has (at most 9e18)");
   return static_cast<int64_t>(bytes);
 }

@@ -589,7 +589,11 @@ nlohmann::json recorded_flags(const std::string& dir) {
 }
 
 void check_recorded_settings(const std::string& dir, const nlohmann::json& settings) {
-  const auto [path, j] = newest_description(dir, [](const std::string&, const nlohmann::json&) {});
+  // The description recorded_flags() took the flags from.
+  const auto [path, j] =
+      newest_description(dir, [](const std::string& at, const nlohmann::json& d) {
+        if (d.is_object() && d.contains("flags")) flags_field(d["flags"], at);
+      });
   if (!j.is_object() || !j.contains("config") || !j["config"].is_object()) return;
   check_compatible(j["config"], settings, path);
 }

@@ -296,7 +296,7 @@ void Run::validate_position(const Checkpoint& saved) {
   for (int64_t i = 0; i < end; ++i) items += task_.items ? task_.items(order[i]) : 1;
   if (p.epoch_items != items) {
     throw FileError(str_cat(saved.path, ": position epoch_items is ", p.epoch_items, ", but the ",
-                            p.window, " windows of epoch ", p.epoch + 1, " before it hold ", items,
+                            p.window, " windows of epoch ", p.epoch, " before it hold ", items,
                             " items"));
   }
 }
