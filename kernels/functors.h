@@ -281,10 +281,14 @@ struct CausalSoftmaxGrad {
 // Softmax cross-entropy, one row's loss: lse - logits[label], 0 for kIgnoreLabel, NaN for a label
 // outside [0, C) (the CPU checks labels before; a device records the fault beside it).
 struct CrossEntropyRowLoss {
+  // A label neither ignored nor in [0, C): the fault a device records.
+  ACCRUE_HD static bool bad_label(int32_t label, int64_t cols) {
+    return label != kIgnoreLabel && (label < 0 || label >= cols);
+  }
   template <typename T>
   ACCRUE_HD T operator()(T lse, const T* row, int32_t label, int64_t cols) const {
     if (label == kIgnoreLabel) return T(0);
-    return label >= 0 && label < cols ? lse - row[label] : T(NAN);
+    return bad_label(label, cols) ? T(NAN) : lse - row[label];
   }
 };
 

@@ -2,7 +2,6 @@
 #include "optim/optimizer.h"
 
 #include <algorithm>
-
 #include <cmath>
 
 #include "kernels/backend.h"

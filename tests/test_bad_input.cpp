@@ -456,7 +456,7 @@ TEST(BadInput, CommandLineMistakesExitTwoBeforeReadingData) {
       {{"--memory-budget", "64MB"}, {"--memory-budget 64MB", "MiB"}},
       {{"--memory-budget", "-1GiB"}, {"--memory-budget -1GiB"}},
       {{"--memory-budget", "nanMiB"}, {"--memory-budget nanMiB"}},
-      {{"--memory-budget", "1e30GiB"}, {"--memory-budget 1e30GiB", "at most 9e18"}},
+      {{"--memory-budget", "1e30GiB"}, {"--memory-budget 1e30GiB", "at most 9e+18"}},
       {{"--memory-budget", "9223372036854775807"}, {"more bytes than any machine has"}},
       {{"--memory-budget", "0.5"}, {"--memory-budget 0.5", "at least 1 byte"}},
       {{"--memory-budget", "1.5"}, {"--memory-budget 1.5", "1.5 bytes is not a whole number"}},
@@ -631,7 +631,7 @@ TEST(BadInput, AnOutputNamingADataFileIsRefused) {
   fs::create_hard_link(images, data / "hard-link");
   const std::string dotted = (data / "." / "train-images-idx3-ubyte").string();
   const std::string linked = (data / "link").string(), hard = (data / "hard-link").string();
-  for (const std::string& flag : {"--save", "--metrics", "--save-init"}) {
+  for (const std::string& flag : std::vector<std::string>{"--save", "--metrics", "--save-init"}) {
     for (const std::string& path : {images.string(), dotted, linked, hard}) {
       const CliResult r = cli({"--data", data.string(), flag, path, "--quiet"});
       EXPECT_EQ(r.status, 2) << r.err;

@@ -36,7 +36,10 @@ int64_t parse_bytes(const std::string& text) {
     exact << std::setprecision(17) << bytes;
     throw refused(exact.str() + " bytes is not a whole number");
   }
-  if (bytes > 9.0e18) throw refused("more bytes than any machine has (at most 9e18)");
+  constexpr double kMostBytes = 9.0e18;  // below int64's largest
+  if (bytes > kMostBytes) {
+    throw refused(str_cat("more bytes than any machine has (at most ", kMostBytes, ")"));
+  }
   return static_cast<int64_t>(bytes);
 }
 

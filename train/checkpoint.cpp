@@ -13,7 +13,6 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <limits>
 #include <optional>
 #include <random>
 
@@ -21,28 +20,13 @@
 #include "kernels/factories.h"
 #include "optim/safetensors.h"
 #include "optim/strict_json.h"
+#include "train/report.h"
 
 namespace accrue::train {
 
 namespace fs = std::filesystem;
 
 namespace {
-
-// An epoch's loss sum as a checkpoint holds it: a number, or the string JSON has no number for
-// (a skipped step's loss may be NaN or infinite, and the sum with it).
-nlohmann::json loss_to_json(double v) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  return v;
-}
-
-std::optional<double> loss_from_json(const nlohmann::json& j) {
-  if (j.is_number()) return j.get<double>();
-  if (j == "nan") return std::numeric_limits<double>::quiet_NaN();
-  if (j == "inf") return std::numeric_limits<double>::infinity();
-  if (j == "-inf") return -std::numeric_limits<double>::infinity();
-  return std::nullopt;
-}
 
 // A checkpoint's description is a few KiB (the run's configuration and position); a file far
 // larger is not one, and is refused before it is read.
@@ -203,7 +187,7 @@ Checkpoint read_checkpoint(const std::string& dir, int64_t step,
     c.position.epoch_items = integer_field(*position, "epoch_items", 0, INT64_MAX, at);
     const auto loss = position->find("epoch_loss");
     const std::optional<double> value =
-        loss == position->end() ? std::nullopt : loss_from_json(*loss);
+        loss == position->end() ? std::nullopt : number_of_json(*loss);
     if (!value || (c.position.window == 0 && (c.position.epoch_items != 0 || *value != 0))) {
       throw FileError(str_cat(at, ": 'epoch_loss' is ",
                               loss == position->end() ? "missing" : optim::brief_json(*loss),
@@ -495,7 +479,8 @@ void write_checkpoint(const std::string& dir, const std::string& run_id,
                    {"skipped", position.skipped},
                    {"epoch", position.epoch},
                    {"window", position.window},
-                   {"epoch_loss", loss_to_json(position.epoch_loss)},
+                   // A skipped step's loss may be NaN or infinite, and the sum with it.
+                   {"epoch_loss", json_number(position.epoch_loss)},
                    {"epoch_items", position.epoch_items}};
   if (best.any) {
     j["best"] = {{"key", best.key},
@@ -578,22 +563,22 @@ std::pair<std::string, nlohmann::json> newest_description(
   throw FileError(damage + "; no older intact checkpoint");
 }
 
+// The description's flags record, checked (an empty object when it has none).
+nlohmann::json flags_of(const std::string& path, const nlohmann::json& j) {
+  if (!j.is_object() || !j.contains("flags")) return nlohmann::json::object();
+  return flags_field(j["flags"], path);
+}
+
 }  // namespace
 
 nlohmann::json recorded_flags(const std::string& dir) {
-  nlohmann::json flags = nlohmann::json::object();
-  newest_description(dir, [&](const std::string& path, const nlohmann::json& j) {
-    if (j.is_object() && j.contains("flags")) flags = flags_field(j["flags"], path);
-  });
-  return flags;
+  const auto [path, j] = newest_description(dir, flags_of);
+  return flags_of(path, j);
 }
 
 void check_recorded_settings(const std::string& dir, const nlohmann::json& settings) {
   // The description recorded_flags() took the flags from.
-  const auto [path, j] =
-      newest_description(dir, [](const std::string& at, const nlohmann::json& d) {
-        if (d.is_object() && d.contains("flags")) flags_field(d["flags"], at);
-      });
+  const auto [path, j] = newest_description(dir, flags_of);
   if (!j.is_object() || !j.contains("config") || !j["config"].is_object()) return;
   check_compatible(j["config"], settings, path);
 }

@@ -138,7 +138,11 @@ void Run::resume() {
     check_compatible(c.config, run_config_, c.path);
     validate_position(c);
     only_known_tensors(c);
-    check_optimizer_state(c);
+    try {
+      optimizer_->check_state(c.optimizer);  // what load_state() below checks, refused here
+    } catch (const std::invalid_argument& e) {
+      throw FileError(str_cat(c.path, ": its optimizer state does not fit this run: ", e.what()));
+    }
   });
   if (!saved.run_id.empty()) run_id_ = saved.run_id;
   for (auto& [name, t] : state) {
@@ -159,7 +163,6 @@ void Run::resume() {
     const Tensor& masters = whole.defined() ? whole : arena_->masters();
     arena_->working().copy_(to_dtype(masters, arena_->working().dtype()));
   }
-  check_optimizer_state(saved);
   optimizer_->load_state(saved.optimizer);
   acc_->restore_clock(saved.position.step, saved.position.skipped);
   strategies_->after_resume(saved.position.step);
@@ -191,15 +194,6 @@ void Run::resume() {
               ", window ", start_.window + 1));
 }
 
-// The optimizer's state in a checkpoint, as this run's optimizer would load it.
-void Run::check_optimizer_state(const Checkpoint& saved) {
-  try {
-    optimizer_->check_state(saved.optimizer);
-  } catch (const std::invalid_argument& e) {
-    throw FileError(str_cat(saved.path, ": its optimizer state does not fit this run: ", e.what()));
-  }
-}
-
 // --keep-best: the best so far comes along with the resume. The weights in the folder it resumed
 // from are the checkpoint's best only if they say so: a run stopped after a better evaluation
 // but before its next checkpoint left newer ones (this run evaluates that step again), and a
@@ -210,15 +204,11 @@ void Run::carry_best_weights() {
   if (!c_.keep_best || !best_.any || !lead_) return;
   const fs::path from = fs::path(c_.resume) / kBestWeights;
   std::error_code ec;
-  if (!fs::exists(from, ec)) {
-    log(str_cat("--keep-best: ", from.string(), " is missing; the best weights are written again ",
-                "when this run's evaluations choose them"));
-    return;
-  }
   // The header alone (the weights may be large): its step, and where this rank holds the whole
   // model, the model's tensors.
   std::string problem;
   try {
+    if (!fs::exists(from, ec)) throw FileError(from.string() + " is missing");
     std::map<std::string, std::string> meta;
     const auto tensors = optim::read_safetensors_header(from.string(), &meta);
     const auto step = meta.find("accrue.best.step");
@@ -239,8 +229,9 @@ void Run::carry_best_weights() {
     problem = e.what();
   }
   if (!problem.empty()) {
-    log(str_cat("--keep-best: ", from.string(), ": ", problem,
-                "; the best weights are written again when this run's evaluations choose them"));
+    log(str_cat("--keep-best: ", problem.rfind(from.string(), 0) == 0 ? "" : from.string() + ": ",
+                problem, "; the best weights are written again when this run's evaluations ",
+                "choose them"));
     return;
   }
   best_weights_kept_ = true;
@@ -292,8 +283,7 @@ void Run::validate_position(const Checkpoint& saved) {
   std::vector<int32_t> order = epoch_order(train_samples_, c_.seed, p.epoch, c_.shuffle);
   order_shares_by_length(plan_for(p.epoch), order);
   const int64_t end = plan_for(p.epoch).windows[static_cast<size_t>(p.window)].start;
-  int64_t items = 0;
-  for (int64_t i = 0; i < end; ++i) items += task_.items ? task_.items(order[i]) : 1;
+  const int64_t items = items_in(order, 0, end);
   if (p.epoch_items != items) {
     throw FileError(str_cat(saved.path, ": position epoch_items is ", p.epoch_items, ", but the ",
                             p.window, " windows of epoch ", p.epoch, " before it hold ", items,

@@ -73,7 +73,6 @@ class Run {
   nlohmann::json run_config();
   void resume();
   void check_same_horizon(const Checkpoint& saved) const;
-  void check_optimizer_state(const Checkpoint& saved);
   void carry_best_weights();
   void validate_position(const Checkpoint& saved);
   void write_weights(const std::string& path, const std::vector<nn::NamedTensor>& masters,
@@ -83,6 +82,7 @@ class Run {
   void wait_for_the_lead(size_t bytes);
   void broadcast_buffers();
   void run_epoch(int64_t epoch);
+  int64_t items_in(const std::vector<int32_t>& order, int64_t start, int64_t count) const;
   [[noreturn]] void stop(const optim::StepResult& last);
   void report_step(const optim::StepResult& r, const EpochPlan& plan, int64_t epoch,
                    int64_t samples, int64_t tokens, double seconds);
@@ -96,8 +96,7 @@ class Run {
   optim::StepResult run_window_once(const optim::Window& w, const Tensor& order,
                                     const std::vector<int32_t>& order_host);
   void run_micro_steps(const optim::Window& w, const Tensor& order,
-                       const std::vector<int32_t>& order_host,
-                       const std::function<int64_t(int64_t, int64_t)>& items_of);
+                       const std::vector<int32_t>& order_host);
   void setup_device_path();
   std::string batch_text(const optim::ResolvedBatch& batch) const;
   Evaluation measure(const std::function<Evaluation(nn::Module&)>& measure);

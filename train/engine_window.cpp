@@ -70,17 +70,19 @@ optim::StepResult Run::run_window(const optim::Window& w, const Tensor& order,
   }
 }
 
+// The loss items of the samples at positions [start, start + count) of the epoch's order.
+int64_t Run::items_in(const std::vector<int32_t>& order, int64_t start, int64_t count) const {
+  if (!task_.items) return count;
+  int64_t n = 0;
+  for (int64_t i = start; i < start + count; ++i) n += task_.items(order[static_cast<size_t>(i)]);
+  return n;
+}
+
 optim::StepResult Run::run_window_once(const optim::Window& w, const Tensor& order,
                                        const std::vector<int32_t>& order_host) {
-  const auto items_of = [&](int64_t start, int64_t count) {
-    if (!task_.items) return count;
+  acc_->begin_window(items_in(order_host, w.start, w.samples), [&] {
     int64_t n = 0;
-    for (int64_t i = start; i < start + count; ++i) n += task_.items(order_host[i]);
-    return n;
-  };
-  acc_->begin_window(items_of(w.start, w.samples), [&] {
-    int64_t n = 0;
-    for (const optim::MicroBatch& mb : w.micro) n += items_of(mb.start, mb.count);
+    for (const optim::MicroBatch& mb : w.micro) n += items_in(order_host, mb.start, mb.count);
     return n;
   }());
   ++summary_.windows_run;
@@ -90,7 +92,7 @@ optim::StepResult Run::run_window_once(const optim::Window& w, const Tensor& ord
       return runner->run_micro_batches(*model_, WindowRun{w, order, seed, acc_->step_clock()});
     });
   } else {
-    run_micro_steps(w, order, order_host, items_of);
+    run_micro_steps(w, order, order_host);
   }
   if (stop_requested() != 0) acc_->request_stop();
   const optim::StepResult r = acc_->step();
@@ -107,8 +109,7 @@ optim::StepResult Run::run_window_once(const optim::Window& w, const Tensor& ord
 // (Task::host_samples), staged one micro-batch ahead so the copy of the next runs while this one
 // computes; either way through the micro-step graphs when there are.
 void Run::run_micro_steps(const optim::Window& w, const Tensor& order,
-                          const std::vector<int32_t>& order_host,
-                          const std::function<int64_t(int64_t, int64_t)>& items_of) {
+                          const std::vector<int32_t>& order_host) {
   struct Staged {
     HostToDevice::Pending input, target;
   };
@@ -147,7 +148,7 @@ void Run::run_micro_steps(const optim::Window& w, const Tensor& order,
       const Samples batch = stager_ ? Samples{in[0], in[1]} : task_.samples(in[0]);
       return task_.loss(*model_, batch, master_);
     };
-    const int64_t items = items_of(mb.start, mb.count);
+    const int64_t items = items_in(order_host, mb.start, mb.count);
     if (graphs_) {
       graphs_->micro_step(*acc_, items, inputs, loss);
     } else {

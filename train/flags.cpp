@@ -360,8 +360,8 @@ void Flags::check_outputs() {
       throw ValueError(str_cat(o.flag, " ", o.path, " is the --init file ", c_.init));
     }
     for (const std::string& file : data) {
-      std::error_code ec;  // equivalent: the same file under another name (a hard link)
-      if (at == identity(file) || std::filesystem::equivalent(o.path, file, ec)) {
+      std::error_code ec;  // the same file under any name: ./, a link, a hard link
+      if (std::filesystem::equivalent(o.path, file, ec)) {
         throw ValueError(
             str_cat(o.flag, " ", o.path, " is the data file ", file, ", which the run reads"));
       }

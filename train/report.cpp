@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
+#include <limits>
 #include <sstream>
 #include <string_view>
 
@@ -36,6 +37,14 @@ nlohmann::json json_number(double v) {
   if (std::isnan(v)) return "nan";
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
   return v;
+}
+
+std::optional<double> number_of_json(const nlohmann::json& j) {
+  if (j.is_number()) return j.get<double>();
+  if (j == "nan") return std::numeric_limits<double>::quiet_NaN();
+  if (j == "inf") return std::numeric_limits<double>::infinity();
+  if (j == "-inf") return -std::numeric_limits<double>::infinity();
+  return std::nullopt;
 }
 
 MetricsLog::MetricsLog(const std::string& path) : path_(path) {

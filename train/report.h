@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -27,6 +28,8 @@ std::string evaluation_text(const Evaluation& e);
 // A JSON number, or for NaN and infinities the strings "nan", "inf", "-inf" (JSON has no
 // non-finite numbers, and null would hide which one it was).
 nlohmann::json json_number(double v);
+// The number json_number() wrote; none for anything else.
+std::optional<double> number_of_json(const nlohmann::json& j);
 
 // The --metrics file: one JSON record a line. A regular file is republished whole (temporary
 // and rename) at every publish() -- each checkpoint -- and at commit(), so a run killed by

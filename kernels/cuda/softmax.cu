@@ -78,9 +78,7 @@ __device__ T cross_entropy_row(const T* x, const int32_t* labels, T* probs, int6
   for (int64_t c = lane; c < cols; c += kWarp) probs[r * cols + c] = exp(row[c] - lse);
   if (lane != 0) return T(0);
   const int32_t label = labels[r];
-  if (label != fn::kIgnoreLabel && (label < 0 || label >= cols)) {
-    record_fault(fault, kLabel, label, r, cols);
-  }
+  if (fn::CrossEntropyRowLoss::bad_label(label, cols)) record_fault(fault, kLabel, label, r, cols);
   return fn::CrossEntropyRowLoss{}(lse, row, label, cols);
 }
 
@@ -96,10 +94,9 @@ __global__ void cross_entropy_kernel(const T* x, const int32_t* labels, T* probs
 }
 
 // logits [N, C], labels [N] -> probs [N, C], loss [] = the sum of the rows' losses, for N <=
-// kThreads and N * C small (a micro-batch of a classifier): one block, warp w taking rows w, w +
-// kRowsPerBlock,
-// ...; thread t then holds row t's loss, in double, and the block sums them in a fixed tree. One
-// launch where the general form takes two (the rows, then sum_all over them).
+// kThreads and N * C small (a micro-batch of a classifier): one block, warp w taking rows w,
+// w + kRowsPerBlock, ...; thread t then holds row t's loss, in double, and the block sums them in a
+// fixed tree. One launch where the general form takes two (the rows, then sum_all over them).
 template <typename T>
 __global__ void cross_entropy_one_block(const T* x, const int32_t* labels, T* probs, T* loss,
                                         int64_t rows, int64_t cols, DeviceFault* fault) {
